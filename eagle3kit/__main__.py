@@ -1,0 +1,3 @@
+from eagle3kit.cli import main
+
+main()

@@ -1,0 +1,228 @@
+"""`eagle3kit convert`: a dataset to JSONL and JSONL to a dataset, losslessly.
+
+One sample per line: `sample_id`, `prompt_ids`, `completion_ids`, `finish_reason`,
+`partition`, `metadata`, plus `loss_mask` (only when it is not the completion positions),
+`source`, `server`, `latency` and `counts` when the sample has them. With a tokenizer,
+export adds `prompt_text` and `completion_text`, which import ignores.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from eagle3kit import _ui
+from eagle3kit.errors import UserError
+from eagle3kit.format import Dataset, DatasetWriter, OpenMode, TokenSample, is_dataset
+
+REQUIRED = ("sample_id", "prompt_ids", "completion_ids")
+OPTIONAL = ("finish_reason", "partition", "metadata", "loss_mask", "source", "server",
+            "latency", "counts")
+TEXT_KEYS = ("prompt_text", "completion_text")
+
+
+@dataclass
+class ConvertConfig:
+    src: Path
+    """A dataset directory (exported to JSONL) or a JSONL file (imported into a dataset)."""
+    dst: Path
+    """The JSONL file to write ('-' for stdout), or the dataset directory to write."""
+    tokenizer: Path | None = None
+    """Export: add decoded prompt_text and completion_text with this tokenizer."""
+    partition: str | None = None
+    """Export: only this partition."""
+    skip_bad_lines: bool = False
+    """Import: skip and count malformed lines instead of stopping at the first."""
+    commit_every: int = 1000
+    """Import: commit after this many samples..."""
+    commit_interval: float = 60.0
+    """Import: ...or after this many seconds, whichever comes first."""
+    mode: OpenMode = "auto"
+    force: bool = False
+    output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
+
+    def __post_init__(self) -> None:
+        self.src, self.dst = Path(self.src), Path(self.dst)
+        if not self.src.exists():
+            raise UserError(f"{self.src}: no such file or directory")
+        if self.commit_every < 1:
+            raise UserError(f"--commit-every must be at least 1 (got {self.commit_every})")
+        if not self.commit_interval > 0:
+            raise UserError(f"--commit-interval must be > 0 seconds (got {self.commit_interval})")
+        if self.exporting:
+            if self.skip_bad_lines or self.mode != "auto":
+                raise UserError("--skip-bad-lines, --resume and --overwrite apply to import only")
+        elif self.tokenizer or self.partition:
+            raise UserError("--tokenizer and --partition apply to export (a dataset to JSONL) only")
+        elif self.src.is_dir():
+            raise UserError(f"{self.src}: a directory but not an eagle3kit dataset")
+
+    @property
+    def exporting(self) -> bool:
+        return is_dataset(self.src)
+
+
+@dataclass
+class ConvertResult:
+    direction: str
+    written: int
+    skipped_existing: int = 0
+    bad_lines: int = 0
+    dst: str = ""
+
+
+# Export ------------------------------------------------------------------------------------
+def sample_to_record(sample: TokenSample) -> dict:
+    record: dict = {
+        "sample_id": sample.sample_id,
+        "prompt_ids": [int(t) for t in sample.prompt_ids],
+        "completion_ids": [int(t) for t in sample.completion_ids],
+        "finish_reason": sample.finish_reason,
+        "partition": sample.partition,
+        "metadata": sample.metadata,
+    }
+    if sample.loss_mask is not None:
+        record["loss_mask"] = [int(m) for m in sample.loss_mask]
+    for key in ("source", "server", "latency", "counts"):
+        if getattr(sample, key) is not None:
+            record[key] = getattr(sample, key)
+    return record
+
+
+def _load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--tokenizer {path}: cannot load a tokenizer there ({exc})") from None
+
+
+def export_jsonl(cfg: ConvertConfig) -> ConvertResult:
+    ds = Dataset(cfg.src)
+    if cfg.partition is not None and cfg.partition not in ds.partitions:
+        raise UserError(f"--partition {cfg.partition}: not in {cfg.src} "
+                        f"(partitions: {', '.join(ds.partitions) or 'none'})")
+    tokenizer = _load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
+    to_stdout = str(cfg.dst) == "-"
+    tmp = cfg.dst.with_name(cfg.dst.name + f".{os.getpid()}.tmp")
+    n = 0
+    out = sys.stdout.buffer if to_stdout else open(tmp, "wb")  # noqa: SIM115 (stdout stays open)
+    try:
+        for sample in ds.iter_samples(cfg.partition):
+            record = sample_to_record(sample)
+            if tokenizer is not None:
+                record["prompt_text"] = tokenizer.decode(record["prompt_ids"])
+                record["completion_text"] = tokenizer.decode(record["completion_ids"])
+            out.write(orjson.dumps(record) + b"\n")
+            n += 1
+        out.flush()
+        if not to_stdout:
+            os.fsync(out.fileno())
+            out.close()
+            os.replace(tmp, cfg.dst)
+    except BaseException:
+        if not to_stdout:
+            out.close()
+            tmp.unlink(missing_ok=True)
+        raise
+    _ui.info(f"wrote {n:,} samples to {cfg.dst}", cfg.output)
+    return ConvertResult("export", n, dst=str(cfg.dst))
+
+
+# Import ------------------------------------------------------------------------------------
+def _int_list(value: object, key: str) -> list[int]:
+    if not isinstance(value, list) or not all(type(v) is int for v in value):
+        raise ValueError(f"{key} must be a list of integers")
+    return value
+
+
+def record_to_sample(record: object) -> TokenSample:
+    """A sample from one parsed JSONL record; ValueError names what is wrong."""
+    if not isinstance(record, dict):
+        raise ValueError("expected a JSON object")
+    missing = [k for k in REQUIRED if k not in record]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}")
+    unknown = set(record) - {*REQUIRED, *OPTIONAL, *TEXT_KEYS}
+    if unknown:
+        raise ValueError(f"unknown keys {', '.join(sorted(unknown))}")
+    sample_id = record["sample_id"]
+    if not isinstance(sample_id, str) or not sample_id or "\n" in sample_id:
+        raise ValueError("sample_id must be a non-empty string without newlines")
+    for key, kind in (("finish_reason", str), ("partition", str), ("metadata", dict),
+                      ("source", dict), ("server", dict), ("counts", dict)):
+        if key in record and record[key] is not None and not isinstance(record[key], kind):
+            raise ValueError(f"{key} must be a {'string' if kind is str else 'JSON object'}")
+    latency = record.get("latency")
+    if latency is not None and not isinstance(latency, int | float):
+        raise ValueError("latency must be a number of seconds")
+    mask = record.get("loss_mask")
+    return TokenSample(
+        sample_id=sample_id,
+        prompt_ids=_int_list(record["prompt_ids"], "prompt_ids"),
+        completion_ids=_int_list(record["completion_ids"], "completion_ids"),
+        finish_reason=record.get("finish_reason") or "stop",
+        partition=record.get("partition") or "default",
+        loss_mask=None if mask is None else _int_list(mask, "loss_mask"),
+        source=record.get("source"), server=record.get("server"), latency=latency,
+        counts=record.get("counts"), metadata=record.get("metadata") or {},
+    )
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                yield number, line
+
+
+def _count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 24), b""))
+
+
+def import_jsonl(cfg: ConvertConfig) -> ConvertResult:
+    total = _count_lines(cfg.src)
+    result = ConvertResult("import", 0, dst=str(cfg.dst))
+    writer = DatasetWriter(
+        cfg.dst, mode=cfg.mode, force=cfg.force,
+        config={"stage": "convert", "source": str(cfg.src.resolve())},
+        provenance={"source": str(cfg.src.resolve())},
+        commit_every=cfg.commit_every, commit_interval=cfg.commit_interval,
+    )
+    with writer, _ui.Progress("convert", total, cfg.output, unit="lines") as progress:
+        for number, line in _lines(cfg.src):
+            try:
+                sample = record_to_sample(orjson.loads(line))
+                added = writer.add(sample)
+            except (ValueError, OverflowError, TypeError) as exc:
+                where = f"{cfg.src}:{number}"
+                if not cfg.skip_bad_lines:
+                    raise UserError(f"{where}: {exc} (use --skip-bad-lines to skip such lines; "
+                                    "samples before it are committed)") from None
+                result.bad_lines += 1
+                progress.add(1, errors=1)
+                continue
+            if added:
+                result.written += 1
+            else:
+                result.skipped_existing += 1
+            progress.add(1, tokens=sample.num_tokens)
+    if result.bad_lines:
+        _ui.warn(f"{cfg.src}: skipped {result.bad_lines:,} malformed lines")
+    _ui.info(f"{cfg.dst}: {result.written:,} samples added, {result.skipped_existing:,} already "
+             f"there, {writer.committed_samples:,} in the dataset", cfg.output)
+    return result
+
+
+def run(cfg: ConvertConfig) -> ConvertResult:
+    result = export_jsonl(cfg) if cfg.exporting else import_jsonl(cfg)
+    if cfg.output.json:
+        _ui.print_json(result.__dict__)
+    return result

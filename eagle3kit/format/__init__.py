@@ -1,0 +1,24 @@
+"""The on-disk dataset format: the only code that reads or writes shards and manifests.
+
+See docs/format.md for the specification.
+"""
+
+from eagle3kit.format.dataset_dir import is_dataset
+from eagle3kit.format.errors import DatasetError
+from eagle3kit.format.layout import FORMAT_NAME, FORMAT_VERSION
+from eagle3kit.format.reader import Dataset, TokenView
+from eagle3kit.format.sample import TokenSample, make_sample_id
+from eagle3kit.format.writer import DatasetWriter, OpenMode
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "Dataset",
+    "DatasetError",
+    "DatasetWriter",
+    "OpenMode",
+    "TokenSample",
+    "TokenView",
+    "is_dataset",
+    "make_sample_id",
+]

@@ -1,0 +1,112 @@
+"""The directory of a dataset: its marker, its manifest, and the checks on opening it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from eagle3kit import __version__
+from eagle3kit.format._io import read_json, write_json_atomic
+from eagle3kit.format.errors import DatasetError
+from eagle3kit.format.layout import (
+    FIRST_READER,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    KINDS,
+    MANIFEST,
+    MARKER,
+    OWN_FILES,
+    SHARD_DIR,
+    SHARD_SUFFIX,
+    TMP_SUFFIX,
+)
+
+
+def is_dataset(path: Path) -> bool:
+    return (path / MARKER).is_file()
+
+
+def read_marker(path: Path, kind: str | None = None) -> dict:
+    """The marker, once its format, version and kind are known to be readable here."""
+    if not path.exists():
+        raise DatasetError(f"{path}: no such directory")
+    if not is_dataset(path):
+        raise DatasetError(f"{path}: not an eagle3kit dataset (no {MARKER})")
+    marker = read_json(path / MARKER)
+    if marker.get("format") != FORMAT_NAME:
+        raise DatasetError(f"{path / MARKER}: format is {marker.get('format')!r}, "
+                           f"expected {FORMAT_NAME!r}")
+    version = marker.get("version")
+    if not isinstance(version, int):
+        raise DatasetError(f"{path / MARKER}: format version {version!r} is not an integer")
+    if version > FORMAT_VERSION:
+        written_by = marker.get("written_by", "a newer release")
+        raise DatasetError(
+            f"{path}: dataset format version {version} is newer than this eagle3kit "
+            f"({__version__}) reads (up to version {FORMAT_VERSION}). It was written by eagle3kit "
+            f"{written_by}; read it with that release or newer: "
+            f"pip install -U 'eagle3kit>={written_by}'"
+        )
+    if version not in FIRST_READER:
+        raise DatasetError(f"{path / MARKER}: unknown format version {version}")
+    if kind is not None and marker.get("kind") != kind:
+        raise DatasetError(f"{path}: a {marker.get('kind')} dataset, expected a {kind} dataset")
+    return marker
+
+
+def create(path: Path, kind: str, config: dict, provenance: dict) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown dataset kind {kind!r}")
+    (path / SHARD_DIR).mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    write_json_atomic(path / MANIFEST, {
+        "format": FORMAT_NAME, "version": FORMAT_VERSION, "kind": kind,
+        "created": now, "updated": now, "written_by": __version__,
+        "config": config, "config_history": [], "provenance": provenance,
+        "runs": [], "shards": [],
+    })
+    # The marker comes last: a directory with a marker always has a manifest.
+    write_json_atomic(path / MARKER, {
+        "format": FORMAT_NAME, "version": FORMAT_VERSION, "kind": kind, "written_by": __version__,
+    })
+
+
+def wipe(path: Path) -> None:
+    """Remove a dataset's own files (for --overwrite), leaving anything else alone."""
+    for name in (MARKER, MANIFEST):
+        (path / name).unlink(missing_ok=True)
+    shard_dir = path / SHARD_DIR
+    if shard_dir.is_dir():
+        for child in shard_dir.iterdir():
+            child.unlink()
+        shard_dir.rmdir()
+
+
+def stray_files(path: Path, manifest: dict) -> tuple[list[Path], list[Path]]:
+    """(temp files, sealed shards that no commit names): what a crash can leave behind."""
+    committed = {s["name"] for s in manifest.get("shards", [])}
+    temps = [p for p in path.glob(f"*{TMP_SUFFIX}")]
+    orphans = []
+    shard_dir = path / SHARD_DIR
+    if shard_dir.is_dir():
+        for p in shard_dir.iterdir():
+            if p.name.endswith(TMP_SUFFIX):
+                temps.append(p)
+            elif p.name.endswith(SHARD_SUFFIX) and p.name not in committed:
+                orphans.append(p)
+    return sorted(temps), sorted(orphans)
+
+
+def foreign_files(path: Path) -> list[str]:
+    """Entries in `path` that are not part of a dataset: refuse to write over them."""
+    if not path.is_dir():
+        return []
+    own = {*OWN_FILES, SHARD_DIR}
+    return sorted(p.name for p in path.iterdir()
+                  if p.name not in own and not p.name.endswith(TMP_SUFFIX))
+
+
+def config_changes(old: dict, new: dict) -> list[str]:
+    """Settings that differ between the run that started the dataset and this one."""
+    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
+            for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]

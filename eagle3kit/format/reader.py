@@ -1,0 +1,230 @@
+"""Reading a dataset: counts from the manifest, samples from memory-mapped shards."""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import orjson
+import zstandard
+
+from eagle3kit.format import dataset_dir
+from eagle3kit.format._io import read_json
+from eagle3kit.format.errors import DatasetError
+from eagle3kit.format.layout import MANIFEST, SHARD_DIR
+from eagle3kit.format.sample import TokenSample
+from eagle3kit.format.shard import ShardFile
+
+_OPEN_SHARDS = 32
+
+
+class _TokenShard:
+    """One token shard's arrays, as zero-copy views of the mapped file."""
+
+    def __init__(self, path: Path, entry: dict, verify: bool):
+        self.file = ShardFile(path)
+        if verify:
+            self.file.verify(entry["xxh3"])
+        try:
+            self.tokens = self.file.array("tokens")
+            self.offsets = self.file.array("offsets")
+            self.prompt_lens = self.file.array("prompt_lens")
+            self.loss_spans = self.file.array("loss_spans")
+            self.loss_span_offsets = self.file.array("loss_span_offsets")
+            self.partition_index = self.file.array("partition_index")
+            self.partition_names: list[str] = orjson.loads(self.file.metadata["partitions"])
+        except (KeyError, orjson.JSONDecodeError):
+            raise DatasetError(f"{path}: shard damaged (token arrays or metadata missing)"
+                               ) from None
+        if len(self.prompt_lens) != entry["samples"] or len(self.offsets) != entry["samples"] + 1:
+            raise DatasetError(f"{path}: shard holds {len(self.prompt_lens)} samples, "
+                               f"the manifest says {entry['samples']}")
+
+    @cached_property
+    def ids(self) -> list[str]:
+        raw = self.file.array("sample_ids").tobytes().decode()
+        return raw.split("\n") if raw else []
+
+    @cached_property
+    def meta(self) -> list[dict]:
+        blob = self.file.array("meta_zst").tobytes()
+        return orjson.loads(zstandard.ZstdDecompressor().decompress(blob))
+
+    def loss_mask(self, i: int) -> np.ndarray:
+        mask = np.zeros(int(self.offsets[i + 1] - self.offsets[i]), np.uint8)
+        first, last = self.loss_span_offsets[i], self.loss_span_offsets[i + 1]
+        for start, end in self.loss_spans[first:last]:
+            mask[start:end] = 1
+        return mask
+
+    def sample(self, i: int) -> TokenSample:
+        start, end = int(self.offsets[i]), int(self.offsets[i + 1])
+        split = start + int(self.prompt_lens[i])
+        meta = self.meta[i]
+        mask = self.loss_mask(i)
+        default = not mask[: split - start].any() and mask[split - start :].all()
+        return TokenSample(
+            sample_id=self.ids[i],
+            prompt_ids=self.tokens[start:split],
+            completion_ids=self.tokens[split:end],
+            finish_reason=meta["finish_reason"],
+            partition=self.partition_names[self.partition_index[i]],
+            loss_mask=None if default else mask,
+            source=meta.get("source"),
+            server=meta.get("server"),
+            latency=meta.get("latency"),
+            counts=meta.get("counts"),
+            metadata=meta.get("metadata", {}),
+        )
+
+
+@dataclass
+class TokenView:
+    """A sample's arrays without its metadata, for training loops: no copies, no JSON."""
+
+    input_ids: np.ndarray
+    prompt_len: int
+    loss_mask: np.ndarray
+
+
+def read_committed_ids(path: Path, manifest: dict) -> set[str]:
+    """Every committed sample id, reading only the id array of each shard."""
+    ids: set[str] = set()
+    for entry in manifest["shards"]:
+        raw = ShardFile(path / SHARD_DIR / entry["name"]).array("sample_ids").tobytes()
+        if raw:
+            ids.update(raw.decode().split("\n"))
+    return ids
+
+
+class Dataset:
+    """A committed dataset, opened read-only.
+
+    Counts come from the manifest alone. Shards are memory-mapped when first touched and each
+    is checked against its checksums then (`verify_shards=False` skips that), so a damaged
+    file stops the reader with its name instead of feeding it bad tokens.
+    """
+
+    def __init__(
+        self, path: str | Path, *, kind: str | None = "tokens", verify_shards: bool = True
+    ) -> None:
+        self.path = Path(path)
+        self.marker = dataset_dir.read_marker(self.path, kind)
+        self.kind: str = self.marker["kind"]
+        self.version: int = self.marker["version"]
+        self.manifest = read_json(self.path / MANIFEST)
+        self.shards: list[dict] = self.manifest["shards"]
+        counts = [s["samples"] for s in self.shards]
+        self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        self._verify = verify_shards
+        self._open: OrderedDict[int, _TokenShard] = OrderedDict()
+
+    # Counts -------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s["tokens"] for s in self.shards)
+
+    def partition_stats(self) -> dict[str, dict]:
+        """Samples, tokens, loss tokens and finish reasons per partition, from the manifest."""
+        out: dict[str, dict] = {}
+        for shard in self.shards:
+            for name, stats in shard["partitions"].items():
+                total = out.setdefault(name, {"samples": 0, "tokens": 0, "loss_tokens": 0,
+                                              "completion_tokens": 0, "finish": {}})
+                for key in ("samples", "tokens", "loss_tokens", "completion_tokens"):
+                    total[key] += stats[key]
+                for reason, n in stats["finish"].items():
+                    total["finish"][reason] = total["finish"].get(reason, 0) + n
+        return dict(sorted(out.items()))
+
+    @property
+    def partitions(self) -> list[str]:
+        return list(self.partition_stats())
+
+    def stray_files(self) -> tuple[list[Path], list[Path]]:
+        """Temp files and uncommitted shards a crash left; readers ignore them."""
+        return dataset_dir.stray_files(self.path, self.manifest)
+
+    # Samples ------------------------------------------------------------------------------
+    def _shard(self, k: int) -> _TokenShard:
+        shard = self._open.get(k)
+        if shard is None:
+            entry = self.shards[k]
+            shard = _TokenShard(self.path / SHARD_DIR / entry["name"], entry, self._verify)
+            self._open[k] = shard
+            if len(self._open) > _OPEN_SHARDS:
+                self._open.popitem(last=False)
+        else:
+            self._open.move_to_end(k)
+        return shard
+
+    def _locate(self, index: int) -> tuple[int, int]:
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"sample index {index} out of range for {n} samples")
+        index %= n
+        k = bisect.bisect_right(self._starts, index) - 1
+        return k, index - int(self._starts[k])
+
+    def __getitem__(self, index: int) -> TokenSample:
+        k, i = self._locate(index)
+        return self._shard(k).sample(i)
+
+    def token_view(self, index: int) -> TokenView:
+        k, i = self._locate(index)
+        shard = self._shard(k)
+        start, end = int(shard.offsets[i]), int(shard.offsets[i + 1])
+        return TokenView(shard.tokens[start:end], int(shard.prompt_lens[i]), shard.loss_mask(i))
+
+    def __iter__(self) -> Iterator[TokenSample]:
+        return self.iter_samples()
+
+    def iter_samples(self, partition: str | None = None) -> Iterator[TokenSample]:
+        """Every sample in commit order, one shard mapped at a time (flat memory)."""
+        for k, entry in enumerate(self.shards):
+            if partition is not None and partition not in entry["partitions"]:
+                continue
+            shard = _TokenShard(self.path / SHARD_DIR / entry["name"], entry, self._verify)
+            wanted = None
+            if partition is not None:
+                wanted = shard.partition_names.index(partition)
+            for i in range(entry["samples"]):
+                if wanted is None or shard.partition_index[i] == wanted:
+                    yield shard.sample(i)
+            del shard
+            self._open.pop(k, None)
+
+    def indices(self, partition: str | None = None) -> np.ndarray:
+        """Global indices of the samples in `partition` (all when None)."""
+        if partition is None:
+            return np.arange(len(self), dtype=np.int64)
+        found = []
+        for k, entry in enumerate(self.shards):
+            if partition in entry["partitions"]:
+                shard = self._shard(k)
+                wanted = shard.partition_names.index(partition)
+                found.append(np.flatnonzero(shard.partition_index == wanted) + self._starts[k])
+        return np.concatenate(found) if found else np.zeros(0, np.int64)
+
+    def sample_ids(self) -> Iterator[str]:
+        for k in range(len(self.shards)):
+            yield from self._shard(k).ids
+
+    # Checks -------------------------------------------------------------------------------
+    def verify(self) -> list[str]:
+        """Every problem found by checking each shard against both its checksums."""
+        problems = []
+        for entry in self.shards:
+            try:
+                _TokenShard(self.path / SHARD_DIR / entry["name"], entry, verify=True)
+            except DatasetError as exc:
+                problems.append(str(exc))
+        return problems

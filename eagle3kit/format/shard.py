@@ -1,0 +1,200 @@
+"""Sealed shard files: safetensors written by hand so they stream to disk with a checksum.
+
+A shard is a valid safetensors file (any safetensors reader loads it). Its header metadata
+holds the format version and `content_xxh3`, a checksum of every tensor's name, dtype, shape
+and bytes; the manifest holds `xxh3`, a checksum of the whole file. Readers memory-map the
+file and hand out zero-copy numpy views.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+import xxhash
+
+from eagle3kit.format._io import disk_error
+from eagle3kit.format.errors import DatasetError
+from eagle3kit.format.layout import TMP_SUFFIX
+
+# safetensors dtype names; bf16 and fp8 travel as raw uint16 / uint8 views of the same bytes.
+DTYPES: dict[str, np.dtype] = {
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "U8": np.dtype("u1"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype("<u2"),
+    "F8_E4M3": np.dtype("u1"),
+}
+_NAMES = {np.dtype("<i8"): "I64", np.dtype("<i4"): "I32", np.dtype("<i2"): "I16",
+          np.dtype("u1"): "U8", np.dtype("<f4"): "F32", np.dtype("<f2"): "F16"}
+_HEADER_ALIGN = 8
+_HASH_CHUNK = 1 << 24
+
+
+@dataclass(frozen=True)
+class WrittenShard:
+    name: str
+    bytes: int
+    xxh3: str
+
+
+def _dtype_name(array: np.ndarray, override: str | None) -> str:
+    if override:
+        return override
+    try:
+        return _NAMES[array.dtype.newbyteorder("<")]
+    except KeyError:
+        raise TypeError(f"no safetensors dtype for numpy {array.dtype}") from None
+
+
+def content_checksum(tensors: dict[str, tuple[str, np.ndarray]]) -> str:
+    h = xxhash.xxh3_128()
+    for name in sorted(tensors):
+        dtype, array = tensors[name]
+        h.update(orjson.dumps([name, dtype, list(array.shape)]))
+        h.update(memoryview(np.ascontiguousarray(array)).cast("B"))
+    return h.hexdigest()
+
+
+def write_shard(
+    path: Path,
+    arrays: dict[str, np.ndarray],
+    metadata: dict[str, str],
+    dtypes: dict[str, str] | None = None,
+) -> WrittenShard:
+    """Write `arrays` to `path` durably: a temp file, fsync, then rename into place.
+
+    `dtypes` overrides the safetensors dtype of some arrays (e.g. "BF16" for uint16 views).
+    The directory fsync is left to the caller's commit, which does it once per commit.
+    """
+    dtypes = dtypes or {}
+    tensors = {n: (_dtype_name(a, dtypes.get(n)), np.ascontiguousarray(a))
+               for n, a in arrays.items()}
+    # Widest items first keeps every array naturally aligned once the header is padded to 8.
+    order = sorted(tensors, key=lambda n: (-tensors[n][1].dtype.itemsize, n))
+    header: dict[str, object] = {
+        "__metadata__": {**metadata, "content_xxh3": content_checksum(tensors)}
+    }
+    offset = 0
+    for name in order:
+        dtype, array = tensors[name]
+        header[name] = {"dtype": dtype, "shape": list(array.shape),
+                        "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+    header_bytes = orjson.dumps(header)
+    header_bytes += b" " * (-(8 + len(header_bytes)) % _HEADER_ALIGN)
+    prefix = struct.pack("<Q", len(header_bytes)) + header_bytes
+
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    file_hash = xxhash.xxh3_128()
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in [prefix, *(memoryview(tensors[n][1]).cast("B") for n in order)]:
+                f.write(chunk)
+                file_hash.update(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise disk_error(path, exc) from None
+    return WrittenShard(path.name, len(prefix) + offset, file_hash.hexdigest())
+
+
+def file_checksum(path: Path) -> str:
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class ShardFile:
+    """A memory-mapped shard: its metadata and zero-copy views of its arrays."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        except FileNotFoundError:
+            raise DatasetError(f"{path}: shard missing (deleted or moved)") from None
+        except OSError as exc:
+            raise DatasetError(f"{path}: cannot read shard: {exc.strerror}") from None
+        self.size = size
+        self.header = self._parse_header()
+        self.metadata: dict[str, str] = self.header.pop("__metadata__", {})
+
+    def _damaged(self, why: str) -> DatasetError:
+        return DatasetError(f"{self.path}: shard damaged ({why})")
+
+    def _parse_header(self) -> dict:
+        if self.size < 8:
+            raise self._damaged(f"file is {self.size} bytes, too short for a header")
+        (n,) = struct.unpack_from("<Q", self._map, 0)
+        if 8 + n > self.size:
+            raise self._damaged("header runs past the end of the file: truncated")
+        try:
+            header = orjson.loads(bytes(self._map[8 : 8 + n]))
+        except orjson.JSONDecodeError:
+            raise self._damaged("header is not valid JSON") from None
+        if not isinstance(header, dict):
+            raise self._damaged("header is not a JSON object")
+        self._data_start = 8 + n
+        end = 0
+        for name, spec in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                dtype = DTYPES[spec["dtype"]]
+                start, stop = spec["data_offsets"]
+                count = int(np.prod(spec["shape"], dtype=np.int64))
+            except (KeyError, TypeError, ValueError):
+                raise self._damaged(f"bad entry for tensor {name!r}") from None
+            if stop - start != count * dtype.itemsize or start < 0:
+                raise self._damaged(f"tensor {name!r} size does not match its shape")
+            end = max(end, stop)
+        if self._data_start + end != self.size:
+            raise self._damaged(
+                f"{self.size} bytes on disk, header describes {self._data_start + end}: truncated"
+                if self._data_start + end > self.size else "trailing bytes after the data"
+            )
+        return header
+
+    def names(self) -> list[str]:
+        return list(self.header)
+
+    def dtype(self, name: str) -> str:
+        return self.header[name]["dtype"]
+
+    def array(self, name: str) -> np.ndarray:
+        """A read-only zero-copy view of tensor `name` (bf16 as uint16, fp8 as uint8)."""
+        try:
+            spec = self.header[name]
+        except KeyError:
+            raise self._damaged(f"tensor {name!r} missing") from None
+        start, stop = spec["data_offsets"]
+        dtype = DTYPES[spec["dtype"]]
+        flat = np.frombuffer(self._map, dtype=dtype, count=(stop - start) // dtype.itemsize,
+                             offset=self._data_start + start)
+        return flat.reshape(spec["shape"])
+
+    def verify(self, expected_xxh3: str | None = None) -> None:
+        """Raise DatasetError unless both checksums hold."""
+        if expected_xxh3 is not None:
+            actual = xxhash.xxh3_128(self._map).hexdigest()
+            if actual != expected_xxh3:
+                raise self._damaged("checksum differs from the manifest: contents changed on disk")
+        tensors = {n: (self.dtype(n), self.array(n)) for n in self.header}
+        if content_checksum(tensors) != self.metadata.get("content_xxh3"):
+            raise self._damaged("checksum differs from the one written in the shard")
+

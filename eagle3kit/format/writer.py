@@ -1,0 +1,321 @@
+"""Appending samples to a dataset with checkpointed commits.
+
+Samples collect in memory; a shard is sealed after `commit_every` samples or
+`commit_interval` seconds and becomes part of the dataset only when the manifest that names
+it has been replaced atomically. A crash therefore loses at most the samples not yet
+committed, never damages committed ones, and never duplicates a sample on resume: the
+writer knows every committed `sample_id` and `add` skips them.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import orjson
+import zstandard
+
+from eagle3kit import __version__
+from eagle3kit.format import dataset_dir
+from eagle3kit.format._ints import pack_int32_into
+from eagle3kit.format._io import file_lock, fsync_dir, read_json, write_json_atomic
+from eagle3kit.format.errors import DatasetError
+from eagle3kit.format.layout import (
+    COMMIT_LOCK,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST,
+    SHARD_DIR,
+    SHARD_SUFFIX,
+)
+from eagle3kit.format.lock import RunLock, acquire, new_run_id
+from eagle3kit.format.reader import read_committed_ids
+from eagle3kit.format.sample import TokenSample, check_sample_id
+from eagle3kit.format.shard import write_shard
+
+OpenMode = Literal["auto", "resume", "overwrite"]
+
+
+def loss_spans(sample: TokenSample, n_tokens: int) -> np.ndarray:
+    """The [start, end) runs of loss-carrying positions, shape (k, 2)."""
+    if sample.loss_mask is None:
+        start = len(sample.prompt_ids)
+        return np.array([[start, n_tokens]] if n_tokens > start else [], np.int32).reshape(-1, 2)
+    mask = np.asarray(sample.loss_mask)
+    if mask.shape != (n_tokens,):
+        raise ValueError(f"sample {sample.sample_id}: loss_mask has {mask.size} entries for "
+                         f"{n_tokens} tokens")
+    if mask.size and not np.isin(mask, (0, 1)).all():
+        raise ValueError(f"sample {sample.sample_id}: loss_mask must hold only 0 and 1")
+    edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
+    return np.stack([np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)], 1).astype(np.int32)
+
+
+class _TokenBuffer:
+    """Samples waiting for the next commit, packed as they arrive."""
+
+    def __init__(self) -> None:
+        self.tokens = np.empty(1 << 16, np.int32)
+        self.n_tokens = 0
+        self.offsets = [0]
+        self.prompt_lens: list[int] = []
+        self.spans: list[np.ndarray] = []
+        self.partitions: list[str] = []
+        self.ids: list[str] = []
+        self.meta: list[dict] = []
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _pack(self, ids: object) -> None:
+        n = len(ids)  # type: ignore[arg-type]
+        if self.n_tokens + n > self.tokens.size:
+            grown = np.empty(max(2 * self.tokens.size, self.n_tokens + n), np.int32)
+            grown[: self.n_tokens] = self.tokens[: self.n_tokens]
+            self.tokens = grown
+        if isinstance(ids, np.ndarray):
+            self.tokens[self.n_tokens : self.n_tokens + n] = ids
+        else:
+            pack_int32_into(ids, self.tokens, self.n_tokens)
+        self.n_tokens += n
+
+    def add(self, sample: TokenSample) -> None:
+        start = self.n_tokens
+        try:
+            self._pack(sample.prompt_ids)
+            self._pack(sample.completion_ids)
+            spans = loss_spans(sample, self.n_tokens - start)
+        except BaseException:
+            self.n_tokens = start  # a rejected sample leaves no partial tokens behind
+            raise
+        self.offsets.append(self.n_tokens)
+        self.prompt_lens.append(len(sample.prompt_ids))
+        self.spans.append(spans)
+        self.partitions.append(sample.partition)
+        self.ids.append(sample.sample_id)
+        meta: dict = {"finish_reason": sample.finish_reason}
+        for key in ("source", "server", "latency", "counts"):
+            value = getattr(sample, key)
+            if value is not None:
+                meta[key] = value
+        if sample.metadata:
+            meta["metadata"] = sample.metadata
+        self.meta.append(meta)
+
+    def arrays(self) -> tuple[dict[str, np.ndarray], list[str]]:
+        names = sorted(set(self.partitions))
+        index = {p: i for i, p in enumerate(names)}
+        spans = np.concatenate(self.spans) if self.spans else np.zeros((0, 2), np.int32)
+        arrays = {
+            "tokens": self.tokens[: self.n_tokens],
+            "offsets": np.asarray(self.offsets, np.int64),
+            "prompt_lens": np.asarray(self.prompt_lens, np.int32),
+            "loss_spans": spans.reshape(-1, 2),
+            "loss_span_offsets": np.cumsum([0] + [len(s) for s in self.spans], dtype=np.int64),
+            "partition_index": np.asarray([index[p] for p in self.partitions], np.int32),
+            "sample_ids": np.frombuffer("\n".join(self.ids).encode(), np.uint8),
+            "meta_zst": np.frombuffer(
+                zstandard.ZstdCompressor(level=3).compress(orjson.dumps(self.meta)), np.uint8),
+        }
+        return arrays, names
+
+    def stats(self) -> dict:
+        """Per-partition counts for the manifest, so `info` never opens a shard."""
+        out: dict[str, dict] = {}
+        for i, part in enumerate(self.partitions):
+            n = self.offsets[i + 1] - self.offsets[i]
+            loss = int((self.spans[i][:, 1] - self.spans[i][:, 0]).sum())
+            p = out.setdefault(part, {"samples": 0, "tokens": 0, "loss_tokens": 0,
+                                      "completion_tokens": 0, "finish": Counter()})
+            p["samples"] += 1
+            p["tokens"] += n
+            p["loss_tokens"] += loss
+            p["completion_tokens"] += n - self.prompt_lens[i]
+            p["finish"][self.meta[i]["finish_reason"]] += 1
+        for p in out.values():
+            p["finish"] = dict(p["finish"])
+        return out
+
+
+class DatasetWriter:
+    """Appends token samples to the dataset at `path`, which it creates or continues.
+
+    `mode`: "auto" continues an existing dataset or starts one, "resume" requires one to
+    exist, "overwrite" starts afresh. `config` is the resolved setting of the producing
+    stage; continuing with different settings needs `force`. Processes of one torchrun job
+    share a `run_id` and pass their `rank`; each writes its own shards.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        kind: str = "tokens",
+        mode: OpenMode = "auto",
+        config: dict | None = None,
+        force: bool = False,
+        provenance: dict | None = None,
+        commit_every: int = 1000,
+        commit_interval: float = 60.0,
+        run_id: str | None = None,
+        rank: int = 0,
+        clock=time.monotonic,
+    ) -> None:
+        self.path = Path(path)
+        self.kind = kind
+        self.commit_every = commit_every
+        self.commit_interval = commit_interval
+        self.rank = rank
+        self._clock = clock
+        self._config = config or {}
+        self._force = force
+        self._provenance = provenance or {}
+        self._mode = mode
+        self._buffer = _TokenBuffer()
+        self._token = f"r{rank}-{secrets.token_hex(4)}"
+        self._seq = 0
+        self.removed_on_open: list[Path] = []
+        self._check_target()
+        self.run_id = run_id or new_run_id()
+        self._lock: RunLock | None = acquire(self.path, self.run_id, self._setup)
+        try:
+            dataset_dir.read_marker(self.path, kind)
+            manifest = read_json(self.path / MANIFEST)
+            self._check_config(manifest)
+            self.done_ids: set[str] = read_committed_ids(self.path, manifest)
+        except BaseException:
+            self._release()
+            raise
+        self.committed_samples = len(self.done_ids)
+        self._last_commit = clock()
+
+    def _check_target(self) -> None:
+        if dataset_dir.is_dataset(self.path):
+            return
+        if self._mode == "resume":
+            raise DatasetError(f"{self.path}: nothing to resume (no dataset there); "
+                               "run without --resume to start one")
+        foreign = dataset_dir.foreign_files(self.path)
+        if foreign:
+            raise DatasetError(f"{self.path}: exists and is not an eagle3kit dataset "
+                               f"(holds {', '.join(foreign[:3])}); choose a new or empty directory")
+        if self.path.exists() and not self.path.is_dir():
+            raise DatasetError(f"{self.path}: exists and is not a directory")
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def _setup(self, same_run_before: bool) -> None:
+        """Runs while no other writer is alive: clear crash leftovers, wipe, or create."""
+        if self._mode == "overwrite" and not same_run_before and dataset_dir.is_dataset(self.path):
+            dataset_dir.wipe(self.path)
+        if not dataset_dir.is_dataset(self.path):
+            dataset_dir.create(self.path, self.kind, self._config, self._provenance)
+        dataset_dir.read_marker(self.path, self.kind)
+        manifest = read_json(self.path / MANIFEST)
+        temps, orphans = dataset_dir.stray_files(self.path, manifest)
+        for p in [*temps, *orphans]:
+            p.unlink(missing_ok=True)
+        self.removed_on_open = [*temps, *orphans]
+        changes = dataset_dir.config_changes(manifest.get("config", {}), self._config)
+        if changes and self._force:
+            manifest["config_history"].append(manifest.get("config"))
+            manifest["config"] = self._config
+        manifest["runs"].append({"run_id": self.run_id, "started": time.time(),
+                                 "host": socket.gethostname(), "pid": os.getpid(),
+                                 "eagle3kit": __version__, "command": " ".join(sys.argv)})
+        write_json_atomic(self.path / MANIFEST, manifest)
+
+    def _check_config(self, manifest: dict) -> None:
+        changes = dataset_dir.config_changes(manifest.get("config", {}), self._config)
+        if changes and not self._force:
+            raise DatasetError(
+                f"{self.path} was started with other settings ({'; '.join(changes)}). Rerun "
+                "with the original settings, add --force to continue with these, or "
+                "--overwrite to start afresh."
+            )
+
+    def add(self, sample: TokenSample) -> bool:
+        """Queue `sample`; False when its id is already in the dataset or queued."""
+        check_sample_id(sample.sample_id)
+        if sample.sample_id in self.done_ids:
+            return False
+        self._buffer.add(sample)
+        self.done_ids.add(sample.sample_id)
+        self.maybe_commit()
+        return True
+
+    def maybe_commit(self) -> bool:
+        """Commit when `commit_every` samples or `commit_interval` seconds have gathered.
+
+        Call it periodically when samples arrive slowly, so the interval holds.
+        """
+        due = len(self._buffer) >= self.commit_every or (
+            len(self._buffer) and self._clock() - self._last_commit >= self.commit_interval)
+        if due:
+            self.commit()
+        return bool(due)
+
+    @property
+    def pending(self) -> int:
+        return len(self._buffer)
+
+    def commit(self) -> None:
+        """Seal the queued samples into a shard and add it to the manifest atomically."""
+        buffer = self._buffer
+        self._last_commit = self._clock()
+        if not len(buffer):
+            return
+        arrays, partitions = buffer.arrays()
+        name = f"{self._token}-{self._seq:06d}{SHARD_SUFFIX}"
+        shard_dir = self.path / SHARD_DIR
+        written = write_shard(shard_dir / name, arrays, {
+            "format": FORMAT_NAME, "version": str(FORMAT_VERSION), "kind": self.kind,
+            "samples": str(len(buffer)), "partitions": orjson.dumps(partitions).decode(),
+        })
+        fsync_dir(shard_dir)
+        stats = buffer.stats()
+        entry = {
+            "name": name, "bytes": written.bytes, "xxh3": written.xxh3,
+            "samples": len(buffer), "tokens": buffer.n_tokens,
+            "loss_tokens": sum(p["loss_tokens"] for p in stats.values()),
+            "rank": self.rank, "committed": time.time(), "partitions": stats,
+        }
+        with file_lock(self.path / COMMIT_LOCK):
+            manifest = read_json(self.path / MANIFEST)
+            manifest["shards"].append(entry)
+            manifest["updated"] = entry["committed"]
+            write_json_atomic(self.path / MANIFEST, manifest)
+        self._seq += 1
+        self.committed_samples += len(buffer)
+        self._buffer = _TokenBuffer()
+
+    def close(self) -> None:
+        """Commit what is queued and give up the dataset."""
+        try:
+            self.commit()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        # Whole samples already queued are worth keeping even when the run is interrupted,
+        # unless committing is what failed.
+        if exc_type is None or not isinstance(exc, DatasetError | OSError):
+            self.close()
+        else:
+            self._release()
+
+

@@ -1,0 +1,128 @@
+"""`eagle3kit info`: what a dataset holds, where it came from, and what is wrong with it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle3kit import _ui
+from eagle3kit.format import Dataset
+
+
+@dataclass
+class InfoConfig:
+    path: Path
+    """The dataset directory to describe."""
+    verify: bool = True
+    """Check every shard against its checksums (reads all the data once)."""
+    output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+
+
+@dataclass
+class InfoReport:
+    path: str
+    kind: str
+    format_version: int
+    written_by: str
+    samples: int
+    tokens: int
+    loss_tokens: int
+    completion_tokens: int
+    shards: int
+    bytes_on_disk: int
+    bytes_per_token: float
+    partitions: dict[str, dict]
+    finish_reasons: dict[str, int]
+    created: float
+    updated: float
+    config: dict
+    provenance: dict
+    runs: list[dict]
+    problems: list[str]
+    warnings: list[str]
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _sum_finish(partitions: dict[str, dict]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for stats in partitions.values():
+        for reason, n in stats["finish"].items():
+            total[reason] = total.get(reason, 0) + n
+    return dict(sorted(total.items(), key=lambda kv: -kv[1]))
+
+
+def describe(cfg: InfoConfig) -> InfoReport:
+    ds = Dataset(cfg.path, kind=None, verify_shards=False)
+    partitions = ds.partition_stats()
+    manifest = ds.manifest
+    problems = ds.verify() if cfg.verify else []
+    temps, orphans = ds.stray_files()
+    warnings = [f"{p}: temp file left by an interrupted run (ignored; the next writer removes it)"
+                for p in temps]
+    warnings += [f"{p}: shard sealed but never committed (ignored; the next writer removes it)"
+                 for p in orphans]
+    size = sum(s["bytes"] for s in ds.shards)
+    return InfoReport(
+        path=str(cfg.path), kind=ds.kind, format_version=ds.version,
+        written_by=manifest.get("written_by", "?"), samples=len(ds), tokens=ds.num_tokens,
+        loss_tokens=sum(p["loss_tokens"] for p in partitions.values()),
+        completion_tokens=sum(p["completion_tokens"] for p in partitions.values()),
+        shards=len(ds.shards), bytes_on_disk=size,
+        bytes_per_token=round(size / ds.num_tokens, 3) if ds.num_tokens else 0.0,
+        partitions=partitions, finish_reasons=_sum_finish(partitions),
+        created=manifest.get("created", 0.0), updated=manifest.get("updated", 0.0),
+        config=manifest.get("config", {}), provenance=manifest.get("provenance", {}),
+        runs=manifest.get("runs", []), problems=problems, warnings=warnings,
+    )
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"
+
+
+def _show(report: InfoReport, opts: _ui.OutputOptions) -> None:
+    _ui.kv(f"{report.path}", [
+        ("kind", f"{report.kind} dataset, format version {report.format_version} "
+                 f"(written by eagle3kit {report.written_by})"),
+        ("samples", f"{report.samples:,} in {report.shards:,} shards"),
+        ("tokens", f"{report.tokens:,} ({report.completion_tokens:,} completion, "
+                   f"{report.loss_tokens:,} with loss)"),
+        ("finish reasons", ", ".join(f"{k} {v:,}" for k, v in report.finish_reasons.items())
+         or "none"),
+        ("size on disk", f"{report.bytes_on_disk:,} bytes ({report.bytes_per_token} per token)"),
+        ("created", _when(report.created)),
+        ("updated", _when(report.updated)),
+        ("runs", f"{len(report.runs)}" + (f", last by {report.runs[-1].get('command', '?')}"
+                                          if report.runs else "")),
+        ("settings", ", ".join(f"{k}={v}" for k, v in report.config.items()) or "none recorded"),
+        ("provenance", ", ".join(f"{k}={v}" for k, v in report.provenance.items())
+         or "none recorded"),
+    ], opts)
+    rows = [[name, p["samples"], p["tokens"],
+             round(p["completion_tokens"] / p["samples"], 1) if p["samples"] else 0,
+             ", ".join(f"{k} {v}" for k, v in sorted(p["finish"].items()))]
+            for name, p in report.partitions.items()]
+    if rows:
+        _ui.table("partitions", ["partition", "samples", "tokens", "mean completion", "finish"],
+                  rows, opts)
+    for w in report.warnings:
+        _ui.warn(w)
+    found = f"{len(report.problems)} problems found" if report.problems else "no problems found"
+    _ui.checklist([(not report.problems, "checks", found)], opts)
+    for p in report.problems:
+        _ui.error(p)
+
+
+def run(cfg: InfoConfig) -> InfoReport:
+    report = describe(cfg)
+    if cfg.output.json:
+        _ui.print_json(report.to_dict())
+    else:
+        _show(report, cfg.output)
+    return report
