@@ -58,7 +58,7 @@ def _sum_finish(partitions: dict[str, dict]) -> dict[str, int]:
 
 
 def describe(cfg: InfoConfig) -> InfoReport:
-    ds = Dataset(cfg.path, kind=None, verify_shards=False)
+    ds = Dataset(cfg.path, kind=None, verify_shards=False, warn_stray=False)
     partitions = ds.partition_stats()
     manifest = ds.manifest
     problems = ds.verify() if cfg.verify else []

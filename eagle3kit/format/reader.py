@@ -13,6 +13,7 @@ import numpy as np
 import orjson
 import zstandard
 
+from eagle3kit import _ui
 from eagle3kit.format import dataset_dir
 from eagle3kit.format._io import read_json
 from eagle3kit.format.errors import DatasetError
@@ -111,7 +112,12 @@ class Dataset:
     """
 
     def __init__(
-        self, path: str | Path, *, kind: str | None = "tokens", verify_shards: bool = True
+        self,
+        path: str | Path,
+        *,
+        kind: str | None = "tokens",
+        verify_shards: bool = True,
+        warn_stray: bool = True,
     ) -> None:
         self.path = Path(path)
         self.marker = dataset_dir.read_marker(self.path, kind)
@@ -123,6 +129,11 @@ class Dataset:
         self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         self._verify = verify_shards
         self._open: OrderedDict[int, _TokenShard] = OrderedDict()
+        if warn_stray:
+            temps, orphans = self.stray_files()
+            if temps or orphans:
+                _ui.warn(f"{self.path}: ignoring {len(temps) + len(orphans)} files left by an "
+                         "interrupted run (the next writer removes them)")
 
     # Counts -------------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -1,0 +1,115 @@
+"""The command's shared conventions: instant help, version, exit statuses, env twins, --json."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+from eagle3kit import __version__
+
+
+def eagle3kit(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
+    return subprocess.run([sys.executable, "-m", "eagle3kit", *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=120)
+
+
+def write_jsonl(path: Path, n: int = 20) -> Path:
+    with open(path, "wb") as f:
+        for i in range(n):
+            f.write(orjson.dumps({"sample_id": f"s{i}", "prompt_ids": [1, 2, i],
+                                  "completion_ids": list(range(i + 1)), "finish_reason": "stop",
+                                  "partition": "even" if i % 2 == 0 else "odd",
+                                  "metadata": {}}) + b"\n")
+    return path
+
+
+def test_help_does_not_import_torch_or_transformers():
+    code = ("import sys\nfrom eagle3kit.cli import app\n"
+            "try:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
+            "for sub in ('info', 'convert'):\n"
+            "    try:\n        app([sub, '--help'])\n    except SystemExit:\n        pass\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "info" in out.stdout and "convert" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_version():
+    result = eagle3kit("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"eagle3kit {__version__}"
+
+
+def test_no_arguments_shows_help_and_usage_errors_exit_2():
+    assert "convert" in eagle3kit().stdout + eagle3kit().stderr
+    result = eagle3kit("info")
+    assert result.returncode == 2
+    assert "Missing argument" in result.stderr
+
+
+def test_missing_input_is_one_error_line_exit_2(tmp_path):
+    result = eagle3kit("info", str(tmp_path / "nowhere"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {tmp_path / 'nowhere'}: no such directory"
+    assert "Traceback" not in result.stderr
+
+
+def test_json_goes_to_stdout_and_people_output_to_stderr(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl")
+    result = eagle3kit("convert", str(src), str(tmp_path / "ds"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert orjson.loads(result.stdout)["written"] == 20
+    assert "20 samples added" in result.stderr
+    info = eagle3kit("info", str(tmp_path / "ds"), "--json")
+    report = orjson.loads(info.stdout)
+    assert report["samples"] == 20 and set(report["partitions"]) == {"even", "odd"}
+    assert info.stderr == ""
+
+
+def test_env_twins(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl")
+    quiet = eagle3kit("convert", str(src), str(tmp_path / "ds"), env={"EAGLE3KIT_QUIET": "1"})
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    as_json = eagle3kit("info", str(tmp_path / "ds"), env={"EAGLE3KIT_JSON": "1"})
+    assert orjson.loads(as_json.stdout)["samples"] == 20
+    bad = eagle3kit("info", str(tmp_path / "ds"), env={"EAGLE3KIT_LOG_EVERY": "0"})
+    assert bad.returncode == 2 and "--log-every" in bad.stderr
+
+
+def test_plain_status_lines_when_not_a_terminal(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl")
+    result = eagle3kit("convert", str(src), str(tmp_path / "ds"), "--log-every", "0.001")
+    assert result.returncode == 0
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("convert ")]
+    assert lines and lines[-1].startswith("convert 20/20 (100.0%)")
+    assert "\x1b[" not in result.stderr
+
+
+def test_resume_and_overwrite_exclude_each_other(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl")
+    result = eagle3kit("convert", str(src), str(tmp_path / "ds"), "--resume", "--overwrite")
+    assert result.returncode == 2
+    assert "--resume and --overwrite" in result.stderr
+
+
+def test_rerun_continues_and_overwrite_starts_afresh(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl")
+    ds = str(tmp_path / "ds")
+    assert eagle3kit("convert", str(src), ds).returncode == 0
+    again = eagle3kit("convert", str(src), ds, "--json")
+    assert orjson.loads(again.stdout)["written"] == 0
+    assert orjson.loads(again.stdout)["skipped_existing"] == 20
+    fresh = eagle3kit("convert", str(src), ds, "--overwrite", "--json")
+    assert orjson.loads(fresh.stdout)["written"] == 20
+    assert orjson.loads(eagle3kit("info", ds, "--json").stdout)["samples"] == 20
+
+
+def test_ruff_is_clean():
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=root,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
