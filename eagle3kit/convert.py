@@ -8,6 +8,8 @@ export adds `prompt_text` and `completion_text`, which import ignores.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import sys
 from collections.abc import Iterator
@@ -55,8 +57,12 @@ class ConvertConfig:
         if not self.commit_interval > 0:
             raise UserError(f"--commit-interval must be > 0 seconds (got {self.commit_interval})")
         if self.exporting:
-            if self.skip_bad_lines or self.mode != "auto":
-                raise UserError("--skip-bad-lines, --resume and --overwrite apply to import only")
+            if self.skip_bad_lines or self.mode != "auto" or self.force:
+                raise UserError("--skip-bad-lines, --resume, --overwrite and --force apply to "
+                                "import only")
+            if str(self.dst) == "-" and self.output.json:
+                raise UserError("--json and '-' (samples to stdout) both write to stdout; "
+                                "choose one")
         elif self.tokenizer or self.partition:
             raise UserError("--tokenizer and --partition apply to export (a dataset to JSONL) only")
         elif self.src.is_dir():
@@ -103,6 +109,14 @@ def _load_tokenizer(path: Path):
         raise UserError(f"--tokenizer {path}: cannot load a tokenizer there ({exc})") from None
 
 
+def _export_error(dst: Path, exc: OSError) -> UserError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return UserError(f"{dst}: no space left to write ({exc.strerror}); the partial file was "
+                         "removed and the dataset is untouched: free some space and rerun the "
+                         "same command")
+    return UserError(f"{dst}: cannot write: {exc.strerror or exc}")
+
+
 def export_jsonl(cfg: ConvertConfig) -> ConvertResult:
     ds = Dataset(cfg.src)
     if cfg.partition is not None and cfg.partition not in ds.partitions:
@@ -112,7 +126,10 @@ def export_jsonl(cfg: ConvertConfig) -> ConvertResult:
     to_stdout = str(cfg.dst) == "-"
     tmp = cfg.dst.with_name(cfg.dst.name + f".{os.getpid()}.tmp")
     n = 0
-    out = sys.stdout.buffer if to_stdout else open(tmp, "wb")  # noqa: SIM115 (stdout stays open)
+    try:
+        out = sys.stdout.buffer if to_stdout else open(tmp, "wb")  # noqa: SIM115 (stdout stays open)
+    except OSError as exc:
+        raise _export_error(cfg.dst, exc) from None
     try:
         for sample in ds.iter_samples(cfg.partition):
             record = sample_to_record(sample)
@@ -126,10 +143,15 @@ def export_jsonl(cfg: ConvertConfig) -> ConvertResult:
             os.fsync(out.fileno())
             out.close()
             os.replace(tmp, cfg.dst)
-    except BaseException:
+    except BaseException as exc:
         if not to_stdout:
-            out.close()
+            # close() flushes, which fails again on a full disk: the temp file must go anyway.
+            with contextlib.suppress(OSError):
+                out.close()
             tmp.unlink(missing_ok=True)
+            # A full disk or an unwritable place is the user's to fix: one line, no traceback.
+            if isinstance(exc, OSError):
+                raise _export_error(cfg.dst, exc) from None
         raise
     _ui.info(f"wrote {n:,} samples to {cfg.dst}", cfg.output)
     return ConvertResult("export", n, dst=str(cfg.dst))
@@ -139,7 +161,13 @@ def export_jsonl(cfg: ConvertConfig) -> ConvertResult:
 def _int_list(value: object, key: str) -> list[int]:
     if not isinstance(value, list) or not all(type(v) is int for v in value):
         raise ValueError(f"{key} must be a list of integers")
+    if key != "loss_mask" and value and min(value) < 0:
+        raise ValueError(f"{key} holds a negative token id ({min(value)})")
     return value
+
+
+def _default(value: str | None, default: str) -> str:
+    return default if value is None else value
 
 
 def record_to_sample(record: object) -> TokenSample:
@@ -167,8 +195,10 @@ def record_to_sample(record: object) -> TokenSample:
         sample_id=sample_id,
         prompt_ids=_int_list(record["prompt_ids"], "prompt_ids"),
         completion_ids=_int_list(record["completion_ids"], "completion_ids"),
-        finish_reason=record.get("finish_reason") or "stop",
-        partition=record.get("partition") or "default",
+        # Only a missing (or null) key takes the default: "" is a value the writer stores and
+        # export writes, so `or` would turn it into another one and break the round trip.
+        finish_reason=_default(record.get("finish_reason"), "stop"),
+        partition=_default(record.get("partition"), "default"),
         loss_mask=None if mask is None else _int_list(mask, "loss_mask"),
         source=record.get("source"), server=record.get("server"), latency=latency,
         counts=record.get("counts"), metadata=record.get("metadata") or {},
@@ -192,7 +222,8 @@ def import_jsonl(cfg: ConvertConfig) -> ConvertResult:
     result = ConvertResult("import", 0, dst=str(cfg.dst))
     writer = DatasetWriter(
         cfg.dst, mode=cfg.mode, force=cfg.force,
-        config={"stage": "convert", "source": str(cfg.src.resolve())},
+        # The file name, not its path: the same file moved or copied continues the import.
+        config={"stage": "convert", "source": cfg.src.name},
         provenance={"source": str(cfg.src.resolve())},
         commit_every=cfg.commit_every, commit_interval=cfg.commit_interval,
     )

@@ -61,7 +61,7 @@ def describe(cfg: InfoConfig) -> InfoReport:
     ds = Dataset(cfg.path, kind=None, verify_shards=False, warn_stray=False)
     partitions = ds.partition_stats()
     manifest = ds.manifest
-    problems = ds.verify() if cfg.verify else []
+    problems = ds.verify() if cfg.verify else ds.check_files()
     temps, orphans = ds.stray_files()
     warnings = [f"{p}: temp file left by an interrupted run (ignored; the next writer removes it)"
                 for p in temps]

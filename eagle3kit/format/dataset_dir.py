@@ -40,12 +40,14 @@ def read_marker(path: Path, kind: str | None = None) -> dict:
     if not isinstance(version, int):
         raise DatasetError(f"{path / MARKER}: format version {version!r} is not an integer")
     if version > FORMAT_VERSION:
-        written_by = marker.get("written_by", "a newer release")
+        written_by = marker.get("written_by")
+        # Without a release to name, still give a pip command that works (no '>=a newer ...').
+        hint = (f"It was written by eagle3kit {written_by}; read it with that release or newer: "
+                f"pip install -U 'eagle3kit>={written_by}'" if isinstance(written_by, str)
+                and written_by else "Upgrade to read it: pip install -U eagle3kit")
         raise DatasetError(
             f"{path}: dataset format version {version} is newer than this eagle3kit "
-            f"({__version__}) reads (up to version {FORMAT_VERSION}). It was written by eagle3kit "
-            f"{written_by}; read it with that release or newer: "
-            f"pip install -U 'eagle3kit>={written_by}'"
+            f"({__version__}) reads (up to version {FORMAT_VERSION}). {hint}"
         )
     if version not in FIRST_READER:
         raise DatasetError(f"{path / MARKER}: unknown format version {version}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import orjson
 
+from eagle3kit._argv import command_line
 from eagle3kit.format._io import file_lock, write_json_atomic
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import GATE_LOCK, OWNER, RUN_LOCK
@@ -83,7 +83,7 @@ def acquire(directory: Path, run_id: str, setup: Callable[[bool], None]) -> RunL
             if first and not same_run:
                 write_json_atomic(directory / OWNER, {
                     "run_id": run_id, "pid": os.getpid(), "host": socket.gethostname(),
-                    "started": time.time(), "command": " ".join(sys.argv),
+                    "started": time.time(), "command": command_line(),
                 })
             if first:
                 setup(same_run)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import xxhash
 import zstandard
 
 from eagle3kit import _ui
@@ -97,9 +98,24 @@ def read_committed_ids(path: Path, manifest: dict) -> set[str]:
     """Every committed sample id, reading only the id array of each shard."""
     ids: set[str] = set()
     for entry in manifest["shards"]:
-        raw = ShardFile(path / SHARD_DIR / entry["name"]).array("sample_ids").tobytes()
-        if raw:
-            ids.update(raw.decode().split("\n"))
+        shard_path = path / SHARD_DIR / entry["name"]
+        shard = ShardFile(shard_path)
+        raw = shard.array("sample_ids").tobytes()
+        if xxhash.xxh3_128_hexdigest(raw) != shard.metadata.get("sample_ids_xxh3"):
+            raise DatasetError(f"{shard_path}: shard damaged (sample ids differ from their "
+                               "checksum)")
+        # No checksum is read here (that costs a full read per resume), so damaged id bytes
+        # must still end in a DatasetError naming the shard, not a UnicodeDecodeError, and a
+        # count that disagrees with the manifest must stop the writer before it duplicates.
+        try:
+            found = raw.decode().split("\n") if raw else []
+        except UnicodeDecodeError:
+            raise DatasetError(f"{shard_path}: shard damaged (sample ids are not UTF-8)"
+                               ) from None
+        if len(found) != entry["samples"]:
+            raise DatasetError(f"{shard_path}: shard damaged (holds {len(found)} sample ids, "
+                               f"the manifest says {entry['samples']})")
+        ids.update(found)
     return ids
 
 
@@ -230,6 +246,21 @@ class Dataset:
             yield from self._shard(k).ids
 
     # Checks -------------------------------------------------------------------------------
+    def check_files(self) -> list[str]:
+        """Shards missing or of the wrong size: what a check without reading the data finds."""
+        problems = []
+        for entry in self.shards:
+            path = self.path / SHARD_DIR / entry["name"]
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                problems.append(f"{path}: shard missing (deleted or moved)")
+                continue
+            if size != entry["bytes"]:
+                problems.append(f"{path}: shard damaged ({size} bytes on disk, the manifest "
+                                f"says {entry['bytes']}: truncated or replaced)")
+        return problems
+
     def verify(self) -> list[str]:
         """Every problem found by checking each shard against both its checksums."""
         problems = []

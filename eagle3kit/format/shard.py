@@ -55,12 +55,18 @@ def _dtype_name(array: np.ndarray, override: str | None) -> str:
         raise TypeError(f"no safetensors dtype for numpy {array.dtype}") from None
 
 
+def _byte_view(array: np.ndarray) -> memoryview:
+    # Flattened first: memoryview refuses to cast an empty multi-dimensional array, such as
+    # the (0, 2) loss_spans of a commit whose samples have no loss tokens (all prompts only).
+    return memoryview(np.ascontiguousarray(array).reshape(-1)).cast("B")
+
+
 def content_checksum(tensors: dict[str, tuple[str, np.ndarray]]) -> str:
     h = xxhash.xxh3_128()
     for name in sorted(tensors):
         dtype, array = tensors[name]
         h.update(orjson.dumps([name, dtype, list(array.shape)]))
-        h.update(memoryview(np.ascontiguousarray(array)).cast("B"))
+        h.update(_byte_view(array))
     return h.hexdigest()
 
 
@@ -97,7 +103,7 @@ def write_shard(
     file_hash = xxhash.xxh3_128()
     try:
         with open(tmp, "wb") as f:
-            for chunk in [prefix, *(memoryview(tensors[n][1]).cast("B") for n in order)]:
+            for chunk in [prefix, *(_byte_view(tensors[n][1]) for n in order)]:
                 f.write(chunk)
                 file_hash.update(chunk)
             f.flush()
@@ -149,6 +155,13 @@ class ShardFile:
             raise self._damaged("header is not valid JSON") from None
         if not isinstance(header, dict):
             raise self._damaged("header is not a JSON object")
+        # A damaged or hand-edited header can be valid JSON holding anything: the safetensors
+        # spec says metadata maps str to str and offsets and dims are non-negative ints, and
+        # anything else must end here, naming the file, not as a TypeError deep in a reader.
+        metadata = header.get("__metadata__", {})
+        if not isinstance(metadata, dict) or not all(
+                isinstance(v, str) for v in metadata.values()):
+            raise self._damaged("header metadata is not a map of strings")
         self._data_start = 8 + n
         end = 0
         for name, spec in header.items():
@@ -157,7 +170,11 @@ class ShardFile:
             try:
                 dtype = DTYPES[spec["dtype"]]
                 start, stop = spec["data_offsets"]
-                count = int(np.prod(spec["shape"], dtype=np.int64))
+                shape = spec["shape"]
+                if not isinstance(shape, list) or not all(
+                        type(v) is int and v >= 0 for v in (start, stop, *shape)):
+                    raise ValueError(name)
+                count = int(np.prod(shape, dtype=np.int64))
             except (KeyError, TypeError, ValueError):
                 raise self._damaged(f"bad entry for tensor {name!r}") from None
             if stop - start != count * dtype.itemsize or start < 0:

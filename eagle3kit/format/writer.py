@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -20,12 +19,21 @@ from typing import Literal
 
 import numpy as np
 import orjson
+import xxhash
 import zstandard
 
 from eagle3kit import __version__
+from eagle3kit._argv import command_line
 from eagle3kit.format import dataset_dir
-from eagle3kit.format._ints import pack_int32_into
-from eagle3kit.format._io import file_lock, fsync_dir, read_json, write_json_atomic
+from eagle3kit.format._ints import pack_int32_into, to_int32
+from eagle3kit.format._io import (
+    disk_error,
+    file_lock,
+    fsync_dir,
+    read_json,
+    tmp_path,
+    write_json_atomic,
+)
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import (
     COMMIT_LOCK,
@@ -69,7 +77,8 @@ class _TokenBuffer:
         self.spans: list[np.ndarray] = []
         self.partitions: list[str] = []
         self.ids: list[str] = []
-        self.meta: list[dict] = []
+        self.meta: list[bytes] = []  # each sample's meta as JSON, encoded when it is added
+        self.finish: list[str] = []
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -81,12 +90,35 @@ class _TokenBuffer:
             grown[: self.n_tokens] = self.tokens[: self.n_tokens]
             self.tokens = grown
         if isinstance(ids, np.ndarray):
-            self.tokens[self.n_tokens : self.n_tokens + n] = ids
+            # to_int32 range-checks: numpy's own assignment casts unsafely, so int64 ids past
+            # int32 would wrap and float arrays would truncate without a word.
+            self.tokens[self.n_tokens : self.n_tokens + n] = to_int32(ids)
         else:
             pack_int32_into(ids, self.tokens, self.n_tokens)
+        if n and self.tokens[self.n_tokens : self.n_tokens + n].min() < 0:
+            raise ValueError("token ids must not be negative")
         self.n_tokens += n
 
     def add(self, sample: TokenSample) -> None:
+        # Everything the shard stores is checked and encoded before anything is packed: a
+        # value JSON cannot hold (an int past 64 bits, a set, an object) used to pass add()
+        # and fail the next commit instead, again on every later commit, taking every queued
+        # sample with it. Encoding now also snapshots the caller's dicts.
+        if not isinstance(sample.partition, str) or not isinstance(sample.finish_reason, str):
+            raise TypeError(f"sample {sample.sample_id}: partition and finish_reason must be "
+                            "strings")
+        meta: dict = {"finish_reason": sample.finish_reason}
+        for key in ("source", "server", "latency", "counts"):
+            value = getattr(sample, key)
+            if value is not None:
+                meta[key] = value
+        if sample.metadata:
+            meta["metadata"] = sample.metadata
+        try:
+            meta_json = orjson.dumps(meta)
+        except orjson.JSONEncodeError as exc:
+            raise ValueError(f"sample {sample.sample_id}: metadata cannot be stored as JSON "
+                             f"({exc})") from None
         start = self.n_tokens
         try:
             self._pack(sample.prompt_ids)
@@ -100,14 +132,8 @@ class _TokenBuffer:
         self.spans.append(spans)
         self.partitions.append(sample.partition)
         self.ids.append(sample.sample_id)
-        meta: dict = {"finish_reason": sample.finish_reason}
-        for key in ("source", "server", "latency", "counts"):
-            value = getattr(sample, key)
-            if value is not None:
-                meta[key] = value
-        if sample.metadata:
-            meta["metadata"] = sample.metadata
-        self.meta.append(meta)
+        self.meta.append(meta_json)
+        self.finish.append(sample.finish_reason)
 
     def arrays(self) -> tuple[dict[str, np.ndarray], list[str]]:
         names = sorted(set(self.partitions))
@@ -122,7 +148,8 @@ class _TokenBuffer:
             "partition_index": np.asarray([index[p] for p in self.partitions], np.int32),
             "sample_ids": np.frombuffer("\n".join(self.ids).encode(), np.uint8),
             "meta_zst": np.frombuffer(
-                zstandard.ZstdCompressor(level=3).compress(orjson.dumps(self.meta)), np.uint8),
+                zstandard.ZstdCompressor(level=3).compress(b"[" + b",".join(self.meta) + b"]"),
+                np.uint8),
         }
         return arrays, names
 
@@ -138,7 +165,7 @@ class _TokenBuffer:
             p["tokens"] += n
             p["loss_tokens"] += loss
             p["completion_tokens"] += n - self.prompt_lens[i]
-            p["finish"][self.meta[i]["finish_reason"]] += 1
+            p["finish"][self.finish[i]] += 1
         for p in out.values():
             p["finish"] = dict(p["finish"])
         return out
@@ -208,7 +235,11 @@ class DatasetWriter:
                                f"(holds {', '.join(foreign[:3])}); choose a new or empty directory")
         if self.path.exists() and not self.path.is_dir():
             raise DatasetError(f"{self.path}: exists and is not a directory")
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DatasetError(f"{self.path}: cannot create the dataset directory "
+                               f"({exc.strerror or exc})") from None
 
     def _setup(self, same_run_before: bool) -> None:
         """Runs while no other writer is alive: clear crash leftovers, wipe, or create."""
@@ -218,6 +249,9 @@ class DatasetWriter:
             dataset_dir.create(self.path, self.kind, self._config, self._provenance)
         dataset_dir.read_marker(self.path, self.kind)
         manifest = read_json(self.path / MANIFEST)
+        # Refuse other settings before the manifest is touched: a refused run must leave no
+        # trace (no entry in "runs"); __init__ checks again for processes that join later.
+        self._check_config(manifest)
         temps, orphans = dataset_dir.stray_files(self.path, manifest)
         for p in [*temps, *orphans]:
             p.unlink(missing_ok=True)
@@ -228,7 +262,7 @@ class DatasetWriter:
             manifest["config"] = self._config
         manifest["runs"].append({"run_id": self.run_id, "started": time.time(),
                                  "host": socket.gethostname(), "pid": os.getpid(),
-                                 "eagle3kit": __version__, "command": " ".join(sys.argv)})
+                                 "eagle3kit": __version__, "command": command_line()})
         write_json_atomic(self.path / MANIFEST, manifest)
 
     def _check_config(self, manifest: dict) -> None:
@@ -239,6 +273,31 @@ class DatasetWriter:
                 "with the original settings, add --force to continue with these, or "
                 "--overwrite to start afresh."
             )
+
+    def store_files(self, subdir: str, files: list[Path]) -> Path:
+        """Copy `files` into DIR/subdir (e.g. the tokenizer and template gen used), durably.
+
+        Later stages read them from there, so they need neither --tokenizer nor the
+        original machine. A file already there with the same bytes is left alone.
+        """
+        target = self.path / subdir
+        target.mkdir(exist_ok=True)
+        for src in files:
+            data = Path(src).read_bytes()
+            dst = target / Path(src).name
+            if dst.exists() and dst.read_bytes() == data:
+                continue
+            tmp = tmp_path(dst)
+            try:
+                tmp.write_bytes(data)
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+                os.replace(tmp, dst)
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                raise disk_error(dst, exc) from None
+        fsync_dir(target)
+        return target
 
     def add(self, sample: TokenSample) -> bool:
         """Queue `sample`; False when its id is already in the dataset or queued."""
@@ -277,6 +336,9 @@ class DatasetWriter:
         written = write_shard(shard_dir / name, arrays, {
             "format": FORMAT_NAME, "version": str(FORMAT_VERSION), "kind": self.kind,
             "samples": str(len(buffer)), "partitions": orjson.dumps(partitions).decode(),
+            # Resuming reads only the ids; their own checksum keeps a damaged id from
+            # letting a sample in twice, without reading the whole shard.
+            "sample_ids_xxh3": xxhash.xxh3_128_hexdigest(arrays["sample_ids"]),
         })
         fsync_dir(shard_dir)
         stats = buffer.stats()

@@ -1,0 +1,224 @@
+"""`eagle3kit gen`: exact-token samples from SGLang, vLLM or transformers, resumable.
+
+`run(GenConfig)` loads and renders the prompts, connects to the servers, opens (or
+continues) the token dataset and keeps every server slot busy until each sample is in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+from eagle3kit import _ui
+from eagle3kit._argv import command_line
+from eagle3kit.errors import UserError
+from eagle3kit.format import Dataset, DatasetWriter, make_sample_id
+from eagle3kit.gen import prompts
+from eagle3kit.gen.backends import Backend, HttpBackend, connect
+from eagle3kit.gen.config import GenConfig, parse_server
+from eagle3kit.gen.render import Renderer, generation_points
+from eagle3kit.gen.scheduler import Chain, Scheduler, resume_point
+from eagle3kit.gen.types import Conversation
+
+__all__ = ["GenConfig", "GenResult", "parse_server", "run"]
+
+PROBE_TEXT = "Hello, world! 12345 ünïcödé 你好 <tag> \n\tdone."
+
+
+@dataclass
+class GenResult:
+    output: str
+    total: int
+    """Samples the dataset holds for these prompts when the run ends."""
+    previously_done: int
+    written: int
+    truncated: int
+    skipped: int
+    failed: int
+    retries: int
+    violations: int
+    duplicates: int
+    stopped: bool
+    """True when a signal stopped the run before everything was done."""
+    elapsed: float
+    resume_command: str
+
+
+def load(cfg: GenConfig) -> tuple[list[Conversation], int]:
+    """The conversations to generate from, and how many duplicates were dropped."""
+    convs: list[Conversation] = []
+    duplicates = 0
+    if cfg.prompts:
+        convs, stats = prompts.load_conversations(cfg.prompts, fmt=cfg.format,
+                                                  partition_field=cfg.partition_field,
+                                                  skip_bad_lines=cfg.skip_bad_lines)
+        duplicates = stats.duplicates
+    if cfg.dataset:
+        convs += prompts.load_hf_dataset(cfg.dataset, split=cfg.dataset_split, fmt=cfg.format,
+                                         partition_field=cfg.partition_field)
+        convs, more = prompts.dedupe(convs)
+        duplicates += more
+    convs = prompts.select(convs, partition=cfg.partition, max_samples=cfg.max_samples,
+                           shuffle_seed=cfg.shuffle_seed)
+    return convs, duplicates
+
+
+def make_chains(convs: list[Conversation], n: int) -> list[Chain]:
+    chains = []
+    for conv in convs:
+        points = generation_points(conv)
+        for index in range(n):
+            ids = [make_sample_id(conv.source, {"messages": conv.messages[:point],
+                                                "tools": conv.tools}, turn, index)
+                   for turn, point in enumerate(points)]
+            chains.append(Chain(conv, index, ids))
+    return chains
+
+
+async def check_tokenizer(backends: list[Backend], renderer: Renderer) -> None:
+    """Refuse to start when a server tokenizes a probe differently from --tokenizer."""
+    from eagle3kit.gen import clients
+
+    local = renderer.tokenizer.encode(PROBE_TEXT, add_special_tokens=False)
+    for backend in backends:
+        if not isinstance(backend, HttpBackend):
+            continue
+        info = backend.info
+        remote = await clients.tokenize(backend.client(), info, PROBE_TEXT)
+        if remote is not None and list(remote) != list(local):
+            raise UserError(
+                f"{info.url}: the server's tokenizer ({info.model}) does not agree with "
+                f"--tokenizer on a probe text ({len(remote)} vs {len(local)} tokens). Pass the "
+                "target model's own tokenizer, or --no-tokenizer-check to go on anyway.")
+
+
+def starting_points(chains: list[Chain], writer: DatasetWriter, cfg: GenConfig,
+                    renderer: Renderer) -> list[tuple[Chain, int]]:
+    """Where each chain continues; earlier own answers come back from the dataset."""
+    starts = [(chain, resume_point(chain, writer.done_ids)) for chain in chains]
+    starts = [(chain, turn) for chain, turn in starts if turn < len(chain.ids)]
+    needed = {c.ids[t] for c, turn in starts for t in range(turn)}
+    if not needed:
+        return starts
+    committed = _committed_completions(cfg, needed)
+    for chain, turn in starts:
+        chain.turn = turn
+        for t in range(turn):
+            finish, ids = committed[chain.ids[t]]
+            if finish != "stop":
+                chain.blocked = f"turn {t}: {finish}"
+            elif cfg.history == "own":
+                chain.answers.append(renderer.answer_message(ids))
+    return starts
+
+
+def _committed_completions(cfg: GenConfig, needed: set[str]) -> dict[str, tuple[str, list]]:
+    ds = Dataset(cfg.output, warn_stray=False)
+    found = {}
+    for index, sample_id in enumerate(ds.sample_ids()):
+        if sample_id in needed:
+            sample = ds[index]
+            found[sample_id] = (sample.finish_reason, list(map(int, sample.completion_ids)))
+    return found
+
+
+async def _backends(cfg: GenConfig) -> list[Backend]:
+    if cfg.engine == "hf":
+        from eagle3kit.gen.hf_engine import HfBackend
+
+        return [HfBackend.load(cfg.target, slots=cfg.concurrency)]
+    return [await connect(s.url, cfg.api, s.concurrency or cfg.concurrency, cfg.api_key,
+                          cfg.request_timeout) for s in cfg.servers]
+
+
+def _context_len(cfg: GenConfig, backends: list[Backend]) -> int | None:
+    known = [b.max_model_len for b in backends if b.max_model_len]
+    limits = [x for x in (cfg.max_seq_len, min(known, default=None)) if x]
+    return min(limits) if limits else None
+
+
+async def _generate(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
+                    duplicates: int) -> GenResult:
+    started = time.monotonic()
+    backends = await _backends(cfg)
+    for backend in backends:
+        if isinstance(backend, HttpBackend):  # output ids are checked against [0, vocab)
+            backend.info.vocab_size = renderer.vocab_size
+    try:
+        if cfg.tokenizer_check:
+            await check_tokenizer(backends, renderer)
+        return await _write(cfg, renderer, chains, backends, duplicates, started)
+    finally:
+        for backend in backends:
+            await backend.close()
+
+
+async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
+                 backends: list[Backend], duplicates: int, started: float) -> GenResult:
+    identity = renderer.identity()
+    # Paths may differ between machines; the hashes say whether the rendering is the same.
+    where = {k: identity.pop(k) for k in ("tokenizer", "chat_template_file")}
+    config = {**cfg.identity(), "renderer": identity}
+    provenance = {"prompts": [str(p) for p in cfg.prompts], "dataset": cfg.dataset,
+                  "servers": [b.name for b in backends], "engine": cfg.engine, **where}
+    total = sum(len(c.ids) for c in chains)
+    writer = DatasetWriter(cfg.output, mode=cfg.mode, config=config, force=cfg.force,
+                           provenance=provenance, commit_every=cfg.commit_every,
+                           commit_interval=cfg.commit_interval)
+    with writer:
+        writer.store_files("tokenizer", renderer.files())
+        starts = starting_points(chains, writer, cfg, renderer)
+        remaining = sum(len(c.ids) - t for c, t in starts)
+        done_before = total - remaining
+        with _ui.Progress("gen", total, cfg.output_options, initial=done_before) as progress:
+            scheduler = Scheduler(cfg, renderer, backends, writer, progress,
+                                  _context_len(cfg, backends))
+            await scheduler.run(starts)
+        if scheduler.failure is not None:
+            raise scheduler.failure
+        written = progress.done - done_before
+    stats = scheduler.stats
+    stopped = scheduler.signals > 0 and done_before + written < total
+    return GenResult(
+        output=str(cfg.output), total=total, previously_done=done_before, written=written,
+        truncated=stats["truncated"], skipped=int(progress.counters.get("skipped", 0)),
+        failed=stats["failed"], retries=stats["retries"], violations=stats["violations"],
+        duplicates=duplicates, stopped=stopped, elapsed=round(time.monotonic() - started, 3),
+        resume_command=command_line(),
+    )
+
+
+def run(cfg: GenConfig) -> GenResult:
+    # httpx logs every request at INFO: thousands of lines an hour in a nohup log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    convs, duplicates = load(cfg)
+    if not convs:
+        raise UserError("no prompts to generate from (check --partition and --max-samples)")
+    renderer = Renderer.load(cfg.tokenizer, chat_template=cfg.chat_template,
+                             chat_template_kwargs=cfg.chat_template_kwargs, system=cfg.system,
+                             trust_remote_code=cfg.trust_remote_code)
+    chains = make_chains(convs, cfg.n)
+    result = asyncio.run(_generate(cfg, renderer, chains, duplicates))
+    _report(result, cfg)
+    return result
+
+
+def _report(result: GenResult, cfg: GenConfig) -> None:
+    opts = cfg.output_options
+    if opts.json:
+        _ui.print_json(asdict(result))
+    _ui.kv("gen", [
+        ("dataset", result.output),
+        ("samples", f"{result.previously_done + result.written:,}/{result.total:,} "
+                    f"({result.written:,} this run)"),
+        ("truncated", f"{result.truncated:,}"),
+        ("skipped", f"{result.skipped:,} ({result.failed:,} failed after retries)"),
+        ("retries", f"{result.retries:,}"),
+        ("invariant violations", f"{result.violations:,}"),
+        ("duplicate prompts", f"{result.duplicates:,} generated once"),
+        ("elapsed", f"{result.elapsed:.1f}s"),
+    ], opts)
+    if result.stopped:
+        _ui.warn(f"stopped before the end; continue with: {result.resume_command}")

@@ -1,0 +1,75 @@
+"""Where completions come from: HTTP servers (SGLang, vLLM) or transformers in-process.
+
+A backend is anything with `name`, `slots`, `generate(request)` and `healthy()`; the
+scheduler treats them alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from eagle3kit.gen import clients
+from eagle3kit.gen.types import Completion, GenRequest
+
+
+class Backend(Protocol):
+    name: str
+    slots: int
+    max_model_len: int | None
+
+    async def generate(self, request: GenRequest) -> Completion: ...
+
+    async def healthy(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class HttpBackend:
+    """One server URL with its own slots and its own connection pool."""
+
+    info: clients.ServerInfo
+    slots: int
+    api_key: str | None = field(default=None, repr=False)
+    timeout: float | None = None
+    chat_rebuild: Any = None
+    """For --api openai-chat: (messages, reasoning, content) -> ids; None for id APIs."""
+    _client: Any = None
+
+    @property
+    def name(self) -> str:
+        return self.info.url
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.info.max_model_len
+
+    def client(self):
+        if self._client is None:
+            self._client = clients.make_client(self.slots)
+        return self._client
+
+    async def generate(self, request: GenRequest) -> Completion:
+        return await clients.generate(self.client(), self.info, request, api_key=self.api_key,
+                                      timeout=self.timeout)
+
+    async def healthy(self) -> bool:
+        return await clients.health(self.client(), self.info.url)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+async def connect(url: str, api: str, slots: int, api_key: str | None,
+                  timeout: float | None) -> HttpBackend:
+    """Probe the server once; a dead or unknown server ends the run before anything starts."""
+    client = clients.make_client(slots)
+    try:
+        info = await clients.probe(client, url, api=api, api_key=api_key)
+    except BaseException:
+        await client.aclose()
+        raise
+    return HttpBackend(info, slots, api_key=api_key, timeout=timeout, _client=client)

@@ -1,0 +1,62 @@
+"""The values that pass between gen's parts: prompts in, requests out, completions back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Conversation:
+    """One prompt-file record, normalized to OpenAI-style messages."""
+
+    source: str
+    """The file name (or dataset name) it came from; part of every sample id."""
+    line: int
+    """1-based line in a JSONL file, or 1-based record/row number in JSON, parquet, datasets."""
+    messages: list[dict[str, Any]]
+    """role/content dicts; assistant turns may carry reasoning_content and tool_calls, tool
+    turns tool_call_id and name. An assistant message marks a turn to regenerate; so does the
+    end of the list when the last message is not an assistant's."""
+    partition: str = "default"
+    tools: list[dict[str, Any]] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Fields of the record kept as sample metadata (e.g. question_id, category)."""
+
+
+@dataclass
+class GenRequest:
+    """One generation: exact prompt ids and the sampling settings to send."""
+
+    sample_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    stop_token_ids: list[int]
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    messages: list[dict[str, Any]] | None = None
+    """The rendered history, for the openai-chat fallback only (it cannot take ids)."""
+    tools: list[dict[str, Any]] | None = None
+
+
+@dataclass
+class Completion:
+    """What a server produced for one request, after the invariant checks."""
+
+    output_ids: list[int]
+    finish_reason: str
+    """stop, length or abort."""
+    prompt_tokens: int
+    completion_tokens: int
+    latency: float
+    server: dict[str, Any]
+    """url, api, model, and engine version when known."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """Other counts the server reported (cached_tokens, reasoning_tokens, spec_verify_ct)."""
+    violations: list[str] = field(default_factory=list)
+    """Invariants of SERVER_APIS.md §4 the response broke (empty when it is sound)."""
+    reconstructed: bool = False
+    """True when the ids were rebuilt from text (the openai-chat fallback)."""

@@ -1,0 +1,393 @@
+"""Crash safety: `eagle3kit convert` SIGKILLed at random moments, then the same command again.
+
+DESIGN.md promises that a crash loses at most the samples not yet committed, never corrupts
+what was committed, and never duplicates a sample on resume. These tests hold the real CLI to
+that: a real subprocess, a real SIGKILL (no cleanup handler can run), a real filesystem. After
+every kill the dataset must open (or, killed before its marker was written, not exist yet),
+verify clean, keep every sample it held before the kill, hold each sample once and equal to
+its source line; rerunning the same command must finish the job and remove the debris the
+crashes left.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from eagle3kit.convert import record_to_sample, sample_to_record
+from eagle3kit.format import Dataset, TokenSample, is_dataset
+from eagle3kit.format.layout import MARKER, SHARD_DIR, TMP_SUFFIX
+
+N_SAMPLES = 3000
+PARTITIONS = ("math", "code", "chat", "tool-use")
+FINISH = ("stop", "length", "abort")
+# Small commits keep a commit in flight most of the time, so kills land inside one often.
+CONVERT_FLAGS = ("--commit-every", "7", "--commit-interval", "0.05", "-q")
+# Share of kills aimed at the first moments of a run (imports, lock, dataset creation).
+EARLY_SHARE = 0.3
+RUN_TIMEOUT_S = 120.0
+
+
+# Source data ------------------------------------------------------------------------------
+def _record(rng: np.random.Generator, i: int) -> dict:
+    """One JSONL record; some carry a custom loss mask and the optional provenance keys."""
+    total = int(rng.integers(50, 401))
+    prompt_len = int(rng.integers(1, total))
+    tokens = rng.integers(0, 151_000, total).tolist()
+    record: dict = {
+        "sample_id": rng.bytes(12).hex(),
+        "prompt_ids": tokens[:prompt_len],
+        "completion_ids": tokens[prompt_len:],
+        "finish_reason": FINISH[int(rng.choice(3, p=[0.8, 0.15, 0.05]))],
+        "partition": PARTITIONS[int(rng.integers(len(PARTITIONS)))],
+        "metadata": {"line": i, "note": "ünïcode ✓"} if i % 5 == 0 else {"line": i},
+    }
+    if i % 9 == 0:
+        # A mask with loss on a few arbitrary runs, e.g. a multi-turn sample's earlier answers.
+        mask = np.zeros(total, np.uint8)
+        for start in rng.integers(0, total, 3):
+            mask[start : start + int(rng.integers(1, 40))] = 1
+        record["loss_mask"] = mask.tolist()
+    if i % 4 == 0:
+        record["source"] = {"file": "prompts.jsonl", "line": i, "turn": 0}
+        record["server"] = {"url": "http://127.0.0.1:30000", "engine": "sglang"}
+        record["latency"] = float(rng.uniform(0.1, 90.0))
+        record["counts"] = {"cached_tokens": int(rng.integers(0, prompt_len))}
+    return record
+
+
+def canonical(sample: TokenSample) -> dict:
+    """A sample as a plain record, the loss mask always dense.
+
+    The reader gives None for a mask equal to the default (completion positions), so a dense
+    mask is the only form in which a source line and the stored sample compare exactly.
+    """
+    record = sample_to_record(sample)
+    record["loss_mask"] = sample.dense_loss_mask().tolist()
+    return record
+
+
+def write_source(path: Path, n: int, seed: int) -> dict[str, dict]:
+    """Write `n` random samples as JSONL; return their canonical records by id."""
+    rng = np.random.default_rng(seed)
+    expected: dict[str, dict] = {}
+    with open(path, "wb") as f:
+        for i in range(n):
+            record = _record(rng, i)
+            f.write(orjson.dumps(record) + b"\n")
+            expected[record["sample_id"]] = canonical(record_to_sample(record))
+    assert len(expected) == n, "random ids collided; pick another seed"
+    return expected
+
+
+# Running the CLI --------------------------------------------------------------------------
+def cli_env() -> dict[str, str]:
+    """The environment minus a shared run id, so every invocation is a run of its own."""
+    env = dict(os.environ)
+    env.pop("EAGLE3KIT_RUN_ID", None)
+    return env
+
+
+def convert_cmd(src: Path, ds: Path) -> list[str]:
+    return [sys.executable, "-m", "eagle3kit", "convert", str(src), str(ds), *CONVERT_FLAGS]
+
+
+def start_convert(src: Path, ds: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        convert_cmd(src, ds),
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *args],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+
+
+def start_cli(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "eagle3kit", *args],
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@dataclass
+class Pace:
+    """How long a run takes here, first measured once, then corrected by every run that ends.
+
+    The machine's load changes while the tests run (other jobs share the cores), and a kill
+    aimed past the end of a run is wasted, so each finished run updates the estimate.
+    """
+
+    setup_s: float
+    """Seconds from starting the command until the dataset's marker exists."""
+    total_s: float
+    """Seconds for a full, uninterrupted run."""
+
+    def expected(self, remaining: float) -> float:
+        """Seconds a run should take when `remaining` (0-1) of the samples are left to do."""
+        return self.setup_s + (self.total_s - self.setup_s) * remaining
+
+    def observe(self, remaining: float, elapsed: float) -> None:
+        # Runs with little left to do are dominated by start-up noise and say little.
+        if remaining >= 0.25:
+            full = self.setup_s + max(elapsed - self.setup_s, 0.0) / remaining
+            self.total_s = max(0.5 * (self.total_s + full), 1.5 * self.setup_s)
+
+
+@dataclass(frozen=True)
+class Source:
+    path: Path
+    expected: dict[str, dict]
+    pace: Pace
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Source:
+    """The source JSONL, and one uninterrupted run timed so kills can be spread over a run."""
+    root = tmp_path_factory.mktemp("crash-src")
+    path = root / "src.jsonl"
+    expected = write_source(path, N_SAMPLES, seed=1234)
+    ds = root / "calibration"
+    start = time.monotonic()
+    proc = start_convert(path, ds)
+    setup_s = None
+    while proc.poll() is None:
+        if setup_s is None and (ds / MARKER).exists():
+            setup_s = time.monotonic() - start
+        time.sleep(0.002)
+    total_s = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr.read().decode() if proc.stderr else ""
+    assert len(Dataset(ds)) == N_SAMPLES
+    shutil.rmtree(ds)
+    return Source(path, expected, Pace(setup_s or total_s, total_s))
+
+
+# Checks -----------------------------------------------------------------------------------
+@dataclass
+class TrialStats:
+    kills: int = 0
+    before_dataset: int = 0
+    """Kills that landed before the dataset existed (imports, lock, creation)."""
+    finished_first: int = 0
+    """Kill times that came after the run had already finished (the trial then restarts)."""
+    strays_seen: int = 0
+    """Kills that left temp files or uncommitted shards behind."""
+    committed_at_kill: list[int] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    """One line per run, e.g. 'kill@1.20s:714', for the summary printed with -s."""
+
+
+def check_after_kill(ds: Path, src: Source, before: set[str], stats: TrialStats) -> set[str]:
+    """Everything a crash may not break; returns the ids the dataset holds now."""
+    if not is_dataset(ds):
+        # Killed before the dataset was created: nothing was ever committed, so nothing is
+        # lost, and `info` refuses the directory as unusable input rather than crashing.
+        assert not before, f"{ds}: the dataset vanished after a kill; it held {len(before)}"
+        stats.before_dataset += 1
+        info = run_cli("info", str(ds))
+        assert info.returncode == 2, info.stderr
+        assert info.stderr.startswith("error: ") and "Traceback" not in info.stderr
+        return set()
+
+    # `info` starts first and runs beside the in-process checks; nothing writes meanwhile.
+    info = start_cli("info", str(ds), "--json")
+    # The reader's own warning about leftovers is checked by `info` below; here it is noise.
+    dataset = Dataset(ds, warn_stray=False)
+    assert dataset.verify() == []
+    ids = list(dataset.sample_ids())
+    held = set(ids)
+    assert len(ids) == len(held) == len(dataset), "a sample id appears twice"
+    assert before <= held, f"{len(before - held)} committed samples lost by a kill"
+    for sample in dataset.iter_samples():
+        # Whole and exact: every token, the mask, the partition and all metadata.
+        assert canonical(sample) == src.expected[sample.sample_id]
+    per_partition = sum(p["samples"] for p in dataset.partition_stats().values())
+    assert per_partition == len(held)
+
+    temps, orphans = dataset.stray_files()
+    stats.strays_seen += bool(temps or orphans)
+    # Debris is only ever what a crash can leave: temp names and sealed-but-uncommitted shards.
+    assert all(p.name.endswith(TMP_SUFFIX) for p in temps)
+    assert all(p.parent.name == SHARD_DIR for p in orphans)
+
+    stdout, stderr = info.communicate(timeout=RUN_TIMEOUT_S)
+    assert info.returncode == 0, stderr
+    report = orjson.loads(stdout)
+    assert report["problems"] == []
+    assert report["samples"] == len(held)
+    # Crash leftovers are reported as warnings, one per file, and are not problems.
+    assert len(report["warnings"]) == len(temps) + len(orphans)
+    assert "Traceback" not in stderr
+    return held
+
+
+def check_complete(ds: Path, src: Source, work: Path, export: bool) -> None:
+    """The finished dataset: every source sample exactly once, no debris, exports losslessly."""
+    out = work / "export.jsonl"
+    # The CLI export runs beside the in-process checks; its lines are compared afterwards.
+    exporting = start_cli("convert", str(ds), str(out), "-q") if export else None
+    dataset = Dataset(ds)
+    assert dataset.verify() == []
+    ids = list(dataset.sample_ids())
+    assert len(ids) == len(set(ids)) == N_SAMPLES
+    assert set(ids) == set(src.expected)
+    for sample in dataset.iter_samples():
+        assert canonical(sample) == src.expected[sample.sample_id]
+    assert dataset.stray_files() == ([], [])
+    leftovers = [p for p in ds.rglob("*") if p.name.endswith(TMP_SUFFIX)]
+    assert leftovers == []
+    if exporting is None:
+        return
+
+    _, stderr = exporting.communicate(timeout=RUN_TIMEOUT_S)
+    assert exporting.returncode == 0, stderr
+    lines = out.read_bytes().splitlines()
+    assert len(lines) == N_SAMPLES
+    for line in lines:
+        sample = record_to_sample(orjson.loads(line))
+        assert canonical(sample) == src.expected[sample.sample_id]
+    out.unlink()
+
+
+# Trials -----------------------------------------------------------------------------------
+def kill_delay(rng: random.Random, pace: Pace, remaining: float, early: bool) -> float:
+    """Seconds to let a run live before SIGKILL.
+
+    Early kills aim at the first moments of a run (imports, lock, the dataset's creation);
+    the others spread uniformly over the time this run should take, which shrinks with the
+    share of the work still to do, so resumed runs are hit mid-run too.
+    """
+    if early:
+        return rng.uniform(0.0, 1.5 * pace.setup_s)
+    return rng.uniform(0.0, pace.expected(remaining))
+
+
+# A run that ends before its kill leaves nothing to interrupt: the trial starts over on a
+# fresh dataset (the pace estimate has just been corrected), at most this many times.
+MAX_RESTARTS = 3
+
+
+def run_trial(src: Source, work: Path, trial: int, seed: int, n_kills: int | None) -> TrialStats:
+    """Kill the convert `n_kills` times in a row (1-4 when None) at random moments, then let
+    the same command finish."""
+    rng = random.Random(seed * 100_003 + trial)
+    ds = work / f"ds{trial}"
+    stats = TrialStats()
+    if n_kills is None:
+        n_kills = rng.choice((1, 1, 2, 3, 4))
+    held: set[str] = set()
+    in_row = 0
+    while in_row < n_kills:
+        remaining = 1 - len(held) / N_SAMPLES
+        early = rng.random() < EARLY_SHARE or (trial == 0 and in_row == 0)
+        delay = kill_delay(rng, src.pace, remaining, early)
+        start = time.monotonic()
+        proc = start_convert(src.path, ds)
+        try:
+            proc.wait(timeout=delay)
+            finished = True
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            finished = False
+        stderr = proc.stderr.read().decode() if proc.stderr else ""
+        if proc.stderr:
+            proc.stderr.close()
+        if finished:
+            # The run beat the kill: it must have succeeded and be complete.
+            assert proc.returncode == 0, stderr
+            src.pace.observe(remaining, time.monotonic() - start)
+            stats.finished_first += 1
+            stats.events.append(f"done<{delay:.2f}s")
+            check_complete(ds, src, work, export=False)
+            if stats.finished_first > MAX_RESTARTS:
+                break
+            shutil.rmtree(ds)
+            held, in_row = set(), 0
+            continue
+        assert proc.returncode == -signal.SIGKILL
+        stats.kills += 1
+        in_row += 1
+        held = check_after_kill(ds, src, held, stats)
+        stats.committed_at_kill.append(len(held))
+        stats.events.append(f"kill@{delay:.2f}s:{len(held)}")
+
+    remaining = 1 - len(held) / N_SAMPLES
+    start = time.monotonic()
+    final = subprocess.run(
+        convert_cmd(src.path, ds),
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+    assert final.returncode == 0, final.stderr
+    assert "Traceback" not in final.stderr
+    src.pace.observe(remaining, time.monotonic() - start)
+    # One lossless export per test is enough to cover that path; it costs a second.
+    check_complete(ds, src, work, export=trial == 0)
+    shutil.rmtree(ds)
+    return stats
+
+
+def run_trials(
+    src: Source, work: Path, n_trials: int, seed: int, kills: tuple[int, ...] | None = None
+) -> list[TrialStats]:
+    all_stats = [
+        run_trial(src, work, t, seed, kills[t] if kills else None) for t in range(n_trials)
+    ]
+    n_kills = sum(s.kills for s in all_stats)
+    partial = sum(0 < n < N_SAMPLES for s in all_stats for n in s.committed_at_kill)
+    # Shown with -s: how the kills fell, so a reader can tell the trials covered the run.
+    print(
+        f"\n{n_trials} trials, {n_kills} kills: {sum(s.before_dataset for s in all_stats)} "
+        f"before the dataset existed, {partial} with a partial dataset, "
+        f"{sum(s.strays_seen for s in all_stats)} left debris, "
+        f"{sum(s.finished_first for s in all_stats)} runs finished before their kill "
+        "(trial restarted); "
+        f"full run now {src.pace.total_s:.2f} s, setup {src.pace.setup_s:.2f} s"
+    )
+    for t, stats in enumerate(all_stats):
+        print(f"  trial {t}: {' '.join(stats.events)}")
+    assert n_kills > 0, "every run finished before its kill: the timing estimate is off"
+    return all_stats
+
+
+def test_kill_at_random_moments_then_resume(source: Source, tmp_path: Path) -> None:
+    # Fixed kill counts keep the default run short while one trial still crashes three times
+    # in a row before the run is allowed to finish.
+    run_trials(source, tmp_path, n_trials=3, seed=7, kills=(1, 3, 1))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # 50 trials take minutes, more on a loaded machine
+def test_kill_at_random_moments_then_resume_many(source: Source, tmp_path: Path) -> None:
+    stats = run_trials(source, tmp_path, n_trials=50, seed=2024)
+    # Fifty trials must have hit every phase: setup, mid-run with debris, and a partial dataset.
+    assert sum(s.before_dataset for s in stats) > 0
+    assert sum(s.strays_seen for s in stats) > 0
+    assert any(0 < n < N_SAMPLES for s in stats for n in s.committed_at_kill)

@@ -1,0 +1,197 @@
+"""gen end to end against the loopback server: exact ids, resume, faults, errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from fakeserver import FakeServer
+from real_tokenizers import qwen3_tokenizer_dir
+
+from eagle3kit import gen
+from eagle3kit._ui import OutputOptions
+from eagle3kit.format import Dataset
+from eagle3kit.gen.config import ServerSpec
+
+DATA = Path(__file__).parent / "data"
+MT_BENCH = DATA / "prompts" / "eagle" / "mt_bench" / "question.jsonl"
+GSM8K = DATA / "prompts" / "eagle" / "gsm8k" / "question.jsonl"
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory) -> Path:
+    return qwen3_tokenizer_dir(tmp_path_factory.mktemp("tok"))
+
+
+def small_prompts(tmp_path: Path, n: int = 12, source: Path = MT_BENCH) -> Path:
+    lines = source.read_bytes().splitlines()[:n]
+    path = tmp_path / "mt_bench.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def config(prompts: Path, out: Path, server: FakeServer, tokenizer: Path, **kw) -> gen.GenConfig:
+    kw.setdefault("max_tokens", 64)
+    kw.setdefault("commit_every", 5)
+    return gen.GenConfig([prompts], out, servers=[ServerSpec(server.url)], tokenizer=tokenizer,
+                         output_options=OutputOptions(quiet=True), **kw)
+
+
+def check_exact(out: Path, server: FakeServer) -> Dataset:
+    """Every generated sample holds exactly what the server's model produces, once."""
+    ds = Dataset(out)
+    stops = _stops(out)
+    ids = list(ds.sample_ids())
+    assert len(ids) == len(set(ids))
+    for sample in ds:
+        if sample.finish_reason.startswith("skipped"):
+            continue
+        sampling = sample.metadata["sampling"]
+        want, finish = server.expected(
+            [int(t) for t in sample.prompt_ids], max_tokens=sampling["max_tokens"],
+            stop_token_ids=stops, seed=sampling["seed"])
+        assert [int(t) for t in sample.completion_ids] == want, sample.sample_id
+        assert sample.finish_reason == finish
+    return ds
+
+
+def _stops(out: Path) -> list[int]:
+    from eagle3kit.gen.render import Renderer
+
+    return Renderer.load(out / "tokenizer").stop_token_ids
+
+
+@pytest.mark.parametrize("api", ["sglang", "vllm"])
+def test_gen_stores_the_exact_ids_for_every_turn(tmp_path, qwen3, api):
+    prompts = small_prompts(tmp_path, 6)
+    with FakeServer(api, tokenizer=qwen3, mean_tokens=20) as server:
+        result = gen.run(config(prompts, tmp_path / "ds", server, qwen3, sampling_seed=7))
+        ds = check_exact(tmp_path / "ds", server)
+    # MT-bench questions have two turns: one sample per turn.
+    assert result.total == 12 and len(ds) == 12
+    turn2 = [s for s in ds if s.source["turn"] == 1 and s.finish_reason == "stop"]
+    assert turn2, "second turns are generated"
+    for sample in turn2:
+        first = next(s for s in ds if s.source["line"] == sample.source["line"]
+                     and s.source["turn"] == 0)
+        # The second prompt conditions on the model's own first answer.
+        assert len(sample.prompt_ids) > len(first.prompt_ids) + len(first.completion_ids) - 2
+    # The tokenizer and template travel with the dataset.
+    assert (tmp_path / "ds" / "tokenizer" / "tokenizer.json").exists()
+
+
+def test_rerun_sends_only_what_is_missing(tmp_path, qwen3):
+    prompts = small_prompts(tmp_path, 8)
+    with FakeServer("sglang", tokenizer=qwen3) as server:
+        gen.run(config(prompts, tmp_path / "ds", server, qwen3, max_samples=3))
+        first = len(server.requests)
+        result = gen.run(config(prompts, tmp_path / "ds", server, qwen3))
+        assert result.previously_done == 6 and result.written == 10
+        sent = [r for r in server.requests if r.get("path") == "/generate"]
+        again = gen.run(config(prompts, tmp_path / "ds", server, qwen3))
+        assert again.written == 0
+        assert len([r for r in server.requests if r.get("path") == "/generate"]) == len(sent)
+        check_exact(tmp_path / "ds", server)
+    assert first > 0
+
+
+def test_faults_are_retried_and_nothing_is_lost(tmp_path, qwen3):
+    prompts = small_prompts(tmp_path, 10)
+    with FakeServer("vllm", tokenizer=qwen3, faults={"fail_rate": 0.3, "reset_rate": 0.1,
+                                                        "seed": 3}) as server:
+        result = gen.run(config(prompts, tmp_path / "ds", server, qwen3, max_attempts=20))
+        ds = check_exact(tmp_path / "ds", server)
+    assert result.retries > 0 and result.failed == 0
+    assert len(ds) == 20
+    assert all(s.finish_reason in ("stop", "length", "skipped:earlier_turn") for s in ds)
+
+
+def test_a_server_that_dies_and_returns_loses_nothing(tmp_path, qwen3):
+    import threading
+    import time
+
+    prompts = small_prompts(tmp_path, 10)
+    def die_mid_run(server: FakeServer) -> None:
+        while len(server.requests) < 8:  # some answered, some in flight, most still to send
+            time.sleep(0.01)
+        server.die(down_s=2.0)
+
+    with FakeServer("sglang", tokenizer=qwen3, decode_tps=400, mean_tokens=40) as server:
+        threading.Thread(target=die_mid_run, args=(server,), daemon=True).start()
+        result = gen.run(config(prompts, tmp_path / "ds", server, qwen3, max_attempts=2,
+                                concurrency=4))
+        ds = check_exact(tmp_path / "ds", server)
+    assert len(ds) == 20
+    assert result.failed == 0
+    assert all(s.finish_reason in ("stop", "length", "skipped:earlier_turn") for s in ds)
+
+
+def test_over_long_prompts_are_recorded_as_skipped(tmp_path, qwen3):
+    prompts = small_prompts(tmp_path, 4)
+    with FakeServer("sglang", tokenizer=qwen3) as server:
+        gen.run(config(prompts, tmp_path / "ds", server, qwen3, max_seq_len=60))
+        ds = Dataset(tmp_path / "ds")
+    reasons = {s.finish_reason for s in ds}
+    assert "skipped:prompt_too_long" in reasons
+    assert len(ds) == 8
+
+
+def eagle3kit(*args: str, env: dict | None = None):
+    return subprocess.run([sys.executable, "-m", "eagle3kit", *args], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+def test_dead_server_at_start_is_one_clear_error(tmp_path, qwen3):
+    prompts = small_prompts(tmp_path, 2)
+    result = eagle3kit("gen", str(prompts), str(tmp_path / "ds"), "--server",
+                       "http://127.0.0.1:9", "--tokenizer", str(qwen3))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "http://127.0.0.1:9" in result.stderr
+    assert not (tmp_path / "ds").exists()
+
+
+def test_tokenizer_mismatch_is_refused(tmp_path, qwen3):
+    prompts = small_prompts(tmp_path, 2)
+    with FakeServer("vllm") as server:  # byte-level tokenizer: not Qwen3's
+        result = eagle3kit("gen", str(prompts), str(tmp_path / "ds"), "--server", server.url,
+                           "--tokenizer", str(qwen3))
+    assert result.returncode == 2
+    assert "--no-tokenizer-check" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unwritable_output_is_one_clear_error(tmp_path, qwen3):
+    prompts = small_prompts(tmp_path, 2)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with FakeServer("sglang", tokenizer=qwen3) as server:
+        result = eagle3kit("gen", str(prompts), str(blocker / "ds"), "--server", server.url,
+                           "--tokenizer", str(qwen3))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and str(blocker) in result.stderr
+
+
+def test_malformed_prompt_line_names_file_and_line(tmp_path, qwen3):
+    prompts = small_prompts(tmp_path, 3)
+    prompts.write_bytes(prompts.read_bytes() + b"{not json\n")
+    result = eagle3kit("gen", str(prompts), str(tmp_path / "ds"), "--server",
+                       "http://127.0.0.1:9", "--tokenizer", str(qwen3))
+    assert result.returncode == 2
+    assert f"{prompts}:4" in result.stderr
+
+
+def test_changed_sampling_is_refused_without_force(tmp_path, qwen3):
+    prompts = small_prompts(tmp_path, 2)
+    with FakeServer("sglang", tokenizer=qwen3) as server:
+        args = ["gen", str(prompts), str(tmp_path / "ds"), "--server", server.url,
+                "--tokenizer", str(qwen3), "--max-tokens", "16", "-q"]
+        assert eagle3kit(*args).returncode == 0
+        changed = eagle3kit(*args, "--temperature", "0.2")
+        assert changed.returncode == 2 and "--force" in changed.stderr
+        forced = eagle3kit(*args, "--temperature", "0.2", "--force", "--json")
+        assert forced.returncode == 0, forced.stderr
+        assert orjson.loads(forced.stdout)["written"] == 0
