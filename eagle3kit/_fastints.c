@@ -88,8 +88,16 @@ static PyObject *pack_int32(PyObject *self, PyObject *const *args, Py_ssize_t na
     PyObject *items, *out, *seq;
     Py_ssize_t offset, n, i;
     Py_buffer view;
-    if (nargs != 3)
-        return PyErr_Format(PyExc_TypeError, "pack_int32() takes 3 arguments (%zd given)", nargs);
+    if (nargs != 3 && nargs != 4)
+        return PyErr_Format(PyExc_TypeError, "pack_int32() takes 3 or 4 arguments (%zd given)",
+                            nargs);
+    /* Optional floor: token ids are never negative, and checking here costs one compare
+     * per value instead of a second pass over the row. */
+    long floor = INT32_MIN;
+    if (nargs == 4) {
+        floor = PyLong_AsLong(args[3]);
+        if (floor == -1 && PyErr_Occurred()) return NULL;
+    }
     items = args[0];
     out = args[1];
     offset = PyNumber_AsSsize_t(args[2], NULL); /* NULL: clamp, so huge -> "too small" */
@@ -134,6 +142,10 @@ static PyObject *pack_int32(PyObject *self, PyObject *const *args, Py_ssize_t na
             }
             src = PySequence_Fast_ITEMS(seq);
         }
+        if (c < floor) {
+            PyErr_Format(PyExc_ValueError, "value %d at index %zd is below %ld", (int)c, i, floor);
+            goto fail;
+        }
         uint32_t u = (uint32_t)c;
 #if PY_BIG_ENDIAN
         u = __builtin_bswap32(u); /* the output format is little-endian everywhere */
@@ -151,8 +163,9 @@ fail:
 
 static PyMethodDef methods[] = {
     {"pack_int32", (PyCFunction)(void (*)(void))pack_int32, METH_FASTCALL,
-     "pack_int32(items, out, offset) -> int\n\nWrite items as little-endian int32 into the "
-     "writable buffer out, starting at int32 element index offset; return the count."},
+     "pack_int32(items, out, offset[, floor]) -> int\n\nWrite items as little-endian int32 into "
+     "the writable buffer out, starting at int32 element index offset; return the count. "
+     "Values below floor raise ValueError."},
     {NULL, NULL, 0, NULL},
 };
 

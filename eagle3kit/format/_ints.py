@@ -112,16 +112,24 @@ def _pack_int32_fallback(items: IntItems, out: np.ndarray, offset: int = 0) -> i
     return n
 
 
-def pack_int32_into(items: IntItems, out: np.ndarray, offset: int = 0) -> int:
+def pack_int32_into(
+    items: IntItems, out: np.ndarray, offset: int = 0, floor: int | None = None
+) -> int:
     """Write ``items`` as little-endian int32 into ``out`` from element ``offset``.
 
-    Returns the number of values written. See the module docstring for errors.
+    Returns the number of values written. See the module docstring for errors; a value
+    below ``floor`` (when given) raises ValueError.
     """
     # Branch inline instead of dispatching through another function: this is
     # called once per row, and a second Python frame is a visible cost on short rows.
     if _c_pack_int32 is None:
-        return _pack_int32_fallback(items, out, offset)
+        n = _pack_int32_fallback(items, out, offset)
+        if floor is not None and n and int(out[offset : offset + n].min()) < floor:
+            raise ValueError(f"value {int(out[offset : offset + n].min())} is below {floor}")
+        return n
     try:
+        if floor is not None:
+            return _c_pack_int32(items, out, offset, floor)
         return _c_pack_int32(items, out, offset)
     except OverflowError as exc:
         # The C module raises plain OverflowError; widen it to the shared type.

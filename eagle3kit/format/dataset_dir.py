@@ -9,6 +9,7 @@ from eagle3kit import __version__
 from eagle3kit.format._io import read_json, write_json_atomic
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import (
+    ATTACHED_DIRS,
     FIRST_READER,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -16,6 +17,7 @@ from eagle3kit.format.layout import (
     MANIFEST,
     MARKER,
     OWN_FILES,
+    RUN_LOCK,
     SHARD_DIR,
     SHARD_SUFFIX,
     TMP_SUFFIX,
@@ -31,6 +33,9 @@ def read_marker(path: Path, kind: str | None = None) -> dict:
     if not path.exists():
         raise DatasetError(f"{path}: no such directory")
     if not is_dataset(path):
+        if (path / RUN_LOCK).exists() and not foreign_files(path):
+            raise DatasetError(f"{path}: the dataset's creation was interrupted before anything "
+                               "was committed; rerun the command that writes it")
         raise DatasetError(f"{path}: not an eagle3kit dataset (no {MARKER})")
     marker = read_json(path / MARKER)
     if marker.get("format") != FORMAT_NAME:
@@ -77,25 +82,23 @@ def wipe(path: Path) -> None:
     """Remove a dataset's own files (for --overwrite), leaving anything else alone."""
     for name in (MARKER, MANIFEST):
         (path / name).unlink(missing_ok=True)
-    shard_dir = path / SHARD_DIR
-    if shard_dir.is_dir():
-        for child in shard_dir.iterdir():
-            child.unlink()
-        shard_dir.rmdir()
+    for sub in (SHARD_DIR, *ATTACHED_DIRS):
+        if (path / sub).is_dir():
+            for child in (path / sub).iterdir():
+                child.unlink()
+            (path / sub).rmdir()
 
 
 def stray_files(path: Path, manifest: dict) -> tuple[list[Path], list[Path]]:
     """(temp files, sealed shards that no commit names): what a crash can leave behind."""
     committed = {s["name"] for s in manifest.get("shards", [])}
-    temps = [p for p in path.glob(f"*{TMP_SUFFIX}")]
+    # Temp files anywhere below (shards/, tokenizer/, ...); no dataset nests deeper than that.
+    temps = [*path.glob(f"*{TMP_SUFFIX}"), *path.glob(f"*/*{TMP_SUFFIX}")]
     orphans = []
     shard_dir = path / SHARD_DIR
     if shard_dir.is_dir():
-        for p in shard_dir.iterdir():
-            if p.name.endswith(TMP_SUFFIX):
-                temps.append(p)
-            elif p.name.endswith(SHARD_SUFFIX) and p.name not in committed:
-                orphans.append(p)
+        orphans = [p for p in shard_dir.iterdir()
+                   if p.name.endswith(SHARD_SUFFIX) and p.name not in committed]
     return sorted(temps), sorted(orphans)
 
 
@@ -103,7 +106,7 @@ def foreign_files(path: Path) -> list[str]:
     """Entries in `path` that are not part of a dataset: refuse to write over them."""
     if not path.is_dir():
         return []
-    own = {*OWN_FILES, SHARD_DIR}
+    own = {*OWN_FILES, SHARD_DIR, *ATTACHED_DIRS}
     return sorted(p.name for p in path.iterdir()
                   if p.name not in own and not p.name.endswith(TMP_SUFFIX))
 

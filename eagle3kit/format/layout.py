@@ -22,3 +22,5 @@ GATE_LOCK = ".gate.lock"
 COMMIT_LOCK = ".commit.lock"
 OWNER = ".owner.json"
 OWN_FILES = (MARKER, MANIFEST, RUN_LOCK, GATE_LOCK, COMMIT_LOCK, OWNER)
+# Folders of files a stage stores beside the data (DatasetWriter.store_files).
+ATTACHED_DIRS = ("tokenizer",)

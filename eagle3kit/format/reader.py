@@ -22,13 +22,15 @@ from eagle3kit.format.layout import MANIFEST, SHARD_DIR
 from eagle3kit.format.sample import TokenSample
 from eagle3kit.format.shard import ShardFile
 
-_OPEN_SHARDS = 32
+# Random access over a big dataset touches every shard; reopening one costs a checksum pass,
+# so keep many mapped (well under Linux's 65,530 mappings per process).
+_OPEN_SHARDS = 1024
 
 
 class _TokenShard:
     """One token shard's arrays, as zero-copy views of the mapped file."""
 
-    def __init__(self, path: Path, entry: dict, verify: bool):
+    def __init__(self, path: Path, entry: dict, verify: bool) -> None:
         self.file = ShardFile(path)
         if verify:
             self.file.verify(entry["xxh3"])
@@ -46,6 +48,11 @@ class _TokenShard:
         if len(self.prompt_lens) != entry["samples"] or len(self.offsets) != entry["samples"] + 1:
             raise DatasetError(f"{path}: shard holds {len(self.prompt_lens)} samples, "
                                f"the manifest says {entry['samples']}")
+        # Per-sample lookups read Python ints: indexing numpy arrays one element at a time
+        # makes a numpy scalar each time, several times slower.
+        self.starts: list[int] = self.offsets.tolist()
+        self.plens: list[int] = self.prompt_lens.tolist()
+        self.span_starts: list[int] = self.loss_span_offsets.tolist()
 
     @cached_property
     def ids(self) -> list[str]:
@@ -57,26 +64,29 @@ class _TokenShard:
         blob = self.file.array("meta_zst").tobytes()
         return orjson.loads(zstandard.ZstdDecompressor().decompress(blob))
 
+    def spans(self, i: int) -> list[list[int]]:
+        return self.loss_spans[self.span_starts[i] : self.span_starts[i + 1]].tolist()
+
     def loss_mask(self, i: int) -> np.ndarray:
-        mask = np.zeros(int(self.offsets[i + 1] - self.offsets[i]), np.uint8)
-        first, last = self.loss_span_offsets[i], self.loss_span_offsets[i + 1]
-        for start, end in self.loss_spans[first:last]:
+        mask = np.zeros(self.starts[i + 1] - self.starts[i], np.uint8)
+        for start, end in self.spans(i):
             mask[start:end] = 1
         return mask
 
     def sample(self, i: int) -> TokenSample:
-        start, end = int(self.offsets[i]), int(self.offsets[i + 1])
-        split = start + int(self.prompt_lens[i])
+        start, end = self.starts[i], self.starts[i + 1]
+        split = start + self.plens[i]
         meta = self.meta[i]
-        mask = self.loss_mask(i)
-        default = not mask[: split - start].any() and mask[split - start :].all()
+        spans = self.spans(i)
+        # The default mask is one span over the whole completion (none when it is empty).
+        default = spans == ([[split - start, end - start]] if end > split else [])
         return TokenSample(
             sample_id=self.ids[i],
             prompt_ids=self.tokens[start:split],
             completion_ids=self.tokens[split:end],
             finish_reason=meta["finish_reason"],
             partition=self.partition_names[self.partition_index[i]],
-            loss_mask=None if default else mask,
+            loss_mask=None if default else self.loss_mask(i),
             source=meta.get("source"),
             server=meta.get("server"),
             latency=meta.get("latency"),
@@ -142,7 +152,8 @@ class Dataset:
         self.manifest = read_json(self.path / MANIFEST)
         self.shards: list[dict] = self.manifest["shards"]
         counts = [s["samples"] for s in self.shards]
-        self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        self._starts: list[int] = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
+        self._verified: set[int] = set()
         self._verify = verify_shards
         self._open: OrderedDict[int, _TokenShard] = OrderedDict()
         if warn_stray:
@@ -153,7 +164,7 @@ class Dataset:
 
     # Counts -------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return int(self._starts[-1])
+        return self._starts[-1]
 
     @property
     def num_tokens(self) -> int:
@@ -185,7 +196,10 @@ class Dataset:
         shard = self._open.get(k)
         if shard is None:
             entry = self.shards[k]
-            shard = _TokenShard(self.path / SHARD_DIR / entry["name"], entry, self._verify)
+            # Checked once per Dataset: a shard evicted and reopened is not hashed again.
+            verify = self._verify and k not in self._verified
+            shard = _TokenShard(self.path / SHARD_DIR / entry["name"], entry, verify)
+            self._verified.add(k)
             self._open[k] = shard
             if len(self._open) > _OPEN_SHARDS:
                 self._open.popitem(last=False)
@@ -199,7 +213,7 @@ class Dataset:
             raise IndexError(f"sample index {index} out of range for {n} samples")
         index %= n
         k = bisect.bisect_right(self._starts, index) - 1
-        return k, index - int(self._starts[k])
+        return k, index - self._starts[k]
 
     def __getitem__(self, index: int) -> TokenSample:
         k, i = self._locate(index)
@@ -208,8 +222,8 @@ class Dataset:
     def token_view(self, index: int) -> TokenView:
         k, i = self._locate(index)
         shard = self._shard(k)
-        start, end = int(shard.offsets[i]), int(shard.offsets[i + 1])
-        return TokenView(shard.tokens[start:end], int(shard.prompt_lens[i]), shard.loss_mask(i))
+        start, end = shard.starts[i], shard.starts[i + 1]
+        return TokenView(shard.tokens[start:end], shard.plens[i], shard.loss_mask(i))
 
     def __iter__(self) -> Iterator[TokenSample]:
         return self.iter_samples()

@@ -9,11 +9,13 @@ writer knows every committed `sample_id` and `add` skips them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
 import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
@@ -51,11 +53,11 @@ from eagle3kit.format.shard import write_shard
 OpenMode = Literal["auto", "resume", "overwrite"]
 
 
-def loss_spans(sample: TokenSample, n_tokens: int) -> np.ndarray:
-    """The [start, end) runs of loss-carrying positions, shape (k, 2)."""
-    if sample.loss_mask is None:
+def loss_spans(sample: TokenSample, n_tokens: int) -> list[list[int]]:
+    """The [start, end) runs of loss-carrying positions."""
+    if sample.loss_mask is None:  # the common case stays in plain Python: no array per sample
         start = len(sample.prompt_ids)
-        return np.array([[start, n_tokens]] if n_tokens > start else [], np.int32).reshape(-1, 2)
+        return [[start, n_tokens]] if n_tokens > start else []
     mask = np.asarray(sample.loss_mask)
     if mask.shape != (n_tokens,):
         raise ValueError(f"sample {sample.sample_id}: loss_mask has {mask.size} entries for "
@@ -63,7 +65,7 @@ def loss_spans(sample: TokenSample, n_tokens: int) -> np.ndarray:
     if mask.size and not np.isin(mask, (0, 1)).all():
         raise ValueError(f"sample {sample.sample_id}: loss_mask must hold only 0 and 1")
     edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
-    return np.stack([np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)], 1).astype(np.int32)
+    return np.stack([np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)], 1).tolist()
 
 
 class _TokenBuffer:
@@ -74,7 +76,8 @@ class _TokenBuffer:
         self.n_tokens = 0
         self.offsets = [0]
         self.prompt_lens: list[int] = []
-        self.spans: list[np.ndarray] = []
+        self.spans: list[list[list[int]]] = []
+        self.loss: list[int] = []
         self.partitions: list[str] = []
         self.ids: list[str] = []
         self.meta: list[bytes] = []  # each sample's meta as JSON, encoded when it is added
@@ -93,10 +96,10 @@ class _TokenBuffer:
             # to_int32 range-checks: numpy's own assignment casts unsafely, so int64 ids past
             # int32 would wrap and float arrays would truncate without a word.
             self.tokens[self.n_tokens : self.n_tokens + n] = to_int32(ids)
+            if n and self.tokens[self.n_tokens : self.n_tokens + n].min() < 0:
+                raise ValueError("token ids must not be negative")
         else:
-            pack_int32_into(ids, self.tokens, self.n_tokens)
-        if n and self.tokens[self.n_tokens : self.n_tokens + n].min() < 0:
-            raise ValueError("token ids must not be negative")
+            pack_int32_into(ids, self.tokens, self.n_tokens, floor=0)
         self.n_tokens += n
 
     def add(self, sample: TokenSample) -> None:
@@ -130,6 +133,7 @@ class _TokenBuffer:
         self.offsets.append(self.n_tokens)
         self.prompt_lens.append(len(sample.prompt_ids))
         self.spans.append(spans)
+        self.loss.append(sum(end - start for start, end in spans))
         self.partitions.append(sample.partition)
         self.ids.append(sample.sample_id)
         self.meta.append(meta_json)
@@ -138,7 +142,7 @@ class _TokenBuffer:
     def arrays(self) -> tuple[dict[str, np.ndarray], list[str]]:
         names = sorted(set(self.partitions))
         index = {p: i for i, p in enumerate(names)}
-        spans = np.concatenate(self.spans) if self.spans else np.zeros((0, 2), np.int32)
+        spans = np.array([pair for sample in self.spans for pair in sample], np.int32)
         arrays = {
             "tokens": self.tokens[: self.n_tokens],
             "offsets": np.asarray(self.offsets, np.int64),
@@ -158,7 +162,7 @@ class _TokenBuffer:
         out: dict[str, dict] = {}
         for i, part in enumerate(self.partitions):
             n = self.offsets[i + 1] - self.offsets[i]
-            loss = int((self.spans[i][:, 1] - self.spans[i][:, 0]).sum())
+            loss = self.loss[i]
             p = out.setdefault(part, {"samples": 0, "tokens": 0, "loss_tokens": 0,
                                       "completion_tokens": 0, "finish": Counter()})
             p["samples"] += 1
@@ -208,6 +212,8 @@ class DatasetWriter:
         self._buffer = _TokenBuffer()
         self._token = f"r{rank}-{secrets.token_hex(4)}"
         self._seq = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
         self.removed_on_open: list[Path] = []
         self._check_target()
         self.run_id = run_id or new_run_id()
@@ -317,21 +323,41 @@ class DatasetWriter:
         due = len(self._buffer) >= self.commit_every or (
             len(self._buffer) and self._clock() - self._last_commit >= self.commit_interval)
         if due:
-            self.commit()
+            self.commit(wait=False)
         return bool(due)
 
     @property
     def pending(self) -> int:
         return len(self._buffer)
 
-    def commit(self) -> None:
-        """Seal the queued samples into a shard and add it to the manifest atomically."""
-        buffer = self._buffer
+    def commit(self, wait: bool = True) -> None:
+        """Seal the queued samples into a shard and add it to the manifest atomically.
+
+        With `wait=False` (what `maybe_commit` does) the writing and fsyncing run on a
+        worker thread while samples keep arriving: disk flushes then overlap the work
+        instead of stalling it. At most one commit is in flight, so shards commit in order;
+        an error in it is raised by the next commit, add or close.
+        """
         self._last_commit = self._clock()
-        if not len(buffer):
-            return
+        self._finish_pending()
+        buffer = self._buffer
+        if len(buffer):
+            self._buffer = _TokenBuffer()
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="eagle3kit-commit")
+            self._pending = self._pool.submit(self._commit_buffer, buffer, self._seq)
+            self._seq += 1
+        if wait:
+            self._finish_pending()
+
+    def _finish_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _commit_buffer(self, buffer: _TokenBuffer, seq: int) -> None:
         arrays, partitions = buffer.arrays()
-        name = f"{self._token}-{self._seq:06d}{SHARD_SUFFIX}"
+        name = f"{self._token}-{seq:06d}{SHARD_SUFFIX}"
         shard_dir = self.path / SHARD_DIR
         written = write_shard(shard_dir / name, arrays, {
             "format": FORMAT_NAME, "version": str(FORMAT_VERSION), "kind": self.kind,
@@ -353,9 +379,7 @@ class DatasetWriter:
             manifest["shards"].append(entry)
             manifest["updated"] = entry["committed"]
             write_json_atomic(self.path / MANIFEST, manifest)
-        self._seq += 1
         self.committed_samples += len(buffer)
-        self._buffer = _TokenBuffer()
 
     def close(self) -> None:
         """Commit what is queued and give up the dataset."""
@@ -365,6 +389,12 @@ class DatasetWriter:
             self._release()
 
     def _release(self) -> None:
+        # The lock outlives any commit still writing: no other run may start under it.
+        with contextlib.suppress(DatasetError, OSError):
+            self._finish_pending()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
         if self._lock is not None:
             self._lock.release()
             self._lock = None

@@ -124,13 +124,32 @@ def _committed_completions(cfg: GenConfig, needed: set[str]) -> dict[str, tuple[
     return found
 
 
-async def _backends(cfg: GenConfig) -> list[Backend]:
+def text_rebuilder(renderer: Renderer):
+    """For --api openai-chat: the completion ids rebuilt from the server's parsed text.
+
+    The reasoning goes back between the model's own think markers (only the closing one
+    when the template already opened it in the prompt); the result is marked reconstructed.
+    """
+    def rebuild(reasoning: str | None, content: str) -> list[int]:
+        text = content
+        if reasoning and renderer.think is not None:
+            start, end = renderer.think
+            opening = "" if renderer.prompt_opens_think else start
+            text = f"{opening}{reasoning}{end}{content}"
+        return renderer.encode(text)
+
+    return rebuild
+
+
+async def _backends(cfg: GenConfig, renderer: Renderer) -> list[Backend]:
     if cfg.engine == "hf":
         from eagle3kit.gen.hf_engine import HfBackend
 
         return [HfBackend.load(cfg.target, slots=cfg.concurrency)]
+    chat = {"chat_rebuild": text_rebuilder(renderer),
+            "chat_template_kwargs": cfg.chat_template_kwargs} if cfg.api == "openai-chat" else {}
     return [await connect(s.url, cfg.api, s.concurrency or cfg.concurrency, cfg.api_key,
-                          cfg.request_timeout) for s in cfg.servers]
+                          cfg.request_timeout, **chat) for s in cfg.servers]
 
 
 def _context_len(cfg: GenConfig, backends: list[Backend]) -> int | None:
@@ -142,7 +161,7 @@ def _context_len(cfg: GenConfig, backends: list[Backend]) -> int | None:
 async def _generate(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
                     duplicates: int) -> GenResult:
     started = time.monotonic()
-    backends = await _backends(cfg)
+    backends = await _backends(cfg, renderer)
     for backend in backends:
         if isinstance(backend, HttpBackend):  # output ids are checked against [0, vocab)
             backend.info.vocab_size = renderer.vocab_size

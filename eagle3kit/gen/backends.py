@@ -34,7 +34,8 @@ class HttpBackend:
     api_key: str | None = field(default=None, repr=False)
     timeout: float | None = None
     chat_rebuild: Any = None
-    """For --api openai-chat: (messages, reasoning, content) -> ids; None for id APIs."""
+    """For --api openai-chat: (reasoning, content) -> completion ids."""
+    chat_template_kwargs: dict | None = None
     _client: Any = None
 
     @property
@@ -51,6 +52,12 @@ class HttpBackend:
         return self._client
 
     async def generate(self, request: GenRequest) -> Completion:
+        if self.info.api == "openai-chat":
+            extra = {"chat_template_kwargs": self.chat_template_kwargs} \
+                if self.chat_template_kwargs else None
+            return await clients.chat_generate(
+                self.client(), self.info, request.messages or [], request, self.chat_rebuild,
+                api_key=self.api_key, timeout=self.timeout, extra_body=extra)
         return await clients.generate(self.client(), self.info, request, api_key=self.api_key,
                                       timeout=self.timeout)
 
@@ -64,7 +71,7 @@ class HttpBackend:
 
 
 async def connect(url: str, api: str, slots: int, api_key: str | None,
-                  timeout: float | None) -> HttpBackend:
+                  timeout: float | None, **chat: Any) -> HttpBackend:
     """Probe the server once; a dead or unknown server ends the run before anything starts."""
     client = clients.make_client(slots)
     try:
@@ -72,4 +79,4 @@ async def connect(url: str, api: str, slots: int, api_key: str | None,
     except BaseException:
         await client.aclose()
         raise
-    return HttpBackend(info, slots, api_key=api_key, timeout=timeout, _client=client)
+    return HttpBackend(info, slots, api_key=api_key, timeout=timeout, _client=client, **chat)
