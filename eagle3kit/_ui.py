@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from eagle3kit.errors import UserError
@@ -187,12 +187,143 @@ def _number(v: float) -> str:
     return f"{int(v):,}" if float(v).is_integer() else f"{v:.3g}"
 
 
+@dataclass
+class _Tally:
+    """The raw counts of one line: the whole run, or one row of it (a partition, a server)."""
+
+    total: int | None = None
+    initial: int = 0  # done by an earlier run: counts towards done, not towards rates
+    done: int = 0
+    counters: dict[str, float] = field(default_factory=dict)
+
+    def add(self, n: int, increments: dict[str, float]) -> None:
+        self.done += n
+        counters = self.counters
+        for name, inc in increments.items():
+            counters[name] = counters.get(name, 0) + inc
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What one line shows, derived from its counts; None where there is nothing to show."""
+
+    done: int
+    total: int | None
+    rate: float  # items per second done by this run
+    tok_rate: float | None  # from the `tokens` counter
+    mean_tokens: float | None  # tokens per item that produced output
+    in_flight: float | None  # the `in_flight` gauge
+    errors: float
+    retries: float | None
+    truncation: float | None  # fraction of items with output that were `truncated`
+    eta: float | None  # seconds
+
+    @property
+    def percent(self) -> float | None:
+        return 100 * self.done / self.total if self.total else None
+
+
+def _figures(tally: _Tally, elapsed: float) -> Figures:
+    counters = dict(tally.counters)  # one C-level copy: the live thread reads it concurrently
+    done, total = tally.done, tally.total
+    per_second = 1 / elapsed if elapsed > 0 else 0.0
+    rate = (done - tally.initial) * per_second
+    # Skipped items (never sent, or given up on) have no output: they would dilute the means.
+    with_output = done - tally.initial - counters.get("skipped", 0)
+    tokens, truncated = counters.get("tokens"), counters.get("truncated")
+    return Figures(
+        done=done,
+        total=total,
+        rate=rate,
+        tok_rate=None if tokens is None else tokens * per_second,
+        mean_tokens=tokens / with_output if tokens is not None and with_output > 0 else None,
+        in_flight=counters.get("in_flight"),
+        errors=counters.get("errors", 0),
+        retries=counters.get("retries"),
+        truncation=truncated / with_output if truncated is not None and with_output > 0 else None,
+        eta=(total - done) / rate if total and rate > 0 and done < total else None,
+    )
+
+
+def _row_name(key: str) -> tuple[str, str]:
+    """'server:http://a:30000' -> ('server', 'http://a:30000'); rows group by the prefix."""
+    group, sep, name = key.partition(":")
+    return (group, name) if sep else ("", key)
+
+
+def _live_cells(f: Figures, unit: str) -> dict[str, str | None]:
+    """One row of the live table, as text; None leaves a cell (or a whole column) empty."""
+
+    def maybe(value: float | None, fmt: Callable[[float], str]) -> str | None:
+        return None if value is None else fmt(value)
+
+    return {
+        "done": f"{f.done:,}" + (f"/{f.total:,}" if f.total else ""),
+        "%": maybe(f.percent, lambda p: f"{p:.1f}%"),
+        f"{unit}/s": _si(f.rate),
+        "tok/s": maybe(f.tok_rate, _si),
+        "mean tok": maybe(f.mean_tokens, lambda m: f"{round(m):,}"),
+        "in flight": maybe(f.in_flight, _number),
+        "errors": _number(f.errors),
+        "retries": maybe(f.retries, _number),
+        "trunc": maybe(f.truncation, lambda t: f"{100 * t:.1f}%"),
+        "ETA": maybe(f.eta, _duration),
+    }
+
+
+def _summary_cells(f: Figures, unit: str) -> dict[str, object]:
+    """One row of the final table, as numbers that table() right-aligns."""
+
+    def figure(x: float | None) -> float | int | None:
+        return None if x is None else round(x) if abs(x) >= 100 else round(x, 2)
+
+    return {
+        "done": f.done,
+        "total": f.total,
+        "%": figure(f.percent),
+        f"{unit}/s": figure(f.rate),
+        "tok/s": figure(f.tok_rate),
+        "mean tok": None if f.mean_tokens is None else round(f.mean_tokens),
+        "errors": figure(f.errors),
+        "retries": figure(f.retries),
+        "trunc %": None if f.truncation is None else round(100 * f.truncation, 2),
+    }
+
+
+def _shown(rows: Iterable[dict[str, object]], always: Iterable[str]) -> list[str]:
+    """The columns worth a place: those always shown, and those with a value in some row."""
+    rows = list(rows)
+    keep = set(always)
+    for row in rows:
+        keep.update(name for name, value in row.items() if value is not None)
+    return [name for name in rows[0] if name in keep] if rows else []
+
+
+# On a terminal too narrow for every column of the live table, these go first, in this order.
+_DROPPED_FIRST = ("retries", "%", "in flight", "trunc", "mean tok", "tok/s", "ETA")
+
+
+def _fit(headers: list[str], widths: dict[str, int], room: int) -> list[str]:
+    """The headers whose columns fit in room, dropping the least needed ones."""
+    for name in _DROPPED_FIRST:
+        if sum(widths[h] + 2 for h in headers) <= room:
+            break
+        headers = [h for h in headers if h != name]
+    return headers
+
+
 class Progress:
     """One set of running figures, drawn live on a terminal or logged as plain status lines.
 
-    ``add`` counts finished work and accumulates counters (tokens, errors, retries...);
-    ``set`` overwrites gauges (in_flight...). ``initial`` is work finished by an earlier run
-    (resume): it counts towards done/total but not towards this run's rate.
+    ``add`` counts finished work and accumulates counters (tokens, errors, retries, truncated,
+    skipped...); ``set`` overwrites gauges (in_flight...). ``initial`` is work finished by an
+    earlier run (resume): it counts towards done/total but not towards this run's rate.
+
+    Rows break the figures down, e.g. ``"partition:math"`` or ``"server:http://a:30000"``; the
+    prefix before the first ':' groups them. ``add(..., rows=...)`` counts into the whole run and
+    into each named row; ``set(..., rows=...)`` sets the gauges of the named rows only (the
+    run's own in_flight is set by a call without rows). The live display shows one table row
+    per row; plain status lines carry the whole run's figures only.
     """
 
     def __init__(
@@ -204,11 +335,11 @@ class Progress:
         clock: Callable[[], float] = time.monotonic,
         initial: int = 0,
     ) -> None:
-        self.label, self.total, self.opts, self.unit = label, total, opts, unit
+        self.label, self.opts, self.unit = label, opts, unit
         self.mode = "off"  # "live", "plain" or "off"; chosen on __enter__
         self._clock = clock
-        self._initial = self._done = initial
-        self._counters: dict[str, float] = {}
+        self._all = _Tally(total=total, initial=initial, done=initial)
+        self._rows: dict[str, _Tally] = {}
         self._start = self._last_line = clock()
         self._end: float | None = None
         self._live: Live | None = None
@@ -236,25 +367,59 @@ class Progress:
                 line += f" (stopped: {exc_type.__name__})"
             print(line, file=sys.stderr, flush=True)
 
-    def add(self, n: int = 1, **increments: float) -> None:
-        """Record n more finished items; each counter grows by its increment."""
-        self._done += n
-        for name, inc in increments.items():
-            self._counters[name] = self._counters.get(name, 0) + inc
+    # Recording ------------------------------------------------------------------------------
+    def add(self, n: int = 1, *, rows: Sequence[str] = (), **increments: float) -> None:
+        """Record n more finished items; each counter grows by its increment, in each row too."""
+        self._all.add(n, increments)
+        for key in (rows,) if isinstance(rows, str) else rows:
+            self._row(key).add(n, increments)
         self._tick()
 
-    def set(self, **values: float) -> None:
-        """Overwrite gauges that go up and down, such as in_flight."""
-        self._counters.update(values)
+    def set(self, *, rows: Sequence[str] = (), **values: float) -> None:
+        """Overwrite gauges that go up and down, such as in_flight: the run's, or the rows'."""
+        if not rows:
+            self._all.counters.update(values)
+        for key in (rows,) if isinstance(rows, str) else rows:
+            self._row(key).counters.update(values)
         self._tick()
+
+    def set_total(self, row: str, total: int | None, *, initial: int = 0) -> None:
+        """A row's total (partitions know theirs up front) and its work from an earlier run."""
+        tally = self._row(row)
+        tally.total = total
+        tally.done += initial - tally.initial
+        tally.initial = initial
+
+    def _row(self, key: str) -> _Tally:
+        tally = self._rows.get(key)
+        if tally is None:
+            tally = self._rows[key] = _Tally()
+        return tally
+
+    # Reading --------------------------------------------------------------------------------
+    @property
+    def total(self) -> int | None:
+        return self._all.total
+
+    @total.setter
+    def total(self, value: int | None) -> None:
+        self._all.total = value
 
     @property
     def done(self) -> int:
-        return self._done
+        return self._all.done
 
     @property
     def counters(self) -> dict[str, float]:
-        return dict(self._counters)
+        return dict(self._all.counters)
+
+    @property
+    def rows(self) -> list[str]:
+        """Row keys in display order: grouped by prefix, each group in order of appearance."""
+        groups: dict[str, list[str]] = {}
+        for key in list(self._rows):  # a C-level copy: rows appear while the live thread reads
+            groups.setdefault(_row_name(key)[0], []).append(key)
+        return [key for keys in groups.values() for key in keys]
 
     @property
     def elapsed(self) -> float:
@@ -265,29 +430,55 @@ class Progress:
     @property
     def rate(self) -> float:
         """Items per second done by this run."""
-        elapsed = self.elapsed
-        return (self._done - self._initial) / elapsed if elapsed > 0 else 0.0
+        return self.figures().rate
+
+    def figures(self, row: str | None = None) -> Figures:
+        """The derived figures of the whole run, or of one row."""
+        return _figures(self._all if row is None else self._rows[row], self.elapsed)
 
     def status_line(self) -> str:
-        """'convert 1,200/5,000 (24.0%) 310 samples/s 312k tok/s errors 0 elapsed 4s ETA 12s'."""
-        counters = dict(self._counters)  # one C-level copy: the live thread reads it concurrently
-        elapsed, rate, done, total = self.elapsed, self.rate, self._done, self.total
+        """'convert 1,200/5,000 (24.0%) 300 samples/s 312k tok/s errors 0 mean 1,040 tok ...'."""
+        f = self.figures()
+        counters = self.counters
         parts = [self.label]
-        if total:
-            parts.append(f"{done:,}/{total:,} ({100 * done / total:.1f}%)")
+        if f.total:
+            parts.append(f"{f.done:,}/{f.total:,} ({f.percent:.1f}%)")
         else:
-            parts.append(f"{done:,} {self.unit}")
-        parts.append(f"{_si(rate)} {self.unit}/s")
-        if "tokens" in counters:
-            parts.append(f"{_si(counters['tokens'] / elapsed if elapsed > 0 else 0.0)} tok/s")
+            parts.append(f"{f.done:,} {self.unit}")
+        parts.append(f"{_si(f.rate)} {self.unit}/s")
+        if f.tok_rate is not None:
+            parts.append(f"{_si(f.tok_rate)} tok/s")
         for name, value in {**dict.fromkeys(_ALWAYS_SHOWN, 0.0), **counters}.items():
-            if name != "tokens" and (value or name in _ALWAYS_SHOWN):
+            if name == "truncated":  # shown even at 0: a clean run is worth knowing about
+                share = "" if f.truncation is None else f" ({100 * f.truncation:.1f}%)"
+                parts.append(f"truncated {_number(value)}{share}")
+            elif name != "tokens" and (value or name in _ALWAYS_SHOWN):
                 parts.append(f"{name} {_number(value)}")
-        parts.append(f"elapsed {_duration(elapsed)}")
-        if total and rate > 0 and done < total:
-            parts.append(f"ETA {_duration((total - done) / rate)}")
+        if f.mean_tokens is not None:
+            parts.append(f"mean {round(f.mean_tokens):,} tok")
+        parts.append(f"elapsed {_duration(self.elapsed)}")
+        if f.eta is not None:
+            parts.append(f"ETA {_duration(f.eta)}")
         return " ".join(parts)
 
+    @property
+    def columns(self) -> list[str]:
+        """Headers for summary_rows(): ``table(title, p.columns, p.summary_rows())``."""
+        return self._summary()[0]
+
+    def summary_rows(self) -> list[list[object]]:
+        """The final table: one row per row key (group, name, figures...), then the total."""
+        return self._summary()[1]
+
+    def _summary(self) -> tuple[list[str], list[list[object]]]:
+        named = [(*_row_name(key), self.figures(key)) for key in self.rows]
+        named.append(("total", "", self.figures()))
+        cells = [_summary_cells(f, self.unit) for _, _, f in named]
+        headers = _shown(cells, ("done", f"{self.unit}/s", "errors"))
+        rows = [[g, n, *(c[h] for h in headers)] for (g, n, _), c in zip(named, cells, strict=True)]
+        return ["", "", *headers], rows
+
+    # Drawing --------------------------------------------------------------------------------
     def _tick(self) -> None:
         # Plain mode has no thread: the work's own calls drive the log, at most once per interval.
         if self.mode != "plain":
@@ -313,15 +504,49 @@ class Progress:
         _set_live_console(console)
 
     def _render(self) -> RenderableType:
+        from rich.console import Group
+
+        width = self._live.console.width if self._live else 80
+        overall = self._render_overall(width)
+        rows = self.rows
+        return Group(overall, self._render_rows(rows, width)) if rows else overall
+
+    def _render_overall(self, width: int) -> RenderableType:
         from rich.progress_bar import ProgressBar
         from rich.table import Table
         from rich.text import Text
 
-        line = Text(self.status_line(), no_wrap=True, overflow="ellipsis")
-        # The figures matter more than the bar: it only takes the room they leave.
-        room = (self._live.console.width if self._live else 80) - len(line) - 1
-        if room < 10:
+        line = Text(self.status_line())  # too long, it wraps at a space rather than lose the ETA
+        if width < 40:
             return line
+        # The figures matter more than the bar: it only takes the room they leave.
+        bar = ProgressBar(total=self.total, completed=self.done)
         grid = Table.grid(padding=(0, 1))
-        grid.add_row(ProgressBar(total=self.total, completed=self._done, width=min(room, 30)), line)
+        grid.add_column(width=max(10, min(30, width - len(line) - 1)))
+        grid.add_column()
+        grid.add_row(bar, line)
+        return grid
+
+    def _render_rows(self, keys: list[str], width: int) -> RenderableType:
+        from rich import box
+        from rich.table import Table
+
+        cells = [_live_cells(self.figures(key), self.unit) for key in keys]
+        names = [_row_name(key) for key in keys]
+        # Figures keep their width (headers may wrap at a space) and names are cut; on a narrow
+        # terminal the least needed columns go. Each column takes its width + 2; the name >= 10.
+        widths = {
+            h: max(len(w) for w in (*h.split(), *(r[h] or "" for r in cells))) for h in cells[0]
+        }
+        room = width - max(len(g) for g, _ in names) - 17
+        grid = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+        grid.add_column("", style="dim", no_wrap=True)
+        grid.add_column("", overflow="ellipsis", min_width=10, max_width=40)
+        headers = _fit(_shown(cells, ("done", f"{self.unit}/s", "errors")), widths, room)
+        for header in headers:
+            grid.add_column(header, justify="right", min_width=widths[header])
+        previous = None
+        for (group, name), row in zip(names, cells, strict=True):
+            shown_group, previous = ("" if group == previous else group), group
+            grid.add_row(shown_group, name, *(row[h] or "" for h in headers))
         return grid

@@ -152,6 +152,41 @@ def convert(
     ))
 
 
+@app.command(rich_help_panel="Datasets")
+def validate(
+    path: Annotated[Path, typer.Argument(help="A token dataset directory.")],
+    tokenizer: Annotated[Path | None, typer.Option(
+        help="Override the tokenizer stored in the dataset.")] = None,
+    chat_template: Annotated[Path | None, typer.Option(
+        help="Override the stored chat template (a Jinja file).")] = None,
+    think_start: Annotated[str | None, typer.Option(
+        metavar="TOKEN", help="Reasoning start token (with --think-end).")] = None,
+    think_end: Annotated[str | None, typer.Option(metavar="TOKEN")] = None,
+    max_truncation: Annotated[float | None, typer.Option(
+        metavar="SHARE", help="Largest share finished by length (default 0.05).")] = None,
+    min_reasoning: Annotated[float | None, typer.Option(
+        metavar="SHARE", help="Smallest share with reasoning (default 0.5).")] = None,
+    only: Annotated[str | None, typer.Option(metavar="A,B", help="Run only these checks.")] = None,
+    skip: Annotated[str | None, typer.Option(metavar="A,B", help="Leave out these checks.")] = None,
+    write_clean: Annotated[Path | None, typer.Option(
+        metavar="OUT", help="Write a new dataset without the flagged samples.")] = None,
+    json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
+    log_every: LogEvery = None,
+) -> None:
+    """Check a token dataset before training (exit 1 when a check fails)."""
+    from eagle3kit import validate as stage
+
+    def names(text: str | None) -> list[str] | None:
+        return None if text is None else [n.strip() for n in text.split(",") if n.strip()]
+
+    report = _run(stage.run, lambda: stage.ValidateConfig(
+        path, tokenizer=tokenizer, chat_template=chat_template, think_start=think_start,
+        think_end=think_end, only=names(only), skip=names(skip), write_clean=write_clean,
+        output=_output(json, quiet, no_progress, log_every),
+        **_given(max_truncation=max_truncation, min_reasoning=min_reasoning)))
+    raise typer.Exit(report.exit_code)
+
+
 @app.command(rich_help_panel="Stages")
 def gen(
     prompts: Annotated[list[Path], typer.Argument(

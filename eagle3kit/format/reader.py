@@ -27,7 +27,7 @@ from eagle3kit.format.shard import ShardFile
 _OPEN_SHARDS = 1024
 
 
-class _TokenShard:
+class TokenShard:
     """One token shard's arrays, as zero-copy views of the mapped file."""
 
     def __init__(self, path: Path, entry: dict, verify: bool) -> None:
@@ -155,7 +155,7 @@ class Dataset:
         self._starts: list[int] = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
         self._verified: set[int] = set()
         self._verify = verify_shards
-        self._open: OrderedDict[int, _TokenShard] = OrderedDict()
+        self._open: OrderedDict[int, TokenShard] = OrderedDict()
         if warn_stray:
             temps, orphans = self.stray_files()
             if temps or orphans:
@@ -192,13 +192,13 @@ class Dataset:
         return dataset_dir.stray_files(self.path, self.manifest)
 
     # Samples ------------------------------------------------------------------------------
-    def _shard(self, k: int) -> _TokenShard:
+    def _shard(self, k: int) -> TokenShard:
         shard = self._open.get(k)
         if shard is None:
             entry = self.shards[k]
             # Checked once per Dataset: a shard evicted and reopened is not hashed again.
             verify = self._verify and k not in self._verified
-            shard = _TokenShard(self.path / SHARD_DIR / entry["name"], entry, verify)
+            shard = TokenShard(self.path / SHARD_DIR / entry["name"], entry, verify)
             self._verified.add(k)
             self._open[k] = shard
             if len(self._open) > _OPEN_SHARDS:
@@ -233,7 +233,7 @@ class Dataset:
         for k, entry in enumerate(self.shards):
             if partition is not None and partition not in entry["partitions"]:
                 continue
-            shard = _TokenShard(self.path / SHARD_DIR / entry["name"], entry, self._verify)
+            shard = TokenShard(self.path / SHARD_DIR / entry["name"], entry, self._verify)
             wanted = None
             if partition is not None:
                 wanted = shard.partition_names.index(partition)
@@ -242,6 +242,11 @@ class Dataset:
                     yield shard.sample(i)
             del shard
             self._open.pop(k, None)
+
+    def iter_shards(self) -> Iterator[TokenShard]:
+        """Each shard's arrays in commit order, for checks that scan whole arrays at once."""
+        for k in range(len(self.shards)):
+            yield self._shard(k)
 
     def indices(self, partition: str | None = None) -> np.ndarray:
         """Global indices of the samples in `partition` (all when None)."""
@@ -280,7 +285,7 @@ class Dataset:
         problems = []
         for entry in self.shards:
             try:
-                _TokenShard(self.path / SHARD_DIR / entry["name"], entry, verify=True)
+                TokenShard(self.path / SHARD_DIR / entry["name"], entry, verify=True)
             except DatasetError as exc:
                 problems.append(str(exc))
         return problems

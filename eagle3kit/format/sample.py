@@ -58,14 +58,14 @@ def check_sample_id(sample_id: object) -> str:
     return sample_id
 
 
-def _normalize(value: Any) -> Any:
+def normalize(value: Any) -> Any:
     """Unicode NFC and stripped edges, so invisible edits to a prompt file keep the same id."""
     if isinstance(value, str):
         return unicodedata.normalize("NFC", value).strip()
     if isinstance(value, dict):
-        return {str(k): _normalize(v) for k, v in value.items() if v is not None}
+        return {str(k): normalize(v) for k, v in value.items() if v is not None}
     if isinstance(value, list | tuple):
-        return [_normalize(v) for v in value]
+        return [normalize(v) for v in value]
     return value
 
 
@@ -75,5 +75,5 @@ def make_sample_id(source: str, messages: object, turn: int = 0, index: int = 0)
     It never depends on a file position, so reordering or editing other prompts does not
     shift it, and a resumed run schedules exactly the ids not yet committed.
     """
-    key = orjson.dumps([source, _normalize(messages), turn, index], option=orjson.OPT_SORT_KEYS)
+    key = orjson.dumps([source, normalize(messages), turn, index], option=orjson.OPT_SORT_KEYS)
     return xxhash.xxh3_128_hexdigest(key)

@@ -44,6 +44,8 @@ class GenResult:
     """True when a signal stopped the run before everything was done."""
     elapsed: float
     resume_command: str
+    filtered: int = 0
+    """Stored with a `filtered:` finish reason (e.g. --min-completion-tokens): kept, counted."""
 
 
 def load(cfg: GenConfig) -> tuple[list[Conversation], int]:
@@ -86,7 +88,15 @@ async def check_tokenizer(backends: list[Backend], renderer: Renderer) -> None:
         if not isinstance(backend, HttpBackend):
             continue
         info = backend.info
-        remote = await clients.tokenize(backend.client(), info, PROBE_TEXT)
+        # The key goes with the probe too: a server behind --api-key answers 401 without it.
+        # Any failure here is one clear message, never a traceback (ServerError is no
+        # UserError).
+        try:
+            remote = await clients.tokenize(backend.client(), info, PROBE_TEXT,
+                                            api_key=backend.api_key)
+        except clients.ServerError as exc:
+            raise UserError(f"{info.url}: the tokenizer check failed: {exc} "
+                            "(--no-tokenizer-check skips it)") from None
         if remote is not None and list(remote) != list(local):
             raise UserError(
                 f"{info.url}: the server's tokenizer ({info.model}) does not agree with "
@@ -192,9 +202,11 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
         remaining = sum(len(c.ids) - t for c, t in starts)
         done_before = total - remaining
         with _ui.Progress("gen", total, cfg.output_options, initial=done_before) as progress:
+            _partition_totals(progress, chains, starts)
             scheduler = Scheduler(cfg, renderer, backends, writer, progress,
                                   _context_len(cfg, backends))
             await scheduler.run(starts)
+        _ui.table("gen", progress.columns, progress.summary_rows(), cfg.output_options)
         if scheduler.failure is not None:
             raise scheduler.failure
         written = progress.done - done_before
@@ -205,8 +217,21 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
         truncated=stats["truncated"], skipped=int(progress.counters.get("skipped", 0)),
         failed=stats["failed"], retries=stats["retries"], violations=stats["violations"],
         duplicates=duplicates, stopped=stopped, elapsed=round(time.monotonic() - started, 3),
-        resume_command=command_line(),
+        resume_command=command_line(), filtered=stats["filtered"],
     )
+
+
+def _partition_totals(progress: _ui.Progress, chains: list[Chain],
+                      starts: list[tuple[Chain, int]]) -> None:
+    totals: dict[str, int] = {}
+    remaining: dict[str, int] = {}
+    for chain in chains:
+        totals[chain.conv.partition] = totals.get(chain.conv.partition, 0) + len(chain.ids)
+    for chain, turn in starts:
+        part = chain.conv.partition
+        remaining[part] = remaining.get(part, 0) + len(chain.ids) - turn
+    for part, total in totals.items():
+        progress.set_total(f"partition:{part}", total, initial=total - remaining.get(part, 0))
 
 
 def run(cfg: GenConfig) -> GenResult:
@@ -233,6 +258,7 @@ def _report(result: GenResult, cfg: GenConfig) -> None:
         ("samples", f"{result.previously_done + result.written:,}/{result.total:,} "
                     f"({result.written:,} this run)"),
         ("truncated", f"{result.truncated:,}"),
+        ("filtered", f"{result.filtered:,}"),
         ("skipped", f"{result.skipped:,} ({result.failed:,} failed after retries)"),
         ("retries", f"{result.retries:,}"),
         ("invariant violations", f"{result.violations:,}"),

@@ -39,7 +39,6 @@ result, and two assistant messages never follow each other. Malformed records ra
 from __future__ import annotations
 
 import random
-import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ import orjson
 import xxhash
 
 from eagle3kit.errors import UserError
+from eagle3kit.format.sample import normalize
 from eagle3kit.gen.types import Conversation
 
 FORMATS = ("auto", "messages", "sharegpt", "conversations", "prompt", "mtbench")
@@ -181,7 +181,7 @@ def conversation_key(conv: Conversation) -> bytes:
     Normalized as sample ids are (NFC, stripped strings, None values dropped), so two records
     that differ only in invisible ways count as one; source, line and partition are left out.
     """
-    body = orjson.dumps([_normalize(conv.messages), _normalize(conv.tools or [])],
+    body = orjson.dumps([normalize(conv.messages), normalize(conv.tools or [])],
                         option=orjson.OPT_SORT_KEYS)
     return xxhash.xxh3_128_digest(body)
 
@@ -593,14 +593,3 @@ def _tools(value: object) -> list[dict[str, Any]] | None:
 def _extra(record: dict[str, Any]) -> dict[str, Any]:
     return {key: record[key] for key in EXTRA_FIELDS
             if isinstance(record.get(key), _SCALARS) and record[key] != ""}
-
-
-def _normalize(value: Any) -> Any:
-    """NFC and stripped strings, None values dropped: the same rule sample ids use."""
-    if isinstance(value, str):
-        return unicodedata.normalize("NFC", value).strip()
-    if isinstance(value, dict):
-        return {str(k): _normalize(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list | tuple):
-        return [_normalize(v) for v in value]
-    return value

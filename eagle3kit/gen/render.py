@@ -87,8 +87,8 @@ class Renderer:
         """Load `--tokenizer` (a local directory) and `--chat-template`; every problem is a
         UserError naming its flag."""
         kwargs = _check_kwargs(chat_template_kwargs)
-        template = _read_template(chat_template) if chat_template is not None else None
-        tok = _load_tokenizer(Path(tokenizer), trust_remote_code)
+        template = read_template(chat_template) if chat_template is not None else None
+        tok = load_tokenizer(Path(tokenizer), trust_remote_code)
         if template is None and not tok.chat_template:
             raise UserError(f"--tokenizer {tokenizer}: it has no chat template; "
                             "pass --chat-template FILE")
@@ -372,7 +372,7 @@ def _check_kwargs(value: Any) -> dict[str, Any]:
     return value
 
 
-def _read_template(path: Path) -> str:
+def read_template(path: Path) -> str:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"--chat-template {path}: no such file")
@@ -383,7 +383,7 @@ def _read_template(path: Path) -> str:
     return text
 
 
-def _load_tokenizer(path: Path, trust_remote_code: bool) -> PreTrainedTokenizerBase:
+def load_tokenizer(path: Path, trust_remote_code: bool) -> PreTrainedTokenizerBase:
     if not path.exists():
         raise UserError(f"--tokenizer {path}: no such directory")
     if not path.is_dir():

@@ -86,7 +86,10 @@ class Scheduler:
         self.up = {b.name: asyncio.Event() for b in backends}
         for event in self.up.values():
             event.set()
-        self.stats = {"violations": 0, "retries": 0, "failed": 0, "truncated": 0, "paused": 0}
+        self.low_water = sum(b.slots for b in backends)
+        self.in_flight_by = {b.name: 0 for b in backends}
+        self.stats = {"violations": 0, "retries": 0, "failed": 0, "truncated": 0, "paused": 0,
+                      "filtered": 0}
 
     # Jobs ---------------------------------------------------------------------------------
     def _max_tokens(self, long: bool) -> int:
@@ -151,7 +154,7 @@ class Scheduler:
               why: str) -> None:
         self.writer.add(self._sample(chain, turn, prompt_ids, [], finish,
                                      metadata={"reason": why}))
-        self.progress.add(1, skipped=1)
+        self.progress.add(1, rows=(f"partition:{chain.conv.partition}",), skipped=1)
         self._skip_rest(chain, turn + 1, f"turn {turn}: {finish}")
 
     def record(self, job: Job, c: Completion) -> None:
@@ -167,6 +170,8 @@ class Scheduler:
         finish = c.finish_reason
         if finish == "stop" and len(c.output_ids) < cfg.min_completion_tokens:
             finish = "filtered:min_completion_tokens"
+            # Filtered samples must be counted, not only stored (GenResult.filtered).
+            self.stats["filtered"] += 1
         metadata: dict = {"sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p,
                                        "top_k": cfg.top_k, "min_p": cfg.min_p,
                                        "seed": job.request.seed,
@@ -186,7 +191,9 @@ class Scheduler:
         self.writer.add(sample)
         truncated = finish == "length"
         self.stats["truncated"] += truncated
-        self.progress.add(1, tokens=len(c.output_ids), truncated=int(truncated),
+        self.progress.add(1, rows=(f"partition:{chain.conv.partition}",
+                                   f"server:{c.server.get('url', '?')}"),
+                          tokens=len(c.output_ids), truncated=int(truncated),
                           violations=int(bool(c.violations)))
         self._advance(job, finish, c.output_ids)
 
@@ -208,7 +215,7 @@ class Scheduler:
         for later in range(first, len(chain.ids)):
             self.writer.add(self._sample(chain, later, [], [], "skipped:earlier_turn",
                                          metadata={"reason": why}))
-            self.progress.add(1, skipped=1)
+            self.progress.add(1, rows=(f"partition:{chain.conv.partition}",), skipped=1)
 
     def fail(self, exc: BaseException) -> None:
         self.failure = self.failure or exc
@@ -221,15 +228,22 @@ class Scheduler:
         while not self.stopping:
             await self.up[backend.name].wait()
             job = await queue.get()
-            if queue.qsize() < 2 * len(self.backends) * 4:
+            # Refill well before the queue runs dry, so no slot waits on rendering.
+            if queue.qsize() < self.low_water:
                 self.want_more.set()
             if self.stopping:  # left for the next run
                 return
             await self._attempt(backend, job, queue)
 
-    async def _attempt(self, backend: Backend, job: Job, queue: asyncio.Queue) -> None:
-        self.in_flight += 1
+    def _count_in_flight(self, backend: Backend, delta: int) -> None:
+        self.in_flight += delta
+        self.in_flight_by[backend.name] += delta
         self.progress.set(in_flight=self.in_flight)
+        self.progress.set(in_flight=self.in_flight_by[backend.name],
+                          rows=(f"server:{backend.name}",))
+
+    async def _attempt(self, backend: Backend, job: Job, queue: asyncio.Queue) -> None:
+        self._count_in_flight(backend, 1)
         try:
             completion = await backend.generate(job.request)
         except clients.RetryableError as exc:
@@ -244,15 +258,14 @@ class Scheduler:
             self.fail(UserError(str(exc)))
             return
         finally:
-            self.in_flight -= 1
-            self.progress.set(in_flight=self.in_flight)
+            self._count_in_flight(backend, -1)
             self._check_finished()
         self.record(job, completion)
         self._resolve()
 
     async def _retry(self, backend: Backend, job: Job, queue: asyncio.Queue, error: str) -> None:
         self.stats["retries"] += 1
-        self.progress.add(0, retries=1)
+        self.progress.add(0, retries=1, rows=(f"server:{backend.name}",))
         if not self.up[backend.name].is_set() or not await backend.healthy():
             # The server went away: not this prompt's fault, so no attempt is spent on it.
             self._pause(backend)
@@ -262,7 +275,8 @@ class Scheduler:
         job.last_error = error
         if job.attempts >= self.cfg.max_attempts:
             self.stats["failed"] += 1
-            self.progress.add(0, errors=1)
+            self.progress.add(0, errors=1, rows=(f"partition:{job.chain.conv.partition}",
+                                                 f"server:{backend.name}"))
             self._skip(job.chain, job.turn, job.request.prompt_ids, "skipped:failed",
                        f"{job.attempts} attempts, last error: {error}")
             self._resolve()

@@ -1,0 +1,125 @@
+"""validate over a 10M-token dataset on one core, against the usual per-sample approach.
+
+The per-sample approach (what validators commonly do): decode each sample's prompt and
+completion to text with special tokens kept, find the think markers and the end-of-turn by
+string search, and re-render the chat template for the round trip. `eagle3kit validate`
+runs its checks as numpy passes over each shard's flat token array instead, and renders only
+for the round trip. Both run in this process, pinned to one core, on the same dataset
+(Qwen3 tokenizer rebuilt offline as in the tests; completions of random ordinary tokens
+between the real markers; the source messages stored so the round trip runs in both).
+
+    python benchmarks/validate_bench.py [--tokens 10_000_000] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# One core, for both sides, before numpy and tokenizers start their thread pools.
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS"):
+    os.environ[var] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+if hasattr(os, "sched_setaffinity"):
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from real_tokenizers import qwen3_tokenizer_dir  # noqa: E402
+
+from eagle3kit._ui import OutputOptions  # noqa: E402
+from eagle3kit.format import Dataset, DatasetWriter, TokenSample  # noqa: E402
+from eagle3kit.validate import ValidateConfig, load_renderer, validate  # noqa: E402
+
+THINK, END_THINK, IM_END = 151667, 151668, 151645
+
+
+def build(path: Path, tok_root: Path, tokens: int, mean_completion: int) -> None:
+    renderer = load_renderer(qwen3_tokenizer_dir(tok_root))
+    rng = np.random.default_rng(0)
+    identity = renderer.identity()
+    where = {k: identity.pop(k) for k in ("tokenizer", "chat_template_file")}
+    total, i = 0, 0
+    with DatasetWriter(path, config={"stage": "gen", "renderer": identity},
+                       provenance=where, commit_every=1000) as writer:
+        writer.store_files("tokenizer", renderer.files())
+        while total < tokens:
+            messages = [{"role": "user", "content": f"Question {i}: explain item {i}."}]
+            prompt = renderer.render(messages)
+            n = int(rng.integers(mean_completion // 2, mean_completion * 3 // 2))
+            body = rng.integers(300, 100_000, n).astype(np.int32)
+            cut = n * 3 // 4
+            length = i % 50 == 0
+            completion = np.concatenate([[THINK], body[:cut], [END_THINK], body[cut:],
+                                         [] if length else [IM_END]]).astype(np.int32)
+            writer.add(TokenSample(f"s{i:07d}", prompt, completion,
+                                   finish_reason="length" if length else "stop",
+                                   partition=("math", "code", "chat")[i % 3],
+                                   metadata={"messages": messages}))
+            total += len(prompt) + len(completion)
+            i += 1
+
+
+def per_sample(path: Path) -> dict[str, int]:
+    """Decode, string-search, re-render: one sample at a time."""
+    ds = Dataset(path)
+    renderer = load_renderer(path / "tokenizer")
+    found = {"structure": 0, "literal": 0, "truncated": 0, "no_reasoning": 0, "round_trip": 0}
+    eos = renderer.decode([renderer.stop_token_ids[0]])
+    for s in ds.iter_samples():
+        prompt = renderer.decode(s.prompt_ids.tolist())
+        completion = renderer.decode(s.completion_ids.tolist())
+        tail = prompt[prompt.rfind("<|im_start|>"):] + completion
+        starts, ends = tail.count("<think>"), tail.count("</think>")
+        if s.finish_reason == "stop" and (starts != 1 or ends != 1
+                                          or not completion.endswith(eos)):
+            found["structure"] += 1
+        # A literal marker is one tokenized as plain text: re-encoding tells them apart.
+        if "<think>" in completion and THINK not in renderer.encode(completion):
+            found["literal"] += 1
+        found["truncated"] += s.finish_reason == "length"
+        reasoning = tail.partition("<think>")[2].partition("</think>")[0]
+        found["no_reasoning"] += not reasoning.strip()
+        if renderer.render(s.metadata["messages"]) != s.prompt_ids.tolist():
+            found["round_trip"] += 1
+    return found
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=10_000_000)
+    ap.add_argument("--mean-completion", type=int, default=1000)
+    ap.add_argument("--workdir", type=Path, default=None)
+    args = ap.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="validate-bench-"))
+    path = work / "dataset"
+    if not (path / "manifest.json").exists():
+        t = time.perf_counter()
+        build(path, work, args.tokens, args.mean_completion)
+        print(f"built {path} in {time.perf_counter() - t:.1f}s", file=sys.stderr)
+    ds = Dataset(path, verify_shards=False)
+    print(f"dataset: {len(ds):,} samples, {ds.num_tokens:,} tokens, one core")
+    load_renderer(path / "tokenizer")  # the tokenizer load is the same for both: not timed
+
+    t = time.perf_counter()
+    report = validate(ValidateConfig(path, output=OutputOptions(quiet=True)))
+    ours = time.perf_counter() - t
+    t = time.perf_counter()
+    found = per_sample(path)
+    theirs = time.perf_counter() - t
+
+    print(f"eagle3kit validate: {ours:6.2f} s  ({ds.num_tokens / ours / 1e6:.1f}M tok/s)  "
+          f"{report.summary()}")
+    print(f"per-sample        : {theirs:6.2f} s  ({ds.num_tokens / theirs / 1e6:.1f}M tok/s)  "
+          f"{found}")
+    print(f"ratio: {theirs / ours:.1f}x faster (target >= 5x)")
+
+
+if __name__ == "__main__":
+    main()

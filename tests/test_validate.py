@@ -1,0 +1,422 @@
+"""`eagle3kit validate`: each check against a dataset seeded with exactly its defect.
+
+Datasets are built in-process with real tokenizers and chat templates (Qwen3 with thinking on
+and off, QwQ and DeepSeek-R1 which open the reasoning in the prompt, the Kimi-K2-Thinking
+stand-in, the gpt-oss stand-in): prompts come from the template, completions are written as
+the model emits them, and the seeded samples must be the ones flagged, no more, no fewer.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from real_tokenizers import (
+    TEMPLATES,
+    deepseek_r1_tokenizer_dir,
+    gpt_oss_tokenizer_dir,
+    kimi_tokenizer_dir,
+    qwen3_tokenizer_dir,
+)
+from typer.testing import CliRunner
+
+from eagle3kit._ui import OutputOptions
+from eagle3kit.errors import UserError
+from eagle3kit.format import Dataset, DatasetError, DatasetWriter, TokenSample
+from eagle3kit.gen.render import Renderer
+from eagle3kit.validate import ValidateConfig, ValidateReport, _plain_ids, load_renderer, run
+
+QUIET = OutputOptions(quiet=True)
+N = 20
+SEEDED = [3, 7, 11]
+
+# -- fixtures ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tok_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.getbasetemp()
+
+
+@pytest.fixture(scope="session")
+def qwen3(tok_root: Path) -> Renderer:
+    return load_renderer(qwen3_tokenizer_dir(tok_root))
+
+
+@pytest.fixture(scope="session")
+def qwen3_off(qwen3: Renderer) -> Renderer:
+    return load_renderer(qwen3.tokenizer_dir, chat_template_kwargs={"enable_thinking": False})
+
+
+@pytest.fixture(scope="session")
+def qwq(qwen3: Renderer) -> Renderer:
+    return load_renderer(qwen3.tokenizer_dir, chat_template=TEMPLATES / "Qwen-QwQ-32B.jinja")
+
+
+@pytest.fixture(scope="session")
+def r1(tok_root: Path) -> Renderer:
+    return load_renderer(deepseek_r1_tokenizer_dir(tok_root))
+
+
+@pytest.fixture(scope="session")
+def kimi(tok_root: Path) -> Renderer:
+    return load_renderer(kimi_tokenizer_dir(tok_root))
+
+
+@pytest.fixture(scope="session")
+def gpt_oss(tok_root: Path) -> Renderer:
+    return load_renderer(gpt_oss_tokenizer_dir(tok_root))
+
+
+# -- building datasets ---------------------------------------------------------------------
+
+
+def messages(i: int) -> list[dict]:
+    return [{"role": "user", "content": f"Question number {i}: what is {i} plus {i}?"}]
+
+
+def completion_text(r: Renderer, i: int, *, reasoning: str | None = None,
+                    answer: str | None = None, close: bool = True, eos: bool = True) -> str:
+    """What the model emits: reasoning in its markers (the opening one only when the prompt
+    did not write it), the answer, then the end-of-turn token."""
+    eos_text = r.decode([r.stop_token_ids[0]]) if eos else ""
+    answer = f"The answer is {2 * i}." if answer is None else answer
+    if r.harmony:
+        return (f"<|channel|>analysis<|message|>Adding {i} twice.<|end|><|start|>assistant"
+                f"<|channel|>final<|message|>{answer}" + ("<|return|>" if eos else ""))
+    if r.think is None:
+        return answer + eos_text
+    start, end = r.think
+    reasoning = f"I add {i} and {i}, which gives {2 * i}." if reasoning is None else reasoning
+    off = "enable_thinking" in r.chat_template_kwargs
+    if off:
+        return answer + eos_text
+    opening = "" if r.prompt_opens_think else f"{start}\n"
+    closing = f"\n{end}\n\n{answer}{eos_text}" if close else ""
+    return f"{opening}{reasoning}{closing}"
+
+
+def sample(r: Renderer, i: int, **kw) -> TokenSample:
+    text = kw.pop("text", None)
+    finish = kw.pop("finish", "stop")
+    store_messages = kw.pop("store_messages", False)
+    prompt = kw.pop("prompt", None)
+    comp = r.encode(text if text is not None else completion_text(r, i, **kw))
+    meta = {"messages": messages(i)} if store_messages else {}
+    return TokenSample(f"s{i:03d}", prompt if prompt is not None else r.render(messages(i)),
+                       comp, finish_reason=finish, partition="math" if i % 2 else "chat",
+                       metadata=meta)
+
+
+def write(path: Path, r: Renderer, samples: list[TokenSample], *, store: bool = True,
+          commit_every: int = 8) -> Path:
+    identity = r.identity()
+    where = {k: identity.pop(k) for k in ("tokenizer", "chat_template_file")}
+    with DatasetWriter(path, config={"stage": "gen", "renderer": identity},
+                       provenance=where, commit_every=commit_every) as w:
+        if store:
+            w.store_files("tokenizer", r.files())
+        for s in samples:
+            w.add(s)
+    return path
+
+
+def build(path: Path, r: Renderer, seed: Callable[[int], TokenSample] | None = None,
+          seeded: list[int] = SEEDED, **kw) -> Path:
+    samples = [seed(i) if seed and i in seeded else sample(r, i, **kw) for i in range(N)]
+    return write(path, r, samples)
+
+
+def check(path: Path, **kw) -> ValidateReport:
+    return run(ValidateConfig(path, output=QUIET, **kw))
+
+
+def flagged(report: ValidateReport, name: str) -> list[str]:
+    ids = list(Dataset(report.path, verify_shards=False).sample_ids())
+    return sorted(ids[i] for i in report.check(name).flagged)
+
+
+def ids_of(indices: list[int]) -> list[str]:
+    return [f"s{i:03d}" for i in indices]
+
+
+# -- clean datasets pass -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_off", "qwq", "r1", "kimi", "gpt_oss"])
+def test_clean_dataset_passes(family: str, request: pytest.FixtureRequest,
+                              tmp_path: Path) -> None:
+    r = request.getfixturevalue(family)
+    report = check(build(tmp_path / "ds", r, store_messages=True))
+    assert report.passed, [(c.name, c.detail, c.reasons) for c in report.checks]
+    assert report.exit_code == 0
+    statuses = {c.name: c.status for c in report.checks}
+    assert statuses["round_trip"] == "pass"
+    if family in ("qwen3", "qwq", "r1", "kimi"):
+        assert statuses["reasoning"] == "pass"
+        assert report.check("reasoning").rate == 1.0
+    if family == "qwen3_off":
+        assert statuses["reasoning"] == "skip"
+        assert "thinking is off" in report.check("reasoning").detail
+    if family == "gpt_oss":
+        assert statuses["literal_markers"] == "skip"
+
+
+def test_profile_learned_from_the_stored_template(qwq: Renderer, qwen3: Renderer,
+                                                  kimi: Renderer, tmp_path: Path) -> None:
+    opens = check(build(tmp_path / "qwq", qwq)).profile
+    assert opens["reasoning"].startswith("on, opened by the template")
+    assert opens["generation_prompt"].endswith("assistant\n<think>\n")
+    model = check(build(tmp_path / "qwen3", qwen3)).profile
+    assert model["reasoning"] == "on, opened by the model"
+    assert model["think_start_id"] == 151667
+    k = check(build(tmp_path / "kimi", kimi)).profile
+    assert k["think_end"] == "</think>" and k["think_end_id"] == 151666
+
+
+# -- each defect, flagged on exactly its samples -------------------------------------------
+
+
+def test_structure_think_end_missing(qwen3: Renderer, tmp_path: Path) -> None:
+    report = check(build(tmp_path / "ds", qwen3,
+                         lambda i: sample(qwen3, i, text=f"<think>\nthinking {i} and then"
+                                                         f" answering {i}<|im_end|>")))
+    assert report.check("structure").status == "fail"
+    assert flagged(report, "structure") == ids_of(SEEDED)
+    assert report.check("structure").reasons == {"think-end missing": 3}
+    assert report.exit_code == 1
+
+
+def test_structure_think_start_repeated_when_prompt_opened_it(r1: Renderer,
+                                                              tmp_path: Path) -> None:
+    # The prompt already holds <think>; a completion that opens it again has two.
+    report = check(build(tmp_path / "ds", r1, lambda i: sample(
+        r1, i, text="<think>\n" + completion_text(r1, i))))
+    assert flagged(report, "structure") == ids_of(SEEDED)
+    assert report.check("structure").reasons == {"think-start repeated": 3}
+
+
+def test_structure_end_of_turn_missing(kimi: Renderer, tmp_path: Path) -> None:
+    report = check(build(tmp_path / "ds", kimi, lambda i: sample(kimi, i, eos=False)))
+    assert flagged(report, "structure") == ids_of(SEEDED)
+    assert report.check("structure").reasons == {"no end-of-turn token last": 3}
+
+
+def test_structure_generation_prompt_missing_its_think(qwq: Renderer, qwen3: Renderer,
+                                                       tmp_path: Path) -> None:
+    # Rendered with the Qwen3 template instead of QwQ's: no <think> pre-filled in the prompt.
+    report = check(build(tmp_path / "ds", qwq, lambda i: sample(
+        qwq, i, prompt=qwen3.render(messages(i)))))
+    assert flagged(report, "structure") == ids_of(SEEDED)
+    assert "prompt does not end with the generation prompt" in report.check("structure").reasons
+
+
+def test_literal_markers(qwen3: Renderer, kimi: Renderer, tmp_path: Path) -> None:
+    for r, name in ((qwen3, "qwen3"), (kimi, "kimi")):
+        start, end = r.think  # type: ignore[misc]
+
+        def literal(i: int, r: Renderer = r, start: str = start, end: str = end) -> TokenSample:
+            eos = r.stop_token_ids[0]
+            ids = (_plain_ids(r.tokenizer, f"{start}\nthinking about {i}\n{end}\n\n")
+                   + r.encode(f"It is {2 * i}.") + [eos])
+            return TokenSample(f"s{i:03d}", r.render(messages(i)), ids,
+                               partition="math" if i % 2 else "chat")
+
+        report = check(build(tmp_path / name, r, literal))
+        assert report.check("literal_markers").status == "fail"
+        assert flagged(report, "literal_markers") == ids_of(SEEDED), name
+
+
+def test_truncation(qwq: Renderer, tmp_path: Path) -> None:
+    def cut(i: int) -> TokenSample:
+        answer = i == SEEDED[0]  # one cut inside the answer, the others inside the reasoning
+        return sample(qwq, i, finish="length", text=completion_text(qwq, i, eos=False)
+                      if answer else f"thinking about {i} for a long time")
+
+    report = check(build(tmp_path / "ds", qwq, cut))
+    res = report.check("truncation")
+    assert res.status == "fail" and res.rate == 0.15 and res.threshold == 0.05
+    assert flagged(report, "truncation") == ids_of(SEEDED)
+    assert res.reasons == {"cut inside the reasoning": 2, "cut inside the answer": 1}
+    assert report.partitions["math"]["truncated"] == 0.3  # 3, 7, 11 of the 10 odd: "math"
+    assert check(tmp_path / "ds", max_truncation=0.2).check("truncation").status == "pass"
+    assert flagged(report, "structure") == []
+
+
+def test_reasoning_capture(qwen3: Renderer, tmp_path: Path) -> None:
+    seeded = list(range(12))
+    report = check(build(tmp_path / "ds", qwen3, lambda i: sample(qwen3, i, reasoning=""),
+                         seeded=seeded))
+    res = report.check("reasoning")
+    assert res.status == "fail" and res.rate == 0.4
+    assert flagged(report, "reasoning") == ids_of(seeded)
+    assert check(tmp_path / "ds", min_reasoning=0.3).check("reasoning").status == "pass"
+
+
+def test_degenerate(qwen3: Renderer, tmp_path: Path) -> None:
+    def bad(i: int) -> TokenSample:
+        if i == 3:
+            return sample(qwen3, i, answer="\n")  # an empty answer
+        if i == 7:
+            return sample(qwen3, i, answer="I will say it again. " * 80)  # a loop
+        return sample(qwen3, i, text=f"<think>\nthinking {i}<|im_end|>")  # no answer
+
+    report = check(build(tmp_path / "ds", qwen3, bad))
+    assert flagged(report, "degenerate") == ids_of(SEEDED)
+    assert report.check("degenerate").reasons == {
+        "repeated n-gram loop": 1, "empty answer": 1, "all reasoning, no answer": 1}
+
+
+def test_round_trip(qwen3: Renderer, tmp_path: Path) -> None:
+    def injected(i: int) -> TokenSample:  # a default system prompt the source did not have
+        prompt = qwen3.render([{"role": "system", "content": "You are helpful."}, *messages(i)])
+        return sample(qwen3, i, prompt=prompt, store_messages=True)
+
+    report = check(build(tmp_path / "ds", qwen3, injected, store_messages=True))
+    assert flagged(report, "round_trip") == ids_of(SEEDED)
+    plain = check(build(tmp_path / "plain", qwen3)).check("round_trip")
+    assert plain.status == "skip" and "no source messages" in plain.detail
+
+
+def test_coverage(kimi: Renderer, tmp_path: Path) -> None:
+    def no_loss(i: int) -> TokenSample:
+        s = sample(kimi, i)
+        s.loss_mask = np.zeros(s.num_tokens, np.uint8)
+        return s
+
+    report = check(build(tmp_path / "ds", kimi, no_loss))
+    assert flagged(report, "coverage") == ids_of(SEEDED)
+    assert report.partitions["chat"]["loss_tokens"] > 0
+
+
+def test_reconstructed(r1: Renderer, tmp_path: Path) -> None:
+    def rebuilt(i: int) -> TokenSample:
+        s = sample(r1, i)
+        s.metadata = {"reconstructed": True}
+        return s
+
+    report = check(build(tmp_path / "ds", r1, rebuilt))
+    assert flagged(report, "reconstructed") == ids_of(SEEDED)
+    assert check(tmp_path / "ds", skip=["reconstructed"]).passed
+
+
+def test_integrity_duplicate_ids(qwen3: Renderer, tmp_path: Path) -> None:
+    a = write(tmp_path / "a", qwen3, [sample(qwen3, i) for i in range(N)])
+    b = write(tmp_path / "b", qwen3, [sample(qwen3, i) for i in SEEDED], commit_every=100)
+    # Splice b's shard into a's manifest: the same ids committed twice.
+    manifest = json.loads((a / "manifest.json").read_text())
+    entry = json.loads((b / "manifest.json").read_text())["shards"][0]
+    shutil.copy(b / "shards" / entry["name"], a / "shards" / entry["name"])
+    manifest["shards"].append(entry)
+    (a / "manifest.json").write_text(json.dumps(manifest))
+    report = check(a)
+    res = report.check("integrity")
+    assert res.status == "fail" and res.reasons == {"duplicate sample ids": 3}
+    assert res.failing == 3 and sorted(res.examples) == ids_of(SEEDED)
+
+
+def test_integrity_template_changed_midway(qwen3: Renderer, qwq: Renderer,
+                                           tmp_path: Path) -> None:
+    path = build(tmp_path / "ds", qwen3)
+    identity = qwq.identity()
+    identity.pop("tokenizer")
+    identity.pop("chat_template_file")
+    with DatasetWriter(path, config={"stage": "gen", "renderer": identity}, force=True) as w:
+        w.add(sample(qwq, 99))
+    res = check(path).check("integrity")
+    assert res.status == "fail"
+    assert "several tokenizers or templates" in res.detail
+
+
+# -- no tokenizer, overrides, selection ----------------------------------------------------
+
+
+def test_without_a_stored_tokenizer(qwen3: Renderer, tmp_path: Path) -> None:
+    path = write(tmp_path / "ds", qwen3, [sample(qwen3, i) for i in range(N)], store=False)
+    report = check(path)
+    assert report.check("structure").status == "skip"
+    assert "pass --tokenizer" in report.check("structure").detail
+    assert report.check("truncation").status == "pass"
+    with_tok = check(path, tokenizer=qwen3.tokenizer_dir)
+    assert with_tok.check("structure").status == "pass"
+
+
+def test_think_marker_override(qwen3: Renderer, tmp_path: Path) -> None:
+    path = build(tmp_path / "ds", qwen3)
+    report = check(path, think_start="<tool_call>", think_end="</tool_call>")
+    assert report.check("structure").reasons.get("think-start missing") == N
+    with pytest.raises(UserError, match="--think-start"):
+        check(path, think_start="two words", think_end="</think>")
+    with pytest.raises(UserError, match="go together"):
+        ValidateConfig(path, think_start="<think>")
+
+
+def test_only_and_skip(qwen3: Renderer, tmp_path: Path) -> None:
+    path = build(tmp_path / "ds", qwen3)
+    assert [c.name for c in check(path, only=["truncation", "coverage"]).checks] == [
+        "truncation", "coverage"]
+    assert "structure" not in [c.name for c in check(path, skip=["structure"]).checks]
+    with pytest.raises(UserError, match="--only: unknown check"):
+        ValidateConfig(path, only=["nope"])
+
+
+# -- unusable input: exit 2 with one message -----------------------------------------------
+
+
+def test_corrupted_shard(qwen3: Renderer, tmp_path: Path) -> None:
+    path = build(tmp_path / "ds", qwen3)
+    shard = sorted((path / "shards").iterdir())[0]
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DatasetError, match="shard damaged") as exc:
+        check(path)
+    assert exc.value.exit_code == 2
+
+
+def test_empty_and_newer(qwen3: Renderer, tmp_path: Path) -> None:
+    empty = write(tmp_path / "empty", qwen3, [])
+    with pytest.raises(DatasetError, match="holds no samples"):
+        check(empty)
+    newer = build(tmp_path / "newer", qwen3)
+    marker = json.loads((newer / "eagle3kit.json").read_text())
+    marker["version"] = 99
+    (newer / "eagle3kit.json").write_text(json.dumps(marker))
+    with pytest.raises(DatasetError, match="newer than this eagle3kit"):
+        check(newer)
+
+
+# -- --write-clean and the command line ----------------------------------------------------
+
+
+def test_write_clean(qwen3: Renderer, tmp_path: Path) -> None:
+    path = build(tmp_path / "ds", qwen3, lambda i: sample(qwen3, i, eos=False))
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in (path / "shards").iterdir())
+    report = check(path, write_clean=tmp_path / "clean")
+    assert report.clean == {"path": str(tmp_path / "clean"), "kept": N - 3, "removed": 3}
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (path / "shards").iterdir()) == before
+    clean = check(tmp_path / "clean")
+    assert clean.passed and clean.samples == N - 3
+    assert clean.profile == report.profile
+
+
+def test_cli_exit_codes_and_json(qwen3: Renderer, tmp_path: Path) -> None:
+    from eagle3kit.cli import app
+
+    good = build(tmp_path / "good", qwen3)
+    bad = build(tmp_path / "bad", qwen3, lambda i: sample(qwen3, i, eos=False))
+    runner = CliRunner()
+    ok = runner.invoke(app, ["validate", str(good), "--json"])
+    assert ok.exit_code == 0, ok.output
+    data = json.loads(ok.stdout)
+    assert data["passed"] and {c["name"] for c in data["checks"]} >= {"structure", "truncation"}
+    assert {"name", "status", "failing", "rate", "threshold"} <= set(data["checks"][0])
+    failed = runner.invoke(app, ["validate", str(bad), "--max-truncation", "0.1"])
+    assert failed.exit_code == 1
+    assert "✗ final-turn structure" in failed.stderr
+    missing = runner.invoke(app, ["validate", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 2 and "no such directory" in missing.stderr
