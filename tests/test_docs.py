@@ -9,17 +9,44 @@ comment is a command. `&&` chains are split and run one by one; `pip install` an
 
 A command must exit 0 unless its line ends with a comment such as `# exits 2`. `eagle3kit`
 and `python` resolve to the interpreter running the tests. Text blocks (```text) are
-transcripts that cannot run here (an interrupted run, a full disk) and are not executed.
+transcripts that cannot run here (an interrupted run, a full disk) and are not executed;
+```launch blocks hold the SGLang and vLLM launch lines, checked by test_launch_lines.py.
+
+Servers. The docs point `eagle3kit gen` at servers on fixed loopback addresses, the ones a
+user would type: `http://127.0.0.1:PORT` with PORT a key of DOC_SERVERS. For each such port a
+doc uses, the test starts a stand-in server (tests/fakeserver.py, with the Qwen3 tokenizer)
+on a free port it picks, and substitutes that port for the documented one in the command
+before running it; a loopback port the table does not know fails the test. So the docs show
+the usual SGLang (30000) and vLLM (8000) ports, and two test runs never collide.
+
+Speed. `eagle3kit` runs in a process forked from a pre-warmed interpreter that has already
+imported eagle3kit and transformers (the import is most of a short command's time); each
+command still gets a fresh process, its own argv, environment, working directory and stdio.
+EAGLE3KIT_DOCS_FRESH=1 runs a new interpreter per command instead. A set-up command of
+CACHED_SETUP (deterministic and offline, e.g. rebuilding the Qwen3 tokenizer) runs once per
+session; later docs get a copy of what it made.
+
+Outputs shown in `console` blocks are real: `python tests/test_docs.py FILE...` runs each
+file's commands the same way (in /tmp/eagle3kit, fresh processes) and rewrites the output
+lines of its `console` blocks with what they print, the documented ports put back.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import random
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
-from dataclasses import dataclass
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -35,6 +62,36 @@ MAIN_COMMAND = (
     "pip install torch==2.13.0 && pip install -e . && "
     "eagle3kit convert examples/tiny.jsonl tiny-dataset && eagle3kit info tiny-dataset"
 )
+LOOPBACK = re.compile(r"\b127\.0\.0\.1:(\d+)\b")
+CACHED_SETUP = {
+    "python examples/make_tiny.py --save-tokenizer qwen3-tokenizer": ("qwen3-tokenizer",),
+}
+"""Set-up command -> the paths (relative to the work directory) it makes."""
+
+
+@dataclass(frozen=True)
+class StandIn:
+    api: str | None
+    """sglang or vllm; None: nothing listens there (a server that is down)."""
+    what: str
+    options: dict = field(default_factory=dict)
+    """FakeServer keyword arguments."""
+
+
+SHARED = {"faults": {"latency_s": 0.02}}
+"""The two SGLang stand-ins answer after 20 ms, so that gen spreads a run over both."""
+
+DOC_SERVERS = {
+    30000: StandIn("sglang", "an SGLang server", SHARED),
+    30001: StandIn("sglang", "a second SGLang server", SHARED),
+    30005: StandIn("sglang", "an SGLang server behind an API key",
+                   {"api_key": "sk-docs-example"}),
+    8000: StandIn("vllm", "a vLLM server"),
+    8001: StandIn("vllm", "a vLLM server that reports one completion token more than it returns",
+                  {"faults": {"count_delta": 1}}),
+    30999: StandIn(None, "nothing: a server that is down"),
+}
+"""Loopback port written in the docs -> what the test starts in its place."""
 
 
 @dataclass
@@ -67,6 +124,15 @@ def block_commands(lang: str, body: str) -> list[tuple[int, str]]:
     return out
 
 
+def split_command(line: str) -> list[tuple[str, int]]:
+    """One command line as (part, expected status) pairs: && split, set-up parts dropped."""
+    m = EXPECT.search(line)
+    status = int(m.group(1)) if m else 0
+    parts = [p.strip() for p in EXPECT.sub("", line).split("&&")]
+    parts = [p for p in parts if not p.startswith(SKIPPED)]
+    return [(part, status if k == len(parts) - 1 else 0) for k, part in enumerate(parts)]
+
+
 def commands(path: Path) -> list[Command]:
     """Every command of the runnable blocks in `path`, && chains split, set-up parts dropped."""
     found = []
@@ -74,25 +140,230 @@ def commands(path: Path) -> list[Command]:
         if lang not in RUN_LANGS:
             continue
         for offset, line in block_commands(lang, body):
-            m = EXPECT.search(line)
-            status = int(m.group(1)) if m else 0
-            parts = [p.strip() for p in EXPECT.sub("", line).split("&&")]
-            parts = [p for p in parts if not p.startswith(SKIPPED)]
-            for k, part in enumerate(parts):
-                found.append(Command(first + offset, part, status if k == len(parts) - 1 else 0))
+            found += [Command(first + offset, part, status)
+                      for part, status in split_command(line)]
     return found
 
 
-def _shims(bin_dir: Path) -> None:
-    """`eagle3kit` and `python` as the interpreter running the tests."""
+def doc_ports(text: str) -> set[int]:
+    return {int(port) for port in LOOPBACK.findall(text)}
+
+
+# Stand-in servers ----------------------------------------------------------------------------
+class DocServers:
+    """Starts the stand-in for a documented port on first use; maps documented ports to real."""
+
+    def __init__(self, tokenizer_dir: Path) -> None:
+        self.tokenizer_dir = tokenizer_dir
+        self._tokenizer = None
+        self.ports: dict[int, int] = {}
+        self._running: list = []
+
+    def port(self, documented: int) -> int:
+        if documented not in self.ports:
+            if documented not in DOC_SERVERS:
+                raise KeyError(documented)
+            self.ports[documented] = self._start(DOC_SERVERS[documented],
+                                                 len(str(documented)))
+        return self.ports[documented]
+
+    def substitute(self, text: str) -> str:
+        return LOOPBACK.sub(lambda m: f"127.0.0.1:{self.port(int(m.group(1)))}", text)
+
+    def restore(self, text: str) -> str:
+        """Output as it reads with the servers on their documented ports."""
+        back = {real: doc for doc, real in self.ports.items()}
+        return LOOPBACK.sub(lambda m: f"127.0.0.1:{back.get(int(m.group(1)), m.group(1))}",
+                            text)
+
+    def _start(self, spec: StandIn, digits: int) -> int:
+        port = _free_port(digits)
+        if spec.api is None:
+            return port  # nothing listens: connections are refused
+        from fakeserver import FakeServer, HFTokenizer
+
+        if self._tokenizer is None:
+            from tokenizers import Tokenizer
+
+            self._tokenizer = HFTokenizer(
+                Tokenizer.from_file(str(self.tokenizer_dir / "tokenizer.json")))
+        server = FakeServer(spec.api, port=port, tokenizer=self._tokenizer,
+                            record_bodies=False, **spec.options).start()
+        self._running.append(server)
+        return server.port
+
+    def stop(self) -> None:
+        for server in self._running:
+            server.stop()
+        self._running.clear()
+
+
+def _free_port(digits: int) -> int:
+    """A free port with as many digits as the documented one, so outputs keep their widths."""
+    low, high = max(1024, 10 ** (digits - 1)), min(65535, 10**digits - 1)
+    rng = random.Random()
+    for _ in range(200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", rng.randint(low, high)))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError(f"no free {digits}-digit port")
+
+
+# Running commands ------------------------------------------------------------------------------
+class SetupCache:
+    """CACHED_SETUP commands run once; later runs get a copy of what they made."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.done: set[str] = set()
+
+    def replay(self, command: str, work: Path) -> bool:
+        if command not in self.done:
+            return False
+        for name in CACHED_SETUP[command]:
+            shutil.copytree(self.root / name, work / name, dirs_exist_ok=True)
+        return True
+
+    def record(self, command: str, work: Path) -> None:
+        if command in CACHED_SETUP:
+            for name in CACHED_SETUP[command]:
+                shutil.copytree(work / name, self.root / name, dirs_exist_ok=True)
+            self.done.add(command)
+
+
+PREWARM_CLIENT = """\
+import json, os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ["EAGLE3KIT_DOCS_PREWARMED"])
+body = json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+socket.send_fds(s, [len(body).to_bytes(8, "big")], [0, 1, 2])
+s.sendall(body)
+code = b""
+while len(code) < 4:
+    chunk = s.recv(4 - len(code))
+    if not chunk:
+        sys.exit(1)
+    code += chunk
+sys.exit(int.from_bytes(code, "big", signed=True))
+"""
+
+
+def _shims(bin_dir: Path, prewarmed: Path | None = None) -> None:
+    """`eagle3kit` and `python` as the interpreter running the tests; `eagle3kit` through the
+    pre-warmed interpreter when there is one."""
     bin_dir.mkdir()
-    for name, target in (
-        ("eagle3kit", f'"{sys.executable}" -m eagle3kit'),
-        ("python", f'"{sys.executable}"'),
-    ):
+    eagle3kit = f'exec "{sys.executable}" -m eagle3kit'
+    if prewarmed is not None:
+        client = bin_dir / "prewarmed_client.py"
+        client.write_text(PREWARM_CLIENT)
+        eagle3kit = (f'EAGLE3KIT_DOCS_PREWARMED="{prewarmed}" exec "{sys.executable}" -S '
+                     f'"{client}"')
+    for name, line in (("eagle3kit", eagle3kit), ("python", f'exec "{sys.executable}"')):
         shim = bin_dir / name
-        shim.write_text(f'#!/bin/sh\nexec {target} "$@"\n')
+        shim.write_text(f'#!/bin/sh\n{line} "$@"\n')
         shim.chmod(0o755)
+
+
+def serve_prewarmed(path: str) -> None:
+    """The pre-warmed interpreter: import what `eagle3kit` commands import, then fork one
+    child per connection to run one command with the caller's stdio, argv, cwd and env."""
+    import jinja2  # noqa: F401
+    import torch  # noqa: F401
+    from transformers import AutoTokenizer  # noqa: F401  (transformers imports lazily)
+
+    import eagle3kit.cli
+    import eagle3kit.gen
+    import eagle3kit.gen.clients
+    import eagle3kit.gen.scheduler
+
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path + ".tmp")
+    server.listen(64)
+    os.rename(path + ".tmp", path)  # the path appears only once connections are accepted
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    sys.stdout.flush()
+    sys.stderr.flush()
+    while True:
+        conn, _ = server.accept()
+        if os.fork() == 0:
+            server.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _run_forwarded(conn, eagle3kit.cli.main)
+        conn.close()
+
+
+def _run_forwarded(conn: socket.socket, main) -> None:
+    head, fds, _, _ = socket.recv_fds(conn, 8, 3)
+    size, body = int.from_bytes(head, "big"), b""
+    while len(body) < size:
+        body += conn.recv(size - len(body))
+    request = json.loads(body)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = ["eagle3kit", *request["argv"]]
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # a traceback is what the user would see: show it, exit 1
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):
+            stream.flush()
+    conn.sendall(code.to_bytes(4, "big", signed=True))
+    os._exit(code)
+
+
+@pytest.fixture(scope="session")
+def qwen3_dir(tmp_path_factory) -> Path:
+    from real_tokenizers import qwen3_tokenizer_dir
+
+    return qwen3_tokenizer_dir(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="session")
+def doc_servers(qwen3_dir) -> Iterator[DocServers]:
+    servers = DocServers(qwen3_dir)
+    yield servers
+    servers.stop()
+
+
+@pytest.fixture(scope="session")
+def setup_cache(tmp_path_factory) -> SetupCache:
+    return SetupCache(tmp_path_factory.mktemp("setup-cache"))
+
+
+@pytest.fixture(scope="session")
+def prewarmed(tmp_path_factory) -> Iterator[Path | None]:
+    if os.environ.get("EAGLE3KIT_DOCS_FRESH", "") not in ("", "0"):
+        yield None
+        return
+    sock = Path(tempfile.mkdtemp(prefix="e3k-docs-")) / "prewarmed.sock"  # short: AF_UNIX
+    log = tmp_path_factory.mktemp("prewarmed") / "log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests")])
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, __file__, "--serve-prewarmed", str(sock)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
+    deadline = time.monotonic() + 120
+    while not sock.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    yield sock
+    proc.kill()
+    proc.wait()
+    shutil.rmtree(sock.parent, ignore_errors=True)
 
 
 def _checkout_like(tmp_path: Path) -> Path:
@@ -106,29 +377,54 @@ def _checkout_like(tmp_path: Path) -> Path:
     return work
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=[str(p.relative_to(REPO)) for p in DOCS])
-def test_doc_commands_run(doc: Path, tmp_path: Path) -> None:
+def _doc_env(bin_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")}
+    env.update(
+        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+        COLUMNS="100",
+        PYTHONPATH=str(REPO),
+    )
+    return env
+
+
+# These pages run many tokenizer-loading commands (a minute or more each on 2 cores): they run
+# in the slow suite (`pytest -m slow`), so the default run stays within its time budget.
+SLOW_DOCS = {"docs/convert.md", "docs/gen.md", "docs/running-at-scale.md",
+             "docs/troubleshooting.md"}
+
+
+def _doc_param(doc: Path):
+    name = str(doc.relative_to(REPO))
+    return pytest.param(doc, id=name, marks=[pytest.mark.slow] if name in SLOW_DOCS else [])
+
+
+@pytest.mark.parametrize("doc", [_doc_param(d) for d in DOCS])
+def test_doc_commands_run(doc: Path, tmp_path: Path, request) -> None:
     cmds = commands(doc)
     if doc.name == "index.md":  # a map of the other pages
         assert not cmds
         return
     assert cmds, f"{doc.name}: no runnable commands found"
+    unknown = doc_ports(" ".join(c.text for c in cmds)) - DOC_SERVERS.keys()
+    assert not unknown, f"{doc.name}: loopback ports {sorted(unknown)} are not in DOC_SERVERS"
+    servers = request.getfixturevalue("doc_servers") if doc_ports(
+        " ".join(c.text for c in cmds)) else None
+    cache: SetupCache = request.getfixturevalue("setup_cache")
     work = _checkout_like(tmp_path)
-    _shims(tmp_path / "bin")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")}
-    env.update(
-        PATH=f"{tmp_path / 'bin'}{os.pathsep}{env.get('PATH', '')}",
-        COLUMNS="100",
-        PYTHONPATH=str(REPO),
-    )
+    _shims(tmp_path / "bin", request.getfixturevalue("prewarmed"))
+    env = _doc_env(tmp_path / "bin")
     for cmd in cmds:
+        text = servers.substitute(cmd.text) if servers else cmd.text
+        if cache.replay(text, work):
+            continue
         proc = subprocess.run(
-            ["bash", "-c", cmd.text], cwd=work, env=env, capture_output=True, text=True, timeout=300
+            ["bash", "-c", text], cwd=work, env=env, capture_output=True, text=True, timeout=300
         )
         assert proc.returncode == cmd.status, (
-            f"{doc.name}:{cmd.line}: `{cmd.text}` exited {proc.returncode}, the doc says "
+            f"{doc.name}:{cmd.line}: `{text}` exited {proc.returncode}, the doc says "
             f"{cmd.status}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
         )
+        cache.record(text, work)
 
 
 def test_every_doc_is_checked() -> None:
@@ -139,6 +435,8 @@ def test_every_doc_is_checked() -> None:
         "cli.md",
         "info.md",
         "convert.md",
+        "gen.md",
+        "running-at-scale.md",
         "troubleshooting.md",
         "index.md",
     } <= names
@@ -156,6 +454,19 @@ def test_readme_has_exactly_two_setup_commands() -> None:
 def test_ci_runs_the_readme_test_command() -> None:
     lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
     assert TEST_COMMAND in lines
+
+
+def test_every_gen_option_is_documented() -> None:
+    """docs/gen.md has a section for each option `eagle3kit gen --help` lists."""
+    from typer.main import get_command
+
+    from eagle3kit.cli import app
+
+    gen = get_command(app).commands["gen"]
+    flags = {opt for param in gen.params for opt in param.opts if opt.startswith("--")}
+    page = (REPO / "docs" / "gen.md").read_text()
+    missing = sorted(f for f in flags - {"--help"} if f"`{f}" not in page)
+    assert not missing, f"docs/gen.md does not describe {missing}"
 
 
 def test_make_tiny_regenerates_tiny_jsonl(tmp_path: Path) -> None:
@@ -180,3 +491,80 @@ def test_extraction_rules() -> None:
     body = "$ a && pip install x && b  # exits 2\noutput line\n$ c\n"
     assert block_commands("console", body) == [(0, "a && pip install x && b  # exits 2"), (2, "c")]
     assert block_commands("bash", "# comment\n\nx y\n") == [(2, "x y")]
+    assert split_command("a && pip install x && b  # exits 2") == [("a", 0), ("b", 2)]
+
+
+def test_documented_ports_are_substituted() -> None:
+    servers = DocServers(Path("unused"))
+    servers.ports = {30000: 41234, 8000: 41235}
+    text = "eagle3kit gen p.jsonl out --server http://127.0.0.1:30000@64 --server 127.0.0.1:8000"
+    moved = servers.substitute(text)
+    assert moved.endswith("http://127.0.0.1:41234@64 --server 127.0.0.1:41235")
+    assert servers.restore(moved) == text
+    assert doc_ports(text) == {30000, 8000}
+
+
+# Refreshing the outputs shown in the docs ---------------------------------------------------------
+def refresh(doc: Path, servers: DocServers, root: Path = Path("/tmp/eagle3kit")) -> str:
+    """The doc with every `console` block's output lines replaced by what its commands print
+    (stdout and stderr as a terminal interleaves them), run in `root` like the test does."""
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    for name in ("examples",):
+        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "tests").mkdir()
+    (root / "tests" / "data").symlink_to(REPO / "tests" / "data")
+    bin_dir = Path(tempfile.mkdtemp(prefix="e3k-bin-")) / "bin"
+    _shims(bin_dir)
+    env = {**_doc_env(bin_dir), "PYTHONUNBUFFERED": "1"}
+    text = doc.read_text()
+    pieces, end = [], 0
+    for m in FENCE.finditer(text):
+        lang, body = m.group(1).lower(), m.group(2)
+        if lang not in RUN_LANGS:
+            continue
+        lines = []
+        for line in body.splitlines():
+            stripped = line.strip()
+            if lang == "console" and not stripped.startswith("$ "):
+                continue  # old output
+            lines.append(line)
+            if lang != "console" and (not stripped or stripped.startswith("#")):
+                continue
+            command = stripped[2:] if lang == "console" else stripped
+            for part, status in split_command(command):
+                proc = subprocess.run(["bash", "-c", servers.substitute(part)], cwd=root, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      timeout=600)
+                if proc.returncode != status:
+                    print(f"{doc.name}: `{part}` exited {proc.returncode}, not {status}",
+                          file=sys.stderr)
+                if lang == "console":
+                    output = servers.restore(proc.stdout).rstrip("\n").splitlines()
+                    lines += [line.rstrip() for line in output]
+        new_body = "".join(f"{line}\n" for line in lines)
+        pieces += [text[end:m.start(2)], new_body]
+        end = m.end(2)
+    return "".join(pieces) + text[end:]
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["--serve-prewarmed"]:
+        serve_prewarmed(argv[1])
+        return
+    sys.path.insert(0, str(REPO / "tests"))
+    from real_tokenizers import qwen3_tokenizer_dir
+
+    servers = DocServers(qwen3_tokenizer_dir(Path(tempfile.mkdtemp(prefix="e3k-tok-"))))
+    try:
+        for name in argv:
+            doc = Path(name).resolve()
+            doc.write_text(refresh(doc, servers))
+            print(f"refreshed {name}", file=sys.stderr)
+    finally:
+        servers.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

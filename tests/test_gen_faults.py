@@ -11,6 +11,7 @@ sent: how often each sample was tried, with which max tokens, to which server.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -114,10 +115,6 @@ def tries(srv: FakeServer) -> dict[str, int]:
     return counts
 
 
-def outcomes(srv: FakeServer) -> dict[str, int]:
-    return srv.stats()["outcomes"]
-
-
 def cli(capfd, monkeypatch, *args: str) -> tuple[int, str, str]:
     """The real command line, run in this process (a subprocess would spend ~5 s importing):
     (exit status, stdout, stderr), captured at the file-descriptor level."""
@@ -141,7 +138,7 @@ def switch_faults_when(srv: FakeServer, outcome: str, n: int, **faults) -> threa
         while time.monotonic() < deadline:
             if sum(r["outcome"] == outcome for r in gen_requests(srv)) >= n:
                 break
-            time.sleep(0.005)
+            time.sleep(0.01)
         srv.set_faults(**faults)
 
     thread = threading.Thread(target=watch, daemon=True)
@@ -271,8 +268,9 @@ def test_strict_stops_at_the_first_violation_and_keeps_what_was_committed(
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "--strict" in errors[0] and srv.url in errors[0]
     assert "completion_tokens" in errors[0]
-    # What came back before the violation is kept, the violating answer is not.
-    assert 10 <= len(samples) < answered <= 30
+    # What came back before the violation is kept (an answer still being read when the run
+    # stopped may be dropped), the violating answer is not.
+    assert 8 <= len(samples) < answered <= 30
     assert all("violations" not in s.metadata for s in samples)
     assert Dataset(out).verify() == []
 
@@ -362,20 +360,33 @@ def test_long_threshold_picks_max_tokens_and_slots_by_prompt_length(tmp_path, qw
     prompts = prompt_file(tmp_path, 16, MT_BENCH)
     opts = {"long_threshold": 60, "short_max_tokens": 12, "long_max_tokens": 40,
             "short_concurrency": 3, "long_concurrency": 1, "max_tokens": 99}
-    with FakeServer("vllm", tokenizer=qwen3, decode_tps=2000, mean_tokens=16) as srv:
+    with FakeServer("vllm", tokenizer=qwen3, decode_tps=400, mean_tokens=16) as srv:
         run_gen(prompts, tmp_path / "ds", srv, qwen3, **opts)
         samples = check_exact(tmp_path / "ds", srv, stops)
-        sent = [r["body"] for r in gen_requests(srv)]
+        sent = gen_requests(srv)
         peak = srv.stats()["max_in_flight"]
-    lengths = {len(b["prompt"]) >= 60 for b in sent}
-    assert lengths == {True, False}, "both kinds of prompts are in the set"
-    for body in sent:
-        assert body["max_tokens"] == (40 if len(body["prompt"]) >= 60 else 12)
+    long = [r for r in sent if len(r["body"]["prompt"]) >= 60]
+    short = [r for r in sent if len(r["body"]["prompt"]) < 60]
+    assert long and short, "both kinds of prompts are in the set"
+    assert {r["body"]["max_tokens"] for r in long} == {40}
+    assert {r["body"]["max_tokens"] for r in short} == {12}
     for s in samples:
         if s.finish_reason in ("stop", "length"):
-            long = len(s.prompt_ids) >= 60
-            assert s.metadata["sampling"]["max_tokens"] == (40 if long else 12)
-    assert peak <= 3 + 1
+            is_long = len(s.prompt_ids) >= 60
+            assert s.metadata["sampling"]["max_tokens"] == (40 if is_long else 12)
+    # --long-concurrency 1 and --short-concurrency 3: the slots of each kind are its own.
+    assert max_overlap(long) == 1 and max_overlap(short) <= 3 and peak <= 3 + 1
+
+
+def max_overlap(records: list[dict]) -> int:
+    """The most of these requests the server held at one time."""
+    events = sorted([(r["t_received"], 1) for r in records]
+                    + [(r["t_finished"], -1) for r in records])
+    level = peak = 0
+    for _, step in events:
+        level += step
+        peak = max(peak, level)
+    return peak
 
 
 def test_short_completions_are_recorded_as_filtered(tmp_path, qwen3, stops):
@@ -458,17 +469,22 @@ def test_the_api_key_is_never_written_anywhere(tmp_path, qwen3, capfd, monkeypat
     for path in files:
         data = path.read_bytes()
         assert key.encode() not in data, path
-        assert key.encode() not in _maybe_unzstd(data), path
+        assert all(key.encode() not in frame for frame in _zstd_frames(data)), path
     assert "***" in orjson.loads((out / "manifest.json").read_bytes())["runs"][0]["command"]
 
 
-def _maybe_unzstd(data: bytes) -> bytes:
+def _zstd_frames(data: bytes) -> list[bytes]:
+    """The decompressed content of every zstd frame inside data (shards embed compressed
+    metadata, which a plain grep would not see into)."""
     import zstandard
 
-    try:
-        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
-    except zstandard.ZstdError:
-        return b""
+    frames = []
+    at = data.find(b"\x28\xb5\x2f\xfd")
+    while at >= 0:
+        with contextlib.suppress(zstandard.ZstdError):
+            frames.append(zstandard.ZstdDecompressor().decompressobj().decompress(data[at:]))
+        at = data.find(b"\x28\xb5\x2f\xfd", at + 1)
+    return frames
 
 
 # Several servers ----------------------------------------------------------------------------
