@@ -22,6 +22,7 @@ the usual SGLang (30000) and vLLM (8000) ports, and two test runs never collide.
 Speed. `eagle3kit` runs in a process forked from a pre-warmed interpreter that has already
 imported eagle3kit and transformers (the import is most of a short command's time); each
 command still gets a fresh process, its own argv, environment, working directory and stdio.
+Signals sent to the `eagle3kit` process do not reach such a command (the docs send none).
 EAGLE3KIT_DOCS_FRESH=1 runs a new interpreter per command instead. A set-up command of
 CACHED_SETUP (deterministic and offline, e.g. rebuilding the Qwen3 tokenizer) runs once per
 session; later docs get a copy of what it made.
@@ -515,7 +516,8 @@ def refresh(doc: Path, servers: DocServers, root: Path = Path("/tmp/eagle3kit"))
         shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
     (root / "tests").mkdir()
     (root / "tests" / "data").symlink_to(REPO / "tests" / "data")
-    bin_dir = Path(tempfile.mkdtemp(prefix="e3k-bin-")) / "bin"
+    bin_dir = root.parent / f"{root.name}-bin"
+    shutil.rmtree(bin_dir, ignore_errors=True)
     _shims(bin_dir)
     env = {**_doc_env(bin_dir), "PYTHONUNBUFFERED": "1"}
     text = doc.read_text()
@@ -556,7 +558,8 @@ def main(argv: list[str]) -> None:
     sys.path.insert(0, str(REPO / "tests"))
     from real_tokenizers import qwen3_tokenizer_dir
 
-    servers = DocServers(qwen3_tokenizer_dir(Path(tempfile.mkdtemp(prefix="e3k-tok-"))))
+    tok_root = Path(tempfile.mkdtemp(prefix="e3k-tok-"))
+    servers = DocServers(qwen3_tokenizer_dir(tok_root))
     try:
         for name in argv:
             doc = Path(name).resolve()
@@ -564,6 +567,7 @@ def main(argv: list[str]) -> None:
             print(f"refreshed {name}", file=sys.stderr)
     finally:
         servers.stop()
+        shutil.rmtree(tok_root, ignore_errors=True)
 
 
 if __name__ == "__main__":

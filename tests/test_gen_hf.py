@@ -12,9 +12,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import orjson
 import pytest
 from real_tokenizers import qwen3_tokenizer_dir
-from test_gen_faults import MT_BENCH, QA, ints, prompt_file
+from test_gen_faults import MT_BENCH, QA, cli, ints, prompt_file
 
 from eagle3kit import convert, gen
 from eagle3kit._ui import OutputOptions
@@ -118,7 +119,7 @@ def test_greedy_gen_stores_exactly_what_generate_gives(tmp_path, target):
 
 
 def _questions(prompts: list[Path]):
-    """(source dict without turn/index, first question) per prompt line, as gen records it."""
+    """(the source gen records for a first turn, the question) per prompt line."""
     import json
 
     for path in prompts:
@@ -127,15 +128,22 @@ def _questions(prompts: list[Path]):
                 json.loads(line)["turns"][0]
 
 
-def test_sampling_with_a_seed_reproduces_on_rerun(tmp_path, target):
+def test_sampling_with_a_seed_reproduces_on_rerun(tmp_path, target, capfd, monkeypatch):
     prompts = [prompt_file(tmp_path, 3, QA)]
     out = tmp_path / "ds"
     opts = {"temperature": 0.9, "top_k": 50, "sampling_seed": 5, "n": 2, "max_tokens": 8}
     run_hf(prompts, out, target, **opts)
     first = {s.sample_id: ints(s.completion_ids) for s in Dataset(out)}
-    again = run_hf(prompts, out, target, mode="overwrite", **opts)
+    # The same settings from the command line, starting afresh.
+    code, stdout, stderr = cli(capfd, monkeypatch, "gen", str(prompts[0]), str(out),
+                               "--engine", "hf", "--target", str(target), "--temperature",
+                               "0.9", "--top-k", "50", "--sampling-seed", "5", "--n", "2",
+                               "--max-tokens", "8", "--commit-every", "3", "--overwrite",
+                               "--json", "-q")
+    assert code == 0, stderr
+    assert orjson.loads(stdout)["written"] == 6
     second = {s.sample_id: ints(s.completion_ids) for s in Dataset(out)}
-    assert again.written == 6 and second == first
+    assert second == first
     # The two samples of each prompt have their own seeds, so they differ (sampling is on).
     by_prompt: dict[int, list] = {}
     for s in Dataset(out):

@@ -321,7 +321,9 @@ class Scheduler:
                     await self.want_more.wait()
                 elif n % 64 == 0:
                     await asyncio.sleep(0)
-        except BaseException as exc:  # a rendering error must not leave the run hanging
+        except asyncio.CancelledError:  # the run is ending (a signal): not a failure
+            raise
+        except Exception as exc:  # a rendering error must not leave the run hanging
             self.fail(exc)
         finally:
             self.feeding = False
