@@ -37,8 +37,8 @@ from test_gen_faults import (
     prompt_file,
     run_gen,
     sample_of,
+    served,
 )
-from tokenizers import Tokenizer
 
 from eagle3kit.format import Dataset, is_dataset
 from eagle3kit.gen.config import ServerSpec
@@ -71,13 +71,12 @@ class Reference:
     def __init__(self, tmp_path: Path, n_prompts: int, tokenizer: Path) -> None:
         self.prompts = prompt_file(tmp_path, n_prompts, MT_BENCH)
         out = tmp_path / "reference"
-        with FakeServer("sglang", tokenizer=tokenizer, **MODEL) as srv:
+        with FakeServer("sglang", tokenizer=served(tokenizer), **MODEL) as srv:
             run_gen(self.prompts, out, [ServerSpec(srv.url, 4)], tokenizer, max_tokens=48,
                     sampling_seed=9, temperature=0.7)
         self.model = srv
         """Its `expected()` is the fake model's output: the same after the server stopped."""
-        self.stops = [Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
-                      .token_to_id("<|im_end|>")]
+        self.stops = [served(tokenizer).token_id("<|im_end|>")]
         self.samples = {s.sample_id: (ints(s.prompt_ids), ints(s.completion_ids),
                                       s.finish_reason) for s in Dataset(out)}
         first: dict[int, str] = {}

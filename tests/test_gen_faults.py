@@ -19,7 +19,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from fakeserver import FakeServer
+from fakeserver import FakeServer, HFTokenizer, load_tokenizer
 from real_tokenizers import qwen3_tokenizer_dir
 
 from eagle3kit import gen
@@ -43,9 +43,20 @@ def qwen3(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def stops(qwen3) -> list[int]:
     """Qwen3 ends a turn with <|im_end|>, which is also its EOS: the one stop id."""
-    from tokenizers import Tokenizer
+    return [served(qwen3).token_id("<|im_end|>")]
 
-    return [Tokenizer.from_file(str(qwen3 / "tokenizer.json")).token_to_id("<|im_end|>")]
+
+_SERVED: dict[str, HFTokenizer] = {}
+
+
+def served(tokenizer_dir: Path) -> HFTokenizer:
+    """The fake server's copy of a tokenizer, loaded once: reading Qwen3's 7.7 MB
+    tokenizer.json costs ~0.7 s, for every server a test starts. Rust tokenizers are safe to
+    share between the servers' threads."""
+    key = str(tokenizer_dir)
+    if key not in _SERVED:
+        _SERVED[key] = load_tokenizer(tokenizer_dir)
+    return _SERVED[key]
 
 
 def prompt_file(tmp_path: Path, n: int, source: Path = MT_BENCH, skip: int = 0) -> Path:
@@ -165,8 +176,8 @@ FAULT_OUTCOMES = {"sglang": ("fault_503", "fault_abort", "reset", "hang"),
 
 def test_transient_faults_are_retried_and_nothing_is_lost(tmp_path, qwen3, stops):
     prompts = prompt_file(tmp_path, 12)
-    with FakeServer("sglang", tokenizer=qwen3, faults=TRANSIENT["sglang"]) as sg, \
-            FakeServer("vllm", tokenizer=qwen3, faults=TRANSIENT["vllm"]) as vl:
+    with FakeServer("sglang", tokenizer=served(qwen3), faults=TRANSIENT["sglang"]) as sg, \
+            FakeServer("vllm", tokenizer=served(qwen3), faults=TRANSIENT["vllm"]) as vl:
         switch_faults_when(vl, "fault_error", 2, reset_next=2, reset_mid_body=True)
         t0 = time.monotonic()
         result = run_gen(prompts, tmp_path / "ds", servers((sg, 4), (vl, 4)), qwen3,
@@ -202,7 +213,7 @@ def test_transient_faults_are_retried_and_nothing_is_lost(tmp_path, qwen3, stops
 def test_long_tail_latencies_do_not_hold_the_other_slots(tmp_path, qwen3, stops):
     prompts = prompt_file(tmp_path, 24, QA)
     faults = {"slow_rate": 0.25, "slow_s": 1.0, "seed": 2}
-    with FakeServer("sglang", tokenizer=qwen3, decode_tps=2000, faults=faults) as srv:
+    with FakeServer("sglang", tokenizer=served(qwen3), decode_tps=2000, faults=faults) as srv:
         result = run_gen(prompts, tmp_path / "ds", srv, qwen3, concurrency=8)
         samples = check_exact(tmp_path / "ds", srv, stops)
         sent = gen_requests(srv)
@@ -219,7 +230,7 @@ def test_long_tail_latencies_do_not_hold_the_other_slots(tmp_path, qwen3, stops)
 def test_sglang_prompt_prefix_bug_is_repaired(tmp_path, qwen3, stops):
     prompts = prompt_file(tmp_path, 8)
     faults = {"prefix_bug": 3, "prefix_bug_rate": 0.5, "seed": 1}
-    with FakeServer("sglang", tokenizer=qwen3, faults=faults) as srv:
+    with FakeServer("sglang", tokenizer=served(qwen3), faults=faults) as srv:
         result = run_gen(prompts, tmp_path / "ds", srv, qwen3)
         samples = check_exact(tmp_path / "ds", srv, stops)
     answered = [s for s in samples if s.finish_reason in ("stop", "length")]
@@ -235,9 +246,9 @@ def test_wrong_completion_counts_are_recorded_as_violations(tmp_path, qwen3, sto
     applies), vLLM two more, on a share of the answers."""
     prompts = prompt_file(tmp_path, 12, QA)
     deltas = {"sglang": -1, "vllm": 2}
-    with FakeServer("sglang", tokenizer=qwen3, faults={
+    with FakeServer("sglang", tokenizer=served(qwen3), faults={
                 "count_delta": -1, "count_delta_rate": 0.4, "seed": 4}) as sg, \
-            FakeServer("vllm", tokenizer=qwen3, faults={
+            FakeServer("vllm", tokenizer=served(qwen3), faults={
                 "count_delta": 2, "count_delta_rate": 0.4, "seed": 4}) as vl:
         result = run_gen(prompts, tmp_path / "ds", servers((sg, 2), (vl, 2)), qwen3)
         samples = check_exact(tmp_path / "ds", sg, stops)
@@ -255,7 +266,7 @@ def test_strict_stops_at_the_first_violation_and_keeps_what_was_committed(
         tmp_path, qwen3, stops, capfd, monkeypatch):
     prompts = prompt_file(tmp_path, 30, QA)
     out = tmp_path / "ds"
-    with FakeServer("vllm", tokenizer=qwen3, decode_tps=500) as srv:
+    with FakeServer("vllm", tokenizer=served(qwen3), decode_tps=500) as srv:
         switch_faults_when(srv, "ok", 10, count_delta=1)
         code, _, stderr = cli(capfd, monkeypatch, "gen", str(prompts), str(out), "--server",
                               srv.url, "--tokenizer", str(qwen3), "--max-tokens", "24",
@@ -279,7 +290,7 @@ def test_strict_stops_at_the_first_violation_and_keeps_what_was_committed(
 def test_a_prompt_that_fails_every_attempt_is_recorded_with_its_last_error(tmp_path, qwen3):
     prompts = prompt_file(tmp_path, 3)
     faults = {"fail_rate": 1.0, "fail_status": 502, "fail_message": "upstream gone"}
-    with FakeServer("sglang", tokenizer=qwen3, faults=faults) as srv:
+    with FakeServer("sglang", tokenizer=served(qwen3), faults=faults) as srv:
         result = run_gen(prompts, tmp_path / "ds", srv, qwen3, max_attempts=2)
         sent = tries(srv)
     samples = list(Dataset(tmp_path / "ds"))
@@ -307,9 +318,9 @@ CONTEXT_400 = {
 def test_a_context_length_400_is_recorded_and_never_retried(tmp_path, qwen3, stops):
     """Each server refuses one prompt in its own wording."""
     prompts = prompt_file(tmp_path, 8, QA)
-    with FakeServer("sglang", tokenizer=qwen3, faults={
+    with FakeServer("sglang", tokenizer=served(qwen3), faults={
                 "fail_next": 1, "fail_status": 400, "fail_message": CONTEXT_400["sglang"]}) as sg, \
-            FakeServer("vllm", tokenizer=qwen3, faults={
+            FakeServer("vllm", tokenizer=served(qwen3), faults={
                 "fail_next": 1, "fail_status": 400, "fail_message": CONTEXT_400["vllm"]}) as vl:
         result = run_gen(prompts, tmp_path / "ds", servers((sg, 1), (vl, 1)), qwen3)
         samples = check_exact(tmp_path / "ds", sg, stops)
@@ -334,7 +345,7 @@ def test_a_context_length_400_is_recorded_and_never_retried(tmp_path, qwen3, sto
 def test_n_samples_per_prompt_differ_and_reproduce(tmp_path, qwen3, stops):
     prompts = prompt_file(tmp_path, 4, QA)
     opts = {"n": 3, "sampling_seed": 11, "temperature": 0.8, "max_tokens": 32}
-    with FakeServer("vllm", tokenizer=qwen3) as srv:
+    with FakeServer("vllm", tokenizer=served(qwen3)) as srv:
         result = run_gen(prompts, tmp_path / "ds", srv, qwen3, **opts)
         first = {s.sample_id: s for s in check_exact(tmp_path / "ds", srv, stops)}
         again = run_gen(prompts, tmp_path / "ds", srv, qwen3, mode="overwrite", **opts)
@@ -360,7 +371,7 @@ def test_long_threshold_picks_max_tokens_and_slots_by_prompt_length(tmp_path, qw
     prompts = prompt_file(tmp_path, 16, MT_BENCH)
     opts = {"long_threshold": 60, "short_max_tokens": 12, "long_max_tokens": 40,
             "short_concurrency": 3, "long_concurrency": 1, "max_tokens": 99}
-    with FakeServer("vllm", tokenizer=qwen3, decode_tps=400, mean_tokens=16) as srv:
+    with FakeServer("vllm", tokenizer=served(qwen3), decode_tps=400, mean_tokens=16) as srv:
         run_gen(prompts, tmp_path / "ds", srv, qwen3, **opts)
         samples = check_exact(tmp_path / "ds", srv, stops)
         sent = gen_requests(srv)
@@ -391,7 +402,7 @@ def max_overlap(records: list[dict]) -> int:
 
 def test_short_completions_are_recorded_as_filtered(tmp_path, qwen3, stops):
     prompts = prompt_file(tmp_path, 20, QA)
-    with FakeServer("sglang", tokenizer=qwen3, mean_tokens=12) as srv:
+    with FakeServer("sglang", tokenizer=served(qwen3), mean_tokens=12) as srv:
         result = run_gen(prompts, tmp_path / "ds", srv, qwen3, min_completion_tokens=10)
         samples = check_exact(tmp_path / "ds", srv, stops, min_completion_tokens=10)
     filtered = [s for s in samples if s.finish_reason == "filtered:min_completion_tokens"]
@@ -412,9 +423,9 @@ def test_openai_chat_rebuilds_the_ids_and_marks_them(tmp_path, qwen3, stops):
 
     tok = AutoTokenizer.from_pretrained(str(qwen3))
     prompts = prompt_file(tmp_path, 8, QA)
-    with FakeServer("vllm", tokenizer=qwen3, reasoning_field="reasoning", mean_tokens=24,
+    with FakeServer("vllm", tokenizer=served(qwen3), reasoning_field="reasoning", mean_tokens=24,
                     decode_tps=1000) as new, \
-            FakeServer("vllm", tokenizer=qwen3, reasoning_field="reasoning_content",
+            FakeServer("vllm", tokenizer=served(qwen3), reasoning_field="reasoning_content",
                        mean_tokens=24, decode_tps=1000) as old:
         result = run_gen(prompts, tmp_path / "ds", servers((new, 1), (old, 1)), qwen3,
                          api="openai-chat", max_tokens=200, sampling_seed=3)
@@ -449,7 +460,7 @@ def test_the_api_key_is_never_written_anywhere(tmp_path, qwen3, capfd, monkeypat
     out = tmp_path / "ds"
     # The server echoes the key in an error body: gen must scrub it from what it records.
     faults = {"fail_next": 1, "fail_status": 503, "fail_message": f"bad credentials {key}"}
-    with FakeServer("sglang", tokenizer=qwen3, api_key=key, faults=faults) as srv:
+    with FakeServer("sglang", tokenizer=served(qwen3), api_key=key, faults=faults) as srv:
         code, stdout, stderr = cli(capfd, monkeypatch, "gen", str(prompts), str(out),
                                    "--server", srv.url, "--tokenizer", str(qwen3),
                                    "--api-key", key, "--max-tokens", "16", "--max-attempts",
@@ -490,8 +501,8 @@ def _zstd_frames(data: bytes) -> list[bytes]:
 # Several servers ----------------------------------------------------------------------------
 def test_load_spreads_over_two_servers_within_each_ones_concurrency(tmp_path, qwen3, stops):
     prompts = prompt_file(tmp_path, 30, QA)
-    with FakeServer("sglang", tokenizer=qwen3, decode_tps=300, mean_tokens=16) as a, \
-            FakeServer("vllm", tokenizer=qwen3, decode_tps=300, mean_tokens=16) as b:
+    with FakeServer("sglang", tokenizer=served(qwen3), decode_tps=300, mean_tokens=16) as a, \
+            FakeServer("vllm", tokenizer=served(qwen3), decode_tps=300, mean_tokens=16) as b:
         result = run_gen(prompts, tmp_path / "ds", servers((a, 2), (b, 5)), qwen3,
                          concurrency=64)
         samples = check_exact(tmp_path / "ds", a, stops)
