@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import xxhash
@@ -375,6 +374,3 @@ def resume_point(chain: Chain, done: set[str]) -> int:
             return turn
     return len(chain.ids)
 
-
-LoadAnswer = Callable[[str], tuple[str, list[int]]]
-"""sample id -> (finish reason, completion ids) of a committed sample."""
