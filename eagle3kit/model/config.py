@@ -1,0 +1,109 @@
+"""The drafter's shape, derived from the target's config (EAGLE3.md §1.2)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+def default_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's low, middle and high states in the boundary convention: 2, N//2, N-3."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def rope_of(target_config: Any) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling) of a transformers config, 4.x or 5.x style."""
+    params = getattr(target_config, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        if scaling.get("rope_type", "default") == "default":
+            scaling = None
+        return float(params["rope_theta"]), scaling
+    theta = getattr(target_config, "rope_theta", None) or 10000.0
+    return float(theta), getattr(target_config, "rope_scaling", None)
+
+
+@dataclass
+class DrafterConfig:
+    """Everything needed to build an EAGLE-3 drafter and describe it to a serving engine."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    """The target's vocabulary V (the embedding's rows)."""
+    draft_vocab_size: int
+    """Vd: the rows of the drafter's lm_head."""
+    aux_layer_ids: list[int]
+    """Boundary-convention ids of the three target states the drafter reads."""
+    target_hidden_size: int | None = None
+    """The target's hidden size when it differs from the drafter's."""
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    norm_before_residual: bool = False
+    """Residual taken after hidden_norm (speculators) or from the raw hidden input (reference)."""
+    hidden_act: str = "silu"
+    target_model_type: str = "llama"
+    target_architectures: list[str] = field(default_factory=list)
+    target_name_or_path: str = ""
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+
+    @property
+    def aux_width(self) -> int:
+        return len(self.aux_layer_ids) * (self.target_hidden_size or self.hidden_size)
+
+    @classmethod
+    def from_target(cls, target_config: Any, *, draft_vocab_size: int | None = None,
+                    aux_layer_ids: list[int] | None = None,
+                    target_name_or_path: str = "") -> DrafterConfig:
+        """The drafter a target gets: its width, heads and RoPE, one decoder layer."""
+        theta, scaling = rope_of(target_config)
+        hidden = target_config.hidden_size
+        heads = target_config.num_attention_heads
+        vocab = target_config.vocab_size
+        return cls(
+            hidden_size=hidden,
+            intermediate_size=target_config.intermediate_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(target_config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(target_config, "head_dim", None) or hidden // heads,
+            vocab_size=vocab,
+            draft_vocab_size=min(draft_vocab_size or vocab, vocab),
+            aux_layer_ids=list(aux_layer_ids or default_layer_ids(
+                target_config.num_hidden_layers)),
+            rms_norm_eps=getattr(target_config, "rms_norm_eps", 1e-6),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_position_embeddings=target_config.max_position_embeddings,
+            hidden_act=getattr(target_config, "hidden_act", "silu"),
+            target_model_type=target_config.model_type,
+            target_architectures=list(getattr(target_config, "architectures", None) or []),
+            target_name_or_path=target_name_or_path,
+            bos_token_id=getattr(target_config, "bos_token_id", None),
+            eos_token_id=getattr(target_config, "eos_token_id", None),
+            pad_token_id=getattr(target_config, "pad_token_id", None),
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DrafterConfig:
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def config_fingerprint(target_config: Any) -> str:
+    """A short hash of the target config fields that decide what its hidden states mean."""
+    fields = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size",
+              "intermediate_size", "num_attention_heads", "num_key_value_heads")
+    data = {k: getattr(target_config, k, None) for k in fields}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,248 @@
+"""The EAGLE-3 draft model: one decoder layer over the fused target states and the token
+embedding (EAGLE3.md §1.2).
+
+Parameter names are the speculators/vLLM names (`fc`, `layers.0.*`, `norm`, `lm_head`,
+`embed_tokens`, buffers `d2t`/`t2d`), so a state dict is a vLLM checkpoint's weights.
+
+Two ways to run the layer share all the code except attention:
+- `ttt_attention`: training-time test. Step k's query at index t sees the step-0 keys up to t
+  (the real context) and, for each step j in 1..k, only the key of step j at index t.
+- `DraftCache`: decoding. New positions see every cached key and each other causally (or
+  through an explicit mask, for trees).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eagle3kit.model.config import DrafterConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(config: DrafterConfig) -> torch.Tensor:
+    """Inverse frequencies for RoPE; linear and llama3 scaling as transformers applies them."""
+    dim = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "linear":
+        inv = inv / scaling["factor"]
+    elif kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        smooth = (old_len / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+        inv = torch.where(is_mid, mid, scaled)
+    elif kind not in ("default", None):
+        # YaRN and friends mostly rescale long positions; training lengths are short.
+        pass
+    return inv.float()
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """x: [B, heads, T, D]; positions: [B, T]."""
+    angles = positions.to(inv_freq.device, torch.float32)[..., None] * inv_freq  # [B, T, D/2]
+    angles = torch.cat([angles, angles], dim=-1)[:, None]  # [B, 1, T, D]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        h, d = config.hidden_size, config.head_dim
+        self.heads, self.kv_heads, self.head_dim = (
+            config.num_attention_heads, config.num_key_value_heads, d)
+        self.q_proj = nn.Linear(2 * h, self.heads * d, bias=False)
+        self.k_proj = nn.Linear(2 * h, self.kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(2 * h, self.kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.heads * d, h, bias=False)
+
+    def qkv(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values as [B, heads, T, D], RoPE applied, keys/values expanded
+        to the query heads."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        groups = self.heads // self.kv_heads
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return q, k, v
+
+    def out(self, attended: torch.Tensor) -> torch.Tensor:
+        b, _, t, _ = attended.shape
+        return self.o_proj(attended.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        h, i = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm_before_residual = config.norm_before_residual
+
+
+@dataclass
+class TTTState:
+    """Keys and values of the earlier training-time-test steps."""
+
+    keys: list[torch.Tensor] = field(default_factory=list)
+    values: list[torch.Tensor] = field(default_factory=list)
+
+
+def ttt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: TTTState,
+                  valid: torch.Tensor | None) -> torch.Tensor:
+    """Attention of step len(state.keys): causal over step 0, diagonal over the later steps.
+
+    `valid` [B, T] marks real (non-padding) positions of step 0's keys.
+    """
+    state.keys.append(k)
+    state.values.append(v)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    t = q.shape[2]
+    scores = torch.matmul(q, state.keys[0].transpose(-1, -2)) * scale  # [B, h, T, T]
+    allowed = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    if valid is not None:
+        allowed = allowed & valid[:, None, None, :].bool()
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    diagonal = [(q * key).sum(-1, keepdim=True) * scale for key in state.keys[1:]]
+    weights = torch.softmax(torch.cat([scores, *diagonal], dim=-1).float(), dim=-1).to(q.dtype)
+    out = torch.matmul(weights[..., :t], state.values[0])
+    for j, value in enumerate(state.values[1:]):
+        out = out + weights[..., t + j:t + j + 1] * value
+    return out
+
+
+class DraftCache:
+    """The drafter's key/value cache for decoding: [B, heads, L, D] each."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def crop(self, length: int) -> None:
+        if self.keys is not None:
+            self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: torch.Tensor | None) -> torch.Tensor:
+        """New positions see all cached ones, and each other as `mask` [T, T] allows
+        (default causal)."""
+        past = len(self)
+        self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=2)
+        self.values = v if self.values is None else torch.cat([self.values, v], dim=2)
+        t = q.shape[2]
+        new = mask if mask is not None else torch.ones(t, t, dtype=torch.bool,
+                                                       device=q.device).tril()
+        allowed = torch.cat([torch.ones(t, past, dtype=torch.bool, device=q.device), new], 1)
+        return F.scaled_dot_product_attention(q, self.keys, self.values, attn_mask=allowed)
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(config.aux_width, config.hidden_size, bias=False)
+        self.layers = nn.ModuleList([DecoderLayer(config)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool)
+                             if config.draft_vocab_size == config.vocab_size
+                             else torch.zeros(config.vocab_size, dtype=torch.bool))
+        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+
+    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        self.d2t.copy_(torch.as_tensor(d2t, dtype=torch.long))
+        self.t2d.copy_(torch.as_tensor(t2d, dtype=torch.bool))
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def project(self, aux: torch.Tensor) -> torch.Tensor:
+        """Fuse the concatenated [low, mid, high] target states into the drafter's width."""
+        return self.fc(aux)
+
+    def layer(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
+              attend) -> torch.Tensor:
+        """One decoder step: the pre-norm output, fed back as the next step's hidden input.
+
+        `attend(q, k, v) -> [B, heads, T, D]` decides what each position sees.
+        """
+        block = self.layers[0]
+        emb = block.input_layernorm(self.embed_tokens(input_ids).to(hidden.dtype))
+        normed = block.hidden_norm(hidden)
+        residual = normed if block.norm_before_residual else hidden
+        q, k, v = block.self_attn.qkv(torch.cat([emb, normed], dim=-1), positions,
+                                      self.inv_freq)
+        h = residual + block.self_attn.out(attend(q, k, v))
+        return h + block.mlp(block.post_attention_layernorm(h))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary (index with `d2t` to get target ids)."""
+        return self.lm_head(self.norm(hidden))
+
+    def ttt_step(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
+                 state: TTTState, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Training-time-test step len(state.keys), over whole sequences [B, T]."""
+        return self.layer(hidden, input_ids, positions,
+                          lambda q, k, v: ttt_attention(q, k, v, state, valid))
+
+    def decode(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
+               cache: DraftCache, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Append positions to `cache` and return their pre-norm outputs."""
+        return self.layer(hidden, input_ids, positions,
+                          lambda q, k, v: cache.attend(q, k, v, mask))
+
+    @torch.no_grad()
+    def load_target_embedding(self, weight: torch.Tensor) -> None:
+        self.embed_tokens.weight.copy_(weight)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
