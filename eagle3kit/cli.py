@@ -287,7 +287,9 @@ def gen(
                      commit_every=commit_every, commit_interval=commit_interval),
         )
 
-    _run(stage.run, config)
+    result = _run(stage.run, config)
+    if result.stopped:  # a script must not go on to validate or train a partial dataset
+        raise typer.Exit(130)
 
 
 def main() -> None:

@@ -184,6 +184,15 @@ def test_malformed_prompt_line_names_file_and_line(tmp_path, qwen3):
     assert f"{prompts}:4" in result.stderr
 
 
+def test_skipped_bad_lines_are_counted_in_the_result(tmp_path, qwen3):
+    prompts = small_prompts(tmp_path, 3)
+    prompts.write_bytes(prompts.read_bytes() + b"{not json\n[1, 2]\n")
+    with FakeServer("sglang", tokenizer=qwen3, mean_tokens=8) as server:
+        result = gen.run(config(prompts, tmp_path / "ds", server, qwen3, skip_bad_lines=True))
+    assert result.bad_lines == 2
+    assert result.total == 6  # three two-turn questions, the bad lines left out
+
+
 def test_changed_sampling_is_refused_without_force(tmp_path, qwen3):
     prompts = small_prompts(tmp_path, 2)
     with FakeServer("sglang", tokenizer=qwen3) as server:

@@ -11,7 +11,7 @@ the same CLI entry point in the test's own process.
   questions are used, and kills are aimed between the turns of a conversation too, so a
   resumed second turn must rebuild its prompt from the first answer committed by the killed
   run: its prompt ids must equal those of the uninterrupted run.
-- One SIGINT: no new request is sent, those in flight finish and are committed, gen exits 0
+- One SIGINT: no new request is sent, those in flight finish and are committed, gen exits 130
   and prints the command that continues; that command completes the set, sending only what
   is missing. A second SIGINT aborts hanging requests at once.
 """
@@ -228,7 +228,7 @@ def test_sigint_stops_cleanly_and_the_printed_command_continues(tmp_path, qwen3,
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
         first_run = gen_requests(srv)
-        assert proc.returncode == 0, stderr  # a requested stop is no failure
+        assert proc.returncode == 130, stderr  # stopped early: a script must not go on
         assert "Traceback" not in stderr
         assert "stopping: no new requests" in stderr
         # Nothing new was sent after the signal: at most one request per slot was already on
@@ -274,7 +274,7 @@ def test_a_second_sigint_aborts_hanging_requests(tmp_path, qwen3):
         time.sleep(0.3)
         hung = gen_requests(srv)
     assert took < 5, f"gen took {took:.1f} s to stop after the second SIGINT"
-    assert proc.returncode == 0, stderr
+    assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and "continue with:" in stderr
     assert len(hung) == 4  # nothing sent after the first signal
     # The server saw each hanging request end (its connection dropped) long before hang_s.

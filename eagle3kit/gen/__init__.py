@@ -46,17 +46,23 @@ class GenResult:
     resume_command: str
     filtered: int = 0
     """Stored with a `filtered:` finish reason (e.g. --min-completion-tokens): kept, counted."""
+    bad_lines: int = 0
+    """Malformed prompt records left out under --skip-bad-lines."""
 
 
-def load(cfg: GenConfig) -> tuple[list[Conversation], int]:
-    """The conversations to generate from, and how many duplicates were dropped."""
+def load(cfg: GenConfig) -> tuple[list[Conversation], int, int]:
+    """The conversations to generate from, how many duplicates were dropped, and how many
+    malformed records --skip-bad-lines left out."""
     convs: list[Conversation] = []
-    duplicates = 0
+    duplicates = bad_lines = 0
     if cfg.prompts:
         convs, stats = prompts.load_conversations(cfg.prompts, fmt=cfg.format,
                                                   partition_field=cfg.partition_field,
                                                   skip_bad_lines=cfg.skip_bad_lines)
         duplicates = stats.duplicates
+        if stats.bad_lines:
+            _ui.warn(f"left out {stats.bad_lines:,} malformed prompt record(s) (--skip-bad-lines)")
+        bad_lines = stats.bad_lines
     if cfg.dataset:
         convs += prompts.load_hf_dataset(cfg.dataset, split=cfg.dataset_split, fmt=cfg.format,
                                          partition_field=cfg.partition_field)
@@ -64,7 +70,7 @@ def load(cfg: GenConfig) -> tuple[list[Conversation], int]:
         duplicates += more
     convs = prompts.select(convs, partition=cfg.partition, max_samples=cfg.max_samples,
                            shuffle_seed=cfg.shuffle_seed)
-    return convs, duplicates
+    return convs, duplicates, bad_lines
 
 
 def make_chains(convs: list[Conversation], n: int) -> list[Chain]:
@@ -237,7 +243,7 @@ def _partition_totals(progress: _ui.Progress, chains: list[Chain],
 def run(cfg: GenConfig) -> GenResult:
     # httpx logs every request at INFO: thousands of lines an hour in a nohup log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    convs, duplicates = load(cfg)
+    convs, duplicates, bad_lines = load(cfg)
     if not convs:
         raise UserError("no prompts to generate from (check --partition and --max-samples)")
     renderer = Renderer.load(cfg.tokenizer, chat_template=cfg.chat_template,
@@ -245,6 +251,7 @@ def run(cfg: GenConfig) -> GenResult:
                              trust_remote_code=cfg.trust_remote_code)
     chains = make_chains(convs, cfg.n)
     result = asyncio.run(_generate(cfg, renderer, chains, duplicates))
+    result.bad_lines = bad_lines
     _report(result, cfg)
     return result
 
@@ -263,6 +270,8 @@ def _report(result: GenResult, cfg: GenConfig) -> None:
         ("retries", f"{result.retries:,}"),
         ("invariant violations", f"{result.violations:,}"),
         ("duplicate prompts", f"{result.duplicates:,} generated once"),
+        *([("malformed prompt lines", f"{result.bad_lines:,} left out")]
+          if result.bad_lines else []),
         ("elapsed", f"{result.elapsed:.1f}s"),
     ], opts)
     if result.stopped:
