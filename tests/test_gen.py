@@ -84,6 +84,24 @@ def test_gen_stores_the_exact_ids_for_every_turn(tmp_path, qwen3, api):
     assert (tmp_path / "ds" / "tokenizer" / "tokenizer.json").exists()
 
 
+def test_stored_messages_render_to_the_prompt_ids(tmp_path, qwen3):
+    """gen keeps the history each prompt renders, so validate can check the round trip."""
+    from eagle3kit import validate
+
+    prompts = small_prompts(tmp_path, 3)
+    with FakeServer("vllm", tokenizer=qwen3, mean_tokens=12) as server:
+        gen.run(config(prompts, tmp_path / "ds", server, qwen3, system="Be brief."))
+    ds = Dataset(tmp_path / "ds")
+    turn2 = [s for s in ds if s.source["turn"] == 1 and s.finish_reason == "stop"]
+    # user, own answer, user; --system is recorded once in the manifest and added back
+    assert turn2 and all(len(s.metadata["messages"]) == 3 for s in turn2)
+    report = validate.run(validate.ValidateConfig(
+        tmp_path / "ds", only=["round_trip"], output=OutputOptions(quiet=True)))
+    (check,) = report.checks
+    assert check.status == "pass" and check.failing == 0
+    assert check.total == sum(not s.finish_reason.startswith("skipped") for s in ds)
+
+
 def test_rerun_sends_only_what_is_missing(tmp_path, qwen3):
     prompts = small_prompts(tmp_path, 8)
     with FakeServer("sglang", tokenizer=qwen3) as server:

@@ -49,6 +49,8 @@ class Job:
     turn: int
     request: GenRequest
     long: bool
+    messages: list[dict] = field(default_factory=list)
+    """The history the prompt ids render, stored so validate can check the round trip."""
     attempts: int = 0
     last_error: str = ""
 
@@ -123,7 +125,7 @@ class Scheduler:
             seed=sample_seed(cfg.sampling_seed, sample_id),
             messages=history if cfg.api == "openai-chat" else None, tools=chain.conv.tools,
         )
-        return Job(chain, turn, request, long)
+        return Job(chain, turn, request, long, history)
 
     def _enqueue(self, job: Job) -> None:
         self.outstanding += 1
@@ -181,6 +183,9 @@ class Scheduler:
             metadata["reconstructed"] = True
         if job.attempts:
             metadata["attempts"] = job.attempts + 1
+        metadata["messages"] = job.messages
+        if chain.conv.tools:
+            metadata["tools"] = chain.conv.tools
         sample = self._sample(
             chain, job.turn, job.request.prompt_ids, c.output_ids, finish, metadata=metadata,
             server=c.server, latency=round(c.latency, 4),
