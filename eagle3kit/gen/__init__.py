@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from eagle3kit import _ui
@@ -48,6 +49,9 @@ class GenResult:
     """Stored with a `filtered:` finish reason (e.g. --min-completion-tokens): kept, counted."""
     bad_lines: int = 0
     """Malformed prompt records left out under --skip-bad-lines."""
+    generating_s: float = 0.0
+    """Seconds from the first request sent to the last answer recorded: `elapsed` less the
+    start-up (connecting, checks, opening the dataset) and the final commit (plan uses it)."""
 
 
 def load(cfg: GenConfig) -> tuple[list[Conversation], int, int]:
@@ -113,8 +117,12 @@ async def check_tokenizer(backends: list[Backend], renderer: Renderer) -> None:
 def starting_points(chains: list[Chain], writer: DatasetWriter, cfg: GenConfig,
                     renderer: Renderer) -> list[tuple[Chain, int]]:
     """Where each chain continues; earlier own answers come back from the dataset."""
-    starts = [(chain, resume_point(chain, writer.done_ids)) for chain in chains]
-    starts = [(chain, turn) for chain, turn in starts if turn < len(chain.ids)]
+    done = writer.done_ids
+    # Turns are stored in order, so a chain whose last turn is in is finished: on a resume of
+    # a million samples this one set lookup per chain is most of the work before the first
+    # request goes out.
+    open_chains = [chain for chain in chains if chain.ids[-1] not in done]
+    starts = [(chain, resume_point(chain, done)) for chain in open_chains]
     needed = {c.ids[t] for c, turn in starts for t in range(turn)}
     if not needed:
         return starts
@@ -224,6 +232,7 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
         failed=stats["failed"], retries=stats["retries"], violations=stats["violations"],
         duplicates=duplicates, stopped=stopped, elapsed=round(time.monotonic() - started, 3),
         resume_command=command_line(), filtered=stats["filtered"],
+        generating_s=round(progress.elapsed, 3),
     )
 
 
@@ -240,7 +249,11 @@ def _partition_totals(progress: _ui.Progress, chains: list[Chain],
         progress.set_total(f"partition:{part}", total, initial=total - remaining.get(part, 0))
 
 
-def run(cfg: GenConfig) -> GenResult:
+def run(cfg: GenConfig, *, select: Callable[[list[Chain]], list[Chain]] | None = None
+        ) -> GenResult:
+    """Generate every sample the prompts call for; `select`, when given, narrows the
+    chains to generate (plan's pilot). Their ids are the full run's, so a later run over
+    all the prompts skips what `select` chose and was committed."""
     # httpx logs every request at INFO: thousands of lines an hour in a nohup log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     convs, duplicates, bad_lines = load(cfg)
@@ -250,6 +263,8 @@ def run(cfg: GenConfig) -> GenResult:
                              chat_template_kwargs=cfg.chat_template_kwargs, system=cfg.system,
                              trust_remote_code=cfg.trust_remote_code)
     chains = make_chains(convs, cfg.n)
+    if select is not None:
+        chains = select(chains)
     result = asyncio.run(_generate(cfg, renderer, chains, duplicates))
     result.bad_lines = bad_lines
     _report(result, cfg)
