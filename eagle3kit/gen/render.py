@@ -383,15 +383,43 @@ def read_template(path: Path) -> str:
     return text
 
 
+# Tokenizer classes that add nothing to their tokenizer.json for what gen does (encode
+# without special tokens, decode, apply the chat template); tests/test_gen_render.py checks
+# each against AutoTokenizer.
+PLAIN_FAST_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend", "Qwen2Tokenizer",
+                      "Qwen2TokenizerFast", "GPT2Tokenizer", "GPT2TokenizerFast"}
+
+
+def _plain_fast_tokenizer(path: Path) -> bool:
+    """Whether `path` can load as a bare PreTrainedTokenizerFast.
+
+    AutoTokenizer imports torch, seconds at every start of gen and validate; the bare class
+    does not.
+    """
+    config_file = path / "tokenizer_config.json"
+    if not (path / "tokenizer.json").is_file() or not config_file.is_file():
+        return False
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (isinstance(config, dict) and "auto_map" not in config
+            and config.get("tokenizer_class") in PLAIN_FAST_CLASSES)
+
+
 def load_tokenizer(path: Path, trust_remote_code: bool) -> PreTrainedTokenizerBase:
     if not path.exists():
         raise UserError(f"--tokenizer {path}: no such directory")
     if not path.is_dir():
         raise UserError(f"--tokenizer {path}: not a directory (give the model or tokenizer "
                         "directory)")
-    from transformers import AutoTokenizer
-
     try:
+        if _plain_fast_tokenizer(path):
+            from transformers import PreTrainedTokenizerFast
+
+            return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
                                              local_files_only=True)
     except Exception as exc:  # transformers raises many kinds; all mean "not loadable"
