@@ -7,6 +7,7 @@ continues) the token dataset and keeps every server slot busy until each sample 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -265,6 +266,9 @@ def run(cfg: GenConfig, *, select: Callable[[list[Chain]], list[Chain]] | None =
     chains = make_chains(convs, cfg.n)
     if select is not None:
         chains = select(chains)
+    # The prompts live for the whole run: moving them out of the collector's view spares
+    # full collections that would otherwise walk millions of objects again and again.
+    gc.freeze()
     result = asyncio.run(_generate(cfg, renderer, chains, duplicates))
     result.bad_lines = bad_lines
     _report(result, cfg)
