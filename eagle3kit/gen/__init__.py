@@ -269,7 +269,10 @@ def run(cfg: GenConfig, *, select: Callable[[list[Chain]], list[Chain]] | None =
     # The prompts live for the whole run: moving them out of the collector's view spares
     # full collections that would otherwise walk millions of objects again and again.
     gc.freeze()
-    result = asyncio.run(_generate(cfg, renderer, chains, duplicates))
+    try:
+        result = asyncio.run(_generate(cfg, renderer, chains, duplicates))
+    finally:
+        gc.unfreeze()  # a caller that runs gen again (tests, plan) gets its memory back
     result.bad_lines = bad_lines
     _report(result, cfg)
     return result
