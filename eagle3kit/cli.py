@@ -7,6 +7,7 @@ the ones given are passed on.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -113,17 +114,21 @@ def _main(
 
 @app.command(rich_help_panel="Datasets")
 def info(
-    path: Annotated[Path, typer.Argument(help="A dataset directory.")],
+    path: Annotated[Path, typer.Argument(
+        help="A dataset, run or checkpoint directory.")],
     no_verify: Annotated[bool, typer.Option(
         "--no-verify", help="Skip reading every shard against its checksums.")] = False,
+    target: Annotated[Path | None, typer.Option(
+        help="Checkpoints: the target model directory to check against.")] = None,
     json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
     log_every: LogEvery = None,
 ) -> None:
-    """Describe a dataset and list its problems (exit 1 when there are any)."""
+    """Describe a dataset or checkpoint and list its problems (exit 1 when there are any)."""
     from eagle3kit import info as stage
 
     report = _run(stage.run, lambda: stage.InfoConfig(
-        path, verify=not no_verify, output=_output(json, quiet, no_progress, log_every)))
+        path, verify=not no_verify, output=_output(json, quiet, no_progress, log_every),
+        target=target))
     raise typer.Exit(1 if report.problems else 0)
 
 
@@ -258,38 +263,377 @@ def gen(
     log_every: LogEvery = None,
 ) -> None:
     """Generate exact-token samples from SGLang or vLLM servers (or transformers)."""
+    options = dict(locals())  # by name: plan takes the same options (_gen_config)
     from eagle3kit import gen as stage
 
-
-    def config() -> stage.GenConfig:
-        if len(prompts) < 2 and not (dataset and prompts):
-            raise UserError("give the prompt files, then the output directory last")
-        *inputs, output = prompts
-        return stage.GenConfig(
-            inputs, output, servers=[stage.parse_server(s) for s in server or []],
-            chat_template_kwargs=_json_object(chat_template_kwargs, "--chat-template-kwargs"),
-            trust_remote_code=trust_remote_code, skip_bad_lines=skip_bad_lines,
-            tokenizer_check=not no_tokenizer_check, strict=strict,
-            mode=_open_mode(resume, overwrite), force=force,
-            output_options=_output(json, quiet, no_progress, log_every),
-            **_given(api=api, api_key=api_key, engine=engine, target=target, tokenizer=tokenizer,
-                     chat_template=chat_template, system=system, history=history,
-                     dataset=dataset, dataset_split=dataset_split, format=format,
-                     partition_field=partition_field, partition=partition,
-                     max_samples=max_samples, shuffle_seed=shuffle_seed,
-                     concurrency=concurrency, max_tokens=max_tokens, max_seq_len=max_seq_len,
-                     long_threshold=long_threshold, short_concurrency=short_concurrency,
-                     long_concurrency=long_concurrency, short_max_tokens=short_max_tokens,
-                     long_max_tokens=long_max_tokens,
-                     min_completion_tokens=min_completion_tokens, temperature=temperature,
-                     top_p=top_p, top_k=top_k, min_p=min_p, n=n, sampling_seed=sampling_seed,
-                     request_timeout=request_timeout, max_attempts=max_attempts, grace=grace,
-                     commit_every=commit_every, commit_interval=commit_interval),
-        )
-
-    result = _run(stage.run, config)
+    result = _run(stage.run, lambda: _gen_config(options))
     if result.stopped:  # a script must not go on to validate or train a partial dataset
         raise typer.Exit(130)
+
+
+_GEN_PASSED_ON = (
+    "api", "api_key", "engine", "target", "tokenizer", "chat_template", "system", "history",
+    "dataset", "dataset_split", "format", "partition_field", "partition", "max_samples",
+    "shuffle_seed", "concurrency", "max_tokens", "max_seq_len", "long_threshold",
+    "short_concurrency", "long_concurrency", "short_max_tokens", "long_max_tokens",
+    "min_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n", "sampling_seed",
+    "request_timeout", "max_attempts", "grace", "commit_every", "commit_interval",
+)
+"""gen options handed to GenConfig only when given (its defaults apply otherwise)."""
+
+
+def _gen_config(o: dict[str, Any]) -> Any:
+    """gen's options, keyed by its parameter names, as a GenConfig (plan builds one too)."""
+    from eagle3kit import gen as stage
+
+    prompts = o["prompts"]
+    if len(prompts) < 2 and not (o["dataset"] and prompts):
+        raise UserError("give the prompt files, then the output directory last")
+    *inputs, output = prompts
+    return stage.GenConfig(
+        inputs, output, servers=[stage.parse_server(s) for s in o["server"] or []],
+        chat_template_kwargs=_json_object(o["chat_template_kwargs"], "--chat-template-kwargs"),
+        trust_remote_code=o["trust_remote_code"], skip_bad_lines=o["skip_bad_lines"],
+        tokenizer_check=not o["no_tokenizer_check"], strict=o["strict"],
+        mode=_open_mode(o["resume"], o["overwrite"]), force=o["force"],
+        output_options=_output(o["json"], o["quiet"], o["no_progress"], o["log_every"]),
+        **_given(**{name: o[name] for name in _GEN_PASSED_ON}),
+    )
+
+
+def _plan_options(
+    pilot: Annotated[str | None, typer.Option(
+        metavar="N|SHARE", help="Pilot prompts: a count, or a share of the run like 0.05 "
+        "(default 1% or 200, whichever is larger).")] = None,
+    hidden_size: Annotated[int | None, typer.Option(
+        help="The target's hidden size (default: from --target).")] = None,
+    layers: Annotated[str | None, typer.Option(
+        metavar="2,18,33", help="Aux layer ids; their count sets the states stored (default 3).")
+    ] = None,
+    batch_tokens: Annotated[int | None, typer.Option(
+        metavar="N", help="Training tokens per step: forecast the steps per epoch.")] = None,
+    train_tokens_per_s: Annotated[float | None, typer.Option(
+        metavar="N", help="Training throughput: forecast the time per epoch.")] = None,
+    seed: Annotated[int | None, typer.Option(
+        help="Chooses the pilot prompts and the bootstrap draws (default 0).")] = None,
+) -> None:
+    """plan's own options; `plan` takes these after all of gen's."""
+
+
+def plan(**options: Any) -> None:
+    """Forecast a gen run's hours, tokens and disk from a pilot that gen then skips."""
+    from eagle3kit import plan as stage
+
+    own = {name: options.pop(name) for name in inspect.signature(_plan_options).parameters}
+    _run(stage.run, lambda: stage.PlanConfig(
+        _gen_config(options), layers=own.pop("layers"), **_given(**own)))
+
+
+# plan's signature is gen's plus its own options: one definition of gen's flags serves both.
+plan.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+    *inspect.signature(gen, eval_str=True).parameters.values(),
+    *inspect.signature(_plan_options, eval_str=True).parameters.values()])
+app.command(rich_help_panel="Stages")(plan)
+
+
+@app.command(rich_help_panel="Stages")
+def extract(
+    tokens: Annotated[Path, typer.Argument(help="The token dataset (from gen or convert).")],
+    output: Annotated[Path, typer.Argument(help="The hidden-state dataset to write.")],
+    target: Annotated[Path | None, typer.Option(help="The target model directory.")] = None,
+    layers: Annotated[str | None, typer.Option(
+        metavar="2,18,33", help="Aux layer ids, boundary convention (default 2,N//2,N-3).")
+    ] = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        help="Override the tokenizer stored in the token dataset.")] = None,
+    engine: Annotated[str | None, typer.Option(
+        help="hf (transformers, default) or vllm (a server with --server).")] = None,
+    server: Annotated[str | None, typer.Option(
+        metavar="URL", help="--engine vllm: the server, launched for extract_hidden_states.")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="--engine vllm: the served model name.")
+                     ] = None,
+    concurrency: Annotated[int | None, typer.Option(
+        help="--engine vllm: requests in flight (default 8).")] = None,
+    request_timeout: Annotated[float | None, typer.Option(
+        metavar="SECONDS", help="--engine vllm: limit on one request (default 600).")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N (default auto).")
+                      ] = None,
+    dtype: Annotated[str | None, typer.Option(
+        help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU).")] = None,
+    device_map: Annotated[str | None, typer.Option(
+        help="Spread a big model over GPUs (e.g. auto).")] = None,
+    batch_tokens: Annotated[int | None, typer.Option(
+        metavar="N", help="Tokens per forward pass, padding included (default 8192).")] = None,
+    codec: Annotated[str | None, typer.Option(help="raw (bf16, default), fp8 or zstd.")] = None,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
+    ignore_disk_check: Annotated[bool, typer.Option(
+        "--ignore-disk-check", help="Start even when free disk is short of the estimate.")
+    ] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print the size estimate and exit.")] = False,
+    commit_every: CommitEvery = None, commit_interval: CommitInterval = None,
+    resume: Resume = False, overwrite: Overwrite = False, force: Force = False,
+    json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
+    log_every: LogEvery = None,
+) -> None:
+    """Target hidden states for a token dataset (resumable; torchrun for several GPUs)."""
+    from eagle3kit import extract as stage
+
+    _run(stage.run, lambda: stage.ExtractConfig(
+        tokens, output, target=target, layers=layers, tokenizer=tokenizer, server=server,
+        model=model, device_map=device_map, trust_remote_code=trust_remote_code,
+        ignore_disk_check=ignore_disk_check, dry_run=dry_run,
+        mode=_open_mode(resume, overwrite), force=force,
+        output_options=_output(json, quiet, no_progress, log_every),
+        **_given(engine=engine, concurrency=concurrency, request_timeout=request_timeout,
+                 device=device, dtype=dtype, batch_tokens=batch_tokens, codec=codec,
+                 commit_every=commit_every, commit_interval=commit_interval),
+    ))
+
+
+@app.command(rich_help_panel="Stages")
+def train(
+    paths: Annotated[list[str], typer.Argument(
+        metavar="DATA[:WEIGHT]... OUT_RUN",
+        help="Hidden-state datasets (or token datasets with --online), then the run "
+             "directory last; DATA:0.3 weights a dataset.")],
+    target: Annotated[Path | None, typer.Option(help="The target model directory.")] = None,
+    online: Annotated[bool, typer.Option(
+        "--online", help="Run the target in the loop on token datasets.")] = False,
+    layers: Annotated[str | None, typer.Option(
+        metavar="2,18,33", help="--online: aux layer ids, boundary convention "
+                                "(default 2,N//2,N-3).")] = None,
+    draft_vocab: Annotated[int | None, typer.Option(
+        metavar="N", help="Draft vocabulary size (default 32000, or the target's).")] = None,
+    init_from: Annotated[Path | None, typer.Option(
+        metavar="DIR", help="Warm-start from an EAGLE-3 checkpoint (keeps its vocabulary).")
+    ] = None,
+    ttt_steps: Annotated[int | None, typer.Option(
+        help="Training-time-test steps (default 7).")] = None,
+    ttt_decay: Annotated[float | None, typer.Option(
+        help="Step k's loss weight is decay^k (default 0.8).")] = None,
+    max_len: Annotated[int | None, typer.Option(help="Longest sample (default 2048).")] = None,
+    long_samples: Annotated[str | None, typer.Option(
+        help="Longer samples: truncate (default) or drop.")] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate (default 1e-4).")] = None,
+    min_lr: Annotated[float | None, typer.Option(help="End of the cosine (default 0).")] = None,
+    warmup: Annotated[float | None, typer.Option(
+        help="Warm-up: a share of the steps (< 1) or steps (default 0.015).")] = None,
+    weight_decay: Annotated[float | None, typer.Option(help="AdamW (default 0).")] = None,
+    grad_clip: Annotated[float | None, typer.Option(
+        help="Gradient norm clip (default 0.5; 0 off).")] = None,
+    batch_tokens: Annotated[int | None, typer.Option(
+        metavar="N", help="Tokens per micro-batch and rank (default 8192).")] = None,
+    grad_accum: Annotated[int | None, typer.Option(
+        help="Micro-batches per rank and step (default 1).")] = None,
+    epochs: Annotated[float | None, typer.Option(help="Passes over the data (default 1).")
+                      ] = None,
+    max_steps: Annotated[int | None, typer.Option(help="Stop after N steps.")] = None,
+    seed: Annotated[int | None, typer.Option(help="(default 0)")] = None,
+    device: Annotated[str | None, typer.Option(help="auto (default), cpu, cuda, cuda:N.")
+                      ] = None,
+    precision: Annotated[str | None, typer.Option(
+        help="auto (bf16 autocast on GPU, default), bf16 or fp32.")] = None,
+    eval_split: Annotated[float | None, typer.Option(
+        metavar="SHARE|COUNT", help="Held-out samples by id hash (default 0.05; 0 none).")
+    ] = None,
+    eval_every: Annotated[int | None, typer.Option(
+        metavar="STEPS", help="Evaluate every N steps (default 500) and at the end.")] = None,
+    eval_k: Annotated[int | None, typer.Option(
+        help="Chain length of the predicted acceptance length (default 3).")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(
+        metavar="STEPS", help="Checkpoint every N steps (default 1000) and at the end.")
+    ] = None,
+    keep: Annotated[int | None, typer.Option(help="Checkpoints kept (default 2).")] = None,
+    resume: Resume = False, overwrite: Overwrite = False, force: Force = False,
+    json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
+    log_every: LogEvery = None,
+) -> None:
+    """Train an EAGLE-3 drafter (resumable; torchrun for several processes)."""
+    from eagle3kit import train as stage
+
+    def config() -> stage.TrainConfig:
+        if len(paths) < 2:
+            raise UserError("give the datasets, then the run directory last")
+        if target is None:
+            raise UserError("--target is required: the target model directory")
+        ids = None
+        if layers is not None:
+            try:
+                ids = [int(x) for x in layers.split(",") if x.strip()]
+            except ValueError:
+                raise UserError(f"--layers {layers!r}: expected integers like 2,18,33"
+                                ) from None
+        *data, out = paths
+        return stage.TrainConfig(
+            [stage.DataSpec.parse(d) for d in data], Path(out), target, online=online,
+            layers=ids, init_from=init_from, mode=_open_mode(resume, overwrite), force=force,
+            output=_output(json, quiet, no_progress, log_every),
+            **_given(draft_vocab=draft_vocab, ttt_steps=ttt_steps, ttt_decay=ttt_decay,
+                     max_len=max_len, long_samples=long_samples, lr=lr, min_lr=min_lr,
+                     warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
+                     batch_tokens=batch_tokens, grad_accum=grad_accum, epochs=epochs,
+                     max_steps=max_steps, seed=seed, device=device, precision=precision,
+                     eval_split=eval_split, eval_every=eval_every, eval_k=eval_k,
+                     checkpoint_every=checkpoint_every, keep=keep))
+
+    _run(stage.run, config)
+
+
+@app.command(rich_help_panel="Stages")
+def export(
+    run_dir: Annotated[Path, typer.Argument(
+        metavar="RUN", help="A train run directory, or any EAGLE-3 checkpoint directory.")],
+    out: Annotated[Path, typer.Argument(help="The directory to write.")],
+    format: Annotated[str | None, typer.Option(
+        help="vllm (default), sglang, or both (OUT/vllm and OUT/sglang).")] = None,
+    verifier: Annotated[str | None, typer.Option(
+        metavar="NAME_OR_PATH",
+        help="The model `vllm serve <draft>` loads (default: the run's target).")] = None,
+    num_speculative_tokens: Annotated[int | None, typer.Option(
+        help="Draft tokens per step in the vLLM config (default 3).")] = None,
+    dtype: Annotated[str | None, typer.Option(help="bf16 (default), fp16 or fp32.")] = None,
+    target: Annotated[Path | None, typer.Option(
+        help="The target model directory (default: the path the run recorded).")] = None,
+    with_embedding: Annotated[bool, typer.Option(
+        "--with-embedding", help="vLLM: add a bit-exact copy of the target's embedding.")] = False,
+    layers: Annotated[str | None, typer.Option(
+        metavar="A,B,C", help="Boundary layer ids, only for a checkpoint that has none.")] = None,
+    overwrite: Overwrite = False,
+    json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
+    log_every: LogEvery = None,
+) -> None:
+    """Write a trained drafter as the checkpoints vLLM and SGLang load."""
+    from eagle3kit import export as stage
+
+    def ids(text: str | None) -> list[int] | None:
+        if text is None:
+            return None
+        try:
+            return [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise UserError(f"--layers {text!r}: expected integers like 2,18,33") from None
+
+    _run(stage.run, lambda: stage.ExportConfig(
+        run_dir, out, verifier=verifier, target=target, with_embedding=with_embedding,
+        layers=ids(layers), overwrite=overwrite,
+        output=_output(json, quiet, no_progress, log_every),
+        **_given(format=format, num_speculative_tokens=num_speculative_tokens, dtype=dtype)))
+
+
+bench_app = typer.Typer(
+    help="Acceptance length: offline against the target, or on a live server.",
+    no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
+app.add_typer(bench_app, name="bench", rich_help_panel="Stages")
+BenchPrompts = Annotated[list[Path] | None, typer.Option(
+    "--prompts", metavar="FILE", help="Prompt files (repeat); EAGLE/MT-bench question.jsonl.")]
+
+
+def _bench_required(**options: Any) -> None:
+    for name, value in options.items():
+        if value is None:
+            raise UserError(f"--{name.replace('_', '-')} is required")
+
+
+@bench_app.command("accept")
+def bench_accept(
+    target: Annotated[Path | None, typer.Option(help="The target model directory.")] = None,
+    drafter: Annotated[Path | None, typer.Option(
+        help="The drafter checkpoint directory (any layout `eagle3kit info` reads).")] = None,
+    prompts: BenchPrompts = None,
+    k: Annotated[int | None, typer.Option("--k", help="Draft tokens per round (default 3).")
+                 ] = None,
+    tree: Annotated[str | None, typer.Option(
+        metavar="TOPK,DEPTH", help="Draft a tree instead of a chain.")] = None,
+    temperature: Annotated[float | None, typer.Option(help="(default 0: greedy)")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="(default 128)")] = None,
+    max_samples: Annotated[int | None, typer.Option(help="At most N conversations.")] = None,
+    max_turns: Annotated[int | None, typer.Option(help="At most N turns of each.")] = None,
+    format: Annotated[str | None, typer.Option(help="Prompt file shape (default auto).")
+                      ] = None,
+    tokenizer: Annotated[Path | None, typer.Option(help="(default: the target's)")] = None,
+    chat_template: Annotated[Path | None, typer.Option(help="A Jinja chat template file.")
+                             ] = None,
+    device: Annotated[str | None, typer.Option(help="auto (default), cpu, cuda, cuda:N.")
+                      ] = None,
+    dtype: Annotated[str | None, typer.Option(
+        help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16.")] = None,
+    tie_epsilon: Annotated[float | None, typer.Option(
+        help="Logit gap counted as a near-tie (default 1e-3 fp32, 0.25 bf16, 0.05 fp16).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed (default 0).")] = None,
+    plot: Annotated[Path | None, typer.Option(
+        metavar="FILE.png", help="Draw acceptance per position and category (plot extra).")
+    ] = None,
+    json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
+    log_every: LogEvery = None,
+) -> None:
+    """Speculative decoding with the target in-process: acceptance length, losslessness."""
+    from eagle3kit.bench import accept as stage
+
+    def config() -> stage.AcceptConfig:
+        _bench_required(target=target, drafter=drafter, prompts=prompts)
+        return stage.AcceptConfig(
+            target, drafter, prompts, tree=stage.parse_tree(tree), tokenizer=tokenizer,
+            chat_template=chat_template, tie_epsilon=tie_epsilon, plot=plot,
+            max_samples=max_samples, max_turns=max_turns,
+            output=_output(json, quiet, no_progress, log_every),
+            **_given(k=k, temperature=temperature, max_new_tokens=max_new_tokens,
+                     format=format, device=device, dtype=dtype, seed=seed))
+
+    report = _run(stage.run, config)
+    raise typer.Exit(report.exit_code)
+
+
+@bench_app.command("server")
+def bench_server(
+    server: Annotated[str | None, typer.Option(
+        metavar="URL", help="An SGLang or vLLM server running speculative decoding.")] = None,
+    prompts: BenchPrompts = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        help="The target's tokenizer directory (prompts are sent as ids).")] = None,
+    baseline: Annotated[str | None, typer.Option(
+        metavar="URL", help="The same model served without speculation: the speedup.")] = None,
+    api: Annotated[str | None, typer.Option(help="auto (default), sglang or vllm.")] = None,
+    chat_template: Annotated[Path | None, typer.Option(help="A Jinja chat template file.")
+                             ] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="(default 256)")] = None,
+    temperature: Annotated[float | None, typer.Option(help="(default 0)")] = None,
+    concurrency: Annotated[int | None, typer.Option(
+        help="Conversations in flight (default 1).")] = None,
+    max_samples: Annotated[int | None, typer.Option(help="At most N conversations.")] = None,
+    max_turns: Annotated[int | None, typer.Option(help="At most N turns of each.")] = None,
+    format: Annotated[str | None, typer.Option(help="Prompt file shape (default auto).")
+                      ] = None,
+    k: Annotated[int | None, typer.Option(
+        "--k", help="Draft tokens per round, when the server does not say.")] = None,
+    api_key: Annotated[str | None, typer.Option(
+        envvar="EAGLE3KIT_API_KEY", help="Bearer token for the servers (never stored).",
+        show_envvar=True)] = None,
+    request_timeout: Annotated[float | None, typer.Option(
+        metavar="SECONDS", help="Limit on one request (default none).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed (default 0).")] = None,
+    plot: Annotated[Path | None, typer.Option(
+        metavar="FILE.png", help="Draw acceptance per position and category (plot extra).")
+    ] = None,
+    json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
+    log_every: LogEvery = None,
+) -> None:
+    """Acceptance length, throughput and latency of a live speculating server."""
+    from eagle3kit.bench import server as stage
+
+    def config() -> stage.ServerBenchConfig:
+        _bench_required(server=server, prompts=prompts, tokenizer=tokenizer)
+        return stage.ServerBenchConfig(
+            server, prompts, tokenizer, baseline=baseline, chat_template=chat_template,
+            max_samples=max_samples, max_turns=max_turns, k=k, api_key=api_key,
+            request_timeout=request_timeout, plot=plot,
+            output=_output(json, quiet, no_progress, log_every),
+            **_given(api=api, max_new_tokens=max_new_tokens, temperature=temperature,
+                     concurrency=concurrency, format=format, seed=seed))
+
+    _run(stage.run, config)
 
 
 def main() -> None:

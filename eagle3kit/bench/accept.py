@@ -1,0 +1,421 @@
+"""`eagle3kit bench accept`: acceptance length of a drafter, measured by real speculative
+decoding with the transformers target, before anyone deploys it.
+
+Every prompt is decoded twice on the same device: by the target alone (the reference, and the
+tokens/s baseline) and speculatively. At temperature 0 the two outputs must agree token for
+token; where they part, the target's own logits at that step must show a near-tie (the token
+speculation chose is within --tie-epsilon of the top logit), or the run fails (exit 1).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3kit import _ui
+from eagle3kit.bench import prompts as bench_prompts
+from eagle3kit.bench.stats import Acceptance, likely_misconfigured
+from eagle3kit.errors import UserError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+TIE_EPSILON = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.05}
+"""Default --tie-epsilon per dtype: a k+1-token verification pass and one-token decoding sum
+in different orders, so their logits differ by rounding; bf16 logits near 20 are spaced 0.125."""
+
+
+def parse_tree(text: str | None) -> tuple[int, int] | None:
+    """'TOPK,DEPTH' -> (topk, depth)."""
+    if text is None:
+        return None
+    parts = text.split(",")
+    try:
+        topk, depth = (int(p) for p in parts)
+    except ValueError:
+        raise UserError(f"--tree {text}: expected TOPK,DEPTH, e.g. --tree 4,5") from None
+    if topk < 1 or depth < 1:
+        raise UserError(f"--tree {text}: TOPK and DEPTH must be at least 1")
+    return topk, depth
+
+
+@dataclass
+class AcceptConfig:
+    target: Path
+    """The target model (a transformers directory)."""
+    drafter: Path
+    """The drafter checkpoint directory (any layout `eagle3kit info` reads)."""
+    prompts: list[Path]
+    """Prompt files (JSONL/JSON/parquet, gen's shapes; EAGLE/MT-bench question.jsonl)."""
+    k: int = 3
+    """Draft tokens per round (a chain)."""
+    tree: tuple[int, int] | None = None
+    """(top-k per level, depth): draft a tree instead of a chain."""
+    temperature: float = 0.0
+    max_new_tokens: int = 128
+    max_samples: int | None = None
+    """At most this many conversations."""
+    max_turns: int | None = None
+    """At most this many turns of each conversation (default all)."""
+    format: str = "auto"
+    tokenizer: Path | None = None
+    """Default: the target's."""
+    chat_template: Path | None = None
+    device: str = "auto"
+    """cpu, cuda, cuda:N; auto is cuda when there is one."""
+    dtype: str = "auto"
+    """float32, bfloat16 or float16; auto is float32 on CPU and bfloat16 on CUDA."""
+    tie_epsilon: float | None = None
+    """Largest top-1 minus chosen-token logit gap counted as a near-tie (default per dtype)."""
+    seed: int = 0
+    plot: Path | None = None
+    output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
+
+    def __post_init__(self) -> None:
+        self.target, self.drafter = Path(self.target), Path(self.drafter)
+        self.prompts = [Path(p) for p in self.prompts]
+        if not self.prompts:
+            raise UserError("give at least one --prompts FILE")
+        for path in self.prompts:
+            if not path.is_file():
+                raise UserError(f"--prompts {path}: no such file")
+        if not self.target.is_dir():
+            raise UserError(f"--target {self.target}: no such model directory")
+        if not self.drafter.is_dir():
+            raise UserError(f"--drafter {self.drafter}: no such checkpoint directory")
+        for flag, value in (("--k", self.k), ("--max-new-tokens", self.max_new_tokens),
+                            ("--max-samples", self.max_samples), ("--max-turns", self.max_turns)):
+            if value is not None and value < 1:
+                raise UserError(f"{flag} must be at least 1 (got {value})")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise UserError(f"--temperature must be >= 0 (got {self.temperature})")
+        if self.tie_epsilon is not None and not self.tie_epsilon >= 0:
+            raise UserError(f"--tie-epsilon must be >= 0 (got {self.tie_epsilon})")
+        if self.tree is not None:
+            raise UserError("--tree: tree drafting is not available yet; draft a chain "
+                            "(--k N)")
+        if self.dtype not in DTYPES:
+            raise UserError(f"--dtype must be one of {', '.join(DTYPES)} (got {self.dtype})")
+        if self.plot is not None:
+            from eagle3kit.bench.report import check_plotting
+
+            check_plotting(Path(self.plot))
+
+    @property
+    def shape(self) -> str:
+        if self.tree is not None:
+            return f"tree top-{self.tree[0]} depth {self.tree[1]}"
+        return f"chain k={self.k}"
+
+
+@dataclass
+class PromptResult:
+    prompt: str
+    """FILE:LINE of the conversation."""
+    turn: int
+    category: str
+    prompt_tokens: int
+    tokens: int
+    rounds: list[int]
+    spec_seconds: float
+    plain_seconds: float
+    status: str
+    """identical, near-tie or mismatch (temperature 0); sampled otherwise."""
+    diverged_at: int | None = None
+    margin: float | None = None
+    """Top-1 logit minus the logit of the token speculation chose, where the outputs part."""
+
+
+@dataclass
+class AcceptReport:
+    target: str
+    drafter: str
+    device: str
+    dtype: str
+    shape: str
+    k: int
+    temperature: float
+    max_new_tokens: int
+    tie_epsilon: float
+    acceptance_length: float | None
+    per_position: list[float | None]
+    """Unconditional acceptance rate of draft positions 1..k."""
+    per_position_conditional: list[float | None]
+    rounds: int
+    tokens: int
+    spec_tokens_per_s: float | None
+    plain_tokens_per_s: float | None
+    speedup: float | None
+    lossless: bool | None
+    """Temperature 0: every output equals the target's own up to near-ties; else None."""
+    near_ties: int
+    mismatches: int
+    categories: dict[str, dict[str, Any]]
+    predicted_acceptance_length: float | None = None
+    predicted: dict[str, Any] | None = None
+    """The drafter's eagle3kit.eval block (what training predicted), when it has one."""
+    warnings: list[str] = field(default_factory=list)
+    prompts: list[PromptResult] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.lossless is False else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Loading ------------------------------------------------------------------------------------
+def resolve_device(name: str) -> Any:
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name}: not a device (cpu, cuda, cuda:1, ...)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: CUDA is not available here")
+    return device
+
+
+def resolve_dtype(name: str, device: Any) -> Any:
+    import torch
+
+    if name == "auto":
+        name = "bfloat16" if device.type == "cuda" else "float32"
+    return getattr(torch, name)
+
+
+def load_target(path: Path, device: Any, dtype: Any) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    except (OSError, ValueError, KeyError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"--target {path}: cannot load a transformers model ({reason})") from None
+    return model.to(device).eval()
+
+
+def load_drafter(path: Path, embedding: Any, target_config: Any) -> tuple[Any, list[str]]:
+    """The drafter and what is doubtful about its checkpoint: any layout `eagle3kit info`
+    reads (model.layouts), else eagle3kit's own (model.checkpoint)."""
+    try:
+        from eagle3kit.model.layouts import load_any
+    except ImportError:
+        load_any = None
+    try:
+        if load_any is None:
+            from eagle3kit.model.checkpoint import load_drafter as load
+
+            return load(path, embedding=embedding), []
+        drafter, info = load_any(path, embedding, target_config=target_config)
+        return drafter, [*info.problems, *info.warnings]
+    except UserError as exc:
+        raise UserError(f"--drafter {path}: {exc}") from None
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"--drafter {path}: cannot load an EAGLE-3 drafter ({reason})") from None
+
+
+def check_pair(drafter: Any, model: Any, cfg: AcceptConfig) -> None:
+    """The drafter must read this target's states and vocabulary; say which flag is off."""
+    config, target = drafter.config, model.config
+    n = target.num_hidden_layers
+    where = f"--drafter {cfg.drafter} and --target {cfg.target}"
+    if config.hidden_size != target.hidden_size:
+        raise UserError(f"{where}: the drafter is {config.hidden_size} wide, the target "
+                        f"{target.hidden_size}: it was trained for another target")
+    bad = [i for i in config.aux_layer_ids if not 0 <= i <= n]
+    if bad:
+        raise UserError(f"{where}: the drafter reads layers {config.aux_layer_ids} "
+                        f"(boundary ids) but the target has {n} layers (ids 0..{n})")
+    if config.aux_width != len(config.aux_layer_ids) * target.hidden_size:
+        raise UserError(f"{where}: the drafter fuses {config.aux_width} features, the target "
+                        f"gives {len(config.aux_layer_ids)} x {target.hidden_size}")
+    if config.vocab_size != target.vocab_size:
+        raise UserError(f"{where}: the drafter was built for a vocabulary of "
+                        f"{config.vocab_size}, the target has {target.vocab_size}")
+
+
+def training_prediction(drafter_dir: Path) -> dict[str, Any] | None:
+    """config.json's eagle3kit.eval block (written by train), if any."""
+    try:
+        config = json.loads((drafter_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    block = config.get("eagle3kit") if isinstance(config, dict) else None
+    evaluation = block.get("eval") if isinstance(block, dict) else None
+    return evaluation if isinstance(evaluation, dict) else None
+
+
+# Running ------------------------------------------------------------------------------------
+def compare(spec: list[int], plain: Any, epsilon: float) -> tuple[str, int | None, float | None]:
+    """Where speculation's output first differs from the target's own, and whether the
+    target was nearly tied there."""
+    for i, (mine, ref) in enumerate(zip(spec, plain.tokens, strict=False)):
+        if mine != ref:
+            ids, logits = plain.top_ids[i], plain.top_logits[i]
+            margin = logits[0] - logits[ids.index(mine)] if mine in ids else math.inf
+            return ("near-tie" if margin <= epsilon else "mismatch"), i, margin
+    if len(spec) != len(plain.tokens):
+        return "mismatch", min(len(spec), len(plain.tokens)), None
+    return "identical", None, None
+
+
+def _warm_up(target: Any, drafter: Any, cfg: AcceptConfig, sampler_cls: Any) -> None:
+    """First calls pay for kernel selection and allocation; keep that out of the timings."""
+    from eagle3kit.bench import decode
+
+    prompt = [0, 1, 2, 3]
+    decode.plain(target, prompt, 4, set(), sampler_cls(0.0))
+    decode.speculate(target, drafter, prompt, 4, set(), sampler_cls(0.0), cfg.k)
+
+
+def run(cfg: AcceptConfig) -> AcceptReport:
+    import torch
+
+    from eagle3kit.bench import decode
+
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    dtype_name = str(dtype).removeprefix("torch.")
+    epsilon = cfg.tie_epsilon if cfg.tie_epsilon is not None else TIE_EPSILON[dtype_name]
+    convs = bench_prompts.load(cfg.prompts, cfg.format, cfg.max_samples)
+    tokenizer_flag = "--tokenizer" if cfg.tokenizer else "--target"
+    renderer = bench_prompts.load_renderer(cfg.tokenizer or cfg.target, tokenizer_flag,
+                                           cfg.chat_template)
+    model = load_target(cfg.target, device, dtype)
+    # The embedding goes in after the pair check, so a drafter for another target gets that
+    # message rather than a shape error.
+    drafter, checkpoint_notes = load_drafter(cfg.drafter, None, model.config)
+    check_pair(drafter, model, cfg)
+    drafter.load_target_embedding(model.get_input_embeddings().weight.detach().float().cpu())
+    drafter = drafter.to(device=device, dtype=dtype).eval()
+    target = decode.Target(model, drafter.config.aux_layer_ids)
+    stops = set(renderer.stop_token_ids)
+    _ui.info(f"bench accept: {cfg.shape}, temperature {cfg.temperature:g}, "
+             f"max {cfg.max_new_tokens} new tokens, {device} {dtype_name}, "
+             f"{len(convs)} conversations", cfg.output)
+    _warm_up(target, drafter, cfg, decode.Sampler)
+
+    results: list[PromptResult] = []
+    with _ui.Progress("bench accept", len(convs), cfg.output, unit="prompts") as progress:
+        for number, conv in enumerate(convs):
+            made = 0
+            for turn, answered, prompt in bench_prompts.turns(renderer, conv, cfg.max_turns):
+                seed = cfg.seed * 1_000_003 + number * 101 + turn
+
+                def sampler(offset: int, seed: int = seed) -> decode.Sampler:
+                    gen = torch.Generator().manual_seed(seed * 2 + offset)
+                    return decode.Sampler(cfg.temperature, gen)
+
+                ref = decode.plain(target, prompt, cfg.max_new_tokens, stops, sampler(0))
+                spec = run_one(target, drafter, prompt, cfg, stops, sampler(1))
+                status, where, margin = (compare(spec.tokens, ref, epsilon)
+                                         if cfg.temperature == 0 else ("sampled", None, None))
+                results.append(PromptResult(
+                    bench_prompts.label(conv), turn + 1, bench_prompts.category(conv),
+                    len(prompt), len(spec.tokens), spec.rounds, spec.seconds, ref.seconds,
+                    status, where, margin))
+                answered(spec.tokens)
+                made += len(spec.tokens)
+            progress.add(1, tokens=made)
+    report = summarize(results, cfg, device=str(device), dtype=dtype_name, epsilon=epsilon)
+    report.warnings[:0] = [f"--drafter {cfg.drafter}: {note}" for note in checkpoint_notes]
+    from eagle3kit.bench.report import show_accept
+
+    show_accept(report, cfg)
+    return report
+
+
+def run_one(target: Any, drafter: Any, prompt: list[int], cfg: AcceptConfig,
+            stops: set[int], sampler: Any) -> Any:
+    from eagle3kit.bench import decode
+
+    return decode.speculate(target, drafter, prompt, cfg.max_new_tokens, stops, sampler, cfg.k)
+
+
+# Summarizing --------------------------------------------------------------------------------
+def _speed(results: list[PromptResult]) -> dict[str, float | None]:
+    tokens = sum(r.tokens for r in results)
+    spec = sum(r.spec_seconds for r in results)
+    plain = sum(r.plain_seconds for r in results)
+    spec_rate = tokens / spec if spec > 0 else None
+    plain_rate = tokens / plain if plain > 0 else None
+    return {"spec_tokens_per_s": spec_rate, "plain_tokens_per_s": plain_rate,
+            "speedup": spec_rate / plain_rate if spec_rate and plain_rate else None}
+
+
+def _positions(cfg: AcceptConfig) -> int:
+    return cfg.k
+
+
+def _category_figures(results: list[PromptResult], positions: int) -> dict[str, Any]:
+    acc = Acceptance(positions)
+    for r in results:
+        acc.add_all(r.rounds)
+    return {"prompts": len(results), "rounds": acc.rounds,
+            "tokens": sum(r.tokens for r in results), "acceptance_length": acc.length,
+            "per_position": acc.per_position, **_speed(results)}
+
+
+def summarize(results: list[PromptResult], cfg: AcceptConfig, *, device: str, dtype: str,
+              epsilon: float) -> AcceptReport:
+    positions = _positions(cfg)
+    acc = Acceptance(positions)
+    for r in results:
+        acc.add_all(r.rounds)
+    by_category: dict[str, list[PromptResult]] = {}
+    for r in results:
+        by_category.setdefault(r.category, []).append(r)
+    greedy = cfg.temperature == 0
+    mismatches = sum(r.status == "mismatch" for r in results)
+    predicted = training_prediction(cfg.drafter)
+    report = AcceptReport(
+        target=str(cfg.target), drafter=str(cfg.drafter), device=device, dtype=dtype,
+        shape=cfg.shape, k=positions, temperature=cfg.temperature,
+        max_new_tokens=cfg.max_new_tokens, tie_epsilon=epsilon,
+        acceptance_length=acc.length, per_position=acc.per_position,
+        per_position_conditional=acc.conditional, rounds=acc.rounds,
+        tokens=sum(r.tokens for r in results), **_speed(results),
+        lossless=(mismatches == 0) if greedy else None,
+        near_ties=sum(r.status == "near-tie" for r in results), mismatches=mismatches,
+        categories={name: _category_figures(rs, positions) for name, rs in by_category.items()},
+        predicted_acceptance_length=_predicted_length(predicted), predicted=predicted,
+        prompts=results)
+    report.warnings = _warnings(report, predicted)
+    return report
+
+
+def _predicted_length(predicted: dict[str, Any] | None) -> float | None:
+    value = (predicted or {}).get("predicted_acceptance_length")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _warnings(report: AcceptReport, predicted: dict[str, Any] | None) -> list[str]:
+    notes = []
+    if likely_misconfigured(report.acceptance_length):
+        notes.append(
+            f"acceptance length {report.acceptance_length:.3f}: the drafter almost never "
+            "agrees with the target; with a trained drafter this is a configuration error "
+            "(wrong aux layer ids or convention, a drafter for another target, a d2t mapping "
+            "that does not fit), not a training result")
+    if predicted:
+        k, temp = predicted.get("k"), predicted.get("temperature")
+        if k is not None and k != report.k:
+            notes.append(f"training predicted for k={k}, this run drafts {report.k}: "
+                         "compare per-position rates, not the lengths")
+        if temp is not None and temp != report.temperature:
+            notes.append(f"training predicted at temperature {temp}, this run uses "
+                         f"{report.temperature:g}")
+        expected = predicted.get("per_position")
+        first = report.per_position[0] if report.per_position else None
+        if (isinstance(expected, list) and expected and isinstance(expected[0], int | float)
+                and first is not None and first < 0.5 * expected[0]):
+            notes.append(f"position-1 acceptance {first:.2f} is far below training's "
+                         f"{expected[0]:.2f}: check the layer ids and the target")
+    return notes

@@ -1,0 +1,60 @@
+"""Prompts for bench: gen's readers and chat-template rendering, turn by turn.
+
+A multi-turn conversation (MT-bench) is benchmarked as EAGLE's evaluation does it: each turn
+is one generation whose history holds the model's own earlier answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from eagle3kit.errors import UserError
+from eagle3kit.gen.prompts import load_conversations, select
+from eagle3kit.gen.render import Renderer, RenderError, generation_points
+from eagle3kit.gen.types import Conversation
+
+
+def load(paths: list[Path], fmt: str = "auto", max_samples: int | None = None
+         ) -> list[Conversation]:
+    convs, _ = load_conversations(paths, fmt=fmt)
+    convs = select(convs, max_samples=max_samples)
+    if not convs:
+        raise UserError(f"--prompts {', '.join(map(str, paths))}: no prompts to run")
+    return convs
+
+
+def load_renderer(tokenizer: Path, flag: str, chat_template: Path | None = None) -> Renderer:
+    """The tokenizer and template; errors name `flag` (--target when it is the target's)."""
+    try:
+        return Renderer.load(tokenizer, chat_template=chat_template)
+    except UserError as exc:
+        raise UserError(str(exc).replace("--tokenizer", flag, 1)) from None
+
+
+def category(conv: Conversation) -> str:
+    """The record's category field (EAGLE / MT-bench), else its partition (the file)."""
+    value = conv.extra.get("category")
+    return str(value) if value not in (None, "") else conv.partition
+
+
+def label(conv: Conversation) -> str:
+    return f"{conv.source}:{conv.line}"
+
+
+def turns(renderer: Renderer, conv: Conversation, max_turns: int | None = None
+          ) -> Iterator[tuple[int, Callable[[list[int]], None], list[int]]]:
+    """(turn index, a callback taking that turn's answer ids, the turn's prompt ids) per turn.
+
+    Call the callback with the generated ids before asking for the next turn: its history
+    shows that answer as the template shows earlier answers.
+    """
+    answers: list[dict] = []
+    count = len(generation_points(conv))
+    for turn in range(count if max_turns is None else min(count, max_turns)):
+        try:
+            ids = renderer.render(renderer.history(conv, turn, answers), conv.tools)
+        except (RenderError, ValueError) as exc:
+            raise UserError(f"{label(conv)}: the chat template fails on turn {turn + 1}: "
+                            f"{exc}") from None
+        yield turn, lambda out: answers.append(renderer.answer_message(out)), ids

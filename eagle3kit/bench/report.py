@@ -1,0 +1,190 @@
+"""What bench shows: JSON on stdout, tables on stderr, and an optional figure.
+
+Every figure is printed with the drafting shape and temperature beside it: acceptance lengths
+of different shapes or temperatures are not comparable (EAGLE3.md §4).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from eagle3kit import _ui
+from eagle3kit.errors import UserError
+
+if TYPE_CHECKING:
+    from eagle3kit.bench.accept import AcceptConfig, AcceptReport
+    from eagle3kit.bench.server import ServerBenchConfig, ServerReport
+
+PLOT_EXTRA = "pip install 'eagle3kit[plot]'"
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _rate(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+# bench accept -------------------------------------------------------------------------------
+def show_accept(report: AcceptReport, cfg: AcceptConfig) -> None:
+    opts = cfg.output
+    if opts.json:
+        _ui.print_json(report.to_dict())
+    _ui.kv(f"bench accept: {report.shape}, temperature {report.temperature:g}",
+           _accept_summary(report), opts)
+    _ui.table("acceptance per draft position", ["position", "accepted", "conditional",
+                                                "training (conditional)"],
+              _position_rows(report), opts)
+    _ui.table(f"per category ({report.shape}, temperature {report.temperature:g})",
+              ["category", "prompts", "rounds", "acceptance length", "tok/s", "plain tok/s",
+               "speedup"],
+              [[name, c["prompts"], c["rounds"], _rate(c["acceptance_length"]),
+                _rate(c["spec_tokens_per_s"]), _rate(c["plain_tokens_per_s"]),
+                _rate(c["speedup"])] for name, c in report.categories.items()], opts)
+    parted = [p for p in report.prompts if p.status in ("near-tie", "mismatch")]
+    if parted:
+        _ui.table(f"outputs that part from the target's own (tie epsilon {report.tie_epsilon:g})",
+                  ["prompt", "turn", "token", "logit gap", "verdict"],
+                  [[p.prompt, p.turn, p.diverged_at, p.margin, p.status] for p in parted], opts)
+    for note in report.warnings:
+        _ui.warn(note)
+    if report.lossless is False:
+        _ui.error(f"{report.mismatches} output(s) differ from the target's own greedy decoding "
+                  f"where its logits were not nearly tied (gap > {report.tie_epsilon:g}): "
+                  "speculative decoding is not lossless here")
+    if cfg.plot is not None:
+        plot_accept(report, Path(cfg.plot))
+        _ui.info(f"figure: {cfg.plot}", opts)
+
+
+def _accept_summary(report: AcceptReport) -> list[tuple[str, object]]:
+    predicted = report.predicted or {}
+    pred = report.predicted_acceptance_length
+    pred_text = ("–" if pred is None else f"{pred:.3f} (k={predicted.get('k', '?')}, "
+                 f"temperature {predicted.get('temperature', '?')})")
+    if report.lossless is None:
+        lossless = "not checked (temperature > 0: rejection sampling keeps the distribution)"
+    else:
+        lossless = (f"{'yes' if report.lossless else 'NO'}: {report.mismatches} mismatches, "
+                    f"{report.near_ties} near-ties (gap <= {report.tie_epsilon:g})")
+    return [
+        ("target", report.target),
+        ("drafter", report.drafter),
+        ("device", f"{report.device} {report.dtype}"),
+        ("generations", f"{len(report.prompts)} ({report.rounds} rounds, {report.tokens} tokens, "
+                        f"at most {report.max_new_tokens} new each)"),
+        ("acceptance length", f"{_num(report.acceptance_length)} tokens per verification round"),
+        ("predicted by training", pred_text),
+        ("lossless", lossless),
+        ("tokens/s", f"{_num(report.spec_tokens_per_s, 1)} speculative, "
+                     f"{_num(report.plain_tokens_per_s, 1)} plain: "
+                     f"{_num(report.speedup, 2)}x"),
+    ]
+
+
+def _position_rows(report: AcceptReport) -> list[list[object]]:
+    predicted = (report.predicted or {}).get("per_position")
+    rows = []
+    for n, (p, c) in enumerate(zip(report.per_position, report.per_position_conditional,
+                                   strict=True)):
+        guess = predicted[n] if isinstance(predicted, list) and n < len(predicted) else None
+        rows.append([n + 1, _rate(p), _rate(c), guess if isinstance(guess, int | float)
+                     else None])
+    return rows
+
+
+# bench server -------------------------------------------------------------------------------
+def show_server(report: ServerReport, cfg: ServerBenchConfig) -> None:
+    opts = cfg.output
+    if opts.json:
+        _ui.print_json(report.to_dict())
+    title = f"bench server: {report.shape}, temperature {report.temperature:g}"
+    pairs: list[tuple[str, object]] = [
+        ("server", f"{report.server} ({report.api} {report.version or ''})".rstrip()),
+        ("source of the figures", report.source),
+        ("requests", f"{report.requests} ({report.errors} failed)"),
+        ("acceptance length", f"{_num(report.acceptance_length)} tokens per verification round"),
+    ]
+    if report.acceptance_length_without_prefill is not None:
+        pairs.append(("without prefill tokens", _num(report.acceptance_length_without_prefill)))
+    if report.draft_acceptance_rate is not None:
+        pairs.append(("draft acceptance rate", _num(report.draft_acceptance_rate)))
+    for name, run in (("speculative", report.run), ("baseline", report.baseline)):
+        if run is not None:
+            pairs.append((f"{name} throughput",
+                          f"{_num(run['tokens_per_s'], 1)} tok/s, latency p50 "
+                          f"{_num(run['latency_p50'], 3)} s, p90 {_num(run['latency_p90'], 3)} s,"
+                          f" p99 {_num(run['latency_p99'], 3)} s"))
+    if report.speedup is not None:
+        pairs.append(("speedup", f"{report.speedup:.2f}x throughput, "
+                                 f"{_num(report.latency_speedup, 2)}x median latency"))
+    _ui.kv(title, pairs, opts)
+    if report.per_position:
+        _ui.table("acceptance per draft position", ["position", "accepted", "conditional"],
+                  [[n + 1, _rate(p), _rate(c)] for n, (p, c) in enumerate(
+                      zip(report.per_position, report.per_position_conditional, strict=True))],
+                  opts)
+    if report.categories:
+        _ui.table(f"per category ({report.shape}, temperature {report.temperature:g})",
+                  ["category", "requests", "acceptance length"],
+                  [[name, c["requests"], _rate(c["acceptance_length"])]
+                   for name, c in report.categories.items()], opts)
+    for note in report.warnings:
+        _ui.warn(note)
+    if cfg.plot is not None:
+        plot_server(report, Path(cfg.plot))
+        _ui.info(f"figure: {cfg.plot}", opts)
+
+
+# Figures ------------------------------------------------------------------------------------
+def check_plotting(path: Path) -> None:
+    """Fail before any work when --plot cannot be honoured."""
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise UserError(f"--plot {path}: give a .png, .svg or .pdf file name")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UserError(f"--plot needs matplotlib, which is not installed: {PLOT_EXTRA}"
+                        ) from None
+    if not path.parent.exists():
+        raise UserError(f"--plot {path}: the folder {path.parent} does not exist")
+
+
+def _figure(title: str, positions: list[float | None], conditional: list[float | None],
+            categories: dict[str, float | None], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    xs = list(range(1, len(positions) + 1))
+    left.bar([x - 0.2 for x in xs], [p or 0 for p in positions], 0.4, label="accepted")
+    left.bar([x + 0.2 for x in xs], [c or 0 for c in conditional], 0.4,
+             label="given all earlier accepted")
+    left.set(xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1), xticks=xs,
+             title="per position")
+    left.legend(fontsize="small")
+    names = list(categories)
+    right.barh(names, [categories[n] or 0 for n in names])
+    right.set(xlabel="acceptance length (tokens per round)", title="per category")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_accept(report: AcceptReport, path: Path) -> None:
+    _figure(f"{Path(report.drafter).name}: {report.shape}, temperature {report.temperature:g}, "
+            f"acceptance length {_num(report.acceptance_length)}",
+            report.per_position, report.per_position_conditional,
+            {name: c["acceptance_length"] for name, c in report.categories.items()}, path)
+
+
+def plot_server(report: ServerReport, path: Path) -> None:
+    _figure(f"{report.server}: {report.shape}, temperature {report.temperature:g}, "
+            f"acceptance length {_num(report.acceptance_length)}",
+            report.per_position, report.per_position_conditional,
+            {name: c["acceptance_length"] for name, c in report.categories.items()}, path)

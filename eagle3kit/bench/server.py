@@ -1,0 +1,436 @@
+"""`eagle3kit bench server`: acceptance length, throughput and latency of a live SGLang or
+vLLM server that runs speculative decoding, and with --baseline the speedup over the same
+model served without it.
+
+Where the figures come from (SERVER_APIS.md §6):
+- SGLang reports per request `meta_info.spec_verify_ct` (target verify forwards); acceptance
+  length = Σ completion_tokens / Σ spec_verify_ct over the run (it counts the prefill token
+  too, so it reads slightly high).
+- vLLM keeps Prometheus counters at /metrics, one series per engine (summed here). They are
+  scraped before and after each category's requests: acceptance length = 1 + Δaccepted /
+  Δdrafts, per-position rate p_i = Δaccepted_per_pos[i] / Δdrafts. Other traffic to the same
+  server during the run would be counted too.
+
+Requests send token ids rendered with the target's tokenizer and chat template, as gen does;
+each category runs on its own (so vLLM's counters can be split by category), its conversations
+`--concurrency` at a time, the turns of one conversation in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3kit import _ui
+from eagle3kit.bench import prompts as bench_prompts
+from eagle3kit.bench.stats import likely_misconfigured, percentile
+from eagle3kit.errors import UserError
+
+VLLM_PREFIX = "vllm:spec_decode_"
+VLLM_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+PER_POS = "num_accepted_tokens_per_pos"
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)(?:\s+\S+)?$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+ATTEMPTS = 3
+
+
+@dataclass
+class ServerBenchConfig:
+    server: str
+    """The speculating server's URL."""
+    prompts: list[Path]
+    tokenizer: Path
+    """The target's tokenizer (prompts are rendered client-side and sent as ids)."""
+    baseline: str | None = None
+    """The same model served without speculation."""
+    api: str = "auto"
+    chat_template: Path | None = None
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    concurrency: int = 1
+    """Conversations in flight (1 measures batch-1 latency and acceptance)."""
+    max_samples: int | None = None
+    max_turns: int | None = None
+    format: str = "auto"
+    k: int | None = None
+    """Draft tokens per round, when the server does not say (shown beside the figures)."""
+    api_key: str | None = field(default=None, repr=False)
+    request_timeout: float | None = None
+    seed: int = 0
+    plot: Path | None = None
+    output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
+
+    def __post_init__(self) -> None:
+        from eagle3kit.gen.clients import API_CHOICES, normalize_url
+
+        self.prompts = [Path(p) for p in self.prompts]
+        if not self.prompts:
+            raise UserError("give at least one --prompts FILE")
+        for path in self.prompts:
+            if not path.is_file():
+                raise UserError(f"--prompts {path}: no such file")
+        if self.api not in API_CHOICES or self.api == "openai-chat":
+            raise UserError(f"--api must be auto, sglang or vllm (got {self.api})")
+        for flag, url in (("--server", self.server), ("--baseline", self.baseline)):
+            if url is not None and not re.match(r"^(https?://)?[^\s/]+(:\d+)?(/v1)?/?$", url):
+                raise UserError(f"{flag} {url}: expected http(s)://HOST:PORT")
+        self.server = normalize_url(self.server)
+        self.baseline = normalize_url(self.baseline) if self.baseline else None
+        for flag, value in (("--max-new-tokens", self.max_new_tokens),
+                            ("--concurrency", self.concurrency), ("--k", self.k),
+                            ("--max-samples", self.max_samples), ("--max-turns", self.max_turns)):
+            if value is not None and value < 1:
+                raise UserError(f"{flag} must be at least 1 (got {value})")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise UserError(f"--temperature must be >= 0 (got {self.temperature})")
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise UserError(f"--request-timeout must be > 0 seconds (got {self.request_timeout})")
+        if self.plot is not None:
+            from eagle3kit.bench.report import check_plotting
+
+            check_plotting(Path(self.plot))
+
+
+@dataclass
+class ServerReport:
+    server: str
+    api: str
+    version: str | None
+    model: str
+    shape: str
+    k: int | None
+    temperature: float
+    source: str
+    """Where the acceptance figures come from."""
+    requests: int
+    errors: int
+    acceptance_length: float | None
+    per_position: list[float | None]
+    per_position_conditional: list[float | None]
+    draft_acceptance_rate: float | None
+    run: dict[str, Any]
+    """tokens, seconds, tokens_per_s, latency_p50/p90/p99 of the speculating server."""
+    categories: dict[str, dict[str, Any]]
+    baseline: dict[str, Any] | None = None
+    speedup: float | None = None
+    """Throughput (tokens/s) of the server over the baseline's."""
+    latency_speedup: float | None = None
+    """Median request latency of the baseline over the server's."""
+    acceptance_length_without_prefill: float | None = None
+    """SGLang: the same without each request's first token, which prefill made: tokens per
+    verification round as bench accept counts them."""
+    lossless: None = None
+    """Not checkable from a server: present so the JSON keys match bench accept's."""
+    near_ties: None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Prometheus -------------------------------------------------------------------------------
+def parse_metrics(text: str) -> dict[str, Any]:
+    """vLLM's spec-decode counters, summed over engines: num_drafts, num_draft_tokens,
+    num_accepted_tokens, and per_pos {position: count}. Missing counters are absent."""
+    found: dict[str, Any] = {}
+    per_pos: dict[int, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line.strip())
+        if not match or not match[1].startswith(VLLM_PREFIX):
+            continue
+        name = match[1][len(VLLM_PREFIX):].removesuffix("_total")
+        try:
+            value = float(match[3])
+        except ValueError:
+            continue
+        if name == PER_POS:
+            labels = dict(_LABEL.findall(match[2] or ""))
+            if labels.get("position", "").isdigit():
+                pos = int(labels["position"])
+                per_pos[pos] = per_pos.get(pos, 0.0) + value
+        elif name in VLLM_COUNTERS:
+            found[name] = found.get(name, 0.0) + value
+    if per_pos:
+        found["per_pos"] = per_pos
+    return found
+
+
+def metrics_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    delta = {n: after.get(n, 0.0) - before.get(n, 0.0) for n in VLLM_COUNTERS}
+    positions = sorted(set(before.get("per_pos", {})) | set(after.get("per_pos", {})))
+    delta["per_pos"] = {p: after.get("per_pos", {}).get(p, 0.0)
+                        - before.get("per_pos", {}).get(p, 0.0) for p in positions}
+    return delta
+
+
+def vllm_acceptance(delta: dict[str, Any]) -> dict[str, Any]:
+    """Acceptance length, per-position and draft acceptance rates from counter deltas."""
+    drafts, accepted = delta["num_drafts"], delta["num_accepted_tokens"]
+    if drafts <= 0:
+        return {"acceptance_length": None, "per_position": [], "conditional": [],
+                "draft_acceptance_rate": None, "drafts": 0}
+    counts = [delta["per_pos"][p] for p in sorted(delta["per_pos"])]
+    rates = [c / drafts for c in counts]
+    before = [drafts, *counts[:-1]]
+    return {"acceptance_length": 1 + accepted / drafts, "per_position": rates,
+            "conditional": [c / b if b else None for c, b in zip(counts, before, strict=True)],
+            "draft_acceptance_rate": (accepted / delta["num_draft_tokens"]
+                                      if delta["num_draft_tokens"] > 0 else None),
+            "drafts": drafts}
+
+
+# Running ----------------------------------------------------------------------------------
+@dataclass
+class _Result:
+    category: str
+    tokens: int
+    latency: float
+    verify: int | None
+
+
+async def _get(client: Any, url: str, paths: tuple[str, ...], api_key: str | None) -> Any:
+    """The first path that answers 200: its response; None when none does."""
+    for path in paths:
+        try:
+            resp = await client.get(url + path, headers=_auth(api_key))
+        except Exception as exc:  # transport errors of httpx or aiohttp alike
+            raise UserError(f"GET {url}{path}: {exc}") from None
+        if resp.status_code == 200:
+            return resp
+    return None
+
+
+def _auth(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def scrape(client: Any, url: str, api_key: str | None) -> dict[str, Any]:
+    resp = await _get(client, url, ("/metrics",), api_key)
+    if resp is None:
+        raise UserError(f"--server {url}: GET /metrics did not answer 200: vLLM's acceptance "
+                        "figures come from its Prometheus counters (is --disable-log-stats set?)")
+    return parse_metrics(resp.text)
+
+
+async def sglang_shape(client: Any, url: str, api_key: str | None) -> dict[str, Any]:
+    resp = await _get(client, url, ("/server_info", "/get_server_info"), api_key)
+    if resp is None:
+        return {}
+    try:
+        info = resp.json()
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _shape_sglang(info: dict[str, Any], k: int | None) -> tuple[str, int | None]:
+    steps, topk = info.get("speculative_num_steps"), info.get("speculative_eagle_topk")
+    tokens = info.get("speculative_num_draft_tokens")
+    if isinstance(topk, int) and topk > 1:
+        return f"tree top-{topk} depth {steps}, {tokens} draft tokens", steps
+    steps = steps if isinstance(steps, int) else k
+    return (f"chain k={steps}" if steps else "chain (k unknown: pass --k)"), steps
+
+
+async def _generate_all(cfg: ServerBenchConfig, url: str, renderer: Any, convs: list[Any],
+                        progress: _ui.Progress, role: str) -> tuple[Any, dict[str, Any]]:
+    """Probe `url`, run every category in turn; (server info, per-category results)."""
+    from eagle3kit.gen.clients import make_client, probe
+
+    client = make_client(cfg.concurrency, api_key=cfg.api_key)
+    try:
+        info = await probe(client, url, cfg.api, cfg.api_key)
+        info.vocab_size = renderer.vocab_size
+        if info.api == "sglang":
+            info.speculative = None  # checked here, not as an invariant: the baseline has none
+        categories: dict[str, list[Any]] = {}
+        for conv in convs:
+            categories.setdefault(bench_prompts.category(conv), []).append(conv)
+        out: dict[str, Any] = {"started": time.perf_counter(), "categories": {}}
+        if info.api == "sglang":
+            out["server_info"] = await sglang_shape(client, url, cfg.api_key)
+        for name, group in categories.items():
+            before = await scrape(client, url, cfg.api_key) if info.api == "vllm" else None
+            results = await _run_group(cfg, client, info, renderer, group, name, progress, role)
+            after = await scrape(client, url, cfg.api_key) if info.api == "vllm" else None
+            out["categories"][name] = {"results": results, "before": before, "after": after}
+        out["seconds"] = time.perf_counter() - out["started"]
+        return info, out
+    finally:
+        await client.aclose()
+
+
+async def _run_group(cfg: ServerBenchConfig, client: Any, info: Any, renderer: Any,
+                     convs: list[Any], category: str, progress: _ui.Progress, role: str
+                     ) -> list[_Result | None]:
+    slots = asyncio.Semaphore(cfg.concurrency)
+
+    async def conversation(number: int, conv: Any) -> list[_Result | None]:
+        async with slots:
+            done: list[_Result | None] = []
+            for turn, answered, ids in bench_prompts.turns(renderer, conv, cfg.max_turns):
+                completion = await _one(cfg, client, info, renderer, ids,
+                                        f"bench-{role}-{number}-{turn}")
+                if completion is None:
+                    done.append(None)
+                    break
+                done.append(_Result(category, completion.completion_tokens,
+                                    completion.latency, completion.counts.get("spec_verify_ct")))
+                answered(completion.output_ids)
+            progress.add(1, rows=f"server:{role}", tokens=sum(r.tokens for r in done if r),
+                         errors=sum(r is None for r in done))
+            return done
+
+    groups = await asyncio.gather(*(conversation(i, c) for i, c in enumerate(convs)))
+    return [r for g in groups for r in g]
+
+
+async def _one(cfg: ServerBenchConfig, client: Any, info: Any, renderer: Any, ids: list[int],
+               sample_id: str) -> Any:
+    """One generation, retried on transient failures; None when it never succeeded."""
+    from eagle3kit.gen.clients import RequestRejected, RetryableError, ServerFatal, generate
+    from eagle3kit.gen.types import GenRequest
+
+    req = GenRequest(sample_id, ids, cfg.max_new_tokens, renderer.stop_token_ids,
+                     temperature=cfg.temperature, seed=cfg.seed)
+    for attempt in range(ATTEMPTS):
+        try:
+            return await generate(client, info, req, api_key=cfg.api_key,
+                                  timeout=cfg.request_timeout, attempt=attempt)
+        except ServerFatal as exc:
+            raise UserError(str(exc)) from None
+        except RequestRejected as exc:
+            _ui.warn(f"{sample_id}: {exc}")
+            return None
+        except RetryableError as exc:
+            if attempt == ATTEMPTS - 1:
+                _ui.warn(f"{sample_id}: {exc}")
+                return None
+            await asyncio.sleep(0.5 * 2 ** attempt)
+    return None
+
+
+# Summarizing ------------------------------------------------------------------------------
+def _timing(out: dict[str, Any]) -> dict[str, Any]:
+    results = [r for c in out["categories"].values() for r in c["results"] if r is not None]
+    latencies = [r.latency for r in results]
+    tokens = sum(r.tokens for r in results)
+    seconds = out["seconds"]
+    return {"requests": len(results), "tokens": tokens, "seconds": seconds,
+            "tokens_per_s": tokens / seconds if seconds > 0 else None,
+            "latency_p50": percentile(latencies, 50), "latency_p90": percentile(latencies, 90),
+            "latency_p99": percentile(latencies, 99)}
+
+
+def _sglang_length(results: list[_Result], prefill: bool = True) -> float | None:
+    """Σ completion_tokens / Σ spec_verify_ct; without `prefill`, the first token of each
+    request (made by prefill, not by a verification round) is left out."""
+    verify = sum(r.verify or 0 for r in results)
+    tokens = sum(r.tokens - (not prefill) for r in results if r.verify)
+    return tokens / verify if verify else None
+
+
+def _figures(info: Any, out: dict[str, Any]) -> dict[str, Any]:
+    """Acceptance over the run and per category, by the server's own accounting."""
+    categories: dict[str, dict[str, Any]] = {}
+    if info.api == "vllm":
+        total: dict[str, Any] = {n: 0.0 for n in VLLM_COUNTERS} | {"per_pos": {}}
+        for name, c in out["categories"].items():
+            delta = metrics_delta(c["before"], c["after"])
+            for n in VLLM_COUNTERS:
+                total[n] += delta[n]
+            for p, v in delta["per_pos"].items():
+                total["per_pos"][p] = total["per_pos"].get(p, 0.0) + v
+            figures = vllm_acceptance(delta)
+            categories[name] = {"requests": sum(r is not None for r in c["results"]),
+                                "acceptance_length": figures["acceptance_length"],
+                                "per_position": figures["per_position"]}
+        overall = vllm_acceptance(total)
+        return {"source": "vLLM /metrics counter deltas (vllm:spec_decode_*), summed over engines",
+                **overall, "categories": categories, "found": bool(overall["drafts"])}
+    results: list[_Result] = []
+    for name, c in out["categories"].items():
+        done = [r for r in c["results"] if r is not None]
+        results += done
+        categories[name] = {"requests": len(done), "acceptance_length": _sglang_length(done)}
+    length = _sglang_length(results)
+    return {"source": "SGLang meta_info.spec_verify_ct (Σ completion_tokens / Σ spec_verify_ct)",
+            "acceptance_length": length, "per_position": [], "conditional": [],
+            "without_prefill": _sglang_length(results, prefill=False),
+            "draft_acceptance_rate": None, "categories": categories,
+            "found": any(r.verify for r in results)}
+
+
+def run(cfg: ServerBenchConfig) -> ServerReport:
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    convs = bench_prompts.load(cfg.prompts, cfg.format, cfg.max_samples)
+    renderer = bench_prompts.load_renderer(cfg.tokenizer, "--tokenizer", cfg.chat_template)
+    roles = [("speculative", cfg.server)] + ([("baseline", cfg.baseline)] if cfg.baseline else [])
+    outcomes: dict[str, tuple[Any, dict[str, Any]]] = {}
+    with _ui.Progress("bench server", len(convs) * len(roles), cfg.output,
+                      unit="conversations") as progress:
+        for role, url in roles:
+            outcomes[role] = asyncio.run(_generate_all(cfg, url, renderer, convs, progress,
+                                                       role))
+    report = _summarize(cfg, outcomes)
+    from eagle3kit.bench.report import show_server
+
+    show_server(report, cfg)
+    return report
+
+
+def _summarize(cfg: ServerBenchConfig, outcomes: dict[str, tuple[Any, dict[str, Any]]]
+               ) -> ServerReport:
+    info, out = outcomes["speculative"]
+    figures = _figures(info, out)
+    if not figures["found"]:
+        where = ("no vllm:spec_decode_* counters moved at /metrics" if info.api == "vllm"
+                 else "no spec_verify_ct in the answers' meta_info")
+        raise UserError(f"--server {cfg.server}: {where}: is speculative decoding on? "
+                        "(--baseline takes the server without it)")
+    if info.api == "sglang":
+        shape, k = _shape_sglang(out.get("server_info", {}), cfg.k)
+    else:
+        k = len(figures["per_position"]) or cfg.k
+        shape = f"chain k={k}" if k else "chain (k unknown: pass --k)"
+    run_timing = _timing(out)
+    requests = sum(len(c["results"]) for c in out["categories"].values())
+    report = ServerReport(
+        server=cfg.server, api=info.api, version=info.version, model=info.model, shape=shape,
+        k=k, temperature=cfg.temperature, source=figures["source"], requests=requests,
+        errors=requests - run_timing["requests"],
+        acceptance_length=figures["acceptance_length"], per_position=figures["per_position"],
+        per_position_conditional=figures["conditional"],
+        draft_acceptance_rate=figures["draft_acceptance_rate"], run=run_timing,
+        categories=figures["categories"],
+        acceptance_length_without_prefill=figures.get("without_prefill"))
+    if "baseline" in outcomes:
+        base_info, base_out = outcomes["baseline"]
+        report.baseline = _timing(base_out)
+        spec_rate, base_rate = run_timing["tokens_per_s"], report.baseline["tokens_per_s"]
+        report.speedup = spec_rate / base_rate if spec_rate and base_rate else None
+        spec_p50, base_p50 = run_timing["latency_p50"], report.baseline["latency_p50"]
+        report.latency_speedup = base_p50 / spec_p50 if spec_p50 and base_p50 else None
+        if _speculates(base_info, base_out):
+            report.warnings.append(f"--baseline {cfg.baseline} speculates too: the speedup "
+                                   "compares two speculating servers")
+    length = report.acceptance_length_without_prefill or report.acceptance_length
+    if likely_misconfigured(length):
+        report.warnings.append(
+            f"acceptance length {length:.3f}: drafts are almost never "
+            "accepted; check the aux layer ids and their convention, the algorithm (EAGLE3, "
+            "not EAGLE) and that the drafter was trained for this target")
+    return report
+
+
+def _speculates(info: Any, out: dict[str, Any]) -> bool:
+    if info.api == "sglang":
+        return bool(out.get("server_info", {}).get("speculative_algorithm"))
+    deltas = [metrics_delta(c["before"], c["after"]) for c in out["categories"].values()]
+    return any(d["num_drafts"] > 0 for d in deltas)

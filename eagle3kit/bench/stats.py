@@ -1,0 +1,88 @@
+"""Acceptance figures from counts (EAGLE3.md §4), shared by `bench accept` and `bench server`.
+
+Acceptance length τ = tokens per verification round = accepted drafts + 1 (the target's own
+token), in [1, k+1] for a chain of k. Per position n (1-based): the unconditional rate p_n =
+rounds that accepted at least n drafts / rounds (what vLLM reports), and the conditional rate
+c_n = p_n / p_{n-1} (the paper's n-α). τ = 1 + Σ p_n.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+LIKELY_MISCONFIGURED = 1.05
+"""An acceptance length below this, with correct output, points at the setup (layer ids, an
+EAGLE-3 head served as plain EAGLE, the wrong target), not at training (EAGLE3.md §4)."""
+
+
+@dataclass
+class Acceptance:
+    """Counts over verification rounds, from which every acceptance figure follows."""
+
+    k: int
+    """Draft positions per round."""
+    rounds: int = 0
+    accepted: int = 0
+    """Draft tokens accepted, over all rounds (the bonus token not included)."""
+    at_least: list[int] = field(default_factory=list)
+    """at_least[n-1]: rounds that accepted at least n drafts."""
+
+    def __post_init__(self) -> None:
+        if not self.at_least:
+            self.at_least = [0] * self.k
+
+    def add(self, accepted: int) -> None:
+        self.rounds += 1
+        self.accepted += accepted
+        for n in range(min(accepted, self.k)):
+            self.at_least[n] += 1
+
+    def add_all(self, rounds: Iterable[int]) -> None:
+        for accepted in rounds:
+            self.add(accepted)
+
+    def merge(self, other: Acceptance) -> None:
+        self.rounds += other.rounds
+        self.accepted += other.accepted
+        self.at_least = [a + b for a, b in zip(self.at_least, other.at_least, strict=True)]
+
+    @property
+    def length(self) -> float | None:
+        """τ: tokens per verification round; None without rounds."""
+        return 1 + self.accepted / self.rounds if self.rounds else None
+
+    @property
+    def per_position(self) -> list[float | None]:
+        """Unconditional acceptance rate of each draft position."""
+        return [n / self.rounds if self.rounds else None for n in self.at_least]
+
+    @property
+    def conditional(self) -> list[float | None]:
+        """Acceptance rate of each position given every earlier one was accepted."""
+        before = [self.rounds, *self.at_least[:-1]]
+        return [n / b if b else None for n, b in zip(self.at_least, before, strict=True)]
+
+
+def predicted_length(conditional: Sequence[float]) -> float:
+    """τ from conditional per-position rates: 1 + c1 + c1·c2 + ... (EAGLE3.md §4)."""
+    total, running = 1.0, 1.0
+    for rate in conditional:
+        running *= rate
+        total += running
+    return total
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100), linear between closest ranks; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low, high = math.floor(pos), math.ceil(pos)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def likely_misconfigured(length: float | None) -> bool:
+    return length is not None and length < LIKELY_MISCONFIGURED
