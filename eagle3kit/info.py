@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3kit import _ui
+from eagle3kit.errors import CheckFailed, UserError
 from eagle3kit.format import Dataset
 
 
@@ -17,9 +18,12 @@ class InfoConfig:
     verify: bool = True
     """Check every shard against its checksums (reads all the data once)."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
+    target: Path | None = None
+    """Checkpoints: the target model directory to check the checkpoint against."""
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
+        self.target = None if self.target is None else Path(self.target)
 
 
 @dataclass
@@ -120,9 +124,98 @@ def _show(report: InfoReport, opts: _ui.OutputOptions) -> None:
 
 
 def run(cfg: InfoConfig) -> InfoReport:
+    if checkpoint_dirs(cfg.path):
+        return run_checkpoint(cfg)
+    if cfg.target is not None:
+        raise UserError(f"--target: {cfg.path} is a dataset; --target applies to checkpoints")
     report = describe(cfg)
     if cfg.output.json:
         _ui.print_json(report.to_dict())
     else:
         _show(report, cfg.output)
     return report
+
+
+# Checkpoints: a run, an export, or any EAGLE-3 checkpoint (CHECKPOINTS.md) ------------------
+@dataclass
+class CheckpointReport:
+    path: str
+    checkpoints: list[dict]
+    """One CheckpointInfo.to_dict() per checkpoint (an export with both formats has two)."""
+    problems: list[str]
+    warnings: list[str]
+    kind: str = "checkpoint"
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def checkpoint_dirs(path: Path) -> list[Path]:
+    """The checkpoints `path` holds: itself, a run's drafter/, or an export's vllm/, sglang/."""
+    from eagle3kit.format.layout import MANIFEST, MARKER
+
+    if (path / MANIFEST).is_file() or (path / MARKER).is_file():
+        return []  # a dataset
+    if (path / "config.json").is_file():
+        return [path]
+    if (path / "run.json").is_file():
+        return [path / "drafter"]
+    return [path / sub for sub in ("vllm", "sglang") if (path / sub / "config.json").is_file()]
+
+
+def run_checkpoint(cfg: InfoConfig) -> CheckpointReport:
+    from eagle3kit.model.layouts import inspect
+
+    dirs = checkpoint_dirs(cfg.path)
+    if not (dirs[0] / "config.json").is_file():
+        raise UserError(f"{dirs[0]}: the run has no drafter yet (train writes it there)")
+    infos = [inspect(d, cfg.target) for d in dirs]
+    several = len(infos) > 1
+
+    def tagged(info, text: str) -> str:
+        return f"{info.path}: {text}" if several else text
+
+    report = CheckpointReport(
+        path=str(cfg.path), checkpoints=[i.to_dict() for i in infos],
+        problems=[tagged(i, p) for i in infos for p in i.problems],
+        warnings=[tagged(i, w) for i in infos for w in i.warnings])
+    if cfg.output.json:
+        _ui.print_json(report.to_dict())
+    else:
+        for info in infos:
+            _show_checkpoint(info, cfg.output)
+        for w in report.warnings:
+            _ui.warn(w)
+        found = (f"{len(report.problems)} problems found" if report.problems
+                 else "no problems found")
+        _ui.checklist([(not report.problems, "checks", found)], cfg.output)
+        for p in report.problems:
+            _ui.error(p)
+    if report.problems:
+        raise CheckFailed(f"{cfg.path}: {len(report.problems)} checkpoint problem"
+                          f"{'s' if len(report.problems) > 1 else ''} (CHECKPOINTS.md §5)")
+    return report
+
+
+def _show_checkpoint(info, opts: _ui.OutputOptions) -> None:
+    ids = (f"{info.aux_layer_ids} boundary / {info.aux_layer_ids_output} layer-output"
+           if info.aux_layer_ids else "none")
+    vocab = "?"
+    if info.draft_vocab_size:
+        vocab = f"{info.draft_vocab_size:,} of {info.vocab_size or 0:,} target ids"
+        if info.coverage is not None:
+            vocab += f", covering {info.coverage:.1%} of the training tokens"
+    size = f"{info.hidden_size}" + (f" (target {info.target_hidden_size})"
+                                    if info.target_hidden_size else "")
+    _ui.kv(info.path, [
+        ("layout", info.description),
+        ("aux layer ids", f"{ids} (from {info.layer_ids_source})"),
+        ("aux states", info.num_aux),
+        ("draft vocab", vocab),
+        ("hidden size", size),
+        ("norm_before_residual", info.norm_before_residual),
+        ("max positions", info.max_position_embeddings),
+        ("verifier", info.verifier),
+        ("embedding", "included" if info.has_embedding else "none (the engine uses the target's)"),
+        ("weights", f"{', '.join(info.weights_files)}: {len(info.tensors)} tensors, {info.dtype}"),
+    ], opts)

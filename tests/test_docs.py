@@ -59,6 +59,7 @@ OWN_DOC_TESTS = {
     "extract.md": "test_docs_extract.py",
     "train.md": "test_docs_train.py",
     "export.md": "test_docs_export.py",
+    "info-checkpoints.md": "test_docs_export.py",
     "bench.md": "test_docs_bench.py",
     "plan.md": "test_docs_plan.py",
     "quickstart.md": "test_docs_quickstart.py",

@@ -28,6 +28,9 @@ SECTION = "## Server launch lines"
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 LAUNCHERS = ("sglang.launch_server", "vllm serve")
+# docs/export.md shows how to serve an exported drafter; tests/test_docs_export.py checks
+# its launch lines with the parser and flag tables below.
+LAUNCH_PAGES = {PAGE, REPO / "docs" / "export.md"}
 GPUS_PER_NODE = 8
 
 Flag = type | frozenset | str | None
@@ -64,6 +67,10 @@ SGLANG_FLAGS: dict[str, Flag] = {
     "--incremental-streaming-output": None, "--stream-output": None,
     "--max-queued-requests": int, "--enable-priority-scheduling": None,
     "--sampling-defaults": frozenset({"openai", "model"}),
+    # speculative decoding (docs/export.md; CHECKPOINTS.md §2, SGLang "Speculative Decoding")
+    "--speculative-algorithm": frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"}),
+    "--speculative-draft-model-path": str, "--speculative-num-steps": int,
+    "--speculative-eagle-topk": int, "--speculative-num-draft-tokens": int,
 }
 
 VLLM_REASONING_PARSERS = frozenset({
@@ -94,6 +101,8 @@ VLLM_FLAGS: dict[str, Flag] = {
     # named in reference/SERVER_APIS.md
     "--max-num-queued-reqs": int,
     "--per-request-spec-decode-metrics": frozenset({"summary"}),
+    # speculative decoding, a JSON object (docs/export.md; CHECKPOINTS.md §1 "long form")
+    "--speculative-config": str,
 }
 
 SERVERS = {"sglang": SGLANG_FLAGS, "vllm": VLLM_FLAGS}
@@ -220,7 +229,8 @@ def test_launch_lines_are_in_one_place() -> None:
     for doc in DOCS:
         for lang, first, body in blocks(doc):
             if lang == "launch":
-                assert doc == PAGE, f"{doc.name}:{first}: launch blocks belong in {PAGE.name}"
+                assert doc in LAUNCH_PAGES, (
+                    f"{doc.name}:{first}: launch blocks belong in {PAGE.name}")
             else:
                 assert not any(name in body for name in LAUNCHERS), (
                     f"{doc.name}:{first}: a server launch line outside a launch block; "

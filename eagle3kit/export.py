@@ -1,0 +1,572 @@
+"""`eagle3kit export`: a trained drafter as the checkpoints vLLM and SGLang load.
+
+Two layouts (CHECKPOINTS.md §1, §2), every field written explicitly so that no engine falls
+back to a default: the layer ids come from the run (never a default), `norm_before_residual`
+is stated, and `max_position_embeddings` and the RoPE settings are the target's. An export is
+written into a temp directory, checked there (key set, shapes and dtypes against a drafter
+built on the meta device from the written config; the problems `eagle3kit info` looks for),
+and only then renamed into place, so OUT is either the complete export or untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3kit import __version__, _ui
+from eagle3kit.errors import UserError
+
+FORMATS = ("vllm", "sglang", "both")
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+          "fp32": "float32", "float32": "float32"}
+SPECULATORS_FORMAT = "0.9.0"
+"""The speculators release whose config format the vLLM export follows (and is tested with)."""
+WEIGHTS = "model.safetensors"
+
+
+@dataclass
+class ExportConfig:
+    run: Path
+    """A train run directory (RUN/run.json + RUN/drafter/), or any EAGLE-3 checkpoint."""
+    out: Path
+    """The directory to write; with format both, OUT/vllm and OUT/sglang."""
+    format: str = "vllm"
+    """vllm (speculators layout), sglang (LlamaForCausalLMEagle3), or both."""
+    verifier: str | None = None
+    """The model `vllm serve <draft>` loads; default: the target recorded in the run."""
+    num_speculative_tokens: int = 3
+    """proposal_methods[0].speculative_tokens of the vLLM export."""
+    dtype: str = "bf16"
+    """Floating-point weights as bf16, fp16 or fp32 (d2t stays int64, t2d bool)."""
+    target: Path | None = None
+    """The target model directory; default: the path the run recorded, when it exists."""
+    with_embedding: bool = False
+    """vLLM export: add a bit-exact copy of the target's input embedding."""
+    layers: list[int] | None = None
+    """Boundary aux layer ids for a source checkpoint that records none."""
+    overwrite: bool = False
+    """Replace a non-empty OUT."""
+    output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
+
+    def __post_init__(self) -> None:
+        self.run, self.out = Path(self.run), Path(self.out)
+        self.target = None if self.target is None else Path(self.target)
+        if self.format not in FORMATS:
+            raise UserError(f"--format {self.format!r}: expected one of {', '.join(FORMATS)}")
+        if self.dtype not in DTYPES:
+            raise UserError(f"--dtype {self.dtype!r}: expected bf16, fp16 or fp32")
+        if self.num_speculative_tokens < 1:
+            raise UserError(f"--num-speculative-tokens must be >= 1 "
+                            f"(got {self.num_speculative_tokens})")
+        if self.with_embedding and self.format == "sglang":
+            raise UserError("--with-embedding: the SGLang layout never has an embedding "
+                            "(SGLang always uses the target's)")
+        if self.layers is not None and (not self.layers or min(self.layers) < 0
+                                        or len(set(self.layers)) != len(self.layers)):
+            raise UserError(f"--layers {self.layers}: expected distinct ids >= 0, like 2,18,33")
+        if self.verifier is not None and not self.verifier.strip():
+            raise UserError("--verifier: empty")
+        if self.run.resolve() == self.out.resolve():
+            raise UserError(f"{self.out}: the output cannot be the run directory itself")
+
+
+@dataclass
+class Exported:
+    """One written checkpoint."""
+
+    format: str
+    path: str
+    layout: str
+    tensors: int
+    bytes: int
+    dtype: str
+    aux_layer_ids: list[int]
+    """Boundary convention (vLLM's `eagle_aux_hidden_state_layer_ids`)."""
+    aux_layer_ids_output: list[int]
+    """Layer-output convention (SGLang's `eagle_config` ids)."""
+    draft_vocab_size: int
+    verifier: str | None
+    has_embedding: bool
+    checks: list[tuple[str, str]]
+    """(name, what was checked), all passed: a failed check stops the export."""
+
+
+@dataclass
+class ExportResult:
+    source: str
+    source_layout: str
+    out: str
+    exports: list[Exported]
+    warnings: list[str]
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "source_layout": self.source_layout, "out": self.out,
+                "exports": [e.__dict__ for e in self.exports], "warnings": self.warnings}
+
+
+# The source: a run or a checkpoint ----------------------------------------------------------
+@dataclass
+class Source:
+    model: Any
+    """The Eagle3Drafter, fp32 on the CPU."""
+    layout: str
+    checkpoint: Path
+    identity: dict
+    """The target as the run recorded it: path, name_or_path, architectures, fingerprint."""
+    coverage: float | None
+    target_raw: dict | None
+    """The target's config.json, when the target directory is at hand."""
+    target_dir: Path | None
+    warnings: list[str]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object")
+    return data
+
+
+def load_source(cfg: ExportConfig) -> Source:
+    from eagle3kit.model.layouts import inspect, load_inspected
+
+    run_dir = cfg.run
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run directory")
+    run: dict = {}
+    if (run_dir / "run.json").is_file():
+        run = _read_json(run_dir / "run.json")
+        checkpoint = run_dir / "drafter"
+        if not (checkpoint / "config.json").is_file():
+            raise UserError(f"{checkpoint}: the run has no drafter yet (train writes it there)")
+    elif (run_dir / "config.json").is_file():
+        checkpoint = run_dir
+    else:
+        raise UserError(f"{run_dir}: neither a run directory (no run.json) nor a checkpoint "
+                        f"(no config.json)")
+    info = inspect(checkpoint)
+    identity = _identity(run, info)
+    target_dir = cfg.target or _existing_dir(identity.get("path"))
+    if cfg.target is not None and not (cfg.target / "config.json").is_file():
+        raise UserError(f"--target {cfg.target}: not a model directory (no config.json)")
+    target_raw = _checked_target(target_dir, identity, explicit=cfg.target is not None)
+    if target_raw is not None and info.target_layers is None:
+        info.target_layers = target_raw.get("num_hidden_layers")
+    _settle_layer_ids(cfg, info, run)
+    model = load_inspected(info)
+    warnings = list(info.warnings)
+    if target_raw is None:
+        warnings.append("target config not found"
+                        + (f" at {identity['path']}" if identity.get("path") else "")
+                        + ": max_position_embeddings, RoPE and token ids are the values the "
+                          "drafter recorded from it; give --target to copy them from the target")
+    return Source(model=model, layout=info.layout, checkpoint=checkpoint, identity=identity,
+                  coverage=info.coverage, target_raw=target_raw,
+                  target_dir=target_dir if target_raw is not None else None, warnings=warnings)
+
+
+def _identity(run: dict, info: Any) -> dict:
+    from eagle3kit.model.layouts import PROVENANCE
+
+    recorded = run.get("target")
+    if not isinstance(recorded, dict) and info.layout == "eagle3kit":
+        recorded = info.config["eagle3kit"].get("target")
+    provenance = Path(info.path) / PROVENANCE
+    if not isinstance(recorded, dict) and provenance.is_file():  # an earlier export
+        recorded = _read_json(provenance).get("target")
+    if isinstance(recorded, dict):
+        return dict(recorded)
+    if info.layout == "speculators":
+        verifier = info.config.get("speculators_config", {}).get("verifier") or {}
+        return {"name_or_path": verifier.get("name_or_path"),
+                "architectures": verifier.get("architectures") or []}
+    return {}
+
+
+def _existing_dir(path: Any) -> Path | None:
+    return Path(path) if path and (Path(path) / "config.json").is_file() else None
+
+
+def _checked_target(target_dir: Path | None, identity: dict, explicit: bool) -> dict | None:
+    """The target's raw config, refused when it is not the target the run trained against."""
+    if target_dir is None:
+        return None
+    from transformers import AutoConfig
+
+    from eagle3kit.model import config_fingerprint
+    from eagle3kit.model.layouts import target_dict
+
+    raw, _ = target_dict(target_dir)
+    recorded = identity.get("fingerprint")
+    if recorded:
+        try:
+            actual = config_fingerprint(AutoConfig.from_pretrained(str(target_dir),
+                                                                   local_files_only=True))
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{target_dir}: cannot read the target config ({exc})") from None
+        if actual != recorded:
+            flag = "--target" if explicit else "the recorded target path"
+            raise UserError(f"{flag} {target_dir}: not the target the run was trained against "
+                            f"(config fingerprint {actual}, the run recorded {recorded})")
+    return raw
+
+
+def _settle_layer_ids(cfg: ExportConfig, info: Any, run: dict) -> None:
+    """Layer ids come from the run or the checkpoint, or from --layers when it has none."""
+    recorded = run.get("layer_ids")
+    missing = info.layer_ids_source == "engine default"
+    if cfg.layers is not None:
+        if not missing:
+            if list(cfg.layers) != info.aux_layer_ids:
+                raise UserError(f"--layers {','.join(map(str, cfg.layers))}: the drafter was "
+                                f"trained on layers {info.aux_layer_ids}; leave --layers out")
+            return
+        if info.num_aux is not None and len(cfg.layers) != info.num_aux:
+            raise UserError(f"--layers: {len(cfg.layers)} ids, but the drafter's fc takes "
+                            f"{info.num_aux} aux states")
+        info.aux_layer_ids, info.layer_ids_source = list(cfg.layers), "--layers"
+        info.problems = [p for p in info.problems if not p.startswith("no aux layer ids")]
+        return
+    if missing:
+        raise UserError(f"{info.path}: records no aux layer ids; export never falls back to the "
+                        f"engines' default: give the layers the drafter was trained on with "
+                        f"--layers (boundary convention, like 2,18,33)")
+    if recorded is not None and list(recorded) != info.aux_layer_ids:
+        raise UserError(f"{cfg.run}/run.json: layer_ids {recorded} differ from the drafter's "
+                        f"{info.aux_layer_ids}")
+
+
+# The two layouts -----------------------------------------------------------------------------
+def _rope_fields(drafter: Any, target: dict | None, warnings: list[str]) -> dict:
+    """max_position_embeddings and RoPE as the target has them (CHECKPOINTS.md §6)."""
+    from eagle3kit.model.layouts import target_rope
+
+    if target is None:
+        theta, scaling, max_pos = (drafter.rope_theta, drafter.rope_scaling,
+                                   drafter.max_position_embeddings)
+        params = None
+    else:
+        theta, scaling = target_rope(target)
+        max_pos = target.get("max_position_embeddings") or drafter.max_position_embeddings
+        params = target.get("rope_parameters")
+        if theta != drafter.rope_theta or (scaling or None) != (drafter.rope_scaling or None):
+            warnings.append(f"the drafter was trained with rope_theta {drafter.rope_theta}, "
+                            f"scaling {drafter.rope_scaling}; the export has the target's "
+                            f"({theta}, {scaling})")
+    if not isinstance(params, dict):
+        kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+        params = {**{k: v for k, v in (scaling or {}).items() if k != "type"},
+                  "rope_type": kind, "rope_theta": theta}
+    return {"max_position_embeddings": max_pos, "rope_theta": theta, "rope_scaling": scaling,
+            "rope_parameters": params}
+
+
+def _token_ids(drafter: Any, target: dict | None) -> dict:
+    source = target if target is not None else {
+        "bos_token_id": drafter.bos_token_id, "eos_token_id": drafter.eos_token_id,
+        "pad_token_id": drafter.pad_token_id}
+    return {k: source.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+
+
+def _decoder_fields(drafter: Any, target: dict | None, warnings: list[str]) -> dict:
+    """The Llama decoder config both layouts describe the one draft layer with."""
+    return {
+        "model_type": "llama",  # the draft layer is Llama-style (no q/k norms) for any target
+        "hidden_size": drafter.hidden_size,
+        "intermediate_size": drafter.intermediate_size,
+        "num_attention_heads": drafter.num_attention_heads,
+        "num_key_value_heads": drafter.num_key_value_heads,
+        "head_dim": drafter.head_dim,
+        "num_hidden_layers": 1,
+        "hidden_act": drafter.hidden_act,
+        "rms_norm_eps": drafter.rms_norm_eps,
+        "attention_bias": False,
+        "mlp_bias": False,
+        **_rope_fields(drafter, target, warnings),
+        "vocab_size": drafter.vocab_size,  # V, never Vd (speculators PR #188)
+        "tie_word_embeddings": False,
+        "use_cache": True,  # null fails vLLM's strict config validation
+        **_token_ids(drafter, target),
+    }
+
+
+def vllm_config(drafter: Any, verifier: str, architectures: list[str], tokens: int,
+                dtype: str, target: dict | None, warnings: list[str]) -> dict:
+    """The speculators config (CHECKPOINTS.md §1), every field explicit."""
+    import transformers
+
+    layer = _decoder_fields(drafter, target, warnings)
+    layer["dtype"] = dtype
+    return {
+        "architectures": ["Eagle3DraftModel"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_FORMAT,
+        "transformers_version": transformers.__version__,
+        "dtype": dtype,
+        "torch_dtype": dtype,
+        "draft_vocab_size": drafter.draft_vocab_size,
+        "target_hidden_size": drafter.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": list(drafter.aux_layer_ids),
+        "norm_before_residual": drafter.norm_before_residual,
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "embed_requires_grad": False,
+        "tie_word_embeddings": False,
+        "transformer_layer_config": layer,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": tokens,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "verifier": {"name_or_path": verifier, "architectures": architectures},
+        },
+    }
+
+
+def sglang_config(drafter: Any, dtype: str, target: dict | None, warnings: list[str]) -> dict:
+    """The SpecForge/SGLang config (CHECKPOINTS.md §2).
+
+    `eagle_config` carries the ids in SGLang's layer-output convention. The same layers also go
+    in the top-level `eagle_aux_hidden_state_layer_ids` in the boundary convention: vLLM reads
+    that key first when it serves this layout (long form), where it would otherwise ignore the
+    nested ids (older builds) or read them one layer early (newer ones); SGLang reads only the
+    nested ids.
+    """
+    ids = list(drafter.aux_layer_ids)
+    config = {"architectures": ["LlamaForCausalLMEagle3"],
+              **_decoder_fields(drafter, target, warnings),
+              "draft_vocab_size": drafter.draft_vocab_size,
+              "torch_dtype": dtype,
+              "norm_before_residual": drafter.norm_before_residual,
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids],
+                               "use_aux_hidden_state": True},
+              "eagle_aux_hidden_state_layer_ids": ids}
+    if drafter.target_hidden_size is not None:
+        config["target_hidden_size"] = drafter.target_hidden_size
+    return config
+
+
+def weights_for(model: Any, fmt: str, dtype: str, embedding: Any = None) -> dict:
+    """The tensors of one layout: floats in `dtype`, d2t int64, t2d bool."""
+    import torch
+
+    from eagle3kit.model.checkpoint import drafter_weights
+
+    tensors = drafter_weights(model, dtype=getattr(torch, dtype))
+    tensors["d2t"] = tensors["d2t"].to(torch.int64)
+    tensors["t2d"] = tensors["t2d"].to(torch.bool)
+    if fmt == "sglang":
+        return {("midlayer." + n.removeprefix("layers.0.") if n.startswith("layers.0.") else n): t
+                for n, t in tensors.items()}
+    if embedding is not None:
+        tensors["embed_tokens.weight"] = embedding.detach().contiguous()  # bit-exact, its dtype
+    return tensors
+
+
+# Writing and checking -------------------------------------------------------------------------
+def _write_checkpoint(directory: Path, config: dict, tensors: dict, provenance: dict) -> None:
+    from safetensors.torch import save_file
+
+    from eagle3kit.model.layouts import PROVENANCE
+
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(directory / WEIGHTS), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (directory / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
+    for f in directory.iterdir():
+        with open(f, "rb") as handle:
+            os.fsync(handle.fileno())
+
+
+def verify_export(directory: Path, fmt: str, tensors: dict,
+                  target: Path | None) -> list[tuple[str, str]]:
+    """Reload an export on the meta device and check it; the checks passed, or UserError."""
+    import torch
+
+    from eagle3kit.model.drafter import Eagle3Drafter
+    from eagle3kit.model.layouts import drafter_config_of, inspect
+
+    info = inspect(directory, target)
+    layout = "speculators" if fmt == "vllm" else "sglang"
+    failures = [] if info.layout == layout else [f"read back as layout {info.layout}"]
+    failures += info.problems
+    stored = {n: (tuple(s), d) for n, (s, d) in info.tensors.items()}
+    written = {n: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in
+               tensors.items()}
+    if stored != written:
+        failures.append(f"file holds {sorted(set(stored) ^ set(written)) or 'other shapes'}")
+    with torch.device("meta"):
+        meta = Eagle3Drafter(drafter_config_of(info))
+    expected = {info.rename(n): tuple(t.shape) for n, t in meta.state_dict().items()}
+    if "embed_tokens.weight" not in tensors:
+        expected.pop("embed_tokens.weight")
+    mapped = {info.rename(n): s for n, (s, _) in stored.items()}
+    if mapped != expected:
+        diff = sorted(k for k in set(mapped) | set(expected) if mapped.get(k) != expected.get(k))
+        failures.append(f"the config and the weights disagree on {diff[:4]}")
+    if failures:
+        raise UserError(f"the {fmt} export failed its own checks: {'; '.join(failures)}")
+    return [("layout", f"read back as the {layout} layout"),
+            ("tensors", f"{len(stored)}: key set, shapes and dtypes match a drafter built on "
+                        f"the meta device from the written config"),
+            ("problems", "none of those `eagle3kit info` looks for")]
+
+
+def _committed(out: Path, overwrite: bool, fill) -> None:
+    """Run `fill(tmp)` in a temp directory beside OUT, then rename it to OUT."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise UserError(f"{out}: not empty; give --overwrite to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by an interrupted export
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        fill(tmp)
+        _publish_modes(tmp)
+        if out.exists():
+            old = out.parent / f".{out.name}.tmp-old-{os.getpid()}"
+            os.rename(out, old)
+            os.rename(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+        fd = os.open(out.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _publish_modes(tmp: Path) -> None:
+    """mkdtemp and safetensors create owner-only files; an export is read by servers that
+    may run as another user, so give it the modes a plain mkdir and open would have."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in [tmp, *tmp.rglob("*")]:
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
+
+
+def _verifier(cfg: ExportConfig, src: Source) -> tuple[str, list[str]]:
+    name = cfg.verifier or src.identity.get("name_or_path") or src.identity.get("path")
+    if not name:
+        raise UserError(f"{src.checkpoint}: records no target; give --verifier NAME_OR_PATH")
+    local = _existing_dir(name)
+    if local is not None:
+        return name, list(_read_json(local / "config.json").get("architectures") or [])
+    archs = src.identity.get("architectures") or (src.target_raw or {}).get("architectures")
+    return name, list(archs or [])
+
+
+def run(cfg: ExportConfig) -> ExportResult:
+    from eagle3kit.model.layouts import target_embedding
+
+    src = load_source(cfg)
+    drafter = src.model.config
+    dtype = DTYPES[cfg.dtype]
+    warnings = list(src.warnings)
+    verifier, architectures = _verifier(cfg, src)
+    embedding = None
+    if cfg.with_embedding:
+        embedding = target_embedding(src.target_dir) if src.target_dir else None
+        if embedding is None:
+            raise UserError("--with-embedding needs the target's weights: give --target")
+    formats = ["vllm", "sglang"] if cfg.format == "both" else [cfg.format]
+    if "sglang" in formats:
+        warnings += _sglang_warnings(drafter)
+    plans = []
+    for fmt in formats:
+        config = (vllm_config(drafter, verifier, architectures, cfg.num_speculative_tokens,
+                              dtype, src.target_raw, warnings) if fmt == "vllm"
+                  else sglang_config(drafter, dtype, src.target_raw, warnings))
+        tensors = weights_for(src.model, fmt, dtype, embedding if fmt == "vllm" else None)
+        plans.append((fmt, config, tensors))
+    warnings = list(dict.fromkeys(warnings))  # the rope warning comes once per layout
+    exports: list[Exported] = []
+
+    def fill(tmp: Path) -> None:
+        for fmt, config, tensors in plans:
+            where = tmp / fmt if len(plans) > 1 else tmp
+            _write_checkpoint(where, config, tensors,
+                              _provenance(cfg, src, fmt, dtype, verifier))
+            checks = verify_export(where, fmt, tensors, src.target_dir)
+            final = cfg.out / fmt if len(plans) > 1 else cfg.out
+            exports.append(Exported(
+                format=fmt, path=str(final), layout=LAYOUT_NAMES[fmt], tensors=len(tensors),
+                bytes=(where / WEIGHTS).stat().st_size, dtype=dtype,
+                aux_layer_ids=list(drafter.aux_layer_ids),
+                aux_layer_ids_output=[i - 1 for i in drafter.aux_layer_ids],
+                draft_vocab_size=drafter.draft_vocab_size,
+                verifier=verifier if fmt == "vllm" else None,
+                has_embedding="embed_tokens.weight" in tensors, checks=checks))
+
+    _committed(cfg.out, cfg.overwrite, fill)
+    result = ExportResult(source=str(cfg.run), source_layout=src.layout, out=str(cfg.out),
+                          exports=exports, warnings=warnings)
+    _show(result, cfg.output)
+    return result
+
+
+LAYOUT_NAMES = {"vllm": "speculators / vLLM", "sglang": "SGLang / SpecForge"}
+
+
+def _sglang_warnings(drafter: Any) -> list[str]:
+    if min(drafter.aux_layer_ids) < 1:
+        raise UserError(f"layer id 0 (the embedding output) has no layer-output id: the SGLang "
+                        f"layout cannot name it ({drafter.aux_layer_ids}); use --format vllm")
+    out = []
+    if drafter.norm_before_residual:
+        out.append("norm_before_residual is true: SGLang builds that do not read it take the "
+                   "residual from the raw hidden input (false) and serve this drafter wrongly")
+    if drafter.aux_layer_ids[0] != 2:
+        out.append(f"SGLang layer-output ids {[i - 1 for i in drafter.aux_layer_ids]} do not "
+                   f"start at 1: SGLang before PR #25454 adds 1, newer SGLang reads them as "
+                   f"boundary ids; check per-position acceptance after serving")
+    return out
+
+
+def _provenance(cfg: ExportConfig, src: Source, fmt: str, dtype: str, verifier: str) -> dict:
+    ids = list(src.model.config.aux_layer_ids)
+    return {
+        "written_by": f"eagle3kit {__version__}", "created": time.time(), "format": fmt,
+        "source": str(cfg.run.resolve()), "source_layout": src.layout,
+        "target": src.identity, "verifier": verifier, "dtype": dtype,
+        "aux_layer_ids": {"boundary": ids, "layer_output": [i - 1 for i in ids]},
+        "draft_vocab": {"size": src.model.config.draft_vocab_size, "coverage": src.coverage},
+        "target_config": "copied from " + str(src.target_dir) if src.target_raw is not None
+        else "the values the drafter recorded",
+    }
+
+
+def _show(result: ExportResult, opts: _ui.OutputOptions) -> None:
+    if opts.json:
+        _ui.print_json(result.to_dict())
+    for w in result.warnings:
+        _ui.warn(w)
+    if opts.json:
+        return
+    for e in result.exports:
+        _ui.kv(e.path, [
+            ("layout", e.layout),
+            ("tensors", f"{e.tensors} ({e.bytes:,} bytes, {e.dtype}"
+                        + (", with the target's embedding)" if e.has_embedding else ")")),
+            ("aux layer ids", f"{e.aux_layer_ids} boundary / {e.aux_layer_ids_output} "
+                              f"layer-output"),
+            ("draft vocab", e.draft_vocab_size),
+            *([("verifier", e.verifier)] if e.verifier else []),
+        ], opts)
+        _ui.checklist([(True, name, detail) for name, detail in e.checks], opts)
