@@ -30,7 +30,7 @@ FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 LAUNCHERS = ("sglang.launch_server", "vllm serve")
 # docs/export.md shows how to serve an exported drafter; tests/test_docs_export.py checks
 # its launch lines with the parser and flag tables below.
-LAUNCH_PAGES = {PAGE, REPO / "docs" / "export.md"}
+LAUNCH_PAGES = {PAGE, REPO / "docs" / "export.md", REPO / "docs" / "extract.md"}
 GPUS_PER_NODE = 8
 
 Flag = type | frozenset | str | None

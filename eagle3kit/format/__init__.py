@@ -5,6 +5,12 @@ See docs/format.md for the specification.
 
 from eagle3kit.format.dataset_dir import is_dataset
 from eagle3kit.format.errors import DatasetError
+from eagle3kit.format.hidden import (
+    HiddenDataset,
+    HiddenSample,
+    HiddenWriter,
+    hidden_bytes_per_token,
+)
 from eagle3kit.format.layout import FORMAT_NAME, FORMAT_VERSION
 from eagle3kit.format.reader import Dataset, TokenView
 from eagle3kit.format.sample import TokenSample, make_sample_id
@@ -16,9 +22,13 @@ __all__ = [
     "Dataset",
     "DatasetError",
     "DatasetWriter",
+    "HiddenDataset",
+    "HiddenSample",
+    "HiddenWriter",
     "OpenMode",
     "TokenSample",
     "TokenView",
+    "hidden_bytes_per_token",
     "is_dataset",
     "make_sample_id",
 ]

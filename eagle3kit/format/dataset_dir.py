@@ -61,7 +61,8 @@ def read_marker(path: Path, kind: str | None = None) -> dict:
     return marker
 
 
-def create(path: Path, kind: str, config: dict, provenance: dict) -> None:
+def create(path: Path, kind: str, config: dict, provenance: dict,
+           fixed: dict | None = None) -> None:
     if kind not in KINDS:
         raise ValueError(f"unknown dataset kind {kind!r}")
     (path / SHARD_DIR).mkdir(parents=True, exist_ok=True)
@@ -70,7 +71,7 @@ def create(path: Path, kind: str, config: dict, provenance: dict) -> None:
         "format": FORMAT_NAME, "version": FORMAT_VERSION, "kind": kind,
         "created": now, "updated": now, "written_by": __version__,
         "config": config, "config_history": [], "provenance": provenance,
-        "runs": [], "shards": [],
+        "runs": [], "shards": [], **(fixed or {}),
     })
     # The marker comes last: a directory with a marker always has a manifest.
     write_json_atomic(path / MARKER, {

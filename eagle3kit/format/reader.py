@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -192,13 +193,22 @@ class Dataset:
         return dataset_dir.stray_files(self.path, self.manifest)
 
     # Samples ------------------------------------------------------------------------------
-    def _shard(self, k: int) -> TokenShard:
+    def _load_shard(self, entry: dict, verify: bool) -> Any:
+        """A token shard, or a hidden-state one for a dataset of that kind (e.g. for `info`)."""
+        path = self.path / SHARD_DIR / entry["name"]
+        if self.kind == "hidden":
+            from eagle3kit.format.hidden import HiddenShard  # hidden.py builds on this module
+
+            return HiddenShard(path, entry, verify)
+        return TokenShard(path, entry, verify)
+
+    def _shard(self, k: int) -> Any:
         shard = self._open.get(k)
         if shard is None:
             entry = self.shards[k]
             # Checked once per Dataset: a shard evicted and reopened is not hashed again.
             verify = self._verify and k not in self._verified
-            shard = TokenShard(self.path / SHARD_DIR / entry["name"], entry, verify)
+            shard = self._load_shard(entry, verify)
             self._verified.add(k)
             self._open[k] = shard
             if len(self._open) > _OPEN_SHARDS:
@@ -215,7 +225,7 @@ class Dataset:
         k = bisect.bisect_right(self._starts, index) - 1
         return k, index - self._starts[k]
 
-    def __getitem__(self, index: int) -> TokenSample:
+    def __getitem__(self, index: int) -> Any:
         k, i = self._locate(index)
         return self._shard(k).sample(i)
 
@@ -225,15 +235,15 @@ class Dataset:
         start, end = shard.starts[i], shard.starts[i + 1]
         return TokenView(shard.tokens[start:end], shard.plens[i], shard.loss_mask(i))
 
-    def __iter__(self) -> Iterator[TokenSample]:
+    def __iter__(self) -> Iterator[Any]:
         return self.iter_samples()
 
-    def iter_samples(self, partition: str | None = None) -> Iterator[TokenSample]:
+    def iter_samples(self, partition: str | None = None) -> Iterator[Any]:
         """Every sample in commit order, one shard mapped at a time (flat memory)."""
         for k, entry in enumerate(self.shards):
             if partition is not None and partition not in entry["partitions"]:
                 continue
-            shard = TokenShard(self.path / SHARD_DIR / entry["name"], entry, self._verify)
+            shard = self._load_shard(entry, self._verify)
             wanted = None
             if partition is not None:
                 wanted = shard.partition_names.index(partition)
@@ -243,7 +253,7 @@ class Dataset:
             del shard
             self._open.pop(k, None)
 
-    def iter_shards(self) -> Iterator[TokenShard]:
+    def iter_shards(self) -> Iterator[Any]:
         """Each shard's arrays in commit order, for checks that scan whole arrays at once."""
         for k in range(len(self.shards)):
             yield self._shard(k)
@@ -285,7 +295,7 @@ class Dataset:
         problems = []
         for entry in self.shards:
             try:
-                TokenShard(self.path / SHARD_DIR / entry["name"], entry, verify=True)
+                self._load_shard(entry, verify=True)
             except DatasetError as exc:
                 problems.append(str(exc))
         return problems

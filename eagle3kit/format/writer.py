@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import orjson
@@ -70,6 +70,8 @@ def loss_spans(sample: TokenSample, n_tokens: int) -> list[list[int]]:
 
 class _TokenBuffer:
     """Samples waiting for the next commit, packed as they arrive."""
+
+    dtypes: dict[str, str] = {}  # noqa: RUF012  (read-only: every array has its natural dtype)
 
     def __init__(self) -> None:
         self.tokens = np.empty(1 << 16, np.int32)
@@ -157,22 +159,53 @@ class _TokenBuffer:
         }
         return arrays, names
 
-    def stats(self) -> dict:
-        """Per-partition counts for the manifest, so `info` never opens a shard."""
-        out: dict[str, dict] = {}
-        for i, part in enumerate(self.partitions):
-            n = self.offsets[i + 1] - self.offsets[i]
-            loss = self.loss[i]
-            p = out.setdefault(part, {"samples": 0, "tokens": 0, "loss_tokens": 0,
-                                      "completion_tokens": 0, "finish": Counter()})
-            p["samples"] += 1
-            p["tokens"] += n
-            p["loss_tokens"] += loss
-            p["completion_tokens"] += n - self.prompt_lens[i]
-            p["finish"][self.finish[i]] += 1
-        for p in out.values():
-            p["finish"] = dict(p["finish"])
-        return out
+    @property
+    def nbytes(self) -> int:
+        return self.n_tokens * 4
+
+    def shard_metadata(self) -> dict[str, str]:
+        return {}
+
+    def entry(self) -> dict:
+        """This buffer's counts for its manifest entry, so `info` never opens a shard."""
+        lengths = np.diff(self.offsets).tolist()
+        stats = partition_stats(self.partitions, lengths, self.loss, self.prompt_lens,
+                                self.finish)
+        return {"tokens": self.n_tokens,
+                "loss_tokens": sum(p["loss_tokens"] for p in stats.values()),
+                "partitions": stats}
+
+
+def partition_stats(partitions: list[str], lengths: list[int], loss: list[int],
+                    prompt_lens: list[int], finish: list[str] | None) -> dict:
+    """Per-partition samples, tokens, loss, completion tokens and finish reasons."""
+    out: dict[str, dict] = {}
+    for i, part in enumerate(partitions):
+        p = out.setdefault(part, {"samples": 0, "tokens": 0, "loss_tokens": 0,
+                                  "completion_tokens": 0, "finish": Counter()})
+        p["samples"] += 1
+        p["tokens"] += lengths[i]
+        p["loss_tokens"] += loss[i]
+        p["completion_tokens"] += lengths[i] - prompt_lens[i]
+        if finish is not None:
+            p["finish"][finish[i]] += 1
+    for p in out.values():
+        p["finish"] = dict(p["finish"])
+    return out
+
+
+class _Buffer(Protocol):
+    """What a writer needs of the samples it queues: packed arrays and their counts."""
+
+    dtypes: dict[str, str]
+
+    def __len__(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    def add(self, sample: Any) -> None: ...
+    def arrays(self) -> tuple[dict[str, np.ndarray], list[str]]: ...
+    def shard_metadata(self) -> dict[str, str]: ...
+    def entry(self) -> dict: ...
 
 
 class DatasetWriter:
@@ -180,8 +213,12 @@ class DatasetWriter:
 
     `mode`: "auto" continues an existing dataset or starts one, "resume" requires one to
     exist, "overwrite" starts afresh. `config` is the resolved setting of the producing
-    stage; continuing with different settings needs `force`. Processes of one torchrun job
-    share a `run_id` and pass their `rank`; each writes its own shards.
+    stage; continuing with different settings needs `force`. `fixed` holds manifest fields
+    set when the dataset is created that no later run may change, `force` or not (what a
+    hidden-state dataset's states mean). Processes of one torchrun job share a `run_id` and
+    pass their `rank`; each writes its own shards. Besides `commit_every` and
+    `commit_interval`, a commit is due once the queued samples hold `commit_bytes`, which
+    bounds the memory of writers with big samples (hidden states).
     """
 
     def __init__(
@@ -195,6 +232,8 @@ class DatasetWriter:
         provenance: dict | None = None,
         commit_every: int = 1000,
         commit_interval: float = 60.0,
+        commit_bytes: int = 1 << 30,
+        fixed: dict | None = None,
         run_id: str | None = None,
         rank: int = 0,
         clock=time.monotonic,
@@ -203,13 +242,15 @@ class DatasetWriter:
         self.kind = kind
         self.commit_every = commit_every
         self.commit_interval = commit_interval
+        self.commit_bytes = commit_bytes
         self.rank = rank
         self._clock = clock
         self._config = config or {}
         self._force = force
         self._provenance = provenance or {}
+        self._fixed = fixed or {}
         self._mode = mode
-        self._buffer = _TokenBuffer()
+        self._buffer = self._new_buffer()
         self._token = f"r{rank}-{secrets.token_hex(4)}"
         self._seq = 0
         self._pool: ThreadPoolExecutor | None = None
@@ -252,7 +293,8 @@ class DatasetWriter:
         if self._mode == "overwrite" and not same_run_before and dataset_dir.is_dataset(self.path):
             dataset_dir.wipe(self.path)
         if not dataset_dir.is_dataset(self.path):
-            dataset_dir.create(self.path, self.kind, self._config, self._provenance)
+            dataset_dir.create(self.path, self.kind, self._config, self._provenance,
+                               self._fixed)
         dataset_dir.read_marker(self.path, self.kind)
         manifest = read_json(self.path / MANIFEST)
         # Refuse other settings before the manifest is touched: a refused run must leave no
@@ -266,12 +308,20 @@ class DatasetWriter:
         if changes and self._force:
             manifest["config_history"].append(manifest.get("config"))
             manifest["config"] = self._config
-        manifest["runs"].append({"run_id": self.run_id, "started": time.time(),
-                                 "host": socket.gethostname(), "pid": os.getpid(),
-                                 "eagle3kit": __version__, "command": command_line()})
+        if not same_run_before:  # a rank arriving after its run's others left is that run
+            manifest["runs"].append({"run_id": self.run_id, "started": time.time(),
+                                     "host": socket.gethostname(), "pid": os.getpid(),
+                                     "eagle3kit": __version__, "command": command_line()})
         write_json_atomic(self.path / MANIFEST, manifest)
 
     def _check_config(self, manifest: dict) -> None:
+        fixed = dataset_dir.config_changes({k: manifest.get(k) for k in self._fixed},
+                                           self._fixed)
+        if fixed:
+            raise DatasetError(
+                f"{self.path} holds data that cannot be mixed with this run's "
+                f"({'; '.join(fixed)}). Write to a new directory, or --overwrite to start afresh."
+            )
         changes = dataset_dir.config_changes(manifest.get("config", {}), self._config)
         if changes and not self._force:
             raise DatasetError(
@@ -305,6 +355,9 @@ class DatasetWriter:
         fsync_dir(target)
         return target
 
+    def _new_buffer(self) -> _Buffer:
+        return _TokenBuffer()
+
     def add(self, sample: TokenSample) -> bool:
         """Queue `sample`; False when its id is already in the dataset or queued."""
         check_sample_id(sample.sample_id)
@@ -321,6 +374,7 @@ class DatasetWriter:
         Call it periodically when samples arrive slowly, so the interval holds.
         """
         due = len(self._buffer) >= self.commit_every or (
+            self._buffer.nbytes >= self.commit_bytes) or (
             len(self._buffer) and self._clock() - self._last_commit >= self.commit_interval)
         if due:
             self.commit(wait=False)
@@ -342,7 +396,7 @@ class DatasetWriter:
         self._finish_pending()
         buffer = self._buffer
         if len(buffer):
-            self._buffer = _TokenBuffer()
+            self._buffer = self._new_buffer()
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="eagle3kit-commit")
             self._pending = self._pool.submit(self._commit_buffer, buffer, self._seq)
@@ -355,7 +409,7 @@ class DatasetWriter:
         if pending is not None:
             pending.result()
 
-    def _commit_buffer(self, buffer: _TokenBuffer, seq: int) -> None:
+    def _commit_buffer(self, buffer: _Buffer, seq: int) -> None:
         arrays, partitions = buffer.arrays()
         name = f"{self._token}-{seq:06d}{SHARD_SUFFIX}"
         shard_dir = self.path / SHARD_DIR
@@ -365,21 +419,27 @@ class DatasetWriter:
             # Resuming reads only the ids; their own checksum keeps a damaged id from
             # letting a sample in twice, without reading the whole shard.
             "sample_ids_xxh3": xxhash.xxh3_128_hexdigest(arrays["sample_ids"]),
-        })
+            **buffer.shard_metadata(),
+        }, buffer.dtypes)
         fsync_dir(shard_dir)
-        stats = buffer.stats()
+        counts = buffer.entry()
         entry = {
             "name": name, "bytes": written.bytes, "xxh3": written.xxh3,
-            "samples": len(buffer), "tokens": buffer.n_tokens,
-            "loss_tokens": sum(p["loss_tokens"] for p in stats.values()),
-            "rank": self.rank, "committed": time.time(), "partitions": stats,
+            "samples": len(buffer), "tokens": counts.pop("tokens"),
+            "loss_tokens": counts.pop("loss_tokens"),
+            "rank": self.rank, "committed": time.time(), "partitions": counts.pop("partitions"),
+            **counts,
         }
         with file_lock(self.path / COMMIT_LOCK):
             manifest = read_json(self.path / MANIFEST)
             manifest["shards"].append(entry)
             manifest["updated"] = entry["committed"]
+            self._amend_manifest(manifest, entry)
             write_json_atomic(self.path / MANIFEST, manifest)
         self.committed_samples += len(buffer)
+
+    def _amend_manifest(self, manifest: dict, entry: dict) -> None:
+        """Summaries a kind of dataset keeps beside the shard list, updated by each commit."""
 
     def close(self) -> None:
         """Commit what is queued and give up the dataset."""

@@ -1,0 +1,627 @@
+"""`eagle3kit extract`: the target's hidden states for every sample of a token dataset.
+
+Per token it stores the auxiliary states at the layer ids (boundary convention: id k is the
+input of decoder layer k, the HF `output_hidden_states[k]`) and the last decoder layer's
+output before the final norm, the state vLLM's id N names (EAGLE3.md §1.1, §2): HF's own
+`hidden_states[N]` is after the norm, so the last state is taken with a forward hook.
+
+Work is batched by a token budget, longest samples first (little padding, and a batch too
+big for memory fails at once, not hours in); padding is never stored. Samples are assigned
+to torchrun ranks by a hash of their id, and each commit is the format's crash-safe one, so
+rerunning the same command, with any number of ranks, continues where a run stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import orjson
+import xxhash
+
+from eagle3kit import _ui
+from eagle3kit.errors import UserError
+from eagle3kit.format import Dataset, HiddenSample, HiddenWriter, OpenMode, hidden_bytes_per_token
+from eagle3kit.format.hidden import CODECS, committed_ids
+from eagle3kit.format.lock import new_run_id
+
+ENGINES = ("hf", "vllm")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+MIN_DEFAULT_DEPTH = 7
+"""Below this many layers EAGLE-3's default ids (2, N//2, N-3) are not distinct."""
+DISK_MARGIN = 1.05
+"""Free space asked for beyond the estimate: shard headers, ids, a commit in flight."""
+
+
+@dataclass
+class ExtractConfig:
+    tokens: Path
+    """The token dataset to extract states for (written by gen or convert)."""
+    output: Path
+    """The hidden-state dataset to write or continue."""
+    target: Path | None = None
+    """The target model directory (HF); with --engine vllm its config.json and tokenizer."""
+    layers: list[int] | str | None = None
+    """Auxiliary layer ids, boundary convention ("2,18,33"); default (2, N//2, N-3)."""
+    tokenizer: Path | None = None
+    """The tokenizer the token ids came from; default the one stored in the token dataset."""
+    engine: str = "hf"
+    """hf: transformers in this process; vllm: a vLLM server with extract_hidden_states."""
+    server: str | None = None
+    """--engine vllm: the server's URL."""
+    model: str | None = None
+    """--engine vllm: the served model name (default: the server's first)."""
+    concurrency: int = 8
+    """--engine vllm: requests in flight."""
+    request_timeout: float = 600.0
+    """--engine vllm: seconds one request may take."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N; auto: cuda when there is one (under torchrun, the rank's)."""
+    dtype: str = "auto"
+    """float32, bfloat16, float16; auto: bfloat16 on GPU, float32 on CPU."""
+    device_map: str | None = None
+    """Spread a model bigger than one GPU with accelerate (e.g. auto); replaces --device."""
+    batch_tokens: int = 8192
+    """Tokens per forward pass, padding included; a longer sample runs alone."""
+    codec: str = "raw"
+    """raw (bf16), fp8 (e4m3, a scale per token and state) or zstd (bf16 byte planes)."""
+    trust_remote_code: bool = False
+    ignore_disk_check: bool = False
+    """Start even when the free disk is short of the estimate."""
+    dry_run: bool = False
+    """Print the estimate and exit; nothing is written."""
+    commit_every: int = 256
+    """Commit after this many samples..."""
+    commit_interval: float = 60.0
+    """...or after this many seconds, whichever comes first."""
+    mode: OpenMode = "auto"
+    force: bool = False
+    output_options: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
+
+    def __post_init__(self) -> None:
+        self.tokens, self.output = Path(self.tokens), Path(self.output)
+        problems = self._problems()
+        if problems:
+            raise UserError("; ".join(problems))
+        self.layers = parse_layers(self.layers)
+
+    def _problems(self) -> list[str]:
+        found = []
+        if self.target is None:
+            found.append("--target is required (the target model directory)")
+        elif not Path(self.target).is_dir():
+            found.append(f"--target {self.target}: no such directory")
+        if self.engine not in ENGINES:
+            found.append(f"--engine must be one of {', '.join(ENGINES)} (got {self.engine!r})")
+        if self.engine == "vllm" and not self.server:
+            found.append("--engine vllm needs --server URL")
+        if self.engine == "hf" and self.server:
+            found.append("--server applies to --engine vllm only")
+        if self.codec not in CODECS:
+            found.append(f"--codec must be one of {', '.join(CODECS)} (got {self.codec!r})")
+        if self.dtype not in DTYPES:
+            found.append(f"--dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
+        for flag, value in (("--batch-tokens", self.batch_tokens),
+                            ("--commit-every", self.commit_every),
+                            ("--concurrency", self.concurrency)):
+            if value < 1:
+                found.append(f"{flag} must be at least 1 (got {value})")
+        for flag, seconds in (("--commit-interval", self.commit_interval),
+                              ("--request-timeout", self.request_timeout)):
+            if not seconds > 0:
+                found.append(f"{flag} must be > 0 seconds (got {seconds})")
+        return found
+
+
+def parse_layers(value: list[int] | str | None) -> list[int] | None:
+    """"2,18,33" -> [2, 18, 33]; the depth check comes once the target is known."""
+    if value is None or isinstance(value, list):
+        return value
+    try:
+        ids = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"--layers {value}: expected comma-separated integers, "
+                        "e.g. --layers 2,18,33") from None
+    if not ids:
+        raise UserError("--layers: give at least one layer id, e.g. --layers 2,18,33")
+    return ids
+
+
+@dataclass
+class ExtractResult:
+    output: str
+    total: int
+    """Samples in the token dataset."""
+    previously_done: int
+    written: int
+    skipped: dict[str, str]
+    """Sample id -> why it was left out (NaN states, longer than the target's context...)."""
+    tokens: int
+    """Tokens written by this run (this rank)."""
+    elapsed: float
+    tokens_per_s: float
+    cpu_seconds: float
+    """Process CPU time of the extraction (all threads): steadier than elapsed on a busy host."""
+    estimate_bytes: int
+    free_bytes: int
+    codec: str
+    layer_ids: list[int]
+    dry_run: bool = False
+    rank: int = 0
+    world: int = 1
+
+
+# The target -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TargetInfo:
+    path: Path
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    max_positions: int | None
+    identity: dict
+
+    @classmethod
+    def load(cls, path: Path, trust_remote_code: bool = False) -> TargetInfo:
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"--target {path}: cannot read a transformers config there "
+                            f"({exc})") from None
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        try:
+            n, h, v = text.num_hidden_layers, text.hidden_size, text.vocab_size
+        except AttributeError as exc:
+            raise UserError(f"--target {path}: config lacks {exc.name}") from None
+        identity = {
+            "model_type": text.model_type, "num_layers": n, "hidden_size": h, "vocab_size": v,
+            "config_xxh3": _config_hash(Path(path) / "config.json"),
+            "weights_xxh3": _weights_fingerprint(Path(path)),
+        }
+        return cls(Path(path), n, h, v, getattr(text, "max_position_embeddings", None), identity)
+
+
+def _config_hash(path: Path) -> str | None:
+    """The config's content, keys sorted, so a reformatted copy hashes the same."""
+    try:
+        return xxhash.xxh3_128_hexdigest(orjson.dumps(orjson.loads(path.read_bytes()),
+                                                      option=orjson.OPT_SORT_KEYS))
+    except (OSError, orjson.JSONDecodeError):
+        return None
+
+
+def _weights_fingerprint(path: Path) -> str | None:
+    """Weight file names and sizes: cheap for a 1T model, and tells apart most fine-tunes;
+    None where the directory holds no weights (a config-only copy for --engine vllm)."""
+    files = sorted(p for p in path.glob("*.safetensors") if p.is_file())
+    files = files or sorted(p for p in path.glob("*.bin") if p.is_file())
+    if not files:
+        return None
+    return xxhash.xxh3_128_hexdigest(orjson.dumps([[p.name, p.stat().st_size] for p in files]))
+
+
+def resolve_layers(layers: list[int] | None, num_layers: int) -> list[int]:
+    """The auxiliary ids: given ones checked against the depth, or EAGLE-3's defaults."""
+    n = num_layers
+    if layers is None:
+        if n < MIN_DEFAULT_DEPTH:
+            raise UserError(f"the target has {n} layers, too few for distinct default layer "
+                            f"ids (2, N//2, N-3); choose them with --layers, e.g. --layers "
+                            f"{','.join(str(i) for i in sorted({1, max(n // 2, 1), n}))}")
+        return [2, n // 2, n - 3]
+    text = ",".join(map(str, layers))
+    if any(i < 0 or i > n for i in layers):
+        raise UserError(f"--layers {text}: ids must lie in 0..{n} for this {n}-layer target "
+                        "(boundary convention: id k is the input of layer k, id N the last "
+                        "layer's output)")
+    if any(a >= b for a, b in pairwise(layers)):
+        raise UserError(f"--layers {text}: ids must be distinct and increasing (low, mid, high)")
+    return list(layers)
+
+
+# The token dataset ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Item:
+    """One sample to extract: where it is in the token dataset, and what to call it."""
+
+    index: int
+    length: int
+    sample_id: str
+    partition: str
+
+
+def scan(tokens: Dataset) -> tuple[list[Item], int]:
+    """Every sample (verifying each shard once) and the largest token id."""
+    items: list[Item] = []
+    top = -1
+    base = 0
+    for shard in tokens.iter_shards():
+        starts, names = shard.starts, shard.partition_names
+        parts = shard.partition_index.tolist()
+        items += [Item(base + i, starts[i + 1] - starts[i], sid, names[parts[i]])
+                  for i, sid in enumerate(shard.ids)]
+        if len(shard.tokens):
+            top = max(top, int(shard.tokens.max()))
+        base += len(starts) - 1
+    return items, top
+
+
+def owner(sample_id: str, world: int) -> int:
+    """The rank that extracts a sample: a hash of its id, so any world size can resume."""
+    return xxhash.xxh3_64_intdigest(sample_id.encode()) % world
+
+
+def _tokenizer_files(path: Path) -> bool:
+    return any((path / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json",
+                                              "tokenizer.model"))
+
+
+def tokenizer_identity(path: Path, trust_remote_code: bool = False) -> dict:
+    """Size and a hash of the vocabulary: two tokenizers with equal ones give equal ids."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: cannot load the tokenizer ({exc})") from None
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    return {"size": len(tok), "vocab_xxh3": xxhash.xxh3_128_hexdigest(orjson.dumps(vocab))}
+
+
+def check_match(cfg: ExtractConfig, tokens: Dataset, top_id: int, target: TargetInfo) -> dict:
+    """Refuse a token dataset made for another model, before any work; return the
+    tokenizer identity to record."""
+    where = f"{cfg.tokens} does not match --target {target.path}"
+    if top_id >= target.vocab_size:
+        raise UserError(f"{where}: it holds token id {top_id}, the target embeds only "
+                        f"{target.vocab_size} ids. Was it generated with another model?")
+    source = cfg.tokenizer or tokens.path / "tokenizer"
+    if not _tokenizer_files(source):
+        return {}
+    ours = tokenizer_identity(source, cfg.trust_remote_code)
+    if ours["size"] > target.vocab_size:
+        raise UserError(f"{where}: its tokenizer ({source}) has {ours['size']} tokens, more "
+                        f"than the target's {target.vocab_size} embedding rows")
+    if _tokenizer_files(target.path):
+        theirs = tokenizer_identity(target.path, cfg.trust_remote_code)
+        if theirs["vocab_xxh3"] != ours["vocab_xxh3"]:
+            raise UserError(f"{where}: its tokenizer ({source}, {ours['size']} tokens) differs "
+                            f"from the target's ({theirs['size']} tokens); the same ids would "
+                            "mean other text. Pass --tokenizer if the dataset's copy is wrong.")
+    return ours
+
+
+# Planning ---------------------------------------------------------------------------------
+@dataclass
+class Plan:
+    todo: list[Item]
+    """This rank's samples still to extract, longest first."""
+    total: int
+    done_before: int
+    remaining_tokens: int
+    """Tokens still to extract on all ranks: what the disk must hold."""
+    skipped: dict[str, str]
+
+
+def plan(items: list[Item], done: set[str], rank: int, world: int,
+         max_positions: int | None) -> Plan:
+    skipped: dict[str, str] = {}
+    todo: list[Item] = []
+    remaining = 0
+    for item in items:
+        if item.sample_id in done:
+            continue
+        if item.length == 0:
+            why = "no tokens"
+        elif max_positions and item.length > max_positions:
+            why = f"{item.length} tokens, longer than the target's context ({max_positions})"
+        else:
+            remaining += item.length
+            if owner(item.sample_id, world) == rank:
+                todo.append(item)
+            continue
+        if owner(item.sample_id, world) == rank:
+            skipped[item.sample_id] = why
+    todo.sort(key=lambda it: -it.length)
+    return Plan(todo, len(items), len(done), remaining, skipped)
+
+
+def batches(todo: list[Item], budget: int, most: int | None = None) -> Iterator[list[Item]]:
+    """Consecutive items (longest first) while batch size x longest length fits `budget`
+    (and there are at most `most`)."""
+    batch: list[Item] = []
+    for item in todo:
+        if batch and ((len(batch) + 1) * batch[0].length > budget or len(batch) == most):
+            yield batch
+            batch = []
+        batch.append(item)
+    if batch:
+        yield batch
+
+
+def free_bytes(path: Path) -> int:
+    """Free space where `path` is or will be created."""
+    probe = path.absolute()
+    while not probe.exists():
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def check_disk(cfg: ExtractConfig, need: int, free: int, bytes_per_token: float,
+               p: Plan) -> None:
+    _ui.info(f"extract: {p.total - p.done_before:,} of {p.total:,} samples to do "
+             f"({p.remaining_tokens:,} tokens); about {_size(need)} at "
+             f"{bytes_per_token:,.0f} bytes/token ({cfg.codec}); {_size(free)} free at "
+             f"{cfg.output}", cfg.output_options)
+    if need > free and not (cfg.ignore_disk_check or cfg.dry_run):
+        raise UserError(f"{cfg.output}: about {_size(need)} needed, only {_size(free)} free. "
+                        "Free some space, pick --codec fp8 (about half the size), write "
+                        "elsewhere, or pass --ignore-disk-check to start anyway (a full disk "
+                        "stops the run; what was committed stays intact).")
+
+
+# Running ----------------------------------------------------------------------------------
+@dataclass
+class Ranks:
+    """This process's place in a torchrun job (rank 0 of 1 without one)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    run_id: str | None = None
+    owns_group: bool = False
+
+    @classmethod
+    def start(cls) -> Ranks:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world == 1:
+            return cls()
+        import torch
+        import torch.distributed as dist
+
+        owns = not dist.is_initialized()
+        if owns:
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        rank = dist.get_rank()
+        # Every rank must join one run: rank 0 draws its id and the others take it.
+        shared: list[str | None] = [new_run_id() if rank == 0 else None]
+        dist.broadcast_object_list(shared, src=0)
+        return cls(rank, world, int(os.environ.get("LOCAL_RANK", "0")), shared[0], owns)
+
+    def close(self) -> None:
+        if self.owns_group:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def _layout(layers: list[int], target: TargetInfo, tokenizer: dict, tokens: Dataset) -> dict:
+    """What the states mean: fixed for the dataset's life (paths go to provenance)."""
+    manifest = tokens.manifest
+    return {
+        "layer_ids": layers, "layer_convention": "boundary", "num_layers": target.num_layers,
+        "hidden_size": target.hidden_size, "last_state": "pre_norm", "dtype": "bfloat16",
+        "target": target.identity, "tokenizer": tokenizer,
+        "tokens": {"created": manifest.get("created"), "written_by": manifest.get("written_by"),
+                   "config_xxh3": xxhash.xxh3_128_hexdigest(orjson.dumps(
+                       manifest.get("config", {}), option=orjson.OPT_SORT_KEYS))},
+    }
+
+
+def _settings(cfg: ExtractConfig) -> dict:
+    """The resolved settings a continuing run must share (or pass --force)."""
+    return {"stage": "extract", "engine": cfg.engine, "codec": cfg.codec,
+            "dtype": cfg.dtype, "model": cfg.model}
+
+
+def run(cfg: ExtractConfig) -> ExtractResult:
+    ranks = Ranks.start()
+    try:
+        if ranks.rank:  # one voice: the other ranks only warn and fail
+            cfg = replace(cfg, output_options=replace(cfg.output_options, quiet=True,
+                                                      json=False))
+        result = _extract(cfg, ranks)
+    finally:
+        ranks.close()
+    _report(result, cfg)
+    return result
+
+
+def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
+    tokens = Dataset(cfg.tokens)
+    target = TargetInfo.load(Path(str(cfg.target)), cfg.trust_remote_code)
+    layers = resolve_layers(cfg.layers, target.num_layers)  # type: ignore[arg-type]
+    items, top_id = scan(tokens)
+    tokenizer = check_match(cfg, tokens, top_id, target)
+    work = plan(items, committed_ids(cfg.output), ranks.rank, ranks.world, target.max_positions)
+    per_token = hidden_bytes_per_token(target.hidden_size, len(layers), cfg.codec)
+    need, free = int(work.remaining_tokens * per_token * DISK_MARGIN), free_bytes(cfg.output)
+    check_disk(cfg, need, free, per_token, work)
+    result = ExtractResult(str(cfg.output), work.total, work.done_before, 0, {}, 0, 0.0, 0.0,
+                           0.0, need, free, cfg.codec, layers, cfg.dry_run, ranks.rank, ranks.world)
+    if cfg.dry_run:
+        return result
+    engine = _engine(cfg, target, layers, ranks)
+    writer = HiddenWriter(
+        cfg.output, layout=_layout(layers, target, tokenizer, tokens), codec=cfg.codec,
+        mode=cfg.mode, config=_settings(cfg), force=cfg.force,
+        provenance={"target": str(target.path.absolute()),
+                    "tokens": str(cfg.tokens.absolute()), "server": cfg.server},
+        commit_every=cfg.commit_every, commit_interval=cfg.commit_interval,
+        run_id=ranks.run_id, rank=ranks.rank)
+    started, cpu = time.monotonic(), time.process_time()
+    with writer, _closing(engine):
+        # Another run may have committed since the plan: the writer's ids are the truth.
+        todo = [it for it in work.todo if it.sample_id not in writer.done_ids]
+        # One process shows the whole dataset; a rank shows its own share.
+        total = work.total if ranks.world == 1 else len(todo)
+        with _ui.Progress("extract", total, cfg.output_options,
+                          initial=total - len(todo)) as progress:
+            for sample_id, why in work.skipped.items():
+                writer.note_skipped(sample_id, why)
+            _loop(cfg, tokens, todo, engine, writer, progress, result)
+    result.skipped.update(work.skipped)
+    result.elapsed = round(time.monotonic() - started, 3)
+    result.cpu_seconds = round(time.process_time() - cpu, 3)
+    result.tokens_per_s = round(result.tokens / result.elapsed, 1) if result.elapsed else 0.0
+    return result
+
+
+def _loop(cfg: ExtractConfig, tokens: Dataset, todo: list[Item], engine: Any,
+          writer: HiddenWriter, progress: _ui.Progress, result: ExtractResult) -> None:
+    # A server batches for itself: it gets enough samples at a time to keep it busy.
+    groups = batches(todo, 1 << 62, 2 * cfg.concurrency) if cfg.engine == "vllm" else batches(
+        todo, cfg.batch_tokens)
+    for batch in groups:
+        views = [tokens.token_view(it.index) for it in batch]
+        for item, view, states in zip(batch, views, engine.states(
+                [v.input_ids for v in views]), strict=True):
+            if states is None:
+                why = "the target's states hold NaN or Inf"
+                writer.note_skipped(item.sample_id, why)
+                result.skipped[item.sample_id] = why
+                progress.add(1, skipped=1)
+                continue
+            aux, last = states
+            writer.add(HiddenSample(item.sample_id, view.input_ids, view.loss_mask, aux, last,
+                                    item.partition, view.prompt_len))
+            result.written += 1
+            result.tokens += item.length
+            progress.add(1, tokens=item.length)
+        writer.maybe_commit()
+
+
+@contextmanager
+def _closing(engine: Any) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
+
+
+def _engine(cfg: ExtractConfig, target: TargetInfo, layers: list[int], ranks: Ranks) -> Any:
+    if cfg.engine == "vllm":
+        from eagle3kit.extract_vllm import VllmEngine
+
+        return VllmEngine.connect(cfg, target, layers)
+    return HfEngine.load(cfg, target, layers, ranks)
+
+
+class HfEngine:
+    """A transformers target with hooks that keep only the states wanted.
+
+    Aux id k is the output of decoder layer k-1 (id 0: the embeddings), which is what HF's
+    `output_hidden_states[k]` holds; hooking spares keeping all N+1 states of a batch.
+    The last state is the last decoder layer's output, before the final norm.
+    """
+
+    def __init__(self, model: Any, layers: list[int]) -> None:
+        self.model = model
+        self.layers = layers
+        self.base = getattr(model, model.base_model_prefix, model)
+        blocks = getattr(self.base, "layers", None)
+        if blocks is None:
+            raise UserError(f"--target: {type(model).__name__} has no `layers` list of decoder "
+                            "layers; extract knows Llama-, Qwen- and Mistral-style models")
+        self.blocks = blocks
+        self.captured: dict[int, Any] = {}
+        sources = {k: (self.base.get_input_embeddings() if k == 0 else blocks[k - 1])
+                   for k in {*layers, len(blocks)}}
+        for k, module in sources.items():
+            module.register_forward_hook(self._keep(k))
+        self.device = self.base.get_input_embeddings().weight.device
+
+    def _keep(self, k: int):
+        def hook(_module: Any, _inputs: Any, output: Any) -> None:
+            self.captured[k] = output[0] if isinstance(output, tuple) else output
+        return hook
+
+    @classmethod
+    def load(cls, cfg: ExtractConfig, target: TargetInfo, layers: list[int],
+             ranks: Ranks) -> HfEngine:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        device = cfg.device
+        if device == "auto":
+            device = f"cuda:{ranks.local_rank}" if torch.cuda.is_available() else "cpu"
+        dtype = cfg.dtype
+        if dtype == "auto":
+            dtype = "float32" if device == "cpu" and not cfg.device_map else "bfloat16"
+        options: dict = {"dtype": getattr(torch, dtype),
+                         "trust_remote_code": cfg.trust_remote_code}
+        if cfg.device_map:
+            options["device_map"] = cfg.device_map
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(target.path), **options)
+        except (OSError, ValueError, ImportError) as exc:
+            raise UserError(f"--target {target.path}: cannot load the model ({exc})") from None
+        if not cfg.device_map:
+            model.to(device)
+        model.eval()
+        return cls(model, layers)
+
+    def states(self, ids: list[Any]) -> Iterator[tuple[Any, Any] | None]:
+        """Per sample (aux [T, 3H], last [T, H]) as float32 numpy, or None when not finite."""
+        import torch
+
+        longest = max(len(x) for x in ids)
+        batch = torch.zeros((len(ids), longest), dtype=torch.long)
+        mask = torch.zeros_like(batch)
+        for row, x in enumerate(ids):
+            batch[row, : len(x)] = torch.from_numpy(x.astype("int64"))
+            mask[row, : len(x)] = 1
+        # Right padding under a causal mask leaves every real position's states as they are
+        # alone; a batch of one needs no mask at all.
+        with torch.inference_mode():
+            self.captured.clear()
+            self.base(input_ids=batch.to(self.device),
+                      attention_mask=mask.to(self.device) if len(ids) > 1 else None,
+                      use_cache=False)
+            aux = torch.cat([self.captured[k] for k in self.layers], dim=-1)
+            last = self.captured[len(self.blocks)]
+            ok = (torch.isfinite(aux).all(-1) & torch.isfinite(last).all(-1)) | (mask == 0).to(
+                aux.device)
+            fine = ok.all(-1).tolist()
+            aux, last = aux.float().cpu().numpy(), last.float().cpu().numpy()
+        self.captured.clear()
+        for row, x in enumerate(ids):
+            yield (aux[row, : len(x)], last[row, : len(x)]) if fine[row] else None
+
+
+def _report(result: ExtractResult, cfg: ExtractConfig) -> None:
+    opts = cfg.output_options
+    if opts.json:
+        _ui.print_json(asdict(result))
+    if result.dry_run:
+        return
+    _ui.kv("extract", [
+        ("dataset", result.output),
+        ("samples", f"{result.previously_done + result.written:,}/{result.total:,} "
+                    f"({result.written:,} this run)"),
+        ("skipped", f"{len(result.skipped):,}"),
+        ("layers", ",".join(map(str, result.layer_ids)) + " (boundary ids; last: pre-norm)"),
+        ("codec", result.codec),
+        ("speed", f"{result.tokens_per_s:,.0f} tokens/s"),
+        ("elapsed", f"{result.elapsed:.1f}s"),
+    ], opts)
+    for sid, why in list(result.skipped.items())[:5]:
+        _ui.warn(f"skipped sample {sid}: {why}")

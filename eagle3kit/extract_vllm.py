@@ -1,0 +1,160 @@
+"""`extract --engine vllm`: hidden states from a vLLM server, for targets transformers
+cannot host in one process (a 1T MoE on 8 GPUs).
+
+The server runs the `extract_hidden_states` speculative method with
+`eagle_aux_hidden_state_layer_ids` set to the aux ids followed by N (the last layer's
+pre-norm output) and a hidden-states connector writing to a filesystem this process also
+sees (SERVER_APIS.md §7). For each sample we send its ids as the prompt with
+`max_tokens: 1`; the response's `kv_transfer_params.hidden_states_path` names a
+safetensors file (`hidden_states [T, L, H]`, `token_ids [T]`) that is complete once its
+`<path>.lock` can be locked. We read it, check it, and delete it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from eagle3kit.errors import UserError
+
+ATTEMPTS = 4
+"""Tries per request: connection errors and 5xx answers are retried, with backoff."""
+FILE_WAIT_S = 120.0
+"""How long the file (and its lock) may take to appear on a shared filesystem."""
+
+
+class ServerError(UserError):
+    """The server cannot give what extract needs: one message naming the server and the fix."""
+
+
+def wait_for_file(path: Path, deadline: float) -> None:
+    """Until the connector has finished writing `path`: its lock file is gone or lockable."""
+    lock = Path(f"{path}.lock")
+    while True:
+        if lock.exists():
+            try:
+                fd = os.open(lock, os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # released and removed between the two calls
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                lock.unlink(missing_ok=True)
+                return
+            except BlockingIOError:
+                pass
+            finally:
+                os.close(fd)
+        elif path.exists():
+            return
+        if time.monotonic() > deadline:
+            raise ServerError(f"{path}: the server named this hidden-state file but it did not "
+                              f"appear within {FILE_WAIT_S:.0f} s; is its storage path shared "
+                              "with this machine under the same name?")
+        time.sleep(0.01)
+
+
+@dataclass
+class VllmEngine:
+    url: str
+    model: str
+    layers: list[int]
+    hidden_size: int
+    client: Any
+    pool: ThreadPoolExecutor
+    timeout: float
+
+    @classmethod
+    def connect(cls, cfg: Any, target: Any, layers: list[int]) -> VllmEngine:
+        import httpx
+
+        url = str(cfg.server).rstrip("/")
+        client = httpx.Client(timeout=cfg.request_timeout)
+        model = cfg.model or _served_model(client, url)
+        return cls(url, model, layers, target.hidden_size, client,
+                   ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="eagle3kit-vllm"),
+                   cfg.request_timeout)
+
+    def states(self, ids: list[np.ndarray]) -> Iterator[tuple[np.ndarray, np.ndarray] | None]:
+        """Per sample (aux [T, n*H], last [T, H]) as float32, in order; None when not finite."""
+        yield from self.pool.map(self._one, ids)
+
+    def _one(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        body = {"model": self.model, "prompt": ids.tolist(), "max_tokens": 1,
+                "temperature": 0.0}
+        answer = self._post(body)
+        where = (answer.get("kv_transfer_params") or {}).get("hidden_states_path")
+        if not where:
+            raise ServerError(f"--server {self.url}: the answer names no hidden-state file "
+                              "(kv_transfer_params.hidden_states_path); launch vLLM with the "
+                              "extract_hidden_states method and a hidden-states connector "
+                              "(docs/extract.md)")
+        path = Path(where)
+        wait_for_file(path, time.monotonic() + FILE_WAIT_S)
+        try:
+            return self._read(path, ids)
+        finally:
+            path.unlink(missing_ok=True)  # the server's storage would fill up otherwise
+
+    def _read(self, path: Path, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            tensors = load_file(str(path))
+            states, echoed = tensors["hidden_states"], tensors["token_ids"]
+        except (SafetensorError, KeyError, OSError) as exc:
+            raise ServerError(f"{path}: not a vLLM hidden-state file ({exc})") from None
+        n, want = len(ids), len(self.layers) + 1
+        if states.ndim != 3 or states.shape[1] != want or states.shape[2] != self.hidden_size:
+            raise ServerError(
+                f"--server {self.url}: the file holds states of shape {list(states.shape)}, "
+                f"expected [T, {want}, {self.hidden_size}]: launch the server with "
+                f"eagle_aux_hidden_state_layer_ids = {[*self.layers, '<N>']} (the aux ids, "
+                "then the number of layers, for the last pre-norm state)")
+        if states.shape[0] != n or not np.array_equal(echoed.numpy(), ids):
+            raise ServerError(f"--server {self.url}: the file's token ids are not the ones "
+                              "sent; turn off prefix caching and chunked prefill on the server")
+        states = states.float()
+        if not bool(states.isfinite().all()):
+            return None
+        aux = states[:, :-1].reshape(n, -1).numpy()
+        return aux, states[:, -1].numpy()
+
+    def _post(self, body: dict) -> dict:
+        import httpx
+
+        for attempt in range(ATTEMPTS):
+            try:
+                response = self.client.post(f"{self.url}/v1/completions", json=body)
+            except httpx.TransportError as exc:
+                failure = f"cannot reach it ({exc})"
+            else:
+                if response.status_code < 400:
+                    return response.json()
+                failure = f"HTTP {response.status_code}: {response.text[:300]}"
+                if response.status_code < 500:
+                    break
+            time.sleep(min(2.0**attempt * 0.5, 10.0))
+        raise ServerError(f"--server {self.url}: {failure}")
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        self.client.close()
+
+
+def _served_model(client: Any, url: str) -> str:
+    import httpx
+
+    try:
+        models = client.get(f"{url}/v1/models").json()["data"]
+        return str(models[0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise ServerError(f"--server {url}: cannot list its models ({exc}); pass --model") from None
