@@ -141,6 +141,13 @@ def convert(
     partition: Annotated[str | None, typer.Option(help="Export: only this partition.")] = None,
     skip_bad_lines: Annotated[bool, typer.Option(
         "--skip-bad-lines", help="Import: skip and count malformed lines.")] = False,
+    to: Annotated[str | None, typer.Option(
+        help="Hidden states: export to speculators or specforge files.")] = None,
+    target: Annotated[Path | None, typer.Option(
+        help="Hidden states: the target (its final norm for --to specforge).")] = None,
+    layers: Annotated[str | None, typer.Option(
+        metavar="2,18,33", help="Hidden-state import: aux layer ids, boundary convention.")
+    ] = None,
     commit_every: CommitEvery = None, commit_interval: CommitInterval = None,
     resume: Resume = False, overwrite: Overwrite = False, force: Force = False,
     json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
@@ -151,6 +158,7 @@ def convert(
 
     _run(stage.run, lambda: stage.ConvertConfig(
         src, dst, tokenizer=tokenizer, partition=partition, skip_bad_lines=skip_bad_lines,
+        to=to, target=target, layers=layers,
         mode=_open_mode(resume, overwrite), force=force,
         output=_output(json, quiet, no_progress, log_every),
         **_given(commit_every=commit_every, commit_interval=commit_interval),
@@ -634,6 +642,35 @@ def bench_server(
                      concurrency=concurrency, format=format, seed=seed))
 
     _run(stage.run, config)
+
+
+@app.command(rich_help_panel="Start here")
+def quickstart(
+    out: Annotated[Path | None, typer.Argument(
+        metavar="[DIR]", help="Where everything goes (default ./eagle3kit-quickstart).")] = None,
+    prompts: Annotated[int | None, typer.Option(
+        help="Prompts gen answers: the drafter's data (default 96).")] = None,
+    bench_prompts: Annotated[int | None, typer.Option(
+        help="Held-out prompts bench accept measures on (default 24).")] = None,
+    target_steps: Annotated[int | None, typer.Option(
+        help="Training steps of the tiny target (default 150).")] = None,
+    train_steps: Annotated[int | None, typer.Option(
+        help="Training steps of the drafter (default 60).")] = None,
+    max_tokens: Annotated[int | None, typer.Option(
+        help="Longest completion gen asks for (default 256).")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default 1).")] = None,
+    overwrite: Overwrite = False,
+    json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
+    log_every: LogEvery = None,
+) -> None:
+    """The whole pipeline on a tiny target, on CPU, offline, in minutes (rerun continues)."""
+    from eagle3kit import quickstart as stage
+
+    _run(stage.run, lambda: stage.QuickstartConfig(
+        overwrite=overwrite, output=_output(json, quiet, no_progress, log_every),
+        **_given(out=out, prompts=prompts, bench_prompts=bench_prompts,
+                 target_steps=target_steps, train_steps=train_steps, max_tokens=max_tokens,
+                 threads=threads)))
 
 
 def main() -> None:

@@ -1,0 +1,217 @@
+"""What a training run is asked to do, checked before anything is loaded.
+
+No torch here: the CLI builds a TrainConfig for `--help`-speed validation, and the stage
+imports the heavy modules only once the options are known to be usable.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3kit import _ui
+from eagle3kit.errors import UserError
+
+LONG_POLICIES = ("drop", "truncate")
+PRECISIONS = ("auto", "bf16", "fp32")
+
+SETTINGS = (
+    "data", "target", "online", "layers", "draft_vocab", "init_from", "ttt_steps",
+    "ttt_decay", "max_len", "long_samples", "lr", "min_lr", "warmup", "weight_decay",
+    "grad_clip", "batch_tokens", "grad_accum", "epochs", "max_steps", "seed", "eval_split",
+    "eval_k", "precision",
+)
+"""The options that decide a run's trajectory: continuing a run with any of them changed
+needs --force. Logging, checkpoint cadence, --device and --eval-every may change freely."""
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """One training dataset and its mixing weight (`DIR` or `DIR:0.3`)."""
+
+    path: Path
+    weight: float = 1.0
+
+    @classmethod
+    def parse(cls, text: str | Path | DataSpec) -> DataSpec:
+        """`DIR` or `DIR:WEIGHT`; a colon followed by something that is not a number is part
+        of the path."""
+        if isinstance(text, DataSpec):
+            return text
+        raw = str(text)
+        head, sep, tail = raw.rpartition(":")
+        if sep and head:
+            try:
+                weight = float(tail)
+            except ValueError:
+                return cls(Path(raw))
+            if not (weight > 0 and math.isfinite(weight)):
+                raise UserError(f"{raw}: a dataset weight must be a number > 0 (got {tail})")
+            return cls(Path(head), weight)
+        return cls(Path(raw))
+
+    def to_json(self) -> dict:
+        return {"path": str(self.path.resolve()), "weight": self.weight}
+
+
+@dataclass
+class TrainConfig:
+    data: list[DataSpec]
+    """Hidden-state datasets (offline), or token datasets with --online; `DIR:W` weights one."""
+    out: Path
+    """The run directory (created, or continued when it holds a run)."""
+    target: Path
+    """The target model directory (HF layout)."""
+    online: bool = False
+    """Run the frozen target in the loop on token datasets instead of reading stored states."""
+    layers: list[int] | None = None
+    """Aux layer ids (boundary convention) for --online; offline they come from the data."""
+    draft_vocab: int = 32000
+    """Draft vocabulary size: the most frequent loss-carrying tokens (capped at the target's)."""
+    init_from: Path | None = None
+    """Warm-start from an EAGLE-3 checkpoint, keeping its draft vocabulary."""
+    ttt_steps: int = 7
+    """Training-time-test steps."""
+    ttt_decay: float = 0.8
+    """Weight of step k's loss: decay**k."""
+    max_len: int = 2048
+    """Longest sample trained on, in tokens."""
+    long_samples: str = "truncate"
+    """What happens to longer samples: drop or truncate."""
+    lr: float = 1e-4
+    min_lr: float = 0.0
+    """Learning rate the cosine decay ends at."""
+    warmup: float = 0.015
+    """Linear warm-up: a share of the steps when < 1, else a number of steps."""
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    """Largest global gradient norm; 0 turns clipping off."""
+    batch_tokens: int = 8192
+    """Tokens per micro-batch and rank; a step is batch_tokens x ranks x grad_accum."""
+    grad_accum: int = 1
+    """Micro-batches per rank and optimizer step."""
+    epochs: float | None = None
+    """Passes over the training split (default 1, or as many as --max-steps needs)."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps."""
+    seed: int = 0
+    device: str = "auto"
+    """auto (cuda when available), cpu, cuda, cuda:N."""
+    precision: str = "auto"
+    """auto (bf16 autocast on GPU, fp32 on CPU), bf16 or fp32."""
+    eval_split: float = 0.05
+    """Held-out samples: a share when < 1, else a count; chosen by sample-id hash; 0: none."""
+    eval_every: int = 500
+    """Evaluate the held-out split every N steps (and at the end); 0: only at the end."""
+    eval_k: int = 3
+    """Draft chain length for the predicted acceptance length."""
+    checkpoint_every: int = 1000
+    """Write a resumable checkpoint every N steps (and at the end)."""
+    keep: int = 2
+    """How many checkpoints to keep."""
+    mode: str = "auto"
+    """auto continues a run when there is one; resume requires one; overwrite starts afresh."""
+    force: bool = False
+    """Continue a run whose settings differ."""
+    output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
+
+    def __post_init__(self) -> None:
+        self.data = [DataSpec.parse(d) for d in self.data]
+        self.out, self.target = Path(self.out), Path(self.target)
+        if self.init_from is not None:
+            self.init_from = Path(self.init_from)
+        if not self.data:
+            raise UserError("give at least one dataset, then the run directory last")
+        self._check_ranges()
+        self._check_choices()
+
+    def _check_ranges(self) -> None:
+        positive = {"--draft-vocab": self.draft_vocab, "--ttt-steps": self.ttt_steps,
+                    "--max-len": self.max_len, "--batch-tokens": self.batch_tokens,
+                    "--grad-accum": self.grad_accum, "--eval-k": self.eval_k,
+                    "--checkpoint-every": self.checkpoint_every, "--keep": self.keep}
+        for flag, value in positive.items():
+            if not value >= 1:
+                raise UserError(f"{flag} must be >= 1 (got {value})")
+        if self.max_len < 3:
+            raise UserError(f"--max-len must be >= 3 tokens (got {self.max_len})")
+        for flag, value in (("--lr", self.lr), ("--ttt-decay", self.ttt_decay)):
+            if not (value > 0 and math.isfinite(value)):
+                raise UserError(f"{flag} must be > 0 (got {value})")
+        for flag, value in (("--min-lr", self.min_lr), ("--warmup", self.warmup),
+                            ("--weight-decay", self.weight_decay),
+                            ("--grad-clip", self.grad_clip), ("--eval-split", self.eval_split),
+                            ("--eval-every", self.eval_every)):
+            if not (value >= 0 and math.isfinite(value)):
+                raise UserError(f"{flag} must be >= 0 (got {value})")
+        if self.min_lr > self.lr:
+            raise UserError(f"--min-lr ({self.min_lr}) must not exceed --lr ({self.lr})")
+        if self.eval_split >= 1 and not float(self.eval_split).is_integer():
+            raise UserError(f"--eval-split is a share below 1 or a whole count "
+                            f"(got {self.eval_split})")
+        if self.epochs is not None and not (self.epochs > 0 and math.isfinite(self.epochs)):
+            raise UserError(f"--epochs must be > 0 (got {self.epochs})")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise UserError(f"--max-steps must be >= 1 (got {self.max_steps})")
+
+    def _check_choices(self) -> None:
+        if self.long_samples not in LONG_POLICIES:
+            raise UserError(f"--long-samples must be drop or truncate (got {self.long_samples})")
+        if self.precision not in PRECISIONS:
+            raise UserError(f"--precision must be one of {', '.join(PRECISIONS)} "
+                            f"(got {self.precision})")
+        if self.mode not in ("auto", "resume", "overwrite"):
+            raise UserError(f"unknown mode {self.mode!r}")
+        if self.layers is not None:
+            if len(self.layers) != 3 or any(i < 0 for i in self.layers):
+                raise UserError(f"--layers takes three ids >= 0, like 2,16,29 (got "
+                                f"{','.join(map(str, self.layers))})")
+            if not self.online:
+                raise UserError("--layers applies to --online training; offline, the layer "
+                                "ids are those the hidden-state dataset was extracted at")
+        if not self.device or not (self.device in ("auto", "cpu")
+                                   or self.device.startswith("cuda")):
+            raise UserError(f"--device must be auto, cpu, cuda or cuda:N (got {self.device})")
+
+    @property
+    def eval_count(self) -> int | None:
+        """The held-out count when --eval-split is a count, else None."""
+        return int(self.eval_split) if self.eval_split >= 1 else None
+
+    def settings(self) -> dict[str, Any]:
+        """The trajectory-deciding options, as JSON (what run.json records and resume checks)."""
+        raw = asdict(self)
+        out: dict[str, Any] = {}
+        for name in SETTINGS:
+            value = raw[name]
+            if name == "data":
+                value = [d.to_json() for d in self.data]
+            elif isinstance(value, Path):
+                value = str(value.resolve())
+            out[name] = value
+        return out
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    steps: int
+    """Optimizer steps done in total (earlier runs included)."""
+    total_steps: int
+    tokens: int
+    """Training tokens seen in total."""
+    loss: float | None
+    eval: dict | None
+    """The last held-out evaluation (EvalResult.to_dict()), None without a held-out split."""
+    initial_eval: dict | None
+    """The evaluation of the drafter before training (None when resumed or no split)."""
+    vocab_coverage: float | None
+    resumed_from: int | None = None
+    metrics: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["out"] = str(self.out)
+        return d

@@ -1,0 +1,608 @@
+"""`eagle3kit train`: set up a run (or pick one up), then the optimizer steps.
+
+Under torchrun every rank builds the same plan and takes its slice of every global batch:
+a step's global batch is cut into ranks x grad_accum micro-batches of about equal tokens,
+rank r gets micro-batches r*A .. r*A+A-1. The loss of each step is divided by the global
+batch's count of loss-carrying positions (all-reduced before any backward), and DDP's
+gradient mean is turned back into a sum, so 1 process with --grad-accum 2 and 2 processes
+with --grad-accum 1 take the same steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3kit import __version__, _ui
+from eagle3kit.errors import UserError
+from eagle3kit.model import DrafterConfig, DraftVocab, Eagle3Drafter, build_vocab, vocab_problems
+from eagle3kit.model.checkpoint import drafter_weights, save_drafter
+from eagle3kit.train import data as tdata
+from eagle3kit.train.config import TrainConfig, TrainResult
+from eagle3kit.train.rundir import (
+    RUN_FORMAT,
+    RUN_VERSION,
+    RunDir,
+    rng_state,
+    set_rng_state,
+    settings_diff,
+    write_json_atomic,
+)
+from eagle3kit.train.target import (
+    OfflineTarget,
+    OnlineTarget,
+    TargetBatch,
+    TargetHead,
+    identity,
+    read_config,
+)
+from eagle3kit.train.ttt import EvalResult, TTTLoss, evaluate, step_counts
+
+
+# Processes ------------------------------------------------------------------------------------
+@dataclass
+class Ranks:
+    rank: int
+    world: int
+    device: torch.device
+    owns_group: bool
+
+    @classmethod
+    def start(cls, device: str) -> Ranks:
+        import torch.distributed as dist
+
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if device == "auto":
+            device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
+        elif device == "cuda":
+            device = f"cuda:{local}"
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"--device {device}: no CUDA device here")
+        owns = False
+        if world > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+            owns = True
+        rank = dist.get_rank() if world > 1 else 0
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        return cls(rank, world, dev, owns)
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(t)
+        return t
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def close(self) -> None:
+        if self.owns_group:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def run(cfg: TrainConfig) -> TrainResult:
+    ranks = Ranks.start(cfg.device)
+    try:
+        if ranks.rank:  # one voice: the other ranks only warn and fail
+            cfg = replace(cfg, output=replace(cfg.output, quiet=True, json=False))
+        result = Trainer(cfg, ranks).run()
+    finally:
+        ranks.close()
+    if ranks.rank == 0:
+        _report(result, cfg)
+    return result
+
+
+# Set-up ---------------------------------------------------------------------------------------
+def _layers_of(sources: list[tdata.Source], target_id: dict) -> list[int]:
+    """Offline: the aux layer ids the hidden datasets were extracted at, all the same, for
+    this target."""
+    layers = sources[0].dataset.layer_ids  # type: ignore[attr-defined]
+    for s in sources:
+        ds: Any = s.dataset
+        if ds.layer_ids != layers:
+            raise UserError(f"{s.path}: extracted at layers {ds.layer_ids}, "
+                            f"{sources[0].path} at {layers}; mix datasets of the same layers")
+        if ds.hidden_size != target_id["hidden_size"]:
+            raise UserError(f"{s.path}: states of width {ds.hidden_size}, but --target has "
+                            f"hidden size {target_id['hidden_size']}: another model's states")
+        theirs = ds.target
+        for key in ("model_type", "num_layers", "vocab_size"):
+            if theirs.get(key) is not None and theirs[key] != target_id[key]:
+                raise UserError(f"{s.path}: extracted from a target with {key} "
+                                f"{theirs[key]}, --target has {target_id[key]}")
+        if ds.last_state not in ("pre_norm", "post_norm"):
+            raise UserError(f"{s.path}: unknown last_state {ds.last_state!r}")
+    if len({s.dataset.last_state for s in sources}) > 1:  # type: ignore[attr-defined]
+        raise UserError("the hidden datasets store the last state differently (pre- and "
+                        "post-norm); extract them the same way")
+    return list(layers)
+
+
+def _load_init(path: Path, target_cfg: Any) -> Eagle3Drafter:
+    """--init-from: any EAGLE-3 layout model.layouts reads, else eagle3kit's own; without
+    the embedding, which comes from the target once the drafter is known to fit it."""
+    try:
+        from eagle3kit.model import layouts  # type: ignore[attr-defined]
+
+        def load(p: Path) -> Eagle3Drafter:
+            model, _info = layouts.load_any(p, target_config=target_cfg)
+            return model
+    except ImportError:
+        from eagle3kit.model.checkpoint import load_drafter as load  # type: ignore[assignment]
+    if not (path / "config.json").is_file():
+        raise UserError(f"--init-from {path}: no config.json there (a drafter directory?)")
+    try:
+        return load(path)
+    except (UserError, OSError, KeyError, ValueError, TypeError, RuntimeError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = reason.removeprefix(f"{path}: ")
+        raise UserError(f"--init-from {path}: cannot use it ({reason})") from None
+
+
+def _check_init(model: Eagle3Drafter, target_cfg: Any, layers: list[int], path: Path) -> None:
+    c = model.config
+    where = f"--init-from {path}"
+    if c.vocab_size != target_cfg.vocab_size:
+        raise UserError(f"{where}: made for a vocabulary of {c.vocab_size}, --target has "
+                        f"{target_cfg.vocab_size}")
+    if c.hidden_size != target_cfg.hidden_size or c.aux_width != 3 * target_cfg.hidden_size:
+        raise UserError(f"{where}: width {c.hidden_size} (fc input {c.aux_width}), --target "
+                        f"has hidden size {target_cfg.hidden_size}")
+    if list(c.aux_layer_ids) != list(layers):
+        raise UserError(f"{where}: reads layers {c.aux_layer_ids}, the training states are "
+                        f"from layers {layers}")
+    problems = vocab_problems(model.d2t.numpy(), model.t2d.numpy(), c.vocab_size,
+                              c.draft_vocab_size)
+    if problems:
+        raise UserError(f"{where}: its draft vocabulary is unusable: {problems[0]}")
+
+
+def _lr_lambda(total: int, warmup: int, floor: float):
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return factor
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, ranks: Ranks) -> None:
+        self.cfg, self.ranks = cfg, ranks
+        self.run_dir = RunDir(cfg.out)
+        self.device = ranks.device
+        self.autocast = (torch.bfloat16 if cfg.precision == "bf16" or (
+            cfg.precision == "auto" and self.device.type == "cuda") else None)
+
+    # The whole run ------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        cfg = self.cfg
+        self.target_cfg = read_config(cfg.target)
+        self.target_id = identity(cfg.target, self.target_cfg)
+        self.sources = [tdata.open_source(d.path, d.weight, cfg.online) for d in cfg.data]
+        continuing = self._open_run_dir()
+        self.layers = self._resolve_layers(continuing)
+        masks = tdata.held_out(self.sources, cfg.eval_split)
+        self.pool = tdata.build_pool(self.sources, masks, cfg.max_len, cfg.long_samples)
+        self.plan = tdata.make_plan(
+            self.pool, [d.weight for d in cfg.data], cfg.seed, cfg.batch_tokens,
+            self.ranks.world * cfg.grad_accum, cfg.epochs, cfg.max_steps)
+        self._load_target()
+        self._build_drafter(continuing)
+        self._build_optimizer()
+        start = self._resume() if continuing else 0
+        if self.ranks.rank == 0:
+            self._write_run_json(continuing)
+            self.run_dir.cut_metrics(start)
+        self.ranks.barrier()
+        return self._train(start)
+
+    def _open_run_dir(self) -> bool:
+        cfg, rd = self.cfg, self.run_dir
+        continuing = rd.check_usable(cfg.mode)
+        if continuing:
+            before = rd.read()
+            now = self.cfg.settings()
+            diff = settings_diff(before.get("settings", {}), now)
+            parts = before.get("world_size", 1) * before.get("settings", {}).get(
+                "grad_accum", 1)
+            if parts != self.ranks.world * cfg.grad_accum:
+                diff.append(f"ranks x --grad-accum: {parts} -> "
+                            f"{self.ranks.world * cfg.grad_accum}")
+            if diff and not cfg.force:
+                raise UserError(f"{rd.path}: this run was started with other settings ("
+                                + "; ".join(diff) + "); rerun with them, pass --force to "
+                                "continue anyway, or --overwrite to start afresh")
+            if before.get("target", {}).get("fingerprint") != self.target_id["fingerprint"] \
+                    and not cfg.force:
+                raise UserError(f"{rd.path}: started with another target config than "
+                                f"--target {cfg.target}")
+            self.previous = before
+        elif self.ranks.rank == 0:
+            if rd.path.exists():
+                rd.clear()
+            rd.path.mkdir(parents=True, exist_ok=True)
+        self.ranks.barrier()
+        return continuing
+
+    def _resolve_layers(self, continuing: bool) -> list[int]:
+        from eagle3kit.model import default_layer_ids
+
+        if not self.cfg.online:
+            return _layers_of(self.sources, self.target_id)
+        if continuing:
+            return list(self.previous["layer_ids"])
+        if self.cfg.layers is not None:
+            return list(self.cfg.layers)
+        if self.cfg.init_from is not None:
+            import json
+
+            try:
+                raw = json.loads((self.cfg.init_from / "config.json").read_text())
+            except (OSError, ValueError):
+                raw = {}
+            ids = (raw.get("eagle3kit", {}).get("drafter", {}).get("aux_layer_ids")
+                   or raw.get("eagle_aux_hidden_state_layer_ids"))
+            if ids:
+                return list(ids)
+        return default_layer_ids(self.target_cfg.num_hidden_layers)
+
+    def _load_target(self) -> None:
+        dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
+        if self.cfg.online:
+            self.online = OnlineTarget.load(self.cfg.target, self.layers, self.device)
+            self.head = self.online.head
+        else:
+            self.head = TargetHead.load(self.cfg.target, self.target_cfg).to_device(
+                self.device, dtype)
+            last = self.sources[0].dataset.last_state  # type: ignore[attr-defined]
+            self.offline = OfflineTarget(self.head, last, self.device)
+
+    def _vocab(self, continuing: bool) -> DraftVocab:
+        v = self.target_cfg.vocab_size
+        if continuing and self.run_dir.vocab.is_file():
+            from safetensors.torch import load_file
+
+            saved = load_file(str(self.run_dir.vocab))
+            vocab = DraftVocab.from_d2t(saved["d2t"].numpy(), v)
+            vocab.coverage = self.previous.get("vocab", {}).get("coverage")
+            return vocab
+        counts = tdata.count_vocab(self.sources, self.pool, v)
+        return build_vocab(counts, min(self.cfg.draft_vocab, v))
+
+    def _build_drafter(self, continuing: bool) -> None:
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        embedding = self.head.embedding.detach().float().cpu()
+        self.vocab_source = "counted"
+        if cfg.init_from is not None and not (continuing and self.run_dir.steps()):
+            drafter = _load_init(cfg.init_from, self.target_cfg)
+            _check_init(drafter, self.target_cfg, self.layers, cfg.init_from)
+            drafter.load_target_embedding(embedding)
+            vocab = DraftVocab.from_d2t(drafter.d2t.numpy(), self.target_cfg.vocab_size)
+            vocab.coverage = self._coverage(vocab)
+            self.vocab_source = f"init-from {cfg.init_from}"
+        else:
+            vocab = self._vocab(continuing)
+            config = DrafterConfig.from_target(
+                self.target_cfg, draft_vocab_size=vocab.size, aux_layer_ids=self.layers,
+                target_name_or_path=self.target_id["name_or_path"])
+            drafter = Eagle3Drafter(config)
+            drafter.set_vocab(torch.from_numpy(vocab.d2t), torch.from_numpy(vocab.t2d))
+            drafter.load_target_embedding(embedding)
+        drafter.embed_tokens.weight.requires_grad_(False)
+        self.vocab = vocab
+        self.drafter = drafter.to(self.device)
+        self.loss = TTTLoss(self.drafter, self.head, cfg.ttt_steps, cfg.ttt_decay)
+        self.model: torch.nn.Module = self.loss
+        if self.ranks.world > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            self.model = DDP(self.loss, broadcast_buffers=False,
+                             device_ids=[self.device] if self.device.type == "cuda" else None)
+
+    def _coverage(self, vocab: DraftVocab) -> float:
+        counts = tdata.count_vocab(self.sources, self.pool, self.target_cfg.vocab_size)
+        total = counts.sum()
+        return float(counts[vocab.draft_ids].sum() / total) if total else 0.0
+
+    def _build_optimizer(self) -> None:
+        cfg = self.cfg
+        self.params = self.drafter.trainable_parameters()
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95),
+                                           weight_decay=cfg.weight_decay)
+        total = self.plan.total_steps
+        warmup = int(cfg.warmup) if cfg.warmup >= 1 else math.ceil(cfg.warmup * total)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, _lr_lambda(total, max(warmup, 1) if cfg.warmup else 0,
+                                       cfg.min_lr / cfg.lr))
+
+    # Checkpoints ---------------------------------------------------------------------------
+    def _resume(self) -> int:
+        steps = self.run_dir.steps()
+        if not steps:
+            return 0
+        step = steps[-1]
+        where = self.run_dir.step_dir(step)
+        from safetensors.torch import load_file
+
+        weights = load_file(str(where / "model.safetensors"), device=str(self.device))
+        missing, unexpected = self.drafter.load_state_dict(weights, strict=False)
+        if [m for m in missing if m != "embed_tokens.weight"] or unexpected:
+            raise UserError(f"{where}: checkpoint does not fit this drafter "
+                            f"(missing {missing}, unexpected {unexpected})")
+        self.optimizer.load_state_dict(torch.load(where / "optimizer.pt",
+                                                  map_location=self.device, weights_only=True))
+        self.scheduler.load_state_dict(torch.load(where / "scheduler.pt", weights_only=True))
+        rng = where / f"rng-rank{self.ranks.rank}.pt"
+        if rng.is_file():
+            set_rng_state(torch.load(rng, weights_only=False))
+        import json
+
+        state = json.loads((where / "state.json").read_text())
+        self.tokens_before = int(state.get("tokens", 0))
+        self.last_eval = state.get("eval")
+        self.resumed_from = step
+        return step
+
+    def _checkpoint(self, step: int, epoch: int, tokens: int, final: bool) -> None:
+        rd, ranks = self.run_dir, self.ranks
+        tmp = rd.temp_dir(step)
+        if ranks.rank == 0:
+            rd.begin_checkpoint(step)
+        ranks.barrier()
+        torch.save(rng_state(), tmp / f"rng-rank{ranks.rank}.pt")
+        ranks.barrier()
+        if ranks.rank == 0:
+            from safetensors.torch import save_file
+
+            save_file(drafter_weights(self.drafter), str(tmp / "model.safetensors"))
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+            import json
+
+            (tmp / "state.json").write_text(json.dumps({
+                "step": step, "epoch": epoch, "tokens": tokens, "final": final,
+                "total_steps": self.plan.total_steps, "world_size": ranks.world,
+                "eval": self.last_eval, "time": _now()}, indent=2) + "\n")
+            rd.sync_metrics()
+            rd.commit_checkpoint(step, self.cfg.keep)
+            self._save_drafter(step, tokens)
+        ranks.barrier()
+
+    def _save_drafter(self, step: int, tokens: int) -> None:
+        extra: dict[str, Any] = {
+            "target": self.target_id, "layer_ids": self.layers,
+            "vocab": {"size": self.vocab.size, "coverage": self.vocab.coverage},
+            "training": {"run": str(self.cfg.out.resolve()), "step": step, "tokens": tokens,
+                         "eagle3kit_version": __version__}}
+        if self.last_eval is not None:
+            extra["eval"] = self.last_eval
+        save_drafter(self.drafter, self.run_dir.drafter, extra=extra)
+
+    def _write_run_json(self, continuing: bool) -> None:
+        from safetensors.torch import save_file
+
+        rd = self.run_dir
+        if not continuing or not rd.vocab.is_file():
+            save_file({"d2t": torch.from_numpy(self.vocab.d2t),
+                       "t2d": torch.from_numpy(self.vocab.t2d)}, str(rd.vocab))
+        before = getattr(self, "previous", {})
+        history = list(before.get("settings_history", []))
+        if continuing and before.get("settings") != self.cfg.settings():
+            history.append({"time": _now(), "settings": before.get("settings")})
+        long = self.pool.long.to_dict()
+        write_json_atomic(rd.run_json, {
+            "format": RUN_FORMAT, "version": RUN_VERSION, "eagle3kit_version": __version__,
+            "created": before.get("created", _now()), "updated": _now(),
+            "settings": self.cfg.settings(), "settings_history": history,
+            "config": {k: (str(v) if isinstance(v, Path) else v)
+                       for k, v in _resolved(self.cfg).items()},
+            "world_size": self.ranks.world, "mode": "online" if self.cfg.online else "offline",
+            "target": self.target_id, "layer_ids": self.layers, "layer_convention": "boundary",
+            "drafter": self.drafter.config.to_dict(),
+            "vocab": {"size": self.vocab.size, "coverage": self.vocab.coverage,
+                      "source": self.vocab_source, "file": rd.vocab.name},
+            "data": [s.manifest_summary() for s in self.sources],
+            "plan": {"total_steps": self.plan.total_steps, "epochs": len(self.plan.epochs),
+                     "train_samples": sum(len(t) for t in self.pool.train),
+                     "heldout_samples": len(self.pool.heldout), "long_samples": long,
+                     "too_short": self.pool.too_short},
+        })
+
+    # Batches -----------------------------------------------------------------------------
+    def _target_batch(self, items: list[tdata.Item]) -> TargetBatch | None:
+        if not items:
+            return None
+        if self.cfg.online:
+            samples = []
+            for it in items:
+                ids, mask = self.sources[it.source].tokens(it.index)
+                samples.append((ids[:it.length], mask[:it.length]))
+            return self.online.batch(samples)
+        rows = []
+        for it in items:
+            s = self.sources[it.source].dataset[it.index]
+            n = it.length
+            rows.append((s.input_ids[:n], s.loss_mask[:n], s.aux[:n], s.last[:n]))
+        return self.offline.batch(rows)
+
+    def heldout_batches(self):
+        """This rank's share of the held-out split, as TargetBatches (made lazily)."""
+        items = sorted(self.pool.heldout, key=lambda it: (it.length, it.source, it.index))
+        mine = items[self.ranks.rank::self.ranks.world]
+        for group in tdata.global_batches(mine, self.cfg.batch_tokens):
+            yield self._target_batch(group)
+
+    def _evaluate(self, step: int) -> dict | None:
+        if not self.pool.heldout:
+            return None
+        result: EvalResult = evaluate(self.drafter, self.heldout_batches(), self.cfg.eval_k,
+                                      reduce=self.ranks.sum)
+        result.step = step
+        return result.to_dict()
+
+    # Steps -----------------------------------------------------------------------------------
+    def _step(self, batch_items: list[tdata.Item]) -> dict:
+        cfg, ranks = self.cfg, self.ranks
+        parts = tdata.split_parts(batch_items, ranks.world * cfg.grad_accum)
+        mine = parts[ranks.rank * cfg.grad_accum:(ranks.rank + 1) * cfg.grad_accum]
+        batches = [self._target_batch(p) for p in mine]
+        counts = torch.zeros(cfg.ttt_steps, dtype=torch.float64, device=self.device)
+        for b in batches:
+            if b is not None:
+                counts += step_counts(b, self.drafter.t2d, cfg.ttt_steps)
+        ranks.sum(counts)
+        sums = torch.zeros(cfg.ttt_steps, dtype=torch.float64, device=self.device)
+        correct = torch.zeros_like(sums)
+        loss_total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for m, b in enumerate(batches):
+            sync = m == len(batches) - 1 or ranks.world == 1
+            ctx = contextlib.nullcontext() if sync else self.model.no_sync()  # type: ignore
+            with ctx:
+                loss, s, c = self.model(b, counts, self.autocast)
+                # DDP averages gradients over ranks; the loss is already a global mean.
+                (loss * ranks.world).backward()
+            sums += s
+            correct += c
+            loss_total += loss.detach().double()
+        if cfg.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, float("inf"))
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        tokens = torch.tensor([sum(it.length for p in mine for it in p)], dtype=torch.float64,
+                              device=self.device)
+        stats = ranks.sum(torch.cat([loss_total[None], sums, correct, tokens]))
+        k = cfg.ttt_steps
+        c = counts.clamp_min(1)
+        return {"loss": float(stats[0]), "loss_k": (stats[1:1 + k] / c).tolist(),
+                "acc_k": (stats[1 + k:1 + 2 * k] / c).tolist(), "tokens": int(stats[-1]),
+                "positions_k": counts.tolist(), "lr": lr, "grad_norm": float(norm)}
+
+    def _train(self, start: int) -> TrainResult:
+        cfg, rd = self.cfg, self.run_dir
+        total = self.plan.total_steps
+        tokens = getattr(self, "tokens_before", 0)
+        self.last_eval = getattr(self, "last_eval", None)
+        initial_eval = None
+        if start == 0 and self.pool.heldout:
+            initial_eval = self._evaluate(0)
+            self.last_eval = initial_eval
+            if self.ranks.rank == 0:
+                rd.log({"step": 0, "eval": initial_eval, "time": _now()})
+        self._announce(start)
+        loss = None
+        epoch = 0
+        run_tokens = 0
+        began = time.monotonic()
+        with _ui.Progress("train", total, cfg.output, unit="steps", initial=start) as progress:
+            if self.last_eval:
+                progress.set(**_eval_gauges(self.last_eval))
+            for step in range(start, total):
+                epoch, batch = self.plan.step(step)
+                record = self._step(batch)
+                tokens += record["tokens"]
+                loss = record["loss"]
+                done = step + 1
+                progress.add(1, tokens=record["tokens"])
+                progress.set(loss=round(loss, 4), lr=record["lr"])
+                run_tokens += record["tokens"]
+                log = {"step": done, "epoch": epoch, **record, "tokens_total": tokens,
+                       "tokens_per_s": round(run_tokens / max(time.monotonic() - began, 1e-9),
+                                             1), "elapsed": round(time.monotonic() - began, 4),
+                       "time": _now()}
+                if self.ranks.rank == 0:
+                    rd.log(log)
+                last = done == total
+                if self.pool.heldout and (last or (cfg.eval_every and
+                                                   done % cfg.eval_every == 0)):
+                    self.last_eval = self._evaluate(done)
+                    progress.set(**_eval_gauges(self.last_eval))
+                    if self.ranks.rank == 0:
+                        rd.log({"step": done, "eval": self.last_eval, "time": _now()})
+                if last or done % cfg.checkpoint_every == 0:
+                    self._checkpoint(done, epoch, tokens, last)
+        if start >= total and self.ranks.rank == 0 and not rd.drafter.is_dir():
+            self._save_drafter(total, tokens)
+        return TrainResult(
+            out=cfg.out, steps=total, total_steps=total, tokens=tokens, loss=loss,
+            eval=self.last_eval, initial_eval=initial_eval, vocab_coverage=self.vocab.coverage,
+            resumed_from=getattr(self, "resumed_from", None),
+            metrics={"long_samples": self.pool.long.to_dict(),
+                     "train_samples": sum(len(t) for t in self.pool.train),
+                     "heldout_samples": len(self.pool.heldout), "layer_ids": self.layers,
+                     "draft_vocab": self.vocab.size})
+
+    def _announce(self, start: int) -> None:
+        opts = self.cfg.output
+        long = self.pool.long
+        cov = self.vocab.coverage
+        _ui.info(f"train: {'online' if self.cfg.online else 'offline'}, layers "
+                 f"{','.join(map(str, self.layers))}, draft vocabulary {self.vocab.size:,}"
+                 + (f" covering {100 * cov:.2f}% of the training tokens" if cov is not None
+                    else "") + f" ({self.vocab_source})", opts)
+        _ui.info(f"train: {sum(len(t) for t in self.pool.train):,} training samples, "
+                 f"{len(self.pool.heldout):,} held out, {self.plan.total_steps:,} steps"
+                 + (f", resuming after step {start:,}" if start else ""), opts)
+        if long.dropped or long.truncated:
+            _ui.warn(f"--max-len {self.cfg.max_len}: {long.dropped} samples dropped, "
+                     f"{long.truncated} truncated ({long.tokens_cut:,} tokens cut)")
+
+
+def _eval_gauges(ev: dict) -> dict[str, float]:
+    gauges = {f"a{i + 1}": round(a, 3) for i, a in enumerate(ev["per_position"])}
+    gauges["AL"] = round(ev["predicted_acceptance_length"], 3)
+    return gauges
+
+
+def _resolved(cfg: TrainConfig) -> dict:
+    from dataclasses import asdict
+
+    d = asdict(cfg)
+    d.pop("output", None)
+    d["data"] = [s.to_json() for s in cfg.data]
+    return d
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _report(result: TrainResult, cfg: TrainConfig) -> None:
+    opts = cfg.output
+    if opts.json:
+        _ui.print_json(result.to_dict())
+    pairs: list[tuple[str, object]] = [
+        ("run", str(result.out)), ("steps", result.steps), ("tokens", result.tokens),
+        ("loss", None if result.loss is None else round(result.loss, 4)),
+        ("vocab coverage", result.vocab_coverage)]
+    for name, ev in (("before training", result.initial_eval), ("held-out", result.eval)):
+        if ev:
+            rates = " ".join(f"{a:.3f}" for a in ev["per_position"])
+            pairs.append((f"{name} AL (k={ev['k']})",
+                          f"{ev['predicted_acceptance_length']:.3f}  per position {rates}"))
+    pairs.append(("drafter", str(result.out / "drafter")))
+    _ui.kv("train", pairs, opts)
+

@@ -1,0 +1,192 @@
+"""The run directory: run.json, metrics.jsonl, vocab.safetensors, checkpoints/, drafter/.
+
+Checkpoints are written whole or not at all: into a hidden temp directory, every file
+fsynced, then renamed to checkpoints/step-XXXXXXXX and the parent fsynced. A run killed at
+any moment resumes from the newest complete one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from eagle3kit import __version__
+from eagle3kit.errors import UserError
+
+RUN_FORMAT = "eagle3kit-run"
+RUN_VERSION = 1
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+OUR_FILES = ("run.json", "metrics.jsonl", "vocab.safetensors", "checkpoints", "drafter")
+
+
+def fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    fsync_file(tmp)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+class RunDir:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.run_json = path / "run.json"
+        self.metrics = path / "metrics.jsonl"
+        self.vocab = path / "vocab.safetensors"
+        self.checkpoints = path / "checkpoints"
+        self.drafter = path / "drafter"
+
+    # Opening ----------------------------------------------------------------------------------
+    def exists(self) -> bool:
+        return self.run_json.is_file()
+
+    def read(self) -> dict:
+        try:
+            data = json.loads(self.run_json.read_text())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{self.run_json}: unreadable ({exc}); rerun with --overwrite to "
+                            "start afresh") from None
+        if data.get("format") != RUN_FORMAT:
+            raise UserError(f"{self.run_json}: not an eagle3kit run")
+        if data.get("version", 0) > RUN_VERSION:
+            raise UserError(f"{self.run_json}: run format {data.get('version')} is newer than "
+                            f"this eagle3kit ({__version__}) reads; upgrade eagle3kit")
+        return data
+
+    def check_usable(self, mode: str) -> bool:
+        """Whether a run continues here; refuse a directory that is something else."""
+        if mode == "overwrite":
+            return False
+        if self.exists():
+            return True
+        if mode == "resume":
+            raise UserError(f"{self.path}: no run to resume (no run.json); drop --resume to "
+                            "start one")
+        if self.path.exists() and any(self.path.iterdir()):
+            raise UserError(f"{self.path}: exists and is not a training run (no run.json); "
+                            "give a new directory")
+        return False
+
+    def clear(self) -> None:
+        """--overwrite: remove what a run wrote (and nothing else)."""
+        for name in OUR_FILES:
+            p = self.path / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+
+    # Checkpoints -------------------------------------------------------------------------------
+    def steps(self) -> list[int]:
+        if not self.checkpoints.is_dir():
+            return []
+        found = []
+        for p in self.checkpoints.iterdir():
+            m = STEP_DIR.match(p.name)
+            if m and (p / "state.json").is_file():
+                found.append(int(m.group(1)))
+        return sorted(found)
+
+    def step_dir(self, step: int) -> Path:
+        return self.checkpoints / f"step-{step:08d}"
+
+    def temp_dir(self, step: int) -> Path:
+        return self.checkpoints / f".step-{step:08d}.tmp"
+
+    def begin_checkpoint(self, step: int) -> Path:
+        tmp = self.temp_dir(step)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        # Temp dirs of checkpoints a crash interrupted are garbage.
+        for p in self.checkpoints.glob(".step-*.tmp"):
+            if p != tmp:
+                shutil.rmtree(p, ignore_errors=True)
+        return tmp
+
+    def commit_checkpoint(self, step: int, keep: int) -> None:
+        tmp, final = self.temp_dir(step), self.step_dir(step)
+        for p in tmp.iterdir():
+            fsync_file(p)
+        fsync_dir(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        fsync_dir(self.checkpoints)
+        for old in self.steps()[:-keep]:
+            shutil.rmtree(self.step_dir(old), ignore_errors=True)
+
+    # Metrics -----------------------------------------------------------------------------------
+    def log(self, record: dict) -> None:
+        with open(self.metrics, "a") as f:
+            f.write(json.dumps(record, default=float) + "\n")
+
+    def cut_metrics(self, step: int) -> None:
+        """Drop the lines of steps after `step` (all of them for 0): a resumed run writes
+        them again."""
+        if not self.metrics.is_file():
+            return
+        kept = []
+        for line in self.metrics.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a kill
+            if 0 < record.get("step", 0) <= step or (step and record.get("step") == 0):
+                kept.append(line)
+        tmp = self.metrics.with_name("metrics.jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, self.metrics)
+
+    def sync_metrics(self) -> None:
+        if self.metrics.is_file():
+            fsync_file(self.metrics)
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                             "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def settings_diff(before: dict, now: dict) -> list[str]:
+    """'--flag: old -> new' for each setting that differs."""
+    out = []
+    for key in sorted(set(before) | set(now)):
+        if before.get(key) != now.get(key):
+            flag = "--" + key.replace("_", "-")
+            if key in ("data", "target"):
+                flag = key
+            out.append(f"{flag}: {before.get(key)!r} -> {now.get(key)!r}")
+    return out

@@ -1,0 +1,220 @@
+"""The training-time-test loss and the held-out acceptance (EAGLE3.md §2, §4).
+
+Alignment, as in the reference trainer: at position t the drafter gets the fused target
+states g_t and the embedding of token t+1, and is trained toward the target's distribution
+at t+1 (its prediction of token t+2). Step k of the unroll feeds the step k-1 output back as
+the hidden input at the same positions, shifts ids, targets and the mask left by k, and
+offsets the RoPE positions by k; `Eagle3Drafter.ttt_step` does the attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from eagle3kit.model import Eagle3Drafter, TTTState
+from eagle3kit.train.target import TargetBatch, TargetHead
+
+
+def shifted(x: torch.Tensor, k: int, length: int, fill: int | bool = 0) -> torch.Tensor:
+    """x[:, 1+k : 1+k+length], padded with `fill` past the end: what step k reads."""
+    part = x[:, 1 + k:1 + k + length]
+    missing = length - part.shape[1]
+    if missing <= 0:
+        return part
+    pad = torch.full((x.shape[0], missing, *x.shape[2:]), fill, dtype=x.dtype, device=x.device)
+    return torch.cat([part, pad], dim=1)
+
+
+def loss_masks(batch: TargetBatch, t2d: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """Per step k, [B, T-1] bool: the data carries loss at t+1+k and the target's greedy
+    token there is in the draft vocabulary (positions past a row's end are False)."""
+    keep = batch.loss_mask & t2d[batch.argmax]
+    length = batch.ids.shape[1] - 1
+    return [shifted(keep, k, length, False) for k in range(steps)]
+
+
+def step_counts(batch: TargetBatch, t2d: torch.Tensor, steps: int) -> torch.Tensor:
+    """[steps] loss-carrying positions per step: the denominators of the loss."""
+    return torch.stack([m.sum() for m in loss_masks(batch, t2d, steps)]).double()
+
+
+class TTTLoss(nn.Module):
+    """Σ_k decay^k · soft cross-entropy of step k against the target's draft-vocabulary
+    distribution, each step summed over its masked positions and divided by `counts[k]`
+    (the global batch's count, so micro-batches and ranks add up to one mean)."""
+
+    head: TargetHead
+
+    def __init__(self, drafter: Eagle3Drafter, head: TargetHead, steps: int,
+                 decay: float) -> None:
+        super().__init__()
+        self.drafter = drafter
+        # Frozen and shared with the target: kept out of this module's parameters, state and
+        # DDP's broadcast.
+        self.__dict__["head"] = head
+        self.steps, self.decay = steps, decay
+        self.register_buffer("draft_ids", drafter.d2t + torch.arange(len(drafter.d2t),
+                                                                      device=drafter.d2t.device),
+                             persistent=False)
+
+    def forward(self, batch: TargetBatch | None, counts: torch.Tensor,
+                autocast: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor,
+                                                               torch.Tensor]:
+        """(loss, per-step CE sums [steps], per-step correct counts [steps])."""
+        if batch is None:  # a rank with nothing in this micro-batch still joins the reduce
+            zero = sum((p * 0).sum() for p in self.drafter.trainable_parameters())
+            empty = torch.zeros(self.steps, dtype=torch.float64, device=counts.device)
+            return zero, empty, empty.clone()
+        masks = loss_masks(batch, self.drafter.t2d, self.steps)
+        length = batch.ids.shape[1] - 1
+        positions = torch.arange(length, device=batch.ids.device)[None].expand(
+            batch.ids.shape[0], -1)
+        valid = positions < (batch.lengths[:, None] - 1)
+        probs = self.head.draft_probs(batch.normed, self.draft_ids)  # [B, T, Vd]
+        best = probs.argmax(-1)  # the target's top draft token, for the step accuracies
+        state = TTTState()
+        total = torch.zeros((), device=batch.ids.device)
+        sums, correct = [], []
+        with torch.autocast(batch.ids.device.type, dtype=autocast or torch.bfloat16,
+                            enabled=autocast is not None):
+            hidden = self.drafter.project(batch.aux[:, :length])
+            for k in range(self.steps):
+                ids = shifted(batch.ids, k, length)
+                hidden = self.drafter.ttt_step(hidden, ids, positions + k, state, valid)
+                n = length - k  # positions whose target lies inside the padded batch
+                if n <= 0:
+                    sums.append(total.new_zeros((), dtype=torch.float64))
+                    correct.append(total.new_zeros((), dtype=torch.float64))
+                    continue
+                logq = torch.log_softmax(self.drafter.logits(hidden[:, :n]).float(), dim=-1)
+                p = probs[:, 1 + k:1 + k + n]
+                mask = masks[k][:, :n]
+                ce = -(p * logq).sum(-1) * mask
+                total = total + (self.decay ** k) * ce.sum() / counts[k].clamp_min(1).float()
+                sums.append(ce.sum().detach().double())
+                hit = (logq.argmax(-1) == best[:, 1 + k:1 + k + n]) & mask
+                correct.append(hit.sum().double())
+        return total, torch.stack(sums), torch.stack(correct)
+
+
+# Held-out acceptance --------------------------------------------------------------------------
+@dataclass
+class EvalResult:
+    """Chain acceptance at temperature 0, as chain decoding counts it."""
+
+    k: int
+    per_position: list[float]
+    """a_i: acceptance of draft position i given positions < i were accepted."""
+    accepted: list[int]
+    tried: list[int]
+    predicted_acceptance_length: float
+    """1 + Σ_j Π_{i≤j} a_i."""
+    chains: int
+    """Chain starts evaluated (held-out completion positions)."""
+    unobservable: float
+    """Share of (chain, position) pairs left out: past the sample's end, or after data
+    tokens that are not the target's greedy ones (its verdict there followed another token)."""
+    temperature: float = 0.0
+    step: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(d.pop("extra"))
+        return d
+
+
+def predicted_acceptance_length(rates: list[float]) -> float:
+    """1 + Σ_j Π_{i≤j} a_i for conditional per-position rates a_i (EAGLE3.md §4)."""
+    total, run = 1.0, 1.0
+    for a in rates:
+        run *= a
+        total += run
+    return total
+
+
+def conditional_counts(accept: torch.Tensor, observable: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(accepted, tried) per position from [N, k] bool matrices: position j is tried where
+    it is observable and positions < j were all accepted, accepted where it is too."""
+    earlier = torch.cumprod(accept.long(), dim=1)
+    before = torch.cat([torch.ones_like(earlier[:, :1]), earlier[:, :-1]], dim=1).bool()
+    tried = (before & observable).sum(0)
+    accepted = (before & observable & accept).sum(0)
+    return accepted, tried
+
+
+@torch.no_grad()
+def chain_verdicts(drafter: Eagle3Drafter, batch: TargetBatch, k: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, k] (accepted, observable) for every chain start of `batch`.
+
+    A chain starts at position t when token t+1 carries loss (the drafter proposes after
+    a verified completion token). Step 0 gets the data token t+1; step j > 0 gets the
+    target's greedy token for t+1+j, which is what chain decoding feeds once the earlier
+    drafts were accepted. Draft j (argmax, mapped through d2t) is accepted when it equals the
+    target's greedy token after t+1+j. That verdict comes from the target's pass over the
+    data, so it is only the decoding verdict where the data's tokens t+2..t+1+j are the
+    greedy ones: elsewhere position j is unobservable and left out of a_j (with data
+    generated at temperature 0 nothing is left out).
+    """
+    length = batch.ids.shape[1] - 1
+    b = batch.ids.shape[0]
+    positions = torch.arange(length, device=batch.ids.device)[None].expand(b, -1)
+    valid = positions < (batch.lengths[:, None] - 1)
+    greedy = torch.cat([batch.ids[:, :1], batch.argmax[:, :-1]], dim=1)  # greedy[j]: token j
+    follows = batch.ids == greedy
+    start = shifted(batch.loss_mask, 0, length, False) & valid
+    state = TTTState()
+    hidden = drafter.project(batch.aux[:, :length].to(drafter.fc.weight.dtype))
+    accepted, observable = [], []
+    seen = start.clone()
+    for j in range(k):
+        ids = batch.ids[:, 1:1 + length] if j == 0 else shifted(greedy, j, length)
+        hidden = drafter.ttt_step(hidden, ids, positions + j, state, valid)
+        draft = drafter.draft_to_target(drafter.logits(hidden).argmax(-1))
+        if j > 0:
+            seen = seen & shifted(follows, j, length, False)
+        inside = positions + 1 + j < batch.lengths[:, None]
+        observable.append(seen & inside)
+        accepted.append(draft == shifted(batch.argmax, j, length, -1))
+    keep = start.reshape(-1)
+    return (torch.stack(accepted, -1).reshape(-1, k)[keep],
+            torch.stack(observable, -1).reshape(-1, k)[keep])
+
+
+def evaluate(drafter: Eagle3Drafter, batches, k: int = 3, reduce=None) -> EvalResult:
+    """Per-position conditional acceptance and the predicted acceptance length of a chain
+    of `k` drafts at temperature 0 over `batches` (TargetBatch), e.g. a held-out split.
+
+    `reduce(tensor)` sums counts across processes (torch.distributed all_reduce) when
+    the batches are spread over ranks.
+    """
+    was_training = drafter.training
+    drafter.eval()
+    accepted = torch.zeros(k, dtype=torch.float64)
+    tried = torch.zeros(k, dtype=torch.float64)
+    chains = torch.zeros(1, dtype=torch.float64)
+    hidden_pairs = torch.zeros(1, dtype=torch.float64)
+    for batch in batches:
+        acc, obs = chain_verdicts(drafter, batch, k)
+        a, t = conditional_counts(acc, obs)
+        accepted += a.double().cpu()
+        tried += t.double().cpu()
+        chains += acc.shape[0]
+        hidden_pairs += (~obs).sum().item()
+    drafter.train(was_training)
+    totals = torch.cat([accepted, tried, chains, hidden_pairs])
+    if reduce is not None:
+        reduce(totals)
+    accepted, tried = totals[:k], totals[k:2 * k]
+    n = int(totals[2 * k].item())
+    rates = [float(a / t) if t > 0 else 0.0 for a, t in zip(accepted, tried, strict=True)]
+    return EvalResult(
+        k=k, per_position=[round(r, 6) for r in rates],
+        accepted=[int(a) for a in accepted], tried=[int(t) for t in tried],
+        predicted_acceptance_length=round(predicted_acceptance_length(rates), 6), chains=n,
+        unobservable=round(float(totals[2 * k + 1].item()) / max(n * k, 1), 6))

@@ -1,0 +1,420 @@
+"""eagle3kit train: alignment and loss, resume, ranks, the held-out acceptance, bad inputs.
+
+A tiny random 8-layer target (so the default layer ids 2, 4, 5 are distinct) with a small
+stdlib tokenizer, a token dataset of stdlib docstrings and its hidden-state dataset made by
+the real `extract`, built once for the module. The slow tests train a tiny target on text
+first, since a random target's outputs have no structure for a drafter to learn.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from eagle3kit._ui import OutputOptions
+from eagle3kit.errors import UserError
+from eagle3kit.format import DatasetWriter, TokenSample
+from eagle3kit.train import (
+    TrainConfig,
+    Trainer,
+    conditional_counts,
+    predicted_acceptance_length,
+    run,
+)
+from eagle3kit.train import data as tdata
+
+REPO = Path(__file__).resolve().parent.parent
+QUIET = OutputOptions(quiet=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Two cores shared by several test runs: one thread each is much faster than two."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def env() -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")}
+    out.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    return out
+
+
+def write_tokens(path: Path, sequences: list[list[int]], prompt: int = 4) -> Path:
+    with DatasetWriter(path, config={"stage": "test"}) as w:
+        for i, ids in enumerate(sequences):
+            w.add(TokenSample(f"s{i}", ids[:prompt], ids[prompt:]))
+    return path
+
+
+def extract(tokens: Path, out: Path, target: Path) -> Path:
+    from eagle3kit import extract as stage
+
+    stage.run(stage.ExtractConfig(tokens, out, target=target, device="cpu",
+                                  output_options=QUIET))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A random tiny target, 40 docstring samples as tokens and as hidden states."""
+    from transformers import AutoTokenizer
+
+    from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings
+
+    root = tmp_path_factory.mktemp("train")
+    docs = stdlib_docstrings(40_000)
+    make_tokenizer(root / "tok", vocab_size=400, corpus=docs)
+    target = make_target(root / "target", root / "tok", hidden_size=32, seed=1)
+    tok = AutoTokenizer.from_pretrained(str(target))
+    seqs = [tok(d)["input_ids"][:48] for d in docs[:40]]
+    seqs = [s for s in seqs if len(s) >= 12]
+    tokens = write_tokens(root / "tokens", seqs)
+    hidden = extract(tokens, root / "hidden", target)
+    return {"root": root, "target": target, "tokens": tokens, "hidden": hidden}
+
+
+def config(tiny, data, out, **kw) -> TrainConfig:
+    options = dict(max_steps=4, batch_tokens=256, draft_vocab=200, eval_split=4,
+                   eval_every=2, checkpoint_every=2, lr=3e-3, warmup=1, device="cpu",
+                   output=QUIET)
+    options.update(kw)
+    return TrainConfig([data], out, tiny["target"], **options)
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "drafter" / "model.safetensors"))
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [m["loss"] for m in metrics(run_dir) if "loss" in m]
+
+
+# The acceptance formula ------------------------------------------------------------------------
+def test_predicted_acceptance_length_is_chain_counting():
+    assert predicted_acceptance_length([]) == 1.0
+    assert predicted_acceptance_length([1.0, 1.0, 1.0]) == 4.0
+    assert predicted_acceptance_length([0.8, 0.5, 0.25]) == pytest.approx(1 + 0.8 + 0.4 + 0.1)
+    assert predicted_acceptance_length([0.0, 1.0, 1.0]) == 1.0
+
+
+def test_conditional_rates_from_hand_made_chains():
+    """Five chains of k = 3; the third position of the last chain is past the data's end."""
+    accept = torch.tensor([[1, 1, 1], [1, 0, 1], [0, 1, 1], [1, 1, 0], [1, 1, 1]]).bool()
+    observable = torch.ones(5, 3, dtype=torch.bool)
+    observable[4, 2] = False
+    accepted, tried = conditional_counts(accept, observable)
+    # a_1: 4 of 5; a_2: of the 4 accepted at 1, 3 accepted; a_3: of those 3, one
+    # unobservable, 1 of the other 2 accepted (chain 0 yes, chain 3 no).
+    assert tried.tolist() == [5, 4, 2]
+    assert accepted.tolist() == [4, 3, 1]
+    rates = (accepted / tried).tolist()
+    # Real chain decoding over these chains: accepted tokens 3, 1, 0, 2 (+ chain 4's 2
+    # observable ones) -> the formula is the per-position product sum.
+    assert predicted_acceptance_length(rates) == pytest.approx(1 + 0.8 + 0.8 * 0.75 + 0.8 *
+                                                               0.75 * 0.5)
+
+
+# Data planning -----------------------------------------------------------------------------------
+def test_split_is_stable_and_mixing_weights_repeat_or_subsample(tiny):
+    src = tdata.open_source(tiny["tokens"], 1.0, online=True)
+    share = tdata.held_out([src], 0.25)[0]
+    count = tdata.held_out([src], 3)[0]
+    assert 0 < share.sum() < len(src.ids) and count.sum() == 3
+    # By id hash: the same ids are held out whatever the order of the samples.
+    again = {i for i, h in zip(src.ids, tdata.held_out([src], 0.25)[0], strict=True) if h}
+    assert again == {i for i, h in zip(src.ids, share, strict=True) if h}
+    pool = tdata.build_pool([src, src], [count, count], 2048, "truncate")
+    n = len(pool.train[0])
+    epoch = tdata.epoch_items(pool, [2.0, 0.5], seed=0, epoch=0)
+    assert sum(it.source == 0 for it in epoch) == 2 * n
+    assert sum(it.source == 1 for it in epoch) == round(0.5 * n)
+    assert tdata.epoch_items(pool, [2.0, 0.5], 0, 1) != epoch  # reshuffled per epoch
+
+
+def test_long_samples_are_dropped_or_truncated_and_counted(tiny):
+    src = tdata.open_source(tiny["tokens"], 1.0, online=True)
+    none = [np.zeros(len(src.ids), bool)]
+    longest = int(src.lengths.max())
+    over = int((src.lengths > 20).sum())
+    cut = tdata.build_pool([src], none, 20, "truncate")
+    assert cut.long.truncated == over and cut.long.dropped == 0
+    assert cut.long.tokens_cut == int((src.lengths[src.lengths > 20] - 20).sum())
+    assert max(it.length for it in cut.train[0]) == 20 < longest
+    dropped = tdata.build_pool([src], none, 20, "drop")
+    assert dropped.long.dropped == over and len(dropped.train[0]) == len(src.ids) - over
+
+
+def test_global_batches_split_into_equal_parts():
+    items = [tdata.Item(0, i, n) for i, n in enumerate([5, 9, 3, 7, 7, 2, 8])]
+    batches = tdata.global_batches(items, 20)
+    assert [sum(it.length for it in b) for b in batches] == [17, 16, 8]
+    parts = tdata.split_parts(items, 2)
+    assert sorted(it.index for p in parts for it in p) == list(range(7))
+    assert abs(sum(it.length for it in parts[0]) - sum(it.length for it in parts[1])) <= 9
+
+
+# Online and offline agree -------------------------------------------------------------------------
+def first_step(tiny, data, out, **kw) -> Trainer:
+    from eagle3kit.train.loop import Ranks
+
+    trainer = Trainer(config(tiny, data, out, max_steps=1, eval_split=0, **kw),
+                      Ranks.start("cpu"))
+    trainer.run()
+    return trainer
+
+
+def test_online_and_offline_give_the_same_first_step_loss(tiny, tmp_path):
+    """Same data, same drafter init, same draft vocabulary: the first step's loss differs
+    only by the hidden dataset's bf16 storage of the states (tolerance 1%). Without the
+    storage (fp32 states handed over), the offline path rebuilds the online target batch
+    to 1e-5."""
+    from eagle3kit.train.target import OfflineTarget
+
+    on = first_step(tiny, tiny["tokens"], tmp_path / "on", online=True)
+    off = first_step(tiny, tiny["hidden"], tmp_path / "off")
+    assert on.layers == off.layers == [2, 4, 5]
+    assert np.array_equal(on.vocab.draft_ids, off.vocab.draft_ids)
+    assert losses(tmp_path / "on")[0] == pytest.approx(losses(tmp_path / "off")[0], rel=1e-2)
+
+    item = on.plan.step(0)[1][0]
+    ids, mask = on.sources[item.source].tokens(item.index)
+    ids, mask = ids[:item.length], mask[:item.length]
+    online = on.online.batch([(ids, mask)])
+    target = on.online
+    target.base(input_ids=torch.from_numpy(ids.astype(np.int64))[None], use_cache=False)
+    aux = torch.cat([target.captured[k] for k in on.layers], -1)[0].numpy()
+    last = target.captured[target.n_layers][0].numpy()
+    rebuilt = OfflineTarget(off.head, "pre_norm", torch.device("cpu")).batch(
+        [(ids, mask, aux, last)])
+    torch.testing.assert_close(rebuilt.normed, online.normed, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rebuilt.aux, online.aux)
+    assert torch.equal(rebuilt.argmax, online.argmax)
+
+
+# Resume ------------------------------------------------------------------------------------------
+def test_interrupted_run_resumes_to_the_same_weights(tiny, tmp_path, monkeypatch):
+    whole = run(config(tiny, tiny["hidden"], tmp_path / "whole", max_steps=5))
+    assert whole.steps == 5
+    calls = {"n": 0}
+    original = Trainer._step
+
+    def dies_at_step_4(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return original(self, batch)
+
+    monkeypatch.setattr(Trainer, "_step", dies_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        run(config(tiny, tiny["hidden"], tmp_path / "cut", max_steps=5))
+    monkeypatch.setattr(Trainer, "_step", original)
+    assert (tmp_path / "cut" / "checkpoints" / "step-00000002").is_dir()
+    resumed = run(config(tiny, tiny["hidden"], tmp_path / "cut", max_steps=5))
+    assert resumed.resumed_from == 2 and resumed.initial_eval is None
+    a, b = weights(tmp_path / "whole"), weights(tmp_path / "cut")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name  # bitwise, CPU fp32
+    assert losses(tmp_path / "cut") == losses(tmp_path / "whole")
+    # keep=2: only the last two checkpoints remain.
+    assert sorted(p.name for p in (tmp_path / "cut" / "checkpoints").iterdir()) == [
+        "step-00000004", "step-00000005"]
+
+
+def test_rerun_of_a_finished_run_changes_nothing(tiny, tmp_path):
+    first = run(config(tiny, tiny["hidden"], tmp_path / "r", max_steps=2))
+    before = weights(tmp_path / "r")
+    again = run(config(tiny, tiny["hidden"], tmp_path / "r", max_steps=2))
+    assert again.steps == first.steps == 2
+    after = weights(tmp_path / "r")
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_changed_settings_are_refused_unless_forced(tiny, tmp_path):
+    run(config(tiny, tiny["hidden"], tmp_path / "r", max_steps=2))
+    with pytest.raises(UserError, match=r"--lr: 0.003 -> 0.01.*--force"):
+        run(config(tiny, tiny["hidden"], tmp_path / "r", max_steps=2, lr=1e-2))
+    forced = run(config(tiny, tiny["hidden"], tmp_path / "r", max_steps=3, lr=1e-2,
+                        force=True))
+    assert forced.steps == 3
+    history = json.loads((tmp_path / "r" / "run.json").read_text())["settings_history"]
+    assert history and history[0]["settings"]["lr"] == 3e-3
+    with pytest.raises(UserError, match="no run to resume"):
+        run(config(tiny, tiny["hidden"], tmp_path / "none", mode="resume"))
+
+
+# The run directory --------------------------------------------------------------------------------
+def test_run_directory_is_what_export_and_bench_read(tiny, tmp_path):
+    out = tmp_path / "r"
+    result = run(config(tiny, tiny["hidden"], out, max_steps=3))
+    info = json.loads((out / "run.json").read_text())
+    assert info["layer_ids"] == [2, 4, 5] and info["mode"] == "offline"
+    assert {"path", "name_or_path", "architectures", "fingerprint"} <= set(info["target"])
+    assert info["target"]["architectures"] == ["LlamaForCausalLM"]
+    assert info["vocab"]["size"] == 200 and 0 < info["vocab"]["coverage"] <= 1
+    assert info["data"][0]["kind"] == "hidden" and info["data"][0]["manifest_xxh3"]
+    assert info["plan"]["heldout_samples"] == 4
+    drafter = json.loads((out / "drafter" / "config.json").read_text())["eagle3kit"]
+    assert drafter["layer_ids"] == [2, 4, 5]
+    assert drafter["target"]["fingerprint"] == info["target"]["fingerprint"]
+    ev = drafter["eval"]
+    assert ev["k"] == 3 and ev["temperature"] == 0 and ev["step"] == 3
+    assert len(ev["per_position"]) == 3
+    assert ev["predicted_acceptance_length"] == pytest.approx(
+        predicted_acceptance_length(ev["per_position"]), abs=1e-5)
+    assert ev == result.eval
+    from safetensors.torch import load_file
+
+    vocab = load_file(str(out / "vocab.safetensors"))
+    saved = load_file(str(out / "drafter" / "model.safetensors"))
+    assert torch.equal(vocab["d2t"], saved["d2t"]) and torch.equal(vocab["t2d"], saved["t2d"])
+    assert "embed_tokens.weight" not in saved
+    ckpt = out / "checkpoints" / "step-00000003"
+    assert {p.name for p in ckpt.iterdir()} == {
+        "model.safetensors", "optimizer.pt", "scheduler.pt", "rng-rank0.pt", "state.json"}
+    lines = metrics(out)
+    assert [m["step"] for m in lines] == [0, 1, 2, 2, 3, 3]  # eval at 0, 2 and 3
+    assert all(len(m["acc_k"]) == 7 for m in lines if "loss" in m)
+    from eagle3kit.model.checkpoint import load_drafter
+
+    model = load_drafter(out / "drafter")
+    assert model.config.aux_layer_ids == [2, 4, 5] and model.config.draft_vocab_size == 200
+
+
+def test_init_from_keeps_the_draft_vocabulary(tiny, tmp_path):
+    run(config(tiny, tiny["hidden"], tmp_path / "a", max_steps=2))
+    warm = run(config(tiny, tiny["hidden"], tmp_path / "b", max_steps=1, draft_vocab=50,
+                      init_from=tmp_path / "a" / "drafter"))
+    info = json.loads((tmp_path / "b" / "run.json").read_text())
+    assert info["vocab"]["size"] == 200 and info["vocab"]["source"].startswith("init-from")
+    assert warm.steps == 1
+    from safetensors.torch import load_file
+
+    a = load_file(str(tmp_path / "a" / "vocab.safetensors"))
+    b = load_file(str(tmp_path / "b" / "vocab.safetensors"))
+    assert torch.equal(a["d2t"], b["d2t"])
+
+
+# Bad inputs: one message naming the flag or file --------------------------------------------------
+@pytest.mark.parametrize("options, message", [
+    ({"ttt_steps": 0}, "--ttt-steps must be >= 1"),
+    ({"long_samples": "skip"}, "--long-samples must be drop or truncate"),
+    ({"eval_split": 2.5}, "--eval-split is a share below 1 or a whole count"),
+    ({"lr": -1.0}, "--lr must be > 0"),
+    ({"min_lr": 1.0}, "--min-lr"),
+    ({"layers": [2, 4, 5]}, "--layers applies to --online"),
+    ({"online": True, "layers": [2, 4]}, "--layers takes three ids"),
+    ({"device": "tpu"}, "--device must be"),
+    ({"precision": "fp16"}, "--precision must be one of"),
+])
+def test_bad_options(tiny, tmp_path, options, message):
+    with pytest.raises(UserError, match=message):
+        config(tiny, tiny["hidden"], tmp_path / "r", **options)
+
+
+def test_bad_inputs_name_the_file(tiny, tmp_path):
+    with pytest.raises(UserError, match="a token dataset; train from it with --online"):
+        run(config(tiny, tiny["tokens"], tmp_path / "r"))
+    with pytest.raises(UserError, match="a hidden dataset; --online trains from token"):
+        run(config(tiny, tiny["hidden"], tmp_path / "r", online=True))
+    with pytest.raises(UserError, match="not an eagle3kit dataset"):
+        run(config(tiny, tmp_path, tmp_path / "r"))
+    with pytest.raises(UserError, match=r"no config\.json"):
+        run(TrainConfig([tiny["hidden"]], tmp_path / "r", tmp_path, output=QUIET))
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="exists and is not a training run"):
+        run(config(tiny, tiny["hidden"], busy))
+    with pytest.raises(UserError, match=r"DATA:0 \w*|weight must be a number > 0"):
+        config(tiny, f"{tiny['hidden']}:0", tmp_path / "r")
+
+
+def test_init_from_another_target_is_refused(tiny, tmp_path):
+    from transformers import AutoConfig
+
+    from eagle3kit.model import DrafterConfig, Eagle3Drafter
+    from eagle3kit.model.checkpoint import save_drafter
+
+    other = AutoConfig.from_pretrained(str(tiny["target"]))
+    other.vocab_size += 10
+    save_drafter(Eagle3Drafter(DrafterConfig.from_target(other, aux_layer_ids=[2, 4, 5])),
+                 tmp_path / "other")
+    with pytest.raises(UserError, match=r"--init-from .*vocabulary"):
+        run(config(tiny, tiny["hidden"], tmp_path / "r", init_from=tmp_path / "other"))
+
+
+def test_cli_errors_are_one_line(tiny, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "eagle3kit", "train", str(tiny["hidden"]), str(tmp_path / "r"),
+         "--target", str(tiny["target"]), "--ttt-steps", "0"],
+        capture_output=True, text=True, env=env(), timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: --ttt-steps must be >= 1 (got 0)"
+
+
+# Processes ---------------------------------------------------------------------------------------
+def train_cmd(tiny, out: Path, *extra: str) -> list[str]:
+    return ["train", str(tiny["hidden"]), str(out), "--target", str(tiny["target"]),
+            "--device", "cpu", "--batch-tokens", "256", "--draft-vocab", "200",
+            "--eval-split", "4", "--lr", "3e-3", "--warmup", "1", "--no-progress", *extra]
+
+
+@pytest.mark.slow
+def test_two_ranks_take_the_same_steps_as_one(tiny, tmp_path):
+    """torchrun, 2 gloo processes x --grad-accum 1 vs 1 process x --grad-accum 2: the same
+    global batches, so the same loss curve (tolerance 1e-5: only the reduction order of
+    the gradients differs) and the same held-out figures."""
+    one = run(config(tiny, tiny["hidden"], tmp_path / "one", max_steps=4, grad_accum=2,
+                     batch_tokens=128))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_port", str(29500 + os.getpid() % 1000), "-m", "eagle3kit",
+           *train_cmd(tiny, tmp_path / "two", "--max-steps", "4", "--batch-tokens", "128",
+                      "--eval-every", "2", "--checkpoint-every", "2")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-5)
+    two = json.loads((tmp_path / "two" / "drafter" / "config.json").read_text())["eagle3kit"]
+    assert two["eval"]["tried"] == one.eval["tried"]
+    info = json.loads((tmp_path / "two" / "run.json").read_text())
+    assert info["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_sigkilled_run_resumes_to_the_same_weights(tiny, tmp_path):
+    args = ["--max-steps", "8", "--checkpoint-every", "2", "--eval-every", "4"]
+    run(config(tiny, tiny["hidden"], tmp_path / "whole", max_steps=8, eval_every=4))
+    cmd = [sys.executable, "-m", "eagle3kit", *train_cmd(tiny, tmp_path / "cut", *args)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env())
+    ckpts = tmp_path / "cut" / "checkpoints"
+    deadline = time.monotonic() + 300
+    while not (ckpts / "step-00000004").is_dir():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (ckpts / "step-00000008").exists()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = weights(tmp_path / "whole"), weights(tmp_path / "cut")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert losses(tmp_path / "cut") == losses(tmp_path / "whole")
