@@ -5,10 +5,12 @@ completion to text with special tokens kept, find the think markers and the end-
 string search, and re-render the chat template for the round trip. `eagle3kit validate`
 runs its checks as numpy passes over each shard's flat token array instead, and renders only
 for the round trip. Both run in this process, pinned to one core, on the same dataset
-(Qwen3 tokenizer rebuilt offline as in the tests; completions of random ordinary tokens
-between the real markers; the source messages stored so the round trip runs in both).
+(Qwen3 tokenizer rebuilt offline as in the tests, or with `--family gpt-oss` the gpt-oss
+stand-in and its harmony channels; completions of random ordinary tokens between the real
+markers; the source messages stored so the round trip runs in both).
 
-    python benchmarks/validate_bench.py [--tokens 10_000_000] [--workdir DIR]
+    python benchmarks/validate_bench.py [--family qwen3|gpt-oss] [--tokens 10_000_000]
+                                        [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 # One core, for both sides, before numpy and tokenizers start their thread pools.
@@ -31,17 +35,40 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from real_tokenizers import qwen3_tokenizer_dir  # noqa: E402
+from real_tokenizers import gpt_oss_tokenizer_dir, qwen3_tokenizer_dir  # noqa: E402
 
 from eagle3kit._ui import OutputOptions  # noqa: E402
 from eagle3kit.format import Dataset, DatasetWriter, TokenSample  # noqa: E402
 from eagle3kit.validate import ValidateConfig, load_renderer, validate  # noqa: E402
 
-THINK, END_THINK, IM_END = 151667, 151668, 151645
+
+@dataclass(frozen=True)
+class Family:
+    """How a completion of this model family is laid out, as text."""
+
+    tokenizer_dir: Callable[[Path], Path]
+    open: str
+    """Opens the reasoning."""
+    close: str
+    """Closes the reasoning."""
+    answer: str
+    """Opens the answer after the reasoning is closed ("" when closing opens it)."""
+    turn: str
+    """What a turn's header starts with: the per-sample tail is the last one onwards."""
 
 
-def build(path: Path, tok_root: Path, tokens: int, mean_completion: int) -> None:
-    renderer = load_renderer(qwen3_tokenizer_dir(tok_root))
+FAMILIES = {
+    "qwen3": Family(qwen3_tokenizer_dir, "<think>", "</think>", "", "<|im_start|>"),
+    "gpt-oss": Family(gpt_oss_tokenizer_dir, "<|channel|>analysis<|message|>", "<|end|>",
+                      "<|start|>assistant<|channel|>final<|message|>", "<|start|>"),
+}
+
+
+def build(path: Path, tok_root: Path, tokens: int, mean_completion: int, fam: Family) -> None:
+    renderer = load_renderer(fam.tokenizer_dir(tok_root))
+    opening = renderer.encode(fam.open)
+    closing = renderer.encode(fam.close + fam.answer)
+    stop = renderer.stop_token_ids[:1]
     rng = np.random.default_rng(0)
     identity = renderer.identity()
     where = {k: identity.pop(k) for k in ("tokenizer", "chat_template_file")}
@@ -56,8 +83,8 @@ def build(path: Path, tok_root: Path, tokens: int, mean_completion: int) -> None
             body = rng.integers(300, 100_000, n).astype(np.int32)
             cut = n * 3 // 4
             length = i % 50 == 0
-            completion = np.concatenate([[THINK], body[:cut], [END_THINK], body[cut:],
-                                         [] if length else [IM_END]]).astype(np.int32)
+            completion = np.concatenate([opening, body[:cut], closing, body[cut:],
+                                         [] if length else stop]).astype(np.int32)
             writer.add(TokenSample(f"s{i:07d}", prompt, completion,
                                    finish_reason="length" if length else "stop",
                                    partition=("math", "code", "chat")[i % 3],
@@ -66,25 +93,26 @@ def build(path: Path, tok_root: Path, tokens: int, mean_completion: int) -> None
             i += 1
 
 
-def per_sample(path: Path) -> dict[str, int]:
+def per_sample(path: Path, fam: Family) -> dict[str, int]:
     """Decode, string-search, re-render: one sample at a time."""
     ds = Dataset(path)
     renderer = load_renderer(path / "tokenizer")
     found = {"structure": 0, "literal": 0, "truncated": 0, "no_reasoning": 0, "round_trip": 0}
     eos = renderer.decode([renderer.stop_token_ids[0]])
+    special = renderer.encode(fam.open)[0]
     for s in ds.iter_samples():
         prompt = renderer.decode(s.prompt_ids.tolist())
         completion = renderer.decode(s.completion_ids.tolist())
-        tail = prompt[prompt.rfind("<|im_start|>"):] + completion
-        starts, ends = tail.count("<think>"), tail.count("</think>")
+        tail = prompt[prompt.rfind(fam.turn):] + completion
+        starts, ends = tail.count(fam.open), tail.count(fam.answer or fam.close)
         if s.finish_reason == "stop" and (starts != 1 or ends != 1
                                           or not completion.endswith(eos)):
             found["structure"] += 1
         # A literal marker is one tokenized as plain text: re-encoding tells them apart.
-        if "<think>" in completion and THINK not in renderer.encode(completion):
+        if fam.open in completion and special not in renderer.encode(completion):
             found["literal"] += 1
         found["truncated"] += s.finish_reason == "length"
-        reasoning = tail.partition("<think>")[2].partition("</think>")[0]
+        reasoning = tail.partition(fam.open)[2].partition(fam.close)[0]
         found["no_reasoning"] += not reasoning.strip()
         if renderer.render(s.metadata["messages"]) != s.prompt_ids.tolist():
             found["round_trip"] += 1
@@ -93,25 +121,27 @@ def per_sample(path: Path) -> dict[str, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="qwen3")
     ap.add_argument("--tokens", type=int, default=10_000_000)
     ap.add_argument("--mean-completion", type=int, default=1000)
     ap.add_argument("--workdir", type=Path, default=None)
     args = ap.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="validate-bench-"))
-    path = work / "dataset"
+    fam = FAMILIES[args.family]
+    path = work / ("dataset" if args.family == "qwen3" else f"dataset-{args.family}")
     if not (path / "manifest.json").exists():
         t = time.perf_counter()
-        build(path, work, args.tokens, args.mean_completion)
+        build(path, work, args.tokens, args.mean_completion, fam)
         print(f"built {path} in {time.perf_counter() - t:.1f}s", file=sys.stderr)
     ds = Dataset(path, verify_shards=False)
-    print(f"dataset: {len(ds):,} samples, {ds.num_tokens:,} tokens, one core")
+    print(f"dataset ({args.family}): {len(ds):,} samples, {ds.num_tokens:,} tokens, one core")
     load_renderer(path / "tokenizer")  # the tokenizer load is the same for both: not timed
 
     t = time.perf_counter()
     report = validate(ValidateConfig(path, output=OutputOptions(quiet=True)))
     ours = time.perf_counter() - t
     t = time.perf_counter()
-    found = per_sample(path)
+    found = per_sample(path, fam)
     theirs = time.perf_counter() - t
 
     print(f"eagle3kit validate: {ours:6.2f} s  ({ds.num_tokens / ours / 1e6:.1f}M tok/s)  "

@@ -9,6 +9,7 @@ the model emits them, and the seeded samples must be the ones flagged, no more, 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -86,8 +87,12 @@ def completion_text(r: Renderer, i: int, *, reasoning: str | None = None,
     eos_text = r.decode([r.stop_token_ids[0]]) if eos else ""
     answer = f"The answer is {2 * i}." if answer is None else answer
     if r.harmony:
-        return (f"<|channel|>analysis<|message|>Adding {i} twice.<|end|><|start|>assistant"
-                f"<|channel|>final<|message|>{answer}" + ("<|return|>" if eos else ""))
+        reasoning = f"Adding {i} twice." if reasoning is None else reasoning
+        analysis = f"<|channel|>analysis<|message|>{reasoning}"
+        if not close:
+            return analysis
+        return (f"{analysis}<|end|><|start|>assistant<|channel|>final<|message|>{answer}"
+                + ("<|return|>" if eos else ""))
     if r.think is None:
         return answer + eos_text
     start, end = r.think
@@ -156,14 +161,14 @@ def test_clean_dataset_passes(family: str, request: pytest.FixtureRequest,
     assert report.exit_code == 0
     statuses = {c.name: c.status for c in report.checks}
     assert statuses["round_trip"] == "pass"
-    if family in ("qwen3", "qwq", "r1", "kimi"):
+    if family != "qwen3_off":
         assert statuses["reasoning"] == "pass"
         assert report.check("reasoning").rate == 1.0
-    if family == "qwen3_off":
+        assert statuses["literal_markers"] == "pass"
+    else:
         assert statuses["reasoning"] == "skip"
         assert "thinking is off" in report.check("reasoning").detail
-    if family == "gpt_oss":
-        assert statuses["literal_markers"] == "skip"
+    assert report.warnings == []
 
 
 def test_profile_learned_from_the_stored_template(qwq: Renderer, qwen3: Renderer,
@@ -176,6 +181,20 @@ def test_profile_learned_from_the_stored_template(qwq: Renderer, qwen3: Renderer
     assert model["think_start_id"] == 151667
     k = check(build(tmp_path / "kimi", kimi)).profile
     assert k["think_end"] == "</think>" and k["think_end_id"] == 151666
+
+
+def test_harmony_profile_learned_from_the_template(gpt_oss: Renderer, tmp_path: Path) -> None:
+    report = check(build(tmp_path / "ds", gpt_oss))
+    assert {k: v for k, v in report.profile.items() if v is not None} == {
+        "reasoning": "harmony channels: analysis, then final",
+        "analysis_channel": "<|channel|>analysis<|message|>",
+        "analysis_end": "<|end|>",
+        "final_channel": "<|start|>assistant<|channel|>final<|message|>",
+        "tool_call_end": "<|call|>",
+        "generation_prompt": "<|start|>assistant",
+        "stop_token_ids": gpt_oss.encode("<|return|><|call|>"),
+    }
+    assert "<|channel|> / <|message|>" in report.check("literal_markers").detail
 
 
 # -- each defect, flagged on exactly its samples -------------------------------------------
@@ -291,6 +310,147 @@ def test_coverage(kimi: Renderer, tmp_path: Path) -> None:
     report = check(build(tmp_path / "ds", kimi, no_loss))
     assert flagged(report, "coverage") == ids_of(SEEDED)
     assert report.partitions["chat"]["loss_tokens"] > 0
+
+
+def test_harmony_tokens_without_channels(gpt_oss: Renderer, tmp_path: Path) -> None:
+    # gpt-oss's tokens under a template that writes no analysis channel: no reasoning profile.
+    r = load_renderer(gpt_oss.tokenizer_dir, chat_template=TEMPLATES / "Qwen-Qwen3-0.6B.jinja")
+    report = check(write(tmp_path / "ds", r, [sample(r, i, text=f"It is {2 * i}.<|return|>")
+                                              for i in range(N)]))
+    assert report.profile["reasoning"].startswith("none (harmony tokens")
+    assert report.check("reasoning").status == "skip"
+    assert report.check("literal_markers").status == "skip"
+    assert any("no analysis channel" in w for w in report.warnings)
+
+
+# -- gpt-oss harmony channels: each defect, flagged on exactly its samples -----------------
+# The model's turn after the generation prompt `<|start|>assistant`: the analysis channel,
+# then the final one, then <|return|> (or a tool call ending in <|call|>, with no final).
+
+ANALYSIS = "<|channel|>analysis<|message|>"
+FINAL = "<|start|>assistant<|channel|>final<|message|>"
+TOOL_CALL = ("<|channel|>analysis<|message|>I need the weather.<|end|><|start|>assistant"
+             "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+             '{"city": "Paris"}<|call|>')
+TOOL_CALLS = [0, 2]
+"""Samples that end in a tool call: valid, never flagged."""
+
+
+def harmony_build(path: Path, r: Renderer, seeded: dict[int, Callable[[int], TokenSample]],
+                  **kw) -> Path:
+    samples = [seeded[i](i) if i in seeded else sample(r, i, text=TOOL_CALL)
+               if i in TOOL_CALLS else sample(r, i, **kw) for i in range(N)]
+    return write(path, r, samples)
+
+
+HARMONY_STRUCTURE = {
+    1: ("analysis channel missing", "<|channel|>final<|message|>It is 2.<|return|>"),
+    3: ("analysis channel repeated",
+        f"{ANALYSIS}First.<|end|><|start|>assistant{ANALYSIS}Again.<|end|>{FINAL}6<|return|>"),
+    5: ("final channel missing", f"{ANALYSIS}Thinking about 5.<|end|><|return|>"),
+    7: ("final channel repeated", f"{ANALYSIS}T.<|end|>{FINAL}14.<|end|>{FINAL}14.<|return|>"),
+    9: ("final channel before the analysis",
+        f"<|channel|>final<|message|>18<|end|><|start|>assistant{ANALYSIS}T.<|return|>"),
+    11: ("analysis not closed before the final channel", f"{ANALYSIS}T.{FINAL}22<|return|>"),
+    13: ("no content after the final channel", f"{ANALYSIS}T.<|end|>{FINAL}<|return|>"),
+    15: ("no end-of-turn token last", f"{ANALYSIS}T.<|end|>{FINAL}It is 30."),
+}
+
+
+def test_harmony_structure(gpt_oss: Renderer, tmp_path: Path) -> None:
+    r = gpt_oss
+    seeded: dict[int, Callable[[int], TokenSample]] = {
+        i: (lambda i, text=text: sample(r, i, text=text))
+        for i, (_, text) in HARMONY_STRUCTURE.items()}
+    # Rendered without the generation prompt: the model's turn was never opened.
+    seeded[17] = lambda i: sample(r, i, prompt=r.encode(r.tokenizer.apply_chat_template(
+        messages(i), tokenize=False, add_generation_prompt=False)))
+    report = check(harmony_build(tmp_path / "ds", r, seeded))
+    assert report.check("structure").status == "fail"
+    assert flagged(report, "structure") == ids_of(sorted(seeded))
+    assert report.check("structure").reasons == {
+        **{reason: 1 for reason, _ in HARMONY_STRUCTURE.values()},
+        "prompt does not end with the generation prompt": 1}
+    # Degenerate too: stopped after the analysis (5), an empty final message (13).
+    assert flagged(report, "degenerate") == ids_of([5, 13])
+
+
+def test_harmony_literal_markers(gpt_oss: Renderer, tmp_path: Path) -> None:
+    r = gpt_oss
+    ret = r.encode("<|return|>")
+
+    def plain(text: str) -> list[int]:
+        return _plain_ids(r.tokenizer, text) or []
+
+    def literal(i: int) -> TokenSample:
+        if i == 3:  # the whole turn decoded and encoded again as ordinary text
+            ids = plain(completion_text(r, i, eos=False)) + ret
+        elif i == 7:  # only the final channel's header as text
+            ids = r.encode(f"{ANALYSIS}Adding 7.<|end|>") + plain(f"{FINAL}It is 14.") + ret
+        else:  # "<|return|>" as text after the answer, then the real one
+            ids = r.encode(completion_text(r, i, eos=False)) + plain("<|return|>") + ret
+        return TokenSample(f"s{i:03d}", r.render(messages(i)), ids,
+                           partition="math" if i % 2 else "chat")
+
+    report = check(harmony_build(tmp_path / "ds", r, dict.fromkeys(SEEDED, literal)))
+    assert report.check("literal_markers").status == "fail"
+    assert flagged(report, "literal_markers") == ids_of(SEEDED)
+
+
+def test_harmony_truncation(gpt_oss: Renderer, tmp_path: Path) -> None:
+    r = gpt_oss
+    seeded: dict[int, Callable[[int], TokenSample]] = {
+        3: lambda i: sample(r, i, finish="length", eos=False),  # cut inside the answer
+        7: lambda i: sample(r, i, finish="length", close=False),
+        11: lambda i: sample(r, i, finish="length", close=False, reasoning="Adding " * 9),
+    }
+    report = check(harmony_build(tmp_path / "ds", r, seeded))
+    res = report.check("truncation")
+    assert res.status == "fail" and flagged(report, "truncation") == ids_of([3, 7, 11])
+    assert res.reasons == {"cut inside the reasoning": 2, "cut inside the answer": 1}
+    assert flagged(report, "structure") == []
+
+
+def test_harmony_reasoning_capture(gpt_oss: Renderer, tmp_path: Path) -> None:
+    r = gpt_oss
+    seeded = dict.fromkeys(range(3, 15),
+                           lambda i: sample(r, i, reasoning="" if i % 2 else "\n  "))
+    report = check(harmony_build(tmp_path / "ds", r, seeded))
+    res = report.check("reasoning")
+    assert flagged(report, "reasoning") == ids_of(list(range(3, 15)))
+    assert res.status == "fail" and res.rate == 0.4
+    assert check(tmp_path / "ds", min_reasoning=0.3).check("reasoning").status == "pass"
+    assert flagged(report, "structure") == []
+
+
+def test_harmony_degenerate(gpt_oss: Renderer, tmp_path: Path) -> None:
+    r = gpt_oss
+    seeded: dict[int, Callable[[int], TokenSample]] = {
+        3: lambda i: sample(r, i, answer="\n"),  # an empty answer
+        7: lambda i: sample(r, i, answer="I will say it again. " * 80),  # a loop
+        11: lambda i: sample(r, i, text=f"{ANALYSIS}Thinking about {i}.<|return|>"),  # no answer
+    }
+    report = check(harmony_build(tmp_path / "ds", r, seeded))
+    assert flagged(report, "degenerate") == ids_of([3, 7, 11])
+    assert report.check("degenerate").reasons == {
+        "repeated n-gram loop": 1, "empty answer": 1, "all reasoning, no answer": 1}
+
+
+def test_harmony_round_trip(gpt_oss: Renderer, tmp_path: Path) -> None:
+    r = gpt_oss
+
+    def other_day(i: int) -> TokenSample:  # the template writes the date: no defect
+        text = re.sub(r"Current date: \S+", "Current date: 2025-01-01", r.render_text(messages(i)))
+        return sample(r, i, prompt=r.encode(text), store_messages=True)
+
+    def injected(i: int) -> TokenSample:  # a system prompt the source did not have
+        system = [{"role": "system", "content": "Be brief."}]
+        return sample(r, i, prompt=r.render([*system, *messages(i)]), store_messages=True)
+
+    seeded = {**dict.fromkeys([4, 6], other_day), **dict.fromkeys(SEEDED, injected)}
+    report = check(harmony_build(tmp_path / "ds", r, seeded, store_messages=True))
+    assert flagged(report, "round_trip") == ids_of(SEEDED)
+    assert "2 rendered on another day" in report.check("round_trip").detail
 
 
 def test_reconstructed(r1: Renderer, tmp_path: Path) -> None:
