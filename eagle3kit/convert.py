@@ -4,6 +4,9 @@ One sample per line: `sample_id`, `prompt_ids`, `completion_ids`, `finish_reason
 `partition`, `metadata`, plus `loss_mask` (only when it is not the completion positions),
 `source`, `server`, `latency` and `counts` when the sample has them. With a tokenizer,
 export adds `prompt_text` and `completion_text`, which import ignores.
+
+Hidden-state datasets go to and from speculators' and SpecForge's per-sample files instead
+(`--to`, eagle3kit/hidden_convert.py).
 """
 
 from __future__ import annotations
@@ -47,6 +50,15 @@ class ConvertConfig:
     mode: OpenMode = "auto"
     force: bool = False
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
+    to: str | None = None
+    """Hidden-state export: speculators or specforge (eagle3kit/hidden_convert.py)."""
+    target: Path | None = None
+    """Hidden states: the target model (its final norm for --to specforge; identity and
+    default layers for an import)."""
+    layers: str | None = None
+    """Hidden-state import: the aux layer ids, boundary convention."""
+    hidden: str | None = field(default=None, init=False)
+    """"export" or "import" when the conversion is of hidden states, else None."""
 
     def __post_init__(self) -> None:
         self.src, self.dst = Path(self.src), Path(self.dst)
@@ -56,6 +68,11 @@ class ConvertConfig:
             raise UserError(f"--commit-every must be at least 1 (got {self.commit_every})")
         if not self.commit_interval > 0:
             raise UserError(f"--commit-interval must be > 0 seconds (got {self.commit_interval})")
+        from eagle3kit import hidden_convert
+
+        self.hidden = hidden_convert.check_config(self)
+        if self.hidden:
+            return
         if self.exporting:
             if self.skip_bad_lines or self.mode != "auto" or self.force:
                 raise UserError("--skip-bad-lines, --resume, --overwrite and --force apply to "
@@ -253,7 +270,12 @@ def import_jsonl(cfg: ConvertConfig) -> ConvertResult:
 
 
 def run(cfg: ConvertConfig) -> ConvertResult:
-    result = export_jsonl(cfg) if cfg.exporting else import_jsonl(cfg)
+    if cfg.hidden:
+        from eagle3kit import hidden_convert
+
+        result = hidden_convert.run(cfg)
+    else:
+        result = export_jsonl(cfg) if cfg.exporting else import_jsonl(cfg)
     if cfg.output.json:
         _ui.print_json(result.__dict__)
     return result
