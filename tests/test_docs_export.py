@@ -14,10 +14,13 @@ from test_docs import _checkout_like, _doc_env, _shims, commands, prewarmed  # n
 from test_launch_lines import blocks, logical_lines, parse
 
 REPO = Path(__file__).resolve().parent.parent
-PAGES = [REPO / "docs" / "export.md", REPO / "docs" / "info-checkpoints.md"]
+# export.md trains nothing but exports and reloads several times (half a minute on 2 cores):
+# it runs in the slow suite, so the default run stays within its budget.
+PAGES = [pytest.param(REPO / "docs" / "export.md", id="export.md", marks=pytest.mark.slow),
+         pytest.param(REPO / "docs" / "info-checkpoints.md", id="info-checkpoints.md")]
 
 
-@pytest.mark.parametrize("doc", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", PAGES)
 def test_doc_commands_run(doc: Path, tmp_path: Path, prewarmed) -> None:  # noqa: F811
     cmds = commands(doc)
     assert any(c.text.startswith("eagle3kit ") for c in cmds)
