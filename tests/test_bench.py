@@ -242,6 +242,29 @@ def test_oracle_measures_k_plus_one_and_never_measures_one(pair, k):
     assert never.length == 1 and never.per_position == [0.0] * k
 
 
+def test_a_stop_accepted_inside_a_round_ends_the_generation(pair):
+    """Rounds after an accepted stop token would inflate the acceptance length."""
+    from eagle3kit.bench.prompts import load, load_renderer, turns
+
+    model, k = pair["model"], 3
+    base = Eagle3Drafter(DrafterConfig.from_target(model.config)).eval()
+    base.load_target_embedding(model.get_input_embeddings().weight)
+    target = decode.Target(model, base.config.aux_layer_ids)
+    renderer = load_renderer(pair["target"], "--target")
+    conv = load([DATA / "eagle/gsm8k/question.jsonl"], max_samples=1)[0]
+    _, _, ids = next(iter(turns(renderer, conv, 1)))
+    free = decode.plain(target, ids, 40, set(), decode.Sampler()).tokens
+    # A token first produced at index 5: the first token comes from the prefill, each round
+    # adds k + 1 = 4, so it falls inside the second round.
+    stop = next(t for i, t in enumerate(free) if i >= 5 and t not in free[:i])
+    at = free.index(stop)
+    ref = ids + free
+    out = decode.speculate(target, ProposalDrafter(base, ref), ids, 40, {stop},
+                           decode.Sampler(), k)
+    assert out.tokens == free[:at + 1]
+    assert len(out.rounds) == -(-at // (k + 1))  # rounds up to the stop, none after
+
+
 # Temperature > 0 ----------------------------------------------------------------------------
 def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
     """p-value of Pearson's chi-square test of counts against probs (bins with p > 0)."""

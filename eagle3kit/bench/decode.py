@@ -286,5 +286,7 @@ def speculate(target: Target, drafter: Eagle3Drafter, prompt: Sequence[int], max
         drafting.rollback(committed)
         drafting.extend(aux[:accepted + 1], new)
         tokens.extend(new)
+        if stops.intersection(new):  # a stop among the accepted drafts ends it too
+            break
     _sync(device)
     return Decoded(_cut(tokens, max_new, stops), time.perf_counter() - start, rounds=rounds)
