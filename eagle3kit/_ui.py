@@ -114,9 +114,13 @@ def _cell(value: object) -> str:
 
 
 def table(
-    title: str, columns: list[str], rows: list[list[object]], opts: OutputOptions | None = None
+    title: str, columns: list[str], rows: list[list[object]], opts: OutputOptions | None = None,
+    fold: bool = False,
 ) -> None:
-    """A titled table on stderr; numeric columns are right-aligned so figures line up."""
+    """A titled table on stderr; numeric columns are right-aligned so figures line up.
+
+    `fold` breaks a cell's over-long words across lines instead of cutting them with an
+    ellipsis: for cells that must stay whole, such as command lines."""
     if _quiet(opts):
         return
     from rich.table import Table
@@ -125,7 +129,8 @@ def table(
     for i, name in enumerate(columns):
         values = [r[i] for r in rows if r[i] is not None]
         numeric = bool(values) and all(isinstance(v, int | float) for v in values)
-        grid.add_column(name, justify="right" if numeric else "left")
+        grid.add_column(name, justify="right" if numeric else "left",
+                        overflow="fold" if fold else "ellipsis")
     for row in rows:
         grid.add_row(*(_cell(v) for v in row))
     _console().print(grid)

@@ -9,9 +9,13 @@ template that puts `<think>` into the generation prompt, as reasoning models do.
 from __future__ import annotations
 
 import ast
+import functools
 import json
+import math
+import re
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 IM_START, IM_END, THINK, END_THINK, EOT = (
     "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|endoftext|>")
@@ -39,6 +43,12 @@ def stdlib_docstrings(max_chars: int = 400_000) -> list[str]:
     Every Python installation carries them, so the corpus is the same on every machine with
     the same Python version.
     """
+    return list(_docstrings(max_chars))
+
+
+@functools.lru_cache(maxsize=4)
+def _docstrings(max_chars: int) -> tuple[str, ...]:
+    # Parsing the stdlib takes a second or more; quickstart and prompts() ask several times.
     root = Path(sysconfig.get_paths()["stdlib"])
     texts: list[str] = []
     total = 0
@@ -55,8 +65,8 @@ def stdlib_docstrings(max_chars: int = 400_000) -> list[str]:
                 texts.append(" ".join(doc.split()))
                 total += len(texts[-1])
                 if total >= max_chars:
-                    return texts
-    return texts
+                    return tuple(texts)
+    return tuple(texts)
 
 
 def make_tokenizer(out_dir: str | Path, vocab_size: int = 1024,
@@ -134,4 +144,150 @@ def make_target(out_dir: str | Path, tokenizer_dir: str | Path | None = None, *,
     model.save_pretrained(out)
     eos = sorted({cfg.eos_token_id, tokenizer.convert_tokens_to_ids(EOT)})
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    return out
+
+
+# --- a briefly trained target -------------------------------------------------------------
+#
+# A random target's greedy output is a loop of arbitrary tokens: nothing a drafter can learn
+# and nothing that ever reaches </think>. A minute of training on reasoning-shaped chats built
+# from the docstrings gives it the structure of a reasoning model (a fixed opening, a bounded
+# thought, </think>, a short answer, <|im_end|>), which makes its own outputs predictable
+# enough for a drafter to reach a real acceptance length.
+
+HELD_OUT_EVERY = 8
+"""Every 8th docstring (index % 8 == 7) is held out of train_target; prompts() draws from them."""
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def _clip(text: str, limit: int) -> str:
+    """At most `limit` characters, cut at a word boundary."""
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0]
+
+
+def docstring_chat(doc: str) -> tuple[str, str, str]:
+    """(question, reasoning, answer) for one docstring.
+
+    The question is its first sentence, the reasoning the sentences after it between a fixed
+    opening and closing phrase, the answer a short restatement of the question. Lengths are
+    bounded so that a trained target's thoughts end within ~100 tokens.
+    """
+    sentences = _SENTENCE_END.split(doc)
+    question = _clip(sentences[0], 120)
+    rest = _clip(" ".join(sentences[1:]), 160) or question
+    reasoning = f"Let me think about this. {rest} So the answer is short."
+    answer = f"In short: {_clip(sentences[0], 60).rstrip('.')}."
+    return question, reasoning, answer
+
+
+def _split(docs: list[str], held_out: bool) -> list[str]:
+    return [d for i, d in enumerate(docs) if (i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1) == held_out]
+
+
+def prompts(n: int, *, offset: int = 0) -> list[list[dict[str, str]]]:
+    """`n` chat prompts (OpenAI messages, one user turn each) from held-out stdlib docstrings.
+
+    They come from the docstrings train_target never saw (every 8th), in a fixed order, so a
+    quickstart can generate training data from prompts[:k] and benchmark on the rest. About
+    220 exist (Python 3.11); asking for more raises ValueError.
+    """
+    pool = _split(stdlib_docstrings(), held_out=True)
+    if offset < 0 or offset + n > len(pool):
+        raise ValueError(
+            f"only {len(pool)} held-out prompts exist (asked for {offset}..{offset + n})")
+    return [[{"role": "user", "content": docstring_chat(d)[0]}] for d in pool[offset:offset + n]]
+
+
+def chat_token_ids(tokenizer: Any, docs: list[str], seq_len: int) -> list[list[int]]:
+    """Each docstring as a whole reasoning chat, rendered by the tokenizer's own template."""
+    out = []
+    for doc in docs:
+        question, reasoning, answer = docstring_chat(doc)
+        messages = [{"role": "user", "content": question},
+                    {"role": "assistant", "content": answer, "reasoning_content": reasoning}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        out.append(tokenizer(text, add_special_tokens=False)["input_ids"][:seq_len])
+    return out
+
+
+def _batch(chats: list[list[int]], pad: int):
+    """Right-padded ids and labels (-100 on padding); causal attention keeps padding unseen."""
+    import torch
+
+    width = max(map(len, chats))
+    ids = torch.full((len(chats), width), pad, dtype=torch.long)
+    labels = torch.full((len(chats), width), -100, dtype=torch.long)
+    for row, chat in enumerate(chats):
+        ids[row, :len(chat)] = labels[row, :len(chat)] = torch.tensor(chat)
+    return ids, labels
+
+
+def train_target(target_dir: str | Path, *, steps: int = 150, seq_len: int = 256, seed: int = 0,
+                 corpus: list[str] | None = None, batch_size: int = 8, lr: float = 5e-3,
+                 threads: int = 1) -> Path:
+    """Briefly train the tiny target in `target_dir` (made by make_target) and save it in place.
+
+    `corpus` is a list of docstring-like texts, each turned into one reasoning chat
+    (docstring_chat); the default is the stdlib docstrings minus the held-out ones prompts()
+    uses. Deterministic for a given seed: fixed order, seeded shuffles, CPU, AdamW with a
+    short warmup and a cosine decay, on `threads` torch threads (default one: matrices this
+    small gain little from a second, and on a busy machine two threads spinning for each
+    other are several times slower than one; the thread count is restored afterwards).
+
+    The defaults take ~40-80 s for the 8-layer, hidden-64 target (loss ~6.9 to ~3.1), after
+    which greedy outputs reach </think> and <|im_end|> within ~60 tokens. The loss curve is
+    written to `target_dir/tiny_training.json`.
+    """
+    import torch
+
+    for name, value in (("steps", steps), ("seq_len", seq_len), ("batch_size", batch_size),
+                        ("threads", threads)):
+        if value < 1:
+            raise ValueError(f"train_target: {name} must be >= 1 (got {value})")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _train(Path(target_dir), steps, seq_len, seed, corpus, batch_size, lr)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train(out: Path, steps: int, seq_len: int, seed: int, corpus: list[str] | None,
+           batch_size: int, lr: float) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    docs = corpus if corpus is not None else _split(stdlib_docstrings(), held_out=False)
+    chats = chat_token_ids(tokenizer, docs, seq_len)
+    if not chats:
+        raise ValueError("train_target: the corpus is empty")
+    torch.manual_seed(seed)
+    order = torch.Generator().manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    warmup = max(1, steps // 10)
+    queue: list[int] = []
+    losses = []
+    for step in range(steps):
+        if len(queue) < batch_size:
+            queue += torch.randperm(len(chats), generator=order).tolist()
+        picked, queue = queue[:batch_size], queue[batch_size:]
+        ids, labels = _batch([chats[i] for i in picked], tokenizer.pad_token_id)
+        scale = min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / steps))
+        for group in opt.param_groups:
+            group["lr"] = lr * scale
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(round(loss.item(), 4))
+    model.eval()
+    model.save_pretrained(out)
+    (out / "tiny_training.json").write_text(json.dumps(
+        {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed, "seq_len": seq_len,
+         "chats": len(chats), "losses": losses}))
     return out

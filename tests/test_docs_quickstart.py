@@ -1,0 +1,80 @@
+"""docs/quickstart.md runs: every command it shows, in order, the way tests/test_docs.py runs
+the other pages (a fresh checkout-like directory, `eagle3kit` forked from a pre-warmed
+interpreter, `# exits N` honoured). That is a full quickstart and the same pipeline again by
+hand, so it is `slow`; the default run checks that the page's by-hand commands are the ones
+quickstart prints and that it describes every option."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_docs import (  # noqa: F401  (prewarmed is a fixture)
+    REPO,
+    _checkout_like,
+    _doc_env,
+    _shims,
+    commands,
+    prewarmed,
+)
+
+from eagle3kit import quickstart
+
+DOC = REPO / "docs" / "quickstart.md"
+
+
+def by_hand_commands() -> dict[str, str]:
+    """quickstart's by-hand command lines with the page's directories: the quickstart's
+    prompts, everything else written under by-hand/."""
+    cfg = quickstart.QuickstartConfig()
+    lay = quickstart.Layout(Path("by-hand"))
+    shown = quickstart.commands(cfg, lay)
+    prompts = str(quickstart.Layout(cfg.out).train_prompts)
+    bench = str(quickstart.Layout(cfg.out).bench_prompts)
+    shown["gen"] = shown["gen"].replace(str(lay.train_prompts), prompts)
+    shown["bench"] = shown["bench"].replace(str(lay.bench_prompts), bench)
+    return shown
+
+
+def test_by_hand_commands_are_the_ones_quickstart_prints() -> None:
+    page = [c.text for c in commands(DOC)]
+    for stage, line in by_hand_commands().items():
+        assert line in page, f"docs/quickstart.md lacks the {stage} command:\n{line}"
+
+
+def test_every_quickstart_option_is_documented() -> None:
+    from typer.main import get_command
+
+    from eagle3kit.cli import app
+
+    command = get_command(app).commands["quickstart"]  # type: ignore[attr-defined]
+    flags = {opt for param in command.params for opt in param.opts if opt.startswith("--")}
+    page = DOC.read_text()
+    missing = sorted(f for f in flags - {"--help"} if f"`{f}" not in page)
+    assert not missing, f"docs/quickstart.md does not describe {missing}"
+
+
+@pytest.mark.slow  # a full quickstart, then the same pipeline by hand: ~10 minutes on 2 cores
+@pytest.mark.timeout(2400)
+def test_quickstart_doc_commands_run(tmp_path: Path, prewarmed) -> None:  # noqa: F811
+    cmds = commands(DOC)
+    assert any(c.text == "eagle3kit quickstart" for c in cmds)
+    work = _checkout_like(tmp_path)
+    _shims(tmp_path / "bin", prewarmed)
+    env = {**_doc_env(tmp_path / "bin"), "OMP_NUM_THREADS": "1"}
+    for cmd in cmds:
+        proc = subprocess.run(["bash", "-c", cmd.text], cwd=work, env=env, capture_output=True,
+                              text=True, timeout=900)
+        assert proc.returncode == cmd.status, (
+            f"quickstart.md:{cmd.line}: `{cmd.text}` exited {proc.returncode}, the doc says "
+            f"{cmd.status}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
+        if cmd.status == 2:
+            assert "Traceback" not in proc.stderr and proc.stderr.count("error: ") == 1
+        if cmd.text.startswith("eagle3kit quickstart") and "--json" in cmd.text:
+            summary = json.loads(proc.stdout)
+            assert summary["measured_acceptance_length"] >= 1.5
+    drafter = json.loads((work / "by-hand" / "run" / "drafter" / "config.json").read_text())
+    assert drafter["eagle3kit"]["eval"]["k"] == 3
+    assert (work / "by-hand" / "export" / "sglang" / "config.json").is_file()
