@@ -540,6 +540,8 @@ def _sglang_warnings(drafter: Any) -> list[str]:
 
 
 def _provenance(cfg: ExportConfig, src: Source, fmt: str, dtype: str, verifier: str) -> dict:
+    from eagle3kit.model.layouts import training_prediction
+
     ids = list(src.model.config.aux_layer_ids)
     return {
         "written_by": f"eagle3kit {__version__}", "created": time.time(), "format": fmt,
@@ -549,6 +551,8 @@ def _provenance(cfg: ExportConfig, src: Source, fmt: str, dtype: str, verifier: 
         "draft_vocab": {"size": src.model.config.draft_vocab_size, "coverage": src.coverage},
         "target_config": "copied from " + str(src.target_dir) if src.target_raw is not None
         else "the values the drafter recorded",
+        # What training predicted, so `bench accept` on the export shows it beside its own.
+        "eval": training_prediction(src.checkpoint),
     }
 
 

@@ -257,3 +257,24 @@ def test_json_result(tiny, tmp_path):
     data = json.loads(result.stdout)
     assert [e["format"] for e in data["exports"]] == ["vllm", "sglang"]
     assert data["exports"][1]["aux_layer_ids_output"] == [1, 3, 4]
+
+
+def test_the_training_prediction_travels_with_the_export(tiny, tmp_path):
+    """bench accept on an exported drafter shows what training predicted for it."""
+    import json
+    import shutil
+
+    from eagle3kit.bench.accept import training_prediction
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny["run"], run_dir)
+    config_file = run_dir / "drafter" / "config.json"
+    config = json.loads(config_file.read_text())
+    evaluation = {"k": 3, "temperature": 0, "predicted_acceptance_length": 2.5,
+                  "per_position": [0.8, 0.6, 0.5], "step": 10}
+    config["eagle3kit"]["eval"] = evaluation
+    config_file.write_text(json.dumps(config))
+    run(ExportConfig(run_dir, tmp_path / "out", format="both"))
+    for fmt in ("vllm", "sglang"):
+        assert training_prediction(tmp_path / "out" / fmt) == evaluation
+    assert training_prediction(tiny["run"] / "drafter") is None  # none recorded, none shown

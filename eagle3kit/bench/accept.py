@@ -9,7 +9,6 @@ speculation chose is within --tie-epsilon of the top logit), or the run fails (e
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -242,14 +241,11 @@ def check_pair(drafter: Any, model: Any, cfg: AcceptConfig) -> None:
 
 
 def training_prediction(drafter_dir: Path) -> dict[str, Any] | None:
-    """config.json's eagle3kit.eval block (written by train), if any."""
-    try:
-        config = json.loads((drafter_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    block = config.get("eagle3kit") if isinstance(config, dict) else None
-    evaluation = block.get("eval") if isinstance(block, dict) else None
-    return evaluation if isinstance(evaluation, dict) else None
+    """What training predicted: the eagle3kit.eval block train writes into config.json, or
+    the copy export keeps beside an exported checkpoint."""
+    from eagle3kit.model.layouts import training_prediction as recorded
+
+    return recorded(drafter_dir)
 
 
 # Running ------------------------------------------------------------------------------------

@@ -725,3 +725,17 @@ def _complete_vocab(weights: dict, config: DrafterConfig) -> None:
         weights["d2t"] = weights["d2t"].long()
     if "t2d" in weights:
         weights["t2d"] = weights["t2d"].bool()
+
+
+def training_prediction(checkpoint: Path) -> dict | None:
+    """The `eval` block train wrote into the drafter's config.json, or an earlier export's."""
+    for path, block in ((checkpoint / "config.json", "eagle3kit"), (checkpoint / PROVENANCE, None)):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        data = data.get(block) if block and isinstance(data, dict) else data
+        evaluation = data.get("eval") if isinstance(data, dict) else None
+        if isinstance(evaluation, dict):
+            return evaluation
+    return None
