@@ -71,10 +71,7 @@ FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 EXPECT = re.compile(r"\s+#\s*exits\s+(\d+)\s*$")
 SKIPPED = ("pip install ", "python -m pytest")
 TEST_COMMAND = "pip install torch==2.13.0 && pip install -e '.[test]' && python -m pytest"
-MAIN_COMMAND = (
-    "pip install torch==2.13.0 && pip install -e . && "
-    "eagle3kit convert examples/tiny.jsonl tiny-dataset && eagle3kit info tiny-dataset"
-)
+MAIN_COMMAND = "pip install torch==2.13.0 && pip install -e . && eagle3kit quickstart"
 LOOPBACK = re.compile(r"\b127\.0\.0\.1:(\d+)\b")
 CACHED_SETUP = {
     "python examples/make_tiny.py --save-tokenizer qwen3-tokenizer": ("qwen3-tokenizer",),
@@ -400,9 +397,10 @@ def _doc_env(bin_dir: Path) -> dict[str, str]:
     return env
 
 
-# These pages run many tokenizer-loading commands (a minute or more each on 2 cores): they run
+# These pages run many tokenizer-loading commands (a minute or more each on 2 cores), and the
+# README the whole quickstart (tests/test_quickstart.py runs a reduced one by default): they run
 # in the slow suite (`pytest -m slow`), so the default run stays within its time budget.
-SLOW_DOCS = {"docs/convert.md", "docs/gen.md", "docs/running-at-scale.md",
+SLOW_DOCS = {"README.md", "docs/convert.md", "docs/gen.md", "docs/running-at-scale.md",
              "docs/troubleshooting.md"}
 
 
