@@ -313,6 +313,28 @@ def test_init_from_keeps_the_draft_vocabulary(tiny, tmp_path):
     assert torch.equal(a["d2t"], b["d2t"])
 
 
+@pytest.mark.parametrize("fmt", ["vllm", "sglang"])
+def test_both_exports_round_trip_through_init_from(tiny, tmp_path, fmt):
+    """A warm start from an export begins exactly where the exported run ended: its first
+    held-out evaluation (before any step) equals the run's last one, and its vocabulary."""
+    from eagle3kit.export import ExportConfig
+    from eagle3kit.export import run as export
+
+    first = run(config(tiny, tiny["hidden"], tmp_path / "a", max_steps=2))
+    export(ExportConfig(tmp_path / "a", tmp_path / "out", format="both", dtype="fp32",
+                        output=QUIET))
+    run(config(tiny, tiny["hidden"], tmp_path / "b", max_steps=1,
+               init_from=tmp_path / "out" / fmt))
+    before_any_step = next(m for m in metrics(tmp_path / "b") if m["step"] == 0 and "eval" in m)
+    assert before_any_step["eval"]["per_position"] == pytest.approx(
+        first.eval["per_position"], abs=1e-6)
+    from safetensors.torch import load_file
+
+    a = load_file(str(tmp_path / "a" / "vocab.safetensors"))
+    b = load_file(str(tmp_path / "b" / "vocab.safetensors"))
+    assert torch.equal(a["d2t"], b["d2t"]) and torch.equal(a["t2d"], b["t2d"])
+
+
 # Bad inputs: one message naming the flag or file --------------------------------------------------
 @pytest.mark.parametrize("options, message", [
     ({"ttt_steps": 0}, "--ttt-steps must be >= 1"),
