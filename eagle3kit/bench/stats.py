@@ -12,6 +12,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from eagle3kit.model.acceptance import predicted_acceptance_length
+
 LIKELY_MISCONFIGURED = 1.05
 """An acceptance length below this, with correct output, points at the setup (layer ids, an
 EAGLE-3 head served as plain EAGLE, the wrong target), not at training (EAGLE3.md §4)."""
@@ -67,11 +69,7 @@ class Acceptance:
 
 def predicted_length(conditional: Sequence[float]) -> float:
     """τ from conditional per-position rates: 1 + c1 + c1·c2 + ... (EAGLE3.md §4)."""
-    total, running = 1.0, 1.0
-    for rate in conditional:
-        running *= rate
-        total += running
-    return total
+    return predicted_acceptance_length(conditional)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from eagle3kit.model import Eagle3Drafter, TTTState
+from eagle3kit.model.acceptance import predicted_acceptance_length
 from eagle3kit.train.target import TargetBatch, TargetHead
 
 
@@ -125,15 +126,6 @@ class EvalResult:
         d = asdict(self)
         d.update(d.pop("extra"))
         return d
-
-
-def predicted_acceptance_length(rates: list[float]) -> float:
-    """1 + Σ_j Π_{i≤j} a_i for conditional per-position rates a_i (EAGLE3.md §4)."""
-    total, run = 1.0, 1.0
-    for a in rates:
-        run *= a
-        total += run
-    return total
 
 
 def conditional_counts(accept: torch.Tensor, observable: torch.Tensor
