@@ -397,6 +397,30 @@ def _doc_env(bin_dir: Path) -> dict[str, str]:
     return env
 
 
+def run_page(doc: Path, tmp_path: Path, prewarmed: Path | None, timeout: int = 600
+             ) -> tuple[Path, list[tuple[Command, subprocess.CompletedProcess]]]:
+    """Run every command of `doc` in order, one torch thread, in a checkout-like directory.
+
+    Each must end with the status the page gives; a refused input with one message and no
+    traceback. Returns the work directory and each command with its finished process, for
+    the page's own checks.
+    """
+    work = _checkout_like(tmp_path)
+    _shims(tmp_path / "bin", prewarmed)
+    env = {**_doc_env(tmp_path / "bin"), "OMP_NUM_THREADS": "1"}
+    ran = []
+    for cmd in commands(doc):
+        proc = subprocess.run(["bash", "-c", cmd.text], cwd=work, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+        assert proc.returncode == cmd.status, (
+            f"{doc.name}:{cmd.line}: `{cmd.text}` exited {proc.returncode}, the doc says "
+            f"{cmd.status}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
+        if cmd.status == 2:
+            assert "Traceback" not in proc.stderr and proc.stderr.count("error: ") == 1
+        ran.append((cmd, proc))
+    return work, ran
+
+
 # These pages run many tokenizer-loading commands (a minute or more each on 2 cores), and the
 # README the whole quickstart (tests/test_quickstart.py runs a reduced one by default): they run
 # in the slow suite (`pytest -m slow`), so the default run stays within its time budget.

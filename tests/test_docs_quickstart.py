@@ -7,17 +7,14 @@ quickstart prints and that it describes every option."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 from test_docs import (  # noqa: F401  (prewarmed is a fixture)
     REPO,
-    _checkout_like,
-    _doc_env,
-    _shims,
     commands,
     prewarmed,
+    run_page,
 )
 
 from eagle3kit import quickstart
@@ -61,17 +58,8 @@ def test_every_quickstart_option_is_documented() -> None:
 def test_quickstart_doc_commands_run(tmp_path: Path, prewarmed) -> None:  # noqa: F811
     cmds = commands(DOC)
     assert any(c.text == "eagle3kit quickstart" for c in cmds)
-    work = _checkout_like(tmp_path)
-    _shims(tmp_path / "bin", prewarmed)
-    env = {**_doc_env(tmp_path / "bin"), "OMP_NUM_THREADS": "1"}
-    for cmd in cmds:
-        proc = subprocess.run(["bash", "-c", cmd.text], cwd=work, env=env, capture_output=True,
-                              text=True, timeout=900)
-        assert proc.returncode == cmd.status, (
-            f"quickstart.md:{cmd.line}: `{cmd.text}` exited {proc.returncode}, the doc says "
-            f"{cmd.status}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
-        if cmd.status == 2:
-            assert "Traceback" not in proc.stderr and proc.stderr.count("error: ") == 1
+    work, ran = run_page(DOC, tmp_path, prewarmed, timeout=900)
+    for cmd, proc in ran:
         if cmd.text.startswith("eagle3kit quickstart") and "--json" in cmd.text:
             summary = json.loads(proc.stdout)
             assert summary["measured_acceptance_length"] >= 1.5

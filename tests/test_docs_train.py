@@ -5,17 +5,14 @@ interpreter, `# exits N` honoured), and it describes every option `train --help`
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 from test_docs import (  # noqa: F401  (prewarmed is a fixture)
     REPO,
-    _checkout_like,
-    _doc_env,
-    _shims,
     commands,
     prewarmed,
+    run_page,
 )
 
 DOC = REPO / "docs" / "train.md"
@@ -25,17 +22,8 @@ DOC = REPO / "docs" / "train.md"
 def test_train_doc_commands_run(tmp_path: Path, prewarmed) -> None:  # noqa: F811
     cmds = commands(DOC)
     assert sum("eagle3kit train" in c.text for c in cmds) >= 5
-    work = _checkout_like(tmp_path)
-    _shims(tmp_path / "bin", prewarmed)
-    env = {**_doc_env(tmp_path / "bin"), "OMP_NUM_THREADS": "1"}
-    for cmd in cmds:
-        proc = subprocess.run(["bash", "-c", cmd.text], cwd=work, env=env, capture_output=True,
-                              text=True, timeout=600)
-        assert proc.returncode == cmd.status, (
-            f"train.md:{cmd.line}: `{cmd.text}` exited {proc.returncode}, the doc says "
-            f"{cmd.status}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
-        if cmd.status == 2:
-            assert "Traceback" not in proc.stderr and proc.stderr.count("error: ") == 1
+    work, ran = run_page(DOC, tmp_path, prewarmed, timeout=600)
+    for cmd, proc in ran:
         if "--json" in cmd.text:
             assert json.loads(proc.stdout)["steps"] == 2
     for run in ("tiny-run", "tiny-run-offline", "tiny-run-warm"):
