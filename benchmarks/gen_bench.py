@@ -35,12 +35,19 @@ What it measures
 
 2. Idle slots. A server with ``--idle-slots`` (64) slots, a finite decode speed
    (``--decode-tps`` tokens/s per request) and long-tailed lengths (exponential around
-   ``--idle-mean-tokens``, ``--idle-long-tail`` of them around ``--idle-long-tokens``);
-   gen with ``--concurrency`` equal to the slots. While prompts remain unsent (the server
-   has received fewer generation requests than there are prompts), the server's in-slot
-   count is sampled every 50 ms; after the first second (warm-up) the share of samples
-   below the slot count should be 0. The server also records when each request took and
-   released its slot, which gives the exact share of slot-time left idle in that window.
+   ``--idle-mean-tokens``, ``--idle-long-tail`` of them around ``--idle-long-tokens``).
+   gen runs twice: with ``--concurrency`` equal to the slots, and with ``--idle-extra``
+   (16, a quarter) more, as docs/running-at-scale.md advises. With exactly as many requests
+   as slots, every answer leaves its slot idle for gen's turnaround (the answer travels
+   back, is recorded, the next request travels out): that run shows how much that costs.
+   With more requests than slots the server queues the extra ones, and a freed slot goes
+   straight to the next; the target is that no slot then starves. While prompts remain
+   unsent (the server has received fewer generation requests than there are prompts), the
+   server's in-slot and queued counts are sampled every 50 ms; after the first second
+   (warm-up) no sample may show a free slot with no request queued for it. The server also
+   records when each request arrived, took its slot and released it, which gives the exact
+   starved and idle slot-time in that window (idle: free; starved: free with nothing queued,
+   the client's share of it).
 
 3. Resume. A token dataset of ``--resume-samples`` (1,000,000) committed samples, whose
    sample ids are those gen derives for the first R prompts of a prompt file of R + 10,
@@ -473,26 +480,42 @@ def bench_throughput(work: Path, args: argparse.Namespace, tokenizer: Path,
 
 # 2. Idle slots ------------------------------------------------------------------------------
 def occupancy(spans: list[list[float]], start: float, end: float, slots: int) -> dict:
-    """Exact slot use in [start, end] from each request's (received, took slot, released)."""
-    events = sorted([(s, 1) for _, s, _ in spans] + [(e, -1) for _, _, e in spans])
-    occ, last, busy, below, lowest = 0, start, 0.0, 0.0, slots
-    for t, step in events:
-        if t > start:
-            t_cut = min(t, end)
-            if t_cut > last:
-                busy += occ * (t_cut - last)
-                below += (t_cut - last) if occ < slots else 0.0
-                lowest = min(lowest, occ)
-                last = t_cut
-        if t >= end:
-            break
-        occ += step
+    """Exact slot use in [start, end] from each request's (received, took slot, released).
+
+    A slot is *idle* while no request holds it, and *starved* while it is idle and no
+    request waits at the server to take it: the client's fault, not the server's hand-over
+    of a freed slot to the next request in its queue."""
+    # (time, change in requests waiting, change in slots held)
+    steps = sorted([(r, 1, 0) for r, _, _ in spans] + [(s, -1, 1) for _, s, _ in spans]
+                   + [(e, 0, -1) for _, _, e in spans])
+    occ = waiting = 0
+    last, idle, starved, t_idle, t_starved, lowest = start, 0.0, 0.0, 0.0, 0.0, slots
+
+    def advance(t: float) -> None:
+        nonlocal last, idle, starved, t_idle, t_starved, lowest
+        dt = t - last
+        free, hungry = slots - occ, max(0, slots - occ - waiting)
+        idle += free * dt
+        starved += hungry * dt
+        t_idle += dt if free > 0 else 0.0
+        t_starved += dt if hungry > 0 else 0.0
+        lowest = min(lowest, occ)
+        last = t
+
+    for t, d_waiting, d_held in steps:
+        if t > last and last < end:
+            advance(min(t, end))
+        waiting += d_waiting
+        occ += d_held
     if end > last:
-        busy += occ * (end - last)
-        below += (end - last) if occ < slots else 0.0
+        advance(end)
     window = end - start
-    return {"window_s": window, "idle_slot_share": 1 - busy / (slots * window) if window > 0
-            else None, "time_below_share": below / window if window > 0 else None,
+    if window <= 0:
+        return {"window_s": window, "idle_slot_share": None, "starved_slot_share": None,
+                "time_below_share": None, "time_starved_share": None, "lowest": lowest}
+    return {"window_s": window, "idle_slot_share": idle / (slots * window),
+            "starved_slot_share": starved / (slots * window),
+            "time_below_share": t_idle / window, "time_starved_share": t_starved / window,
             "lowest": lowest}
 
 
@@ -511,6 +534,8 @@ def idle_run(work: Path, args: argparse.Namespace, tokenizer: Path, prompts: Pat
                   "long_tokens": args.idle_long_tokens, "context_length": 16384}
     samples: list[tuple[float, int, int, int]] = []
     with ServerProc(work, **server_cfg) as srv:
+        before = srv.get("bench")
+
         def sample(stop: threading.Event) -> None:
             while not stop.is_set():
                 t = time.monotonic()
@@ -530,22 +555,24 @@ def idle_run(work: Path, args: argparse.Namespace, tokenizer: Path, prompts: Pat
     last_received = max(r for r, _, _ in spans)
     warm = [s for s in samples if s[0] >= first + IDLE_WARMUP_S and s[1] < n]
     below = [s for s in warm if s[2] < slots]
+    starved = [s for s in below if s[2] + s[3] < slots]
     exact = occupancy(spans, first + IDLE_WARMUP_S, last_received, slots)
     shutil.rmtree(work / "gen-idle", ignore_errors=True)
     return {
         "prompts": n, "slots": slots, "concurrency": concurrency,
         "decode_tps": args.decode_tps, "mean_tokens": args.idle_mean_tokens,
         "long_tail": args.idle_long_tail, "long_tokens": args.idle_long_tokens,
-        "wall_s": run.wall_s, "cpu_s": run.cpu_s,
-        "samples": len(warm), "samples_below": len(below),
+        "wall_s": run.wall_s, "cpu_s": run.cpu_s, "server_cpu_s": bench["cpu_s"] - before["cpu_s"],
+        "samples": len(warm), "samples_below": len(below), "samples_starved": len(starved),
         "share_below": len(below) / len(warm) if warm else None,
+        "share_starved": len(starved) / len(warm) if warm else None,
         "mean_in_flight": sum(s[2] for s in warm) / len(warm) if warm else None,
         "min_in_flight": min((s[2] for s in warm), default=None),
         "max_waiting": max((s[3] for s in samples), default=None),
         "sending_window_s": last_received - first,
         "sending_req_per_s": len(spans) / (last_received - first) if last_received > first
         else None,
-        "exact": exact, "target_share": 0.0,
+        "exact": exact, "target_share": 0.0 if concurrency > slots else None,
     }
 
 
@@ -673,21 +700,28 @@ def render(fig: dict) -> str:
                          f"samples; {o['checked']:,} compared, {o['mismatched']} differ")
     for i in fig.get("idle", []):
         e = i["exact"]
-        share = i["share_below"]
+        share = i["share_starved"]
         verdict = "MET" if share == 0 else "MISSED"
+        if i["concurrency"] <= i["slots"]:  # the turnaround idles each slot: no target
+            verdict = "(no requests queued at the server: no target)"
         lines += [
             f"idle slots: {i['slots']} slots, gen --concurrency {i['concurrency']}, "
             f"{i['decode_tps']:g} tok/s per request, lengths exp({i['mean_tokens']:g}) with "
             f"{i['long_tail']:.0%} exp({i['long_tokens']:g}); {i['prompts']:,} prompts, "
             f"{i['sending_window_s']:.1f} s of sending ({_f(i['sending_req_per_s'], '.0f', 0)}"
             " req/s)",
-            f"  50 ms samples with in-flight < {i['slots']} while prompts unsent (after "
-            f"{IDLE_WARMUP_S:g} s): {i['samples_below']}/{i['samples']} = "
-            f"{_f(share, '.1%', 0)}  target 0  {verdict}",
-            f"  mean in-flight {_f(i['mean_in_flight'], '.2f', 0)}, lowest "
-            f"{i['min_in_flight']}; exact: idle slot-time {_f(e['idle_slot_share'], '.2%', 0)}"
-            f", time with a slot idle {_f(e['time_below_share'], '.1%', 0)}, lowest "
-            f"{e['lowest']}; most queued at the server {i['max_waiting']}",
+            f"  50 ms samples while prompts unsent (after {IDLE_WARMUP_S:g} s), a slot free "
+            f"and no request waiting for it: {i['samples_starved']}/{i['samples']} = "
+            f"{_f(share, '.1%', 0)}  "
+            + (verdict if i["concurrency"] <= i["slots"] else f"target 0  {verdict}"),
+            f"  samples with a slot free at all (the server handing a freed slot to a queued "
+            f"request included): {i['samples_below']}/{i['samples']}; mean in slots "
+            f"{_f(i['mean_in_flight'], '.2f', 0)}, lowest {i['min_in_flight']}; most queued "
+            f"at the server {i['max_waiting']}",
+            f"  exact, from each request's slot time: starved slot-time "
+            f"{_f(e['starved_slot_share'], '.2%', 0)} (time with a slot starved "
+            f"{_f(e['time_starved_share'], '.1%', 0)}), idle slot-time "
+            f"{_f(e['idle_slot_share'], '.2%', 0)}, lowest in slots {e['lowest']}",
         ]
     if "resume" in fig:
         r = fig["resume"]
@@ -721,7 +755,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-sdk", action="store_true", help="skip the SDK baseline (no ratio)")
     p.add_argument("--idle-prompts", type=int, default=4000)
     p.add_argument("--idle-slots", type=int, default=64)
-    p.add_argument("--idle-extra", type=int, default=8,
+    p.add_argument("--idle-extra", type=int, default=16,
                    help="also run the idle check with --concurrency slots + this (0: no)")
     p.add_argument("--decode-tps", type=float, default=1000.0,
                    help="idle check: tokens/s per request")

@@ -117,6 +117,38 @@ def test_rerun_sends_only_what_is_missing(tmp_path, qwen3):
     assert first > 0
 
 
+def test_the_event_loop_runs_between_any_two_renderings(tmp_path, qwen3, monkeypatch):
+    """Rendering prompts back to back would hold up the answers waiting to be recorded, and
+    their slots would sit idle meanwhile (benchmarks/gen_bench.py's idle check): the feeder
+    lets the event loop run after each prompt it renders."""
+    import asyncio
+
+    from eagle3kit.gen.scheduler import Scheduler
+
+    make_job = Scheduler.make_job
+    seen = {"loop_ran": True, "back_to_back": 0, "renderings": 0}
+
+    def mark() -> None:
+        seen["loop_ran"] = True
+
+    def spying_make_job(self, chain, turn):
+        seen["back_to_back"] += not seen["loop_ran"]
+        seen["renderings"] += 1
+        seen["loop_ran"] = False
+        asyncio.get_running_loop().call_soon(mark)
+        return make_job(self, chain, turn)
+
+    monkeypatch.setattr(Scheduler, "make_job", spying_make_job)
+    prompts = tmp_path / "prompts.jsonl"  # one turn each: every rendering is the feeder's
+    prompts.write_bytes(b"".join(orjson.dumps({"prompt": f"Question {i}: what is {i} + {i}?"})
+                                 + b"\n" for i in range(60)))
+    with FakeServer("vllm", tokenizer=qwen3, mean_tokens=8) as server:
+        result = gen.run(config(prompts, tmp_path / "ds", server, qwen3, concurrency=4))
+        check_exact(tmp_path / "ds", server)
+    assert result.written == 60 and seen["renderings"] == 60
+    assert seen["back_to_back"] == 0
+
+
 def test_faults_are_retried_and_nothing_is_lost(tmp_path, qwen3):
     prompts = small_prompts(tmp_path, 10)
     with FakeServer("vllm", tokenizer=qwen3, faults={"fail_rate": 0.3, "reset_rate": 0.1,

@@ -311,7 +311,7 @@ class Scheduler:
     async def feed(self, starts: list[tuple[Chain, int]]) -> None:
         high = 2 * sum(b.slots for b in self.backends) + 16
         try:
-            for n, (chain, turn) in enumerate(starts):
+            for chain, turn in starts:
                 if self.stopping:
                     break
                 if chain.blocked:
@@ -323,7 +323,9 @@ class Scheduler:
                 if sum(q.qsize() for q in self.queues.values()) >= high:
                     self.want_more.clear()
                     await self.want_more.wait()
-                elif n % 64 == 0:
+                else:
+                    # One rendering at a time: a burst of them holds up the answers waiting
+                    # to be recorded, and their slots sit idle until the next request goes.
                     await asyncio.sleep(0)
         except asyncio.CancelledError:  # the run is ending (a signal): not a failure
             raise
