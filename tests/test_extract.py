@@ -214,8 +214,9 @@ def test_codecs_round_trip(tmp_path: Path, codec: str) -> None:
     h = 32
     layout = {"layer_ids": [2, 4, 5], "hidden_size": h, "last_state": "pre_norm"}
     samples = [HiddenSample(f"x{i}", rng.integers(0, 99, t).astype(np.int32),
-                            np.ones(t, np.uint8), rng.standard_normal((t, 3 * h), np.float32),
-                            10 * rng.standard_normal((t, h), np.float32), prompt_len=1)
+                            (rng.random(t) < 0.7).astype(np.uint8),
+                            rng.standard_normal((t, 3 * h), np.float32),
+                            10 * rng.standard_normal((t, h), np.float32), prompt_len=1 + i % 2)
                for i, t in enumerate((1, 7, 30, 2))]
     with HiddenWriter(tmp_path / codec, layout=layout, codec=codec, commit_every=3) as writer:
         for s in samples:
@@ -227,6 +228,12 @@ def test_codecs_round_trip(tmp_path: Path, codec: str) -> None:
             peak = np.abs(a.reshape(len(a), -1, h)).max(-1, keepdims=True)
             assert (np.abs(a - b).reshape(len(a), -1, h) <= bound * peak).all()
     assert ds.measured[codec]["max_rel_error"] <= bound
+    # Training's token-only passes read ids and masks without decoding any state.
+    for i, want in enumerate(samples):
+        view = ds.token_view(i)
+        assert view.input_ids.tolist() == want.input_ids.tolist()
+        assert view.loss_mask.tolist() == want.loss_mask.tolist()
+        assert view.prompt_len == want.prompt_len
 
 
 # Bad input: one message, before any work ---------------------------------------------------

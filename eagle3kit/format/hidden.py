@@ -383,6 +383,13 @@ class HiddenShard:
                                f"each other or with the manifest's {n} samples)")
 
     @cached_property
+    def plens(self) -> list[int]:
+        return self.prompt_lens.tolist()
+
+    def loss_mask(self, i: int) -> np.ndarray:
+        return self.mask[self.starts[i]:self.starts[i + 1]]
+
+    @cached_property
     def ids(self) -> list[str]:
         raw = self.file.array("sample_ids").tobytes().decode()
         return raw.split("\n") if raw else []

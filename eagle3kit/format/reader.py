@@ -230,6 +230,8 @@ class Dataset:
         return self._shard(k).sample(i)
 
     def token_view(self, index: int) -> TokenView:
+        """Sample `index`'s ids, prompt length and loss mask as views of the mapped shard:
+        nothing else is read (a hidden-state dataset's states stay on disk)."""
         k, i = self._locate(index)
         shard = self._shard(k)
         start, end = shard.starts[i], shard.starts[i + 1]

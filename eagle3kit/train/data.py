@@ -42,13 +42,8 @@ class Source:
 
     def tokens(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """(input_ids, loss_mask) of sample i, without its states."""
-        ds = self.scan if self.kind == "hidden" else self.dataset
-        k, j = ds._locate(i)
-        shard = ds._shard(k)
-        start, end = shard.starts[j], shard.starts[j + 1]
-        if self.kind == "hidden":
-            return np.asarray(shard.tokens[start:end]), np.asarray(shard.mask[start:end])
-        return np.asarray(shard.tokens[start:end]), shard.loss_mask(j)
+        view = (self.scan if self.kind == "hidden" else self.dataset).token_view(i)
+        return np.asarray(view.input_ids), np.asarray(view.loss_mask)
 
     def manifest_summary(self) -> dict:
         m = self.dataset.manifest
