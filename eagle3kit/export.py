@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3kit import __version__, _ui
+from eagle3kit._durable import fsync_dir, fsync_file
 from eagle3kit.errors import UserError
 
 FORMATS = ("vllm", "sglang", "both")
@@ -384,8 +385,7 @@ def _write_checkpoint(directory: Path, config: dict, tensors: dict, provenance: 
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (directory / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
     for f in directory.iterdir():
-        with open(f, "rb") as handle:
-            os.fsync(handle.fileno())
+        fsync_file(f)
 
 
 def verify_export(directory: Path, fmt: str, tensors: dict,
@@ -442,11 +442,7 @@ def _committed(out: Path, overwrite: bool, fill) -> None:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, out)
-        fd = os.open(out.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3kit import _ui
+from eagle3kit._durable import write_text_atomic
 from eagle3kit.errors import UserError
 
 STATE = "quickstart.json"
@@ -200,12 +201,7 @@ def _clear(root: Path) -> None:
 def _save_state(root: Path, state: dict[str, Any]) -> None:
     """Atomically: a kill leaves the old record or the new one, never half of one."""
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{STATE}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(state, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, root / STATE)
+    write_text_atomic(root / STATE, json.dumps(state, indent=2))
 
 
 # -- stages ---------------------------------------------------------------------------------

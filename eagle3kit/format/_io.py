@@ -11,16 +11,9 @@ from pathlib import Path
 
 import orjson
 
+from eagle3kit._durable import fsync_dir
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import TMP_SUFFIX
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def tmp_path(path: Path) -> Path:

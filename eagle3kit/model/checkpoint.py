@@ -9,11 +9,11 @@ embedding is left out (engines share the target's); loading takes it from the ta
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 
+from eagle3kit._durable import replace_durably, write_text_atomic
 from eagle3kit.model.config import DrafterConfig
 from eagle3kit.model.drafter import Eagle3Drafter
 
@@ -43,18 +43,10 @@ def save_drafter(model: Eagle3Drafter, out_dir: str | Path, *, extra: dict | Non
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / (WEIGHTS + ".tmp")
     save_file(drafter_weights(model, dtype=dtype), str(tmp), metadata={"format": "pt"})
-    _fsync_replace(tmp, out / WEIGHTS)
+    replace_durably(tmp, out / WEIGHTS)
     config = {"eagle3kit": {"drafter": model.config.to_dict(), **(extra or {})}}
-    tmp = out / (CONFIG + ".tmp")
-    tmp.write_text(json.dumps(config, indent=2) + "\n")
-    _fsync_replace(tmp, out / CONFIG)
+    write_text_atomic(out / CONFIG, json.dumps(config, indent=2) + "\n")
     return out
-
-
-def _fsync_replace(tmp: Path, dst: Path) -> None:
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, dst)
 
 
 def load_drafter(path: str | Path, embedding: torch.Tensor | None = None) -> Eagle3Drafter:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from eagle3kit import __version__
+from eagle3kit._durable import fsync_dir, fsync_file, write_text_atomic
 from eagle3kit.errors import UserError
 
 RUN_FORMAT = "eagle3kit-run"
@@ -27,25 +28,8 @@ STEP_DIR = re.compile(r"^step-(\d{8})$")
 OUR_FILES = ("run.json", "metrics.jsonl", "vocab.safetensors", "checkpoints", "drafter")
 
 
-def fsync_file(path: Path) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    fsync_file(tmp)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 class RunDir:
@@ -155,9 +139,7 @@ class RunDir:
                 continue  # a line cut short by a kill
             if 0 < record.get("step", 0) <= step or (step and record.get("step") == 0):
                 kept.append(line)
-        tmp = self.metrics.with_name("metrics.jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, self.metrics)
+        write_text_atomic(self.metrics, "".join(line + "\n" for line in kept))
 
     def sync_metrics(self) -> None:
         if self.metrics.is_file():
