@@ -46,6 +46,13 @@ CommitEvery = Annotated[int | None, typer.Option(
 CommitInterval = Annotated[float | None, typer.Option(
     "--commit-interval", metavar="SECONDS", help="...or after S seconds (default 60).")]
 
+# Options several stages take, with one wording.
+ChatTemplate = Annotated[Path | None, typer.Option(help="A Jinja chat template file.")]
+MaxSamples = Annotated[int | None, typer.Option(help="At most N conversations.")]
+ApiKey = Annotated[str | None, typer.Option(
+    envvar="EAGLE3KIT_API_KEY", help="Bearer token for the servers (never stored).",
+    show_envvar=True)]
+
 
 def _given(**options: Any) -> dict[str, Any]:
     return {k: v for k, v in options.items() if v is not None}
@@ -209,9 +216,7 @@ def gen(
         help="An SGLang or vLLM server; repeat for several; @N sets its own concurrency.")] = None,
     api: Annotated[str | None, typer.Option(
         help="auto, sglang, vllm, or openai-chat (text fallback, marked reconstructed).")] = None,
-    api_key: Annotated[str | None, typer.Option(
-        envvar="EAGLE3KIT_API_KEY", help="Bearer token for the servers (never stored).",
-        show_envvar=True)] = None,
+    api_key: ApiKey = None,
     engine: Annotated[str | None, typer.Option(
         help="server (default) or hf: transformers in-process with --target.")] = None,
     target: Annotated[Path | None, typer.Option(
@@ -219,7 +224,7 @@ def gen(
     tokenizer: Annotated[Path | None, typer.Option(
         help="The target's tokenizer directory.")] = None,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
-    chat_template: Annotated[Path | None, typer.Option(help="A Jinja chat template file.")] = None,
+    chat_template: ChatTemplate = None,
     chat_template_kwargs: Annotated[str | None, typer.Option(
         metavar="JSON", help='Template variables, e.g. \'{"enable_thinking": false}\'.')] = None,
     system: Annotated[str | None, typer.Option(
@@ -234,7 +239,7 @@ def gen(
     partition_field: Annotated[str | None, typer.Option(
         help="Record field naming the partition (default: the file name).")] = None,
     partition: Annotated[str | None, typer.Option(help="Only this partition, or all.")] = None,
-    max_samples: Annotated[int | None, typer.Option(help="At most N conversations.")] = None,
+    max_samples: MaxSamples = None,
     shuffle_seed: Annotated[int | None, typer.Option()] = None,
     skip_bad_lines: Annotated[bool, typer.Option("--skip-bad-lines")] = False,
     concurrency: Annotated[int | None, typer.Option(
@@ -536,6 +541,11 @@ bench_app = typer.Typer(
 app.add_typer(bench_app, name="bench", rich_help_panel="Stages")
 BenchPrompts = Annotated[list[Path] | None, typer.Option(
     "--prompts", metavar="FILE", help="Prompt files (repeat); EAGLE/MT-bench question.jsonl.")]
+BenchMaxTurns = Annotated[int | None, typer.Option(help="At most N turns of each.")]
+BenchFormat = Annotated[str | None, typer.Option(help="Prompt file shape (default auto).")]
+BenchSeed = Annotated[int | None, typer.Option(help="Sampling seed (default 0).")]
+BenchPlot = Annotated[Path | None, typer.Option(
+    metavar="FILE.png", help="Draw acceptance per position and category (plot extra).")]
 
 
 def _bench_required(**options: Any) -> None:
@@ -556,13 +566,11 @@ def bench_accept(
         metavar="TOPK,DEPTH", help="Draft a tree instead of a chain.")] = None,
     temperature: Annotated[float | None, typer.Option(help="(default 0: greedy)")] = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="(default 128)")] = None,
-    max_samples: Annotated[int | None, typer.Option(help="At most N conversations.")] = None,
-    max_turns: Annotated[int | None, typer.Option(help="At most N turns of each.")] = None,
-    format: Annotated[str | None, typer.Option(help="Prompt file shape (default auto).")
-                      ] = None,
+    max_samples: MaxSamples = None,
+    max_turns: BenchMaxTurns = None,
+    format: BenchFormat = None,
     tokenizer: Annotated[Path | None, typer.Option(help="(default: the target's)")] = None,
-    chat_template: Annotated[Path | None, typer.Option(help="A Jinja chat template file.")
-                             ] = None,
+    chat_template: ChatTemplate = None,
     device: Annotated[str | None, typer.Option(help="auto (default), cpu, cuda, cuda:N.")
                       ] = None,
     dtype: Annotated[str | None, typer.Option(
@@ -570,10 +578,8 @@ def bench_accept(
     tie_epsilon: Annotated[float | None, typer.Option(
         help="Logit gap counted as a near-tie (default 1e-3 fp32, 0.25 bf16, 0.05 fp16).")
     ] = None,
-    seed: Annotated[int | None, typer.Option(help="Sampling seed (default 0).")] = None,
-    plot: Annotated[Path | None, typer.Option(
-        metavar="FILE.png", help="Draw acceptance per position and category (plot extra).")
-    ] = None,
+    seed: BenchSeed = None,
+    plot: BenchPlot = None,
     json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
     log_every: LogEvery = None,
 ) -> None:
@@ -604,27 +610,21 @@ def bench_server(
     baseline: Annotated[str | None, typer.Option(
         metavar="URL", help="The same model served without speculation: the speedup.")] = None,
     api: Annotated[str | None, typer.Option(help="auto (default), sglang or vllm.")] = None,
-    chat_template: Annotated[Path | None, typer.Option(help="A Jinja chat template file.")
-                             ] = None,
+    chat_template: ChatTemplate = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="(default 256)")] = None,
     temperature: Annotated[float | None, typer.Option(help="(default 0)")] = None,
     concurrency: Annotated[int | None, typer.Option(
         help="Conversations in flight (default 1).")] = None,
-    max_samples: Annotated[int | None, typer.Option(help="At most N conversations.")] = None,
-    max_turns: Annotated[int | None, typer.Option(help="At most N turns of each.")] = None,
-    format: Annotated[str | None, typer.Option(help="Prompt file shape (default auto).")
-                      ] = None,
+    max_samples: MaxSamples = None,
+    max_turns: BenchMaxTurns = None,
+    format: BenchFormat = None,
     k: Annotated[int | None, typer.Option(
         "--k", help="Draft tokens per round, when the server does not say.")] = None,
-    api_key: Annotated[str | None, typer.Option(
-        envvar="EAGLE3KIT_API_KEY", help="Bearer token for the servers (never stored).",
-        show_envvar=True)] = None,
+    api_key: ApiKey = None,
     request_timeout: Annotated[float | None, typer.Option(
         metavar="SECONDS", help="Limit on one request (default none).")] = None,
-    seed: Annotated[int | None, typer.Option(help="Sampling seed (default 0).")] = None,
-    plot: Annotated[Path | None, typer.Option(
-        metavar="FILE.png", help="Draw acceptance per position and category (plot extra).")
-    ] = None,
+    seed: BenchSeed = None,
+    plot: BenchPlot = None,
     json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
     log_every: LogEvery = None,
 ) -> None:
