@@ -277,6 +277,84 @@ def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
                                          torch.tensor(stat / 2, dtype=torch.float64)))
 
 
+# Tree drafting --------------------------------------------------------------------------------
+def _context(pair):
+    """A prompt's aux states and next tokens, queued on a fresh Drafting of the fitted drafter."""
+    from eagle3kit.model.checkpoint import load_drafter
+
+    model = pair["model"]
+    drafter = load_drafter(pair["fitted"], model.get_input_embeddings().weight.detach()).eval()
+    target = decode.Target(model, drafter.config.aux_layer_ids)
+    prompt = list(range(5, 25))
+    logits, aux = target.forward(prompt, target.new_cache(), aux=True)
+    first = int(logits[-1].argmax())
+    drafting = decode.Drafting(drafter, decode.Sampler())
+    drafting.extend(aux, [*prompt[1:], first])
+    return drafter, drafting, (aux, [*prompt[1:], first])
+
+
+def _path_logprobs(drafter, queued, path: list[int]) -> torch.Tensor:
+    """The drafter's next-token log-probabilities after `path`, fed as a plain chain."""
+    drafting = decode.Drafting(drafter, decode.Sampler())
+    drafting.extend(*queued)
+    with torch.no_grad():
+        hidden = drafting.context()
+        start = len(drafting.cache)
+        for i, token in enumerate(path):
+            hidden = drafter.decode(hidden, torch.tensor([[token]]),
+                                    torch.tensor([[start + i]]), drafting.cache)
+        return torch.log_softmax(drafter.logits(hidden)[0, -1].float(), -1)
+
+
+@pytest.mark.parametrize("topk,depth", [(2, 3), (3, 4)])
+def test_the_drafted_tree_is_the_beam_its_chains_give(pair, topk, depth):
+    """Rebuilt from chains (each path fed alone from the same context), the beam keeps the
+    same nodes: every node saw its own ancestors and nothing of its cousins."""
+    drafter, drafting, queued = _context(pair)
+    tree = drafting.tree(topk, depth)
+    assert len(tree.tokens) == topk * depth
+    beam: list[tuple[float, list[int]]] = [(0.0, [])]
+    want: list[tuple[tuple[int, ...], int]] = []
+    for _ in range(depth):
+        candidates = []
+        for score, path in beam:
+            logp = _path_logprobs(drafter, queued, path)
+            top = torch.topk(logp, topk)
+            for value, draft_id in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+                token = int(drafter.draft_to_target(torch.tensor(draft_id)))
+                candidates.append((score + value, [*path, token]))
+        beam = sorted(candidates, key=lambda c: -c[0])[:topk]
+        want += [(tuple(path[:-1]), path[-1]) for _, path in beam]
+    got = []
+    for node in range(len(tree.tokens)):
+        line = [tree.tokens[n] for n in tree.ancestors(node)]
+        got.append((tuple(line[:-1]), line[-1]))
+    assert sorted(got) == sorted(want)
+
+
+def test_a_one_wide_tree_drafts_the_chain(pair):
+    """Top-1 trees are chains: the same tokens, the same rounds as --k DEPTH."""
+    chain = bench(pair, k=3, max_new_tokens=24, max_samples=6)
+    tree = bench(pair, tree=(1, 3), max_new_tokens=24, max_samples=6)
+    assert [r.rounds for r in tree.prompts] == [r.rounds for r in chain.prompts]
+    assert tree.shape == "tree top-1 depth 3" and tree.k == 3
+
+
+def test_a_tree_is_lossless_and_accepts_more_than_its_chain(pair):
+    chain = bench(pair, k=4, max_new_tokens=24, max_samples=8)
+    tree = bench(pair, tree=(4, 4), max_new_tokens=24, max_samples=8)
+    assert tree.lossless is True and tree.mismatches == 0
+    assert len(tree.per_position) == 4
+    assert tree.acceptance_length > chain.acceptance_length
+    assert any(max(r.rounds) == 4 for r in tree.prompts)  # whole branches are accepted
+
+
+def test_a_tree_at_temperature_above_zero_is_refused(pair):
+    with pytest.raises(UserError, match="--tree verifies greedily"):
+        accept.AcceptConfig(pair["target"], pair["fitted"], [pair["prompts"]],
+                            tree=(2, 3), temperature=0.7)
+
+
 def test_rejection_sampling_keeps_the_target_distribution():
     """One round, k = 2, fixed p and q: the first and second emitted tokens follow p."""
     p = torch.tensor([[0.5, 0.3, 0.1, 0.1, 0.0], [0.1, 0.1, 0.2, 0.3, 0.3],
@@ -399,18 +477,32 @@ def cli(*args: str):
     return result.exit_code, result.output
 
 
-def test_cli_json(pair):
+def accept_json(pair, *options: str) -> dict:
+    """`bench accept --json` on two conversations of the fitted pair: the printed result."""
     code, out = cli("accept", "--target", str(pair["target"]), "--drafter", str(pair["fitted"]),
                     "--prompts", str(pair["prompts"]), "--max-samples", "2",
-                    "--max-new-tokens", "6", "--device", "cpu", "--json", "--k", "2")
+                    "--max-new-tokens", "6", "--device", "cpu", "--json", *options)
     assert code == 0, out
-    data = json.loads(out[out.index("{"):out.rindex("}") + 1])
+    return json.loads(out[out.index("{"):out.rindex("}") + 1])
+
+
+def test_cli_json(pair):
+    data = accept_json(pair, "--k", "2")
     for key in ("acceptance_length", "per_position", "k", "temperature", "lossless",
                 "near_ties", "predicted_acceptance_length", "categories"):
         assert key in data
     assert data["k"] == 2 and data["temperature"] == 0 and data["lossless"] is True
     assert len(data["per_position"]) == 2
     assert any("k=3" in w for w in data["warnings"])  # training predicted for another k
+
+
+def test_cli_tree(pair):
+    data = accept_json(pair, "--tree", "2,3")
+    assert data["shape"] == "tree top-2 depth 3" and data["k"] == 3 and data["lossless"]
+    assert any("for a chain" in w for w in data["warnings"])
+    code, out = cli("accept", "--target", str(pair["target"]), "--drafter", str(pair["fitted"]),
+                    "--prompts", str(pair["prompts"]), "--tree", "2,3", "--temperature", "0.5")
+    assert code == 2 and "--tree verifies greedily" in out and "Traceback" not in out
 
 
 def test_plot(pair, tmp_path, monkeypatch):

@@ -91,9 +91,9 @@ class AcceptConfig:
             raise UserError(f"--temperature must be >= 0 (got {self.temperature})")
         if self.tie_epsilon is not None and not self.tie_epsilon >= 0:
             raise UserError(f"--tie-epsilon must be >= 0 (got {self.tie_epsilon})")
-        if self.tree is not None:
-            raise UserError("--tree: tree drafting is not available yet; draft a chain "
-                            "(--k N)")
+        if self.tree is not None and self.temperature > 0:
+            raise UserError("--tree verifies greedily: use it with --temperature 0, or draft "
+                            "a chain (--k N) to sample")
         if self.dtype not in DTYPES:
             raise UserError(f"--dtype must be one of {', '.join(DTYPES)} (got {self.dtype})")
         if self.plot is not None:
@@ -268,7 +268,7 @@ def _warm_up(target: Any, drafter: Any, cfg: AcceptConfig, sampler_cls: Any) -> 
 
     prompt = [0, 1, 2, 3]
     decode.plain(target, prompt, 4, set(), sampler_cls(0.0))
-    decode.speculate(target, drafter, prompt, 4, set(), sampler_cls(0.0), cfg.k)
+    decode.speculate(target, drafter, prompt, 4, set(), sampler_cls(0.0), cfg.k, cfg.tree)
 
 
 def run(cfg: AcceptConfig) -> AcceptReport:
@@ -332,7 +332,8 @@ def run_one(target: Any, drafter: Any, prompt: list[int], cfg: AcceptConfig,
             stops: set[int], sampler: Any) -> Any:
     from eagle3kit.bench import decode
 
-    return decode.speculate(target, drafter, prompt, cfg.max_new_tokens, stops, sampler, cfg.k)
+    return decode.speculate(target, drafter, prompt, cfg.max_new_tokens, stops, sampler, cfg.k,
+                            cfg.tree)
 
 
 # Summarizing --------------------------------------------------------------------------------
@@ -347,7 +348,8 @@ def _speed(results: list[PromptResult]) -> dict[str, float | None]:
 
 
 def _positions(cfg: AcceptConfig) -> int:
-    return cfg.k
+    """Drafts a round can accept: k in a chain, the depth in a tree."""
+    return cfg.k if cfg.tree is None else cfg.tree[1]
 
 
 def _category_figures(results: list[PromptResult], positions: int) -> dict[str, Any]:
@@ -402,7 +404,10 @@ def _warnings(report: AcceptReport, predicted: dict[str, Any] | None) -> list[st
             "that does not fit), not a training result")
     if predicted:
         k, temp = predicted.get("k"), predicted.get("temperature")
-        if k is not None and k != report.k:
+        if report.shape.startswith("tree"):
+            notes.append("training predicted for a chain; a tree of the same depth usually "
+                         "accepts more")
+        elif k is not None and k != report.k:
             notes.append(f"training predicted for k={k}, this run drafts {report.k}: "
                          "compare per-position rates, not the lengths")
         if temp is not None and temp != report.temperature:

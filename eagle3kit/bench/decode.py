@@ -87,16 +87,24 @@ class Target:
     def forward(self, ids: Sequence[int], cache: Any, *, aux: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [T, V] (float32) for `ids` appended to `cache`, and the aux states [T, 3H]."""
+        logits, states = self.forward_rows([list(ids)], cache, aux=aux)
+        return logits[0], None if states is None else states[0]
+
+    @torch.no_grad()
+    def forward_rows(self, rows: list[list[int]], cache: Any, *, aux: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward` for B rows of equal length, each appended to its own copy of the
+        cache (which holds B copies): logits [B, T, V] and aux states [B, T, 3H]."""
         device = self.model.device
         kwargs: dict[str, Any] = {self._cache_arg: cache, "use_cache": True,
                                   "output_hidden_states": aux}
-        out = self.model(torch.tensor([list(ids)], device=device), **kwargs)
-        logits = out.logits[0].float()
+        out = self.model(torch.tensor(rows, device=device), **kwargs)
+        logits = out.logits.float()
         if not aux:
             return logits, None
         states = [self._last if k == self.num_layers else out.hidden_states[k]
                   for k in self.layer_ids]
-        return logits, torch.cat([s[0] for s in states], dim=-1)
+        return logits, torch.cat(states, dim=-1)
 
 
 @dataclass
@@ -166,6 +174,29 @@ def plain(target: Target, prompt: Sequence[int], max_new: int, stops: set[int],
     return Decoded(tokens, time.perf_counter() - start, top_ids=top_ids, top_logits=top_logits)
 
 
+@dataclass
+class DraftTree:
+    """Drafted tokens as a tree, level by level: node i is target id `tokens[i]`, a child of
+    node `parents[i]` (-1: of the newest committed token)."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+
+    def ancestors(self, node: int) -> list[int]:
+        """The nodes from the top of the tree down to `node`, itself included."""
+        line = []
+        while node >= 0:
+            line.append(node)
+            node = self.parents[node]
+        return line[::-1]
+
+    def branches(self) -> list[list[int]]:
+        """The token ids along every path from the top to a leaf."""
+        inner = set(self.parents)
+        return [[self.tokens[n] for n in self.ancestors(leaf)]
+                for leaf in range(len(self.tokens)) if leaf not in inner]
+
+
 class Drafting:
     """The drafter's side of one generation: its cache, and the context not yet fed to it."""
 
@@ -214,13 +245,69 @@ class Drafting:
                 probs = self.sampler.probs(logits)
                 draft_id = self.sampler.draw(probs)
                 dist = self._on_target_vocab(probs)
-            drafts.append(int(self.drafter.draft_to_target(torch.tensor(draft_id,
-                                                                       device=self.device))))
+            drafts.append(self._target_id(draft_id))
             dists.append(dist)
             if i < k - 1:  # the last draft is never fed: its successor is not needed
                 hidden = self.drafter.decode(hidden, self._ids(drafts[-1:]),
                                              self._positions(context_len + i, 1), self.cache)
         return drafts, dists
+
+    @torch.no_grad()
+    def tree(self, topk: int, depth: int) -> DraftTree:
+        """A beam of drafts, like SGLang's EAGLE tree (`--speculative-eagle-topk`, `-num-steps`):
+        the `topk` likeliest next tokens, then at each further level the `topk` likeliest of
+        their children by summed log-probability, `topk` x `depth` nodes in all. One
+        drafter pass per level; each node sees the context and its own ancestors only."""
+        hidden = self.context()
+        context_len = len(self.cache)
+        tree = DraftTree()
+        scores: list[float] = []
+        frontier: list[int] = []
+        inputs = hidden  # the hidden state each frontier node is fed with: its parent's output
+        logp = torch.log_softmax(self.drafter.logits(hidden)[0].float(), dim=-1)  # [1, Vd]
+        parent_of_row = [-1]
+        in_cache: list[int] = []  # the tree node at each cached position past the context
+        for level in range(depth):
+            totals = logp + torch.tensor([scores[n] if n >= 0 else 0.0 for n in parent_of_row],
+                                         device=logp.device)[:, None]
+            best = torch.topk(totals.flatten(), min(topk, totals.numel()))
+            frontier, rows = [], []
+            for flat, score in zip(best.indices.tolist(), best.values.tolist(), strict=True):
+                row, draft_id = divmod(flat, logp.shape[1])
+                tree.tokens.append(self._target_id(draft_id))
+                tree.parents.append(parent_of_row[row])
+                scores.append(score)
+                frontier.append(len(tree.tokens) - 1)
+                rows.append(row)
+            if level == depth - 1:  # the deepest nodes are never fed: no children needed
+                break
+            fed = inputs[:, rows]
+            mask = self._tree_mask(tree, frontier, in_cache, context_len)
+            out = self.drafter.decode(
+                fed, self._ids([tree.tokens[n] for n in frontier]),
+                torch.full((1, len(frontier)), context_len + level, device=self.device),
+                self.cache, mask)
+            in_cache += frontier
+            logp = torch.log_softmax(self.drafter.logits(out)[0].float(), dim=-1)
+            inputs, parent_of_row = out, frontier
+        return tree
+
+    def _target_id(self, draft_id: int) -> int:
+        return int(self.drafter.draft_to_target(torch.tensor(draft_id, device=self.device)))
+
+    def _tree_mask(self, tree: DraftTree, new: list[int], in_cache: list[int],
+                   context_len: int) -> torch.Tensor:
+        """[new, cache + new]: the context, each new node's ancestors among the cached tree
+        nodes, and itself."""
+        mask = torch.zeros(len(new), context_len + len(in_cache) + len(new), dtype=torch.bool,
+                           device=self.device)
+        mask[:, :context_len] = True
+        where = {node: context_len + i for i, node in enumerate(in_cache)}
+        for row, node in enumerate(new):
+            for ancestor in tree.ancestors(tree.parents[node]):
+                mask[row, where[ancestor]] = True
+            mask[row, context_len + len(in_cache) + row] = True
+        return mask
 
     def _on_target_vocab(self, probs: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary probabilities scattered onto target ids (zero elsewhere)."""
@@ -257,9 +344,45 @@ def verify_sampled(logits: torch.Tensor, drafts: list[int], dists: list[torch.Te
     return len(drafts), sampler.draw(sampler.probs(logits[len(drafts)]))
 
 
+def verify_tree(target: Target, cache: Any, newest: int, tree: DraftTree
+                ) -> tuple[list[int], torch.Tensor]:
+    """Greedy verification of a drafted tree in one target forward, its branches as a batch:
+    the accepted drafts of the branch that keeps most, then the target's own next token;
+    and the aux states of those positions. `cache` is left holding that branch alone."""
+    rows = [[newest, *branch] for branch in tree.branches()]
+    width = max(len(r) for r in rows)
+    cache.batch_repeat_interleave(len(rows))
+    logits, aux = target.forward_rows([r + [r[-1]] * (width - len(r)) for r in rows], cache,
+                                      aux=True)
+    assert aux is not None
+    verdicts = [verify_greedy(logits[b, :len(r)], r[1:]) for b, r in enumerate(rows)]
+    best = max(range(len(rows)), key=lambda b: verdicts[b][0])  # the first of the longest
+    accepted, bonus = verdicts[best]
+    cache.batch_select_indices(torch.tensor([best], device=logits.device))
+    return [*rows[best][1:accepted + 1], bonus], aux[best, :accepted + 1]
+
+
+def verify_chain(target: Target, cache: Any, newest: int, drafting: Drafting, k: int,
+                 sampler: Sampler) -> tuple[list[int], torch.Tensor]:
+    """A chain of k drafts checked in one target forward: the accepted drafts, then the
+    target's own next token; and the aux states of those positions."""
+    drafts, dists = drafting.chain(k)
+    logits, aux = target.forward([newest, *drafts], cache, aux=True)
+    assert aux is not None
+    if sampler.greedy:
+        accepted, bonus = verify_greedy(logits, drafts)
+    else:
+        accepted, bonus = verify_sampled(logits, drafts, dists, sampler)  # type: ignore[arg-type]
+    return [*drafts[:accepted], bonus], aux[:accepted + 1]
+
+
 def speculate(target: Target, drafter: Eagle3Drafter, prompt: Sequence[int], max_new: int,
-              stops: set[int], sampler: Sampler, k: int) -> Decoded:
-    """EAGLE-3 with a chain of k drafts per round, verified by one target forward."""
+              stops: set[int], sampler: Sampler, k: int,
+              tree: tuple[int, int] | None = None) -> Decoded:
+    """EAGLE-3 with a chain of k drafts per round, or with `tree` (top-k, depth) a tree of
+    them (greedy only), each round verified by one target forward."""
+    if tree is not None and not sampler.greedy:
+        raise ValueError("a drafted tree is verified greedily: sample with a chain")
     device = target.model.device
     _sync(device)
     start = time.perf_counter()
@@ -271,20 +394,16 @@ def speculate(target: Target, drafter: Eagle3Drafter, prompt: Sequence[int], max
     drafting.extend(aux, [*prompt[1:], tokens[0]])
     rounds: list[int] = []
     while not _finished(tokens, max_new, stops):
-        drafts, dists = drafting.chain(k)
         # The target's cache holds every committed token but the newest one, which goes first.
         committed = cache.get_seq_length()
-        logits, aux = target.forward([tokens[-1], *drafts], cache, aux=True)
-        assert aux is not None
-        if sampler.greedy:
-            accepted, bonus = verify_greedy(logits, drafts)
+        if tree is None:
+            new, aux = verify_chain(target, cache, tokens[-1], drafting, k, sampler)
         else:
-            accepted, bonus = verify_sampled(logits, drafts, dists, sampler)  # type: ignore[arg-type]
-        rounds.append(accepted)
-        new = [*drafts[:accepted], bonus]
-        target.crop(cache, committed + accepted + 1)
+            new, aux = verify_tree(target, cache, tokens[-1], drafting.tree(*tree))
+        rounds.append(len(new) - 1)
+        target.crop(cache, committed + len(new))
         drafting.rollback(committed)
-        drafting.extend(aux[:accepted + 1], new)
+        drafting.extend(aux, new)
         tokens.extend(new)
         if stops.intersection(new):  # a stop among the accepted drafts ends it too
             break

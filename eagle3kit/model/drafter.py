@@ -171,14 +171,19 @@ class DraftCache:
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                mask: torch.Tensor | None) -> torch.Tensor:
         """New positions see all cached ones, and each other as `mask` [T, T] allows
-        (default causal)."""
+        (default causal). A `mask` [T, cached + T] says what each sees of the cached ones
+        too: a drafted tree's nodes see their own ancestors, not their cousins."""
         past = len(self)
         self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=2)
         self.values = v if self.values is None else torch.cat([self.values, v], dim=2)
         t = q.shape[2]
-        new = mask if mask is not None else torch.ones(t, t, dtype=torch.bool,
-                                                       device=q.device).tril()
-        allowed = torch.cat([torch.ones(t, past, dtype=torch.bool, device=q.device), new], 1)
+        if mask is not None and mask.shape[1] == past + t:
+            allowed = mask
+        else:
+            new = mask if mask is not None else torch.ones(t, t, dtype=torch.bool,
+                                                           device=q.device).tril()
+            allowed = torch.cat([torch.ones(t, past, dtype=torch.bool, device=q.device), new],
+                                1)
         return F.scaled_dot_product_attention(q, self.keys, self.values, attn_mask=allowed)
 
 
