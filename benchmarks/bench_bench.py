@@ -7,7 +7,8 @@ same process on the same device, prompt by prompt: the ratio of their tokens/s i
 printed with the acceptance length, the drafting shape and the temperature.
 
     python benchmarks/bench_bench.py [--prompts 8] [--max-new-tokens 64] [--k 3]
-                                     [--hidden 64] [--layers 8] [--device cpu] [--json]
+                                     [--tree TOPK,DEPTH] [--hidden 64] [--layers 8]
+                                     [--device cpu] [--json]
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8, help="conversations (default 8)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=3)
+    parser.add_argument("--tree", metavar="TOPK,DEPTH", help="draft a tree instead of a chain")
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--fit-steps", type=int, default=150)
@@ -72,7 +74,7 @@ def main() -> None:
     import torch
 
     from eagle3kit._ui import OutputOptions
-    from eagle3kit.bench.accept import AcceptConfig, run
+    from eagle3kit.bench.accept import AcceptConfig, parse_tree, run
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="bench-bench-") as tmp:
@@ -80,7 +82,8 @@ def main() -> None:
         target, drafter = build_pair(Path(tmp), args.hidden, args.layers, args.fit_steps)
         built = time.perf_counter() - t0
         report = run(AcceptConfig(
-            target, drafter, PROMPTS, k=args.k, max_new_tokens=args.max_new_tokens,
+            target, drafter, PROMPTS, k=args.k, tree=parse_tree(args.tree),
+            max_new_tokens=args.max_new_tokens,
             max_samples=args.prompts, device=args.device, dtype=args.dtype,
             output=OutputOptions(quiet=True)))
     figures = {
