@@ -327,6 +327,9 @@ def _plan_options(
         metavar="N", help="Training tokens per step: forecast the steps per epoch.")] = None,
     train_tokens_per_s: Annotated[float | None, typer.Option(
         metavar="N", help="Training throughput: forecast the time per epoch.")] = None,
+    extract_tokens_per_s: Annotated[float | None, typer.Option(
+        metavar="N", help="extract's throughput (its tokens_per_s): forecast its time.")
+    ] = None,
     seed: Annotated[int | None, typer.Option(
         help="Chooses the pilot prompts and the bootstrap draws (default 0).")] = None,
 ) -> None:

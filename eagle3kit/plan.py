@@ -77,6 +77,8 @@ class PlanConfig:
     """Training tokens per optimizer step: gives the steps per epoch."""
     train_tokens_per_s: float | None = None
     """Training throughput: gives the time per epoch."""
+    extract_tokens_per_s: float | None = None
+    """extract's throughput (the tokens_per_s it reports, summed over ranks): gives its time."""
     seed: int = 0
     """Chooses the pilot's prompts and the bootstrap's draws."""
     replicates: int = REPLICATES
@@ -87,8 +89,10 @@ class PlanConfig:
                             ("--batch-tokens", self.batch_tokens)):
             if value is not None and value < 1:
                 raise UserError(f"{flag} must be at least 1 (got {value})")
-        if self.train_tokens_per_s is not None and not self.train_tokens_per_s > 0:
-            raise UserError(f"--train-tokens-per-s must be > 0 (got {self.train_tokens_per_s})")
+        for flag, rate in (("--train-tokens-per-s", self.train_tokens_per_s),
+                           ("--extract-tokens-per-s", self.extract_tokens_per_s)):
+            if rate is not None and not rate > 0:
+                raise UserError(f"{flag} must be > 0 (got {rate})")
         if isinstance(self.layers, str):
             self.layers = parse_layers(self.layers)
         if self.layers is not None and (not self.layers or min(self.layers) < 0):
@@ -190,6 +194,8 @@ class PlanResult:
     hidden: dict[str, Any] = field(default_factory=dict)
     """hidden_size, n_aux, tokens, and bytes per codec (empty without a hidden size)."""
     train: dict[str, Any] = field(default_factory=dict)
+    extract: dict[str, Any] = field(default_factory=dict)
+    """tokens_per_s and time_s, with --extract-tokens-per-s."""
     notes: list[str] = field(default_factory=list)
     coverage: float = COVERAGE
 
@@ -565,6 +571,7 @@ def _result(cfg: PlanConfig, pilot: Pilot, committed: Committed, names: list[str
         bytes_per_token=round(bpt, 3),
         hidden=_hidden(tokens, *shape),
         train=_train(cfg, tokens),
+        extract=_extract(cfg, tokens),
         notes=_notes(partitions, pools, full, slots, outcomes, cfg.gen.max_tokens),
     )
 
@@ -615,6 +622,14 @@ def _train(cfg: PlanConfig, tokens: Estimate) -> dict[str, Any]:
         out["tokens_per_s"] = cfg.train_tokens_per_s
         out["epoch_s"] = asdict(tokens.scaled(1 / cfg.train_tokens_per_s))
     return out
+
+
+def _extract(cfg: PlanConfig, tokens: Estimate) -> dict[str, Any]:
+    """extract reads every token of every sample, at the throughput given."""
+    if not cfg.extract_tokens_per_s:
+        return {}
+    return {"tokens_per_s": cfg.extract_tokens_per_s,
+            "time_s": asdict(tokens.scaled(1 / cfg.extract_tokens_per_s))}
 
 
 def _notes(partitions: list[PartitionFigures], pools: dict[str, Observations], full: Job,
@@ -691,6 +706,9 @@ def _forecast_rows(r: PlanResult) -> list[list[object]]:
         shape = f"H={r.hidden['hidden_size']}, {r.hidden['n_aux']} aux"
         rows += [row(f"hidden states, {codec} ({shape})", e, _bytes)
                  for codec, e in r.hidden["bytes"].items()]
+    if r.extract:
+        rows.append(row(f"extract time ({_si(r.extract['tokens_per_s'])} tok/s)",
+                        r.extract["time_s"], _hms))
     if "steps_per_epoch" in r.train:
         rows.append(row(f"train steps / epoch ({_si(r.train['batch_tokens'])} tok)",
                         r.train["steps_per_epoch"], lambda x: f"{x:,.0f}"))

@@ -241,6 +241,7 @@ def invoke(*args: str):
     (["--layers", "2,x"], "--layers '2,x': expected layer ids"),
     (["--batch-tokens", "0"], "--batch-tokens must be at least 1"),
     (["--train-tokens-per-s", "-1"], "--train-tokens-per-s must be > 0"),
+    (["--extract-tokens-per-s", "0"], "--extract-tokens-per-s must be > 0"),
     (["--concurrency", "0"], "--concurrency must be at least 1"),
 ])
 def test_bad_options_are_one_line_naming_the_flag(tmp_path, tokenizer, option, message):
@@ -279,7 +280,8 @@ def test_json_and_the_table(tmp_path, server, tokenizer):
     result = invoke(*map(str, files), str(tmp_path / "ds"), "--server", server.url,
                     "--tokenizer", str(tokenizer), "--concurrency", str(SLOTS),
                     "--max-tokens", str(MAX_TOKENS), "--pilot", "0.4", "--hidden-size", "4096",
-                    "--batch-tokens", "65536", "--train-tokens-per-s", "20000", "--json")
+                    "--batch-tokens", "65536", "--train-tokens-per-s", "20000",
+                    "--extract-tokens-per-s", "50000", "--json")
     assert result.exit_code == 0, result.stderr
     out = json.loads(result.stdout)  # plan's JSON alone: the pilot's own summary is not in it
     assert out["samples"] == 50 and out["done"] == 20 and out["remaining"] == 30
@@ -288,6 +290,9 @@ def test_json_and_the_table(tmp_path, server, tokenizer):
     assert raw["low"] <= raw["value"] <= raw["high"]
     steps = out["train"]["steps_per_epoch"]["value"]
     assert steps == math.ceil(out["total_tokens"]["value"] / 65536)
+    extract_s, tokens = out["extract"]["time_s"], out["total_tokens"]
+    for end in ("value", "low", "high"):  # extract reads every token once
+        assert extract_s[end] == pytest.approx(tokens[end] / 50000)
     for title in ("pilot, by partition", "forecast", "wall time, the gen that follows",
-                  "hidden states, fp8", "train steps / epoch"):
+                  "hidden states, fp8", "train steps / epoch", "extract time (50k tok/s)"):
         assert title in result.stderr
