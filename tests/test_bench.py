@@ -334,15 +334,15 @@ def test_the_drafted_tree_is_the_beam_its_chains_give(pair, topk, depth):
 
 def test_a_one_wide_tree_drafts_the_chain(pair):
     """Top-1 trees are chains: the same tokens, the same rounds as --k DEPTH."""
-    chain = bench(pair, k=3, max_new_tokens=24, max_samples=6)
-    tree = bench(pair, tree=(1, 3), max_new_tokens=24, max_samples=6)
+    chain = bench(pair, k=3, max_new_tokens=16, max_samples=3)
+    tree = bench(pair, tree=(1, 3), max_new_tokens=16, max_samples=3)
     assert [r.rounds for r in tree.prompts] == [r.rounds for r in chain.prompts]
     assert tree.shape == "tree top-1 depth 3" and tree.k == 3
 
 
 def test_a_tree_is_lossless_and_accepts_more_than_its_chain(pair):
-    chain = bench(pair, k=4, max_new_tokens=24, max_samples=8)
-    tree = bench(pair, tree=(4, 4), max_new_tokens=24, max_samples=8)
+    chain = bench(pair, k=4, max_new_tokens=24, max_samples=4)
+    tree = bench(pair, tree=(4, 4), max_new_tokens=24, max_samples=4)
     assert tree.lossless is True and tree.mismatches == 0
     assert len(tree.per_position) == 4
     assert tree.acceptance_length > chain.acceptance_length
