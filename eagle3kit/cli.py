@@ -591,6 +591,9 @@ def bench_accept(
 
     def config() -> stage.AcceptConfig:
         _bench_required(target=target, drafter=drafter, prompts=prompts)
+        if k is not None and tree is not None:
+            raise UserError("--k and --tree exclude each other: a tree's depth is its second "
+                            "number (--tree TOPK,DEPTH)")
         return stage.AcceptConfig(
             target, drafter, prompts, tree=stage.parse_tree(tree), tokenizer=tokenizer,
             chat_template=chat_template, tie_epsilon=tie_epsilon, plot=plot,

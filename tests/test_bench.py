@@ -532,6 +532,8 @@ def test_plot_without_matplotlib(pair, tmp_path, monkeypatch):
     (["--target", "{target}", "--drafter", "{fitted}", "--prompts", "{prompts}",
       "--tree", "4"], "--tree 4: expected TOPK,DEPTH"),
     (["--target", "{target}", "--drafter", "{fitted}", "--prompts", "{prompts}",
+      "--tree", "4,3", "--k", "3"], "--k and --tree exclude each other"),
+    (["--target", "{target}", "--drafter", "{fitted}", "--prompts", "{prompts}",
       "--temperature", "-1"], "--temperature must be >= 0"),
     (["--target", "{target}", "--drafter", "{fitted}", "--prompts", "{prompts}",
       "--dtype", "int8"], "--dtype must be one of"),
