@@ -25,6 +25,8 @@ from eagle3kit.errors import UserError
 from eagle3kit.model import DrafterConfig, Eagle3Drafter, TTTState, build_vocab
 from eagle3kit.model.checkpoint import save_drafter
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 DATA = Path(__file__).parent / "data" / "prompts"
 PROMPT_SETS = [*sorted((DATA / "eagle").glob("*/question.jsonl")),
                DATA / "fastchat" / "vicuna_bench" / "question.jsonl"]
@@ -38,15 +40,6 @@ EVAL = {"k": 3, "temperature": 0.0, "predicted_acceptance_length": 2.5,
 
 
 # Fixtures ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Two cores shared by several test runs: one thread each is much faster than two."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def fit_drafter(model, drafter: Eagle3Drafter, sequences: list[list[int]], steps: int = 120,
                 ttt: int = 3, lr: float = 3e-3, seed: int = 0) -> Eagle3Drafter:
     """A few seconds of training-time test on the target's own predictions (EAGLE3.md §2):

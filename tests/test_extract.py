@@ -40,6 +40,8 @@ from eagle3kit.format.hidden import to_bf16
 from eagle3kit.format.layout import SHARD_DIR
 from eagle3kit.tiny import make_target, make_tokenizer
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 N_SAMPLES = 24
 QUIET = OutputOptions(quiet=True)
 
@@ -84,16 +86,6 @@ def build_tiny(factory: pytest.TempPathFactory) -> Tiny:
     if not _BUILT:
         _BUILT.append(Tiny(factory.mktemp("extract-tiny")))
     return _BUILT[0]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: the 2-core machines the tests run on are shared, and a tiny model's
-    forward passes lose 10-20x to threads spinning against other processes."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fake_vllm_hidden import FakeVllmHidden
-from test_extract import QUIET, Tiny, build_tiny, one_thread  # noqa: F401  (fixture)
+from test_extract import QUIET, Tiny, build_tiny
 
 from eagle3kit import extract
 from eagle3kit.extract_vllm import ServerError

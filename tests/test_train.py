@@ -32,17 +32,10 @@ from eagle3kit.train import (
 )
 from eagle3kit.train import data as tdata
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 REPO = Path(__file__).resolve().parent.parent
 QUIET = OutputOptions(quiet=True)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Two cores shared by several test runs: one thread each is much faster than two."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def env() -> dict[str, str]:

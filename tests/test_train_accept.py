@@ -21,16 +21,9 @@ from eagle3kit.format import DatasetWriter, TokenSample
 from eagle3kit.train import TrainConfig, run
 from eagle3kit.train import data as tdata
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400),
+              pytest.mark.usefixtures("one_torch_thread")]
 QUIET = OutputOptions(quiet=True)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def train_target(root: Path, steps: int = 300, seq: int = 64, batch: int = 16) -> Path:
