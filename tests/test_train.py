@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -254,6 +255,66 @@ def test_changed_settings_are_refused_unless_forced(tiny, tmp_path):
         run(config(tiny, tiny["hidden"], tmp_path / "none", mode="resume"))
 
 
+class _Payload:
+    """A pickle that, unpickled by anything but a weights-only loader, creates `flag`."""
+
+    def __init__(self, flag: Path) -> None:
+        self.flag = flag
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.flag}",))
+
+
+def test_a_planted_pickle_in_a_checkpoint_is_refused_and_never_runs(tiny, tmp_path):
+    """Every file a resume loads from checkpoints/step-N is safetensors, JSON or read with
+    torch.load(weights_only=True): a pickle planted in any of them (a run directory is
+    often shared or copied) ends the run with one message naming it, and its code never
+    runs. rng-rank0.pt is the name earlier releases used (pickled, loaded unrestricted)."""
+    made = tmp_path / "made"
+    run(config(tiny, tiny["hidden"], made, max_steps=2))
+    flag = tmp_path / "PWNED"
+    planted = tmp_path / "payload.pt"
+    torch.save({"state": _Payload(flag)}, planted)
+    torch.load(planted, weights_only=False)  # what the old resume did: the payload runs
+    assert flag.exists()
+    flag.unlink()
+    for name in ("optimizer.pt", "scheduler.pt", "rng-rank0.safetensors", "rng-rank0.pt"):
+        out = tmp_path / name
+        shutil.copytree(made, out)
+        (out / "checkpoints" / "step-00000002" / name).write_bytes(planted.read_bytes())
+        with pytest.raises(UserError) as refused:
+            run(config(tiny, tiny["hidden"], out, max_steps=3, force=True))
+        message = str(refused.value)
+        assert str(out / "checkpoints" / "step-00000002" / name) in message
+        assert "delete" in message.lower()
+        assert not flag.exists(), f"the payload in {name} ran"
+    # The CLI, as the issue found it: `train --force` resuming over a planted rng-rank0.pt.
+    proc = subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *train_cmd(tiny, tmp_path / "rng-rank0.pt",
+                                                       "--max-steps", "3", "--force")],
+        capture_output=True, text=True, env=env(), timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "rng-rank0.pt" in errors[0] and "pickle" in errors[0]
+    assert not flag.exists()
+
+
+def test_random_states_survive_the_safetensors_round_trip(tmp_path):
+    import random
+
+    from eagle3kit.train.rundir import load_rng_state, save_rng_state
+
+    random.gauss(0, 1), np.random.standard_normal()  # a cached Gaussian in both states
+    save_rng_state(tmp_path / "rng.safetensors")
+    want = (torch.rand(3), np.random.standard_normal(3), random.gauss(0, 1), random.random())
+    torch.rand(7), np.random.random(5), random.random()
+    load_rng_state(tmp_path / "rng.safetensors")
+    got = (torch.rand(3), np.random.standard_normal(3), random.gauss(0, 1), random.random())
+    assert torch.equal(want[0], got[0]) and np.array_equal(want[1], got[1])
+    assert want[2:] == got[2:]
+
+
 # The run directory --------------------------------------------------------------------------------
 def test_run_directory_is_what_export_and_bench_read(tiny, tmp_path):
     out = tmp_path / "r"
@@ -282,7 +343,8 @@ def test_run_directory_is_what_export_and_bench_read(tiny, tmp_path):
     assert "embed_tokens.weight" not in saved
     ckpt = out / "checkpoints" / "step-00000003"
     assert {p.name for p in ckpt.iterdir()} == {
-        "model.safetensors", "optimizer.pt", "scheduler.pt", "rng-rank0.pt", "state.json"}
+        "model.safetensors", "optimizer.pt", "scheduler.pt", "rng-rank0.safetensors",
+        "state.json"}
     lines = metrics(out)
     assert [m["step"] for m in lines] == [0, 1, 2, 2, 3, 3]  # eval at 0, 2 and 3
     assert all(len(m["acc_k"]) == 7 for m in lines if "loss" in m)

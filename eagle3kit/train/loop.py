@@ -31,8 +31,9 @@ from eagle3kit.train.rundir import (
     RUN_FORMAT,
     RUN_VERSION,
     RunDir,
-    rng_state,
-    set_rng_state,
+    load_rng_state,
+    load_tensors,
+    save_rng_state,
     settings_diff,
     write_json_atomic,
 )
@@ -349,12 +350,17 @@ class Trainer:
         if [m for m in missing if m != "embed_tokens.weight"] or unexpected:
             raise UserError(f"{where}: checkpoint does not fit this drafter "
                             f"(missing {missing}, unexpected {unexpected})")
-        self.optimizer.load_state_dict(torch.load(where / "optimizer.pt",
-                                                  map_location=self.device, weights_only=True))
-        self.scheduler.load_state_dict(torch.load(where / "scheduler.pt", weights_only=True))
-        rng = where / f"rng-rank{self.ranks.rank}.pt"
+        self.optimizer.load_state_dict(load_tensors(where / "optimizer.pt"))
+        self.scheduler.load_state_dict(load_tensors(where / "scheduler.pt"))
+        rng = where / f"rng-rank{self.ranks.rank}.safetensors"
+        if (where / f"rng-rank{self.ranks.rank}.pt").exists():
+            # Written by an earlier eagle3kit as a pickle, which can hold code: never loaded.
+            raise UserError(f"{where / f'rng-rank{self.ranks.rank}.pt'}: a pickled random "
+                            "state, which eagle3kit does not load (a pickle can run code); "
+                            f"delete it to resume from {where.name} without it (the data "
+                            "order is kept, the random draws are new)")
         if rng.is_file():
-            set_rng_state(torch.load(rng, weights_only=False))
+            load_rng_state(rng)
         import json
 
         state = json.loads((where / "state.json").read_text())
@@ -369,7 +375,7 @@ class Trainer:
         if ranks.rank == 0:
             rd.begin_checkpoint(step)
         ranks.barrier()
-        torch.save(rng_state(), tmp / f"rng-rank{ranks.rank}.pt")
+        save_rng_state(tmp / f"rng-rank{ranks.rank}.safetensors")
         ranks.barrier()
         if ranks.rank == 0:
             from safetensors.torch import save_file
