@@ -67,8 +67,9 @@ def describe(cfg: InfoConfig) -> InfoReport:
     manifest = ds.manifest
     problems = ds.verify() if cfg.verify else ds.check_files()
     temps, orphans = ds.stray_files()
-    warnings = [f"{p}: temp file left by an interrupted run (ignored; the next writer removes it)"
-                for p in temps]
+    warnings = [ds.marker_warning()] if ds.marker_missing else []
+    warnings += [f"{p}: temp file left by an interrupted run (ignored; the next writer removes "
+                 "it)" for p in temps]
     warnings += [f"{p}: shard sealed but never committed (ignored; the next writer removes it)"
                  for p in orphans]
     size = sum(s["bytes"] for s in ds.shards)

@@ -21,6 +21,8 @@ readers ignore it, `info` warns about each file and still exits 0, the next writ
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import struct
 import subprocess
@@ -163,6 +165,25 @@ def _delete(shard: Path) -> None:
     shard.unlink()
 
 
+def _fifo(shard: Path) -> None:
+    """A FIFO in the shard's place: opened plainly, a read waits for a writer forever."""
+    shard.unlink()
+    os.mkfifo(shard)
+
+
+def _link_outside(shard: Path) -> None:
+    """The shard moved out of the dataset, a link left in its place: intact bytes, but
+    not a file inside the dataset."""
+    outside = shard.parent.parent.parent / f"outside-{shard.name}"
+    shutil.move(shard, outside)
+    shard.symlink_to(outside)
+
+
+def _folder(shard: Path) -> None:
+    shard.unlink()
+    shard.mkdir()
+
+
 SHARD_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     # name: (how to damage the shard, what the message says about it)
     "flipped data byte": (_flip_token, "checksum"),
@@ -172,6 +193,12 @@ SHARD_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     "truncated": (_truncate, "truncated"),
     "truncated to nothing": (_truncate_to_empty, "too short"),
     "deleted": (_delete, "missing"),
+}
+# Not a regular file in a shard's place: the same checks, in one test (each CLI run costs).
+NOT_A_FILE: dict[str, tuple[Callable[[Path], None], str]] = {
+    "replaced by a FIFO": (_fifo, "a FIFO"),
+    "replaced by a link to outside": (_link_outside, "symbolic link"),
+    "replaced by a folder": (_folder, "a folder"),
 }
 
 
@@ -243,7 +270,7 @@ def test_writer_on_a_damaged_dataset_refuses_by_name_or_continues(committed: Com
     damage, _ = SHARD_DAMAGE[kind]
     bad = committed.shards[DAMAGED]
     damage(bad)
-    before = {p: p.read_bytes() for p in committed.shards if p.exists()}
+    before = {p: p.read_bytes() for p in committed.shards if p.is_file()}
 
     extra = TokenSample("extra", [1, 2, 3], [4, 5])
     try:
@@ -260,7 +287,34 @@ def test_writer_on_a_damaged_dataset_refuses_by_name_or_continues(committed: Com
         assert Dataset(committed.path).verify() == [
             f"{bad}: shard damaged (checksum differs from the manifest: contents changed on disk)"
         ]
-    assert {p: p.read_bytes() for p in committed.shards if p.exists()} == before
+    assert {p: p.read_bytes() for p in committed.shards if p.is_file()} == before
+
+
+@pytest.mark.parametrize("kind", NOT_A_FILE)
+def test_a_shard_that_is_not_a_regular_file_is_refused_not_waited_on(committed: Committed,
+                                                                      kind: str):
+    """A FIFO in a shard's place once hung `info` for good (an open waits for a writer); a
+    link read a file from outside the dataset. Each is named as a problem at once."""
+    damage, why = NOT_A_FILE[kind]
+    bad = committed.shards[DAMAGED]
+    damage(bad)
+    before = {p: p.read_bytes() for p in committed.shards if p.is_file()}
+
+    result = run_cli("info", committed.path, "--no-verify" if kind.endswith("FIFO") else "-q")
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and str(bad) in errors[0] and why in errors[0], result.stderr
+    for verify in (True, False):
+        ds = Dataset(committed.path, verify_shards=verify)
+        problems = ds.verify() if verify else ds.check_files()
+        assert len(problems) == 1 and why in problems[0]
+        with pytest.raises(DatasetError, match=why):
+            ds[DAMAGED * PER_SHARD]
+        assert_same(ds[0], committed.samples[0])
+    with pytest.raises(DatasetError, match=why):
+        DatasetWriter(committed.path, config={"stage": "test"})
+    assert {p: p.read_bytes() for p in committed.shards if p.is_file()} == before
 
 
 def test_convert_into_a_damaged_dataset_names_the_shard(committed: Committed, tmp_path: Path):
@@ -373,6 +427,201 @@ def test_invalid_manifest_is_named_and_the_writer_keeps_its_hands_off(committed:
         DatasetWriter(committed.path, config={"stage": "test"})
     assert manifest.read_bytes() == damaged
     assert {p: p.read_bytes() for p in committed.shards} == shards_before
+
+
+# The manifest against itself and against its shards -------------------------------------
+def _edit_manifest(path: Path, edit: Callable[[dict], object]) -> bytes:
+    manifest = json.loads((path / MANIFEST).read_text())
+    edit(manifest)
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    return (path / MANIFEST).read_bytes()
+
+
+def _set_name(name: str) -> Callable[[dict], None]:
+    def edit(m: dict) -> None:
+        m["shards"][DAMAGED]["name"] = name
+    return edit
+
+
+def _outside_name(committed: Committed, where: str) -> str:
+    """A copy of a good shard outside shards/, named the way a hostile manifest would."""
+    src = committed.shards[DAMAGED]
+    if where == "parent":
+        shutil.copy(src, committed.path / "stolen.safetensors")
+        return "../stolen.safetensors"
+    if where == "absolute":
+        target = committed.path.parent / "elsewhere.safetensors"
+        shutil.copy(src, target)
+        return str(target)
+    (committed.path / SHARD_DIR / "sub").mkdir()
+    shutil.copy(src, committed.path / SHARD_DIR / "sub" / src.name)
+    return f"sub/{src.name}"
+
+
+@pytest.mark.parametrize("where", ["parent", "absolute", "nested"])
+def test_a_shard_name_that_is_a_path_is_refused(committed: Committed, where: str):
+    """`../x`, `/abs/x` and `sub/x` once read a file from outside shards/ and called it
+    valid. A shard name is a plain name inside shards/; anything else is a damaged
+    manifest: one message, exit 2, and no writer touches anything."""
+    name = _outside_name(committed, where)
+    manifest = _edit_manifest(committed.path, _set_name(name))
+    data = {p: p.read_bytes() for p in committed.path.rglob("*")
+            if p.is_file() and not p.name.startswith(".")}  # the lock's files change
+
+    if where == "parent":
+        result = run_cli("info", committed.path)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        errors = error_lines(result.stderr)
+        assert len(errors) == 1, result.stderr
+        assert str(committed.path / MANIFEST) in errors[0] and repr(name) in errors[0]
+        assert "plain file name" in errors[0]
+    with pytest.raises(DatasetError, match="plain file name") as refused:
+        Dataset(committed.path, verify_shards=False)
+    assert repr(name) in str(refused.value)
+    with pytest.raises(DatasetError, match="plain file name"):
+        DatasetWriter(committed.path, config={"stage": "test"})
+    assert (committed.path / MANIFEST).read_bytes() == manifest
+    assert {p: p.read_bytes() for p in committed.path.rglob("*")
+            if p.is_file() and not p.name.startswith(".")} == data
+
+
+def _duplicate_shard(m: dict) -> None:
+    m["shards"].insert(DAMAGED + 1, dict(m["shards"][DAMAGED]))
+
+
+def _newer_manifest(m: dict) -> None:
+    m["version"] = 99
+    m["written_by"] = "9.0.0"
+
+
+def _shard_counts_only(m: dict) -> None:
+    m["shards"][DAMAGED]["tokens"] += 7  # its partitions still add up to the old count
+
+
+MANIFEST_DAMAGE: dict[str, tuple[Callable[[dict], object], str]] = {
+    # name: (edit to the manifest, what the one message says)
+    "a shard listed twice": (_duplicate_shard, "listed twice"),
+    "a newer version in the manifest only": (_newer_manifest, "eagle3kit 9.0.0"),
+    "another kind than the marker": (lambda m: m.update(kind="hidden"), "kind is 'hidden'"),
+    "counts that do not add up": (_shard_counts_only, "its partitions add up to"),
+    "shards not a list": (lambda m: m.update(shards={"a": 1}), "shards is dict"),
+    "a count as a string": (lambda m: m["shards"][0].update(samples="5"), "samples is '5'"),
+    "a negative count": (lambda m: m["shards"][0].update(bytes=-1), "bytes is -1"),
+    "a boolean count": (lambda m: m["shards"][0].update(tokens=True), "tokens is True"),
+    "partitions a list": (lambda m: m["shards"][0].update(partitions=[]), "partitions is not"),
+    "finish not counts": (lambda m: m["shards"][0]["partitions"]["code"].update(finish=[1]),
+                          "finish is not"),
+    "a checksum as a number": (lambda m: m["shards"][0].update(xxh3=1), "xxh3 is 1"),
+    "runs a string": (lambda m: m.update(runs="x"), "runs is str"),
+    "config a list": (lambda m: m.update(config=[]), "config is list"),
+    "created a string": (lambda m: m.update(created="yesterday"), "created is 'yesterday'"),
+    "an entry not an object": (lambda m: m["shards"].append(3), "shards[4] is not an object"),
+}
+
+
+@pytest.mark.parametrize("kind", MANIFEST_DAMAGE)
+def test_a_manifest_that_disagrees_with_itself_is_one_message(committed: Committed, kind: str):
+    """Once: a shard listed twice read its samples twice with "no problems found", a newer
+    version in the manifest was ignored, a wrongly typed field ended in a traceback, exit 1."""
+    edit, why = MANIFEST_DAMAGE[kind]
+    manifest = _edit_manifest(committed.path, edit)
+
+    with pytest.raises(DatasetError, match=re.escape(why)) as refused:
+        Dataset(committed.path, verify_shards=False)
+    assert str(committed.path) in str(refused.value)
+    with pytest.raises(DatasetError, match=re.escape(why)):
+        DatasetWriter(committed.path, config={"stage": "test"})
+    assert (committed.path / MANIFEST).read_bytes() == manifest
+
+
+@pytest.mark.parametrize("kind, args", [("a shard listed twice", ("--no-verify", "--json")),
+                                        ("a newer version in the manifest only", ()),
+                                        ("a count as a string", ("--json",)),
+                                        ("created a string", ())])
+def test_info_on_a_manifest_that_disagrees_with_itself_exits_2(committed: Committed, kind: str,
+                                                                args: tuple[str, ...]):
+    edit, why = MANIFEST_DAMAGE[kind]
+    _edit_manifest(committed.path, edit)
+    result = run_cli("info", committed.path, *args)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and why in errors[0], result.stderr
+
+
+def _edit_counts(key: str, delta: int) -> Callable[[dict], None]:
+    """Counts edited consistently (the shard's entry and its partition): the manifest agrees
+    with itself, and only the shard itself can tell."""
+    def edit(m: dict) -> None:
+        entry = m["shards"][DAMAGED]
+        part = next(iter(entry["partitions"].values()))
+        if key in entry:
+            entry[key] += delta
+        part[key] += delta
+        if key == "samples":
+            part["finish"][next(iter(part["finish"]))] += delta
+    return edit
+
+
+@pytest.mark.parametrize("key", ["tokens", "loss_tokens", "completion_tokens", "samples"])
+def test_edited_counts_are_caught_by_the_shard_they_describe(committed: Committed, key: str):
+    """`info` once reported edited token counts as true. It checks each shard's arrays
+    against its manifest entry: the edited shard is a problem named by file, exit 1."""
+    _edit_manifest(committed.path, _edit_counts(key, 3))
+    bad = committed.shards[DAMAGED]
+
+    if key == "tokens":
+        result = run_cli("info", committed.path)
+        assert result.returncode == 1, result.stderr
+        errors = error_lines(result.stderr)
+        assert len(errors) == 1 and str(bad) in errors[0], result.stderr
+        assert "the manifest says" in errors[0]
+    problems = Dataset(committed.path).verify()
+    assert len(problems) == 1 and str(bad) in problems[0]
+    with pytest.raises(DatasetError, match=str(bad)):
+        list(Dataset(committed.path).iter_samples())
+
+
+# The marker lost, the manifest intact -----------------------------------------------------
+def test_a_lost_marker_is_recovered_and_nothing_is_wiped(committed: Committed, tmp_path: Path):
+    """A dataset whose eagle3kit.json is gone (deleted, or not copied) while its manifest
+    lists committed shards was called "interrupted before anything was committed"; the
+    rerun then started a fresh manifest and deleted every shard as an orphan."""
+    marker = (committed.path / MARKER).read_bytes()
+    (committed.path / MARKER).unlink()
+    shards_before = {p: p.read_bytes() for p in committed.shards}
+
+    result = run_cli("info", committed.path)
+    assert result.returncode == 0, result.stderr
+    assert "interrupted" not in result.stderr and error_lines(result.stderr) == []
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and str(committed.path / MARKER) in warnings[0]
+    assert f"lists {N_SHARDS} committed shards" in warnings[0]
+    assert f"{N_SHARDS * PER_SHARD} in {N_SHARDS} shards" in result.stderr
+    ds = Dataset(committed.path, warn_stray=False)
+    for got, want in zip(ds.iter_samples(), committed.samples, strict=True):
+        assert_same(got, want)
+
+    src = tmp_path / "more.jsonl"
+    src.write_text('{"sample_id": "more", "prompt_ids": [1], "completion_ids": [2]}\n')
+    rerun = run_cli("convert", src, committed.path, "--force", "-q")
+    assert rerun.returncode == 0, rerun.stderr
+    assert "restored" in rerun.stderr
+    assert json.loads((committed.path / MARKER).read_text()) == json.loads(marker)
+    assert {p: p.read_bytes() for p in committed.shards} == shards_before
+    after = Dataset(committed.path)
+    assert len(after) == N_SHARDS * PER_SHARD + 1 and after.verify() == []
+
+
+def test_a_lost_marker_with_a_newer_manifest_is_still_refused(committed: Committed):
+    (committed.path / MARKER).unlink()
+    manifest = _edit_manifest(committed.path, _newer_manifest)
+    with pytest.raises(DatasetError, match=r"eagle3kit 9\.0\.0"):
+        Dataset(committed.path)
+    with pytest.raises(DatasetError, match=r"eagle3kit 9\.0\.0"):
+        DatasetWriter(committed.path, config={"stage": "test"})
+    assert not (committed.path / MARKER).exists()  # not "restored" to an older version
+    assert (committed.path / MANIFEST).read_bytes() == manifest
 
 
 def test_missing_directory_and_non_dataset_exit_2(tmp_path: Path):

@@ -272,9 +272,10 @@ def test_a_full_disk_stops_with_one_message(tiny: Tiny, tmp_path: Path, monkeypa
     import errno
 
     from eagle3kit.format import writer as writer_module
+    from eagle3kit.format._io import disk_error
 
     def full(path, *args, **kwargs):
-        raise writer_module.disk_error(path, OSError(errno.ENOSPC, "No space left on device"))
+        raise disk_error(path, OSError(errno.ENOSPC, "No space left on device"))
 
     monkeypatch.setattr(writer_module, "write_shard", full)
     with pytest.raises(DatasetError, match=r"no space left.*rerun the same command"):

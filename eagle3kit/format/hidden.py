@@ -24,7 +24,13 @@ from eagle3kit.format._io import file_lock, read_json, write_json_atomic
 from eagle3kit.format.dataset_dir import is_dataset
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import COMMIT_LOCK, MANIFEST
-from eagle3kit.format.reader import Dataset, read_committed_ids
+from eagle3kit.format.reader import (
+    Dataset,
+    check_counts,
+    check_token_count,
+    own_counts,
+    read_committed_ids,
+)
 from eagle3kit.format.sample import check_sample_id
 from eagle3kit.format.shard import ShardFile
 from eagle3kit.format.writer import DatasetWriter, OpenMode, partition_stats
@@ -366,7 +372,14 @@ class HiddenShard:
             raise DatasetError(f"{path}: shard damaged (hidden-state arrays or metadata "
                                "missing)") from None
         self._check(entry)
+        check_token_count(path, entry, self.offsets, len(self.tokens))
         self.starts: list[int] = self.offsets.tolist()
+        if verify:
+            upto = np.concatenate([[0], np.cumsum(self.mask, dtype=np.int64)])
+            loss = upto[self.offsets[1:]] - upto[self.offsets[:-1]]
+            check_counts(path, entry, own_counts(self.offsets, self.prompt_lens, loss,
+                                                 self.partition_index, self.partition_names,
+                                                 None))
 
     def _state_names(self) -> tuple[str, ...]:
         return {"raw": ("aux", "last"), "fp8": ("aux", "last", "aux_scale", "last_scale"),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import bisect
+import os
+import stat
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,9 +19,8 @@ import zstandard
 
 from eagle3kit import _ui
 from eagle3kit.format import dataset_dir
-from eagle3kit.format._io import read_json
 from eagle3kit.format.errors import DatasetError
-from eagle3kit.format.layout import MANIFEST, SHARD_DIR
+from eagle3kit.format.layout import MANIFEST, MARKER, SHARD_DIR
 from eagle3kit.format.sample import TokenSample
 from eagle3kit.format.shard import ShardFile
 
@@ -49,11 +50,20 @@ class TokenShard:
         if len(self.prompt_lens) != entry["samples"] or len(self.offsets) != entry["samples"] + 1:
             raise DatasetError(f"{path}: shard holds {len(self.prompt_lens)} samples, "
                                f"the manifest says {entry['samples']}")
+        check_token_count(path, entry, self.offsets, len(self.tokens))
         # Per-sample lookups read Python ints: indexing numpy arrays one element at a time
         # makes a numpy scalar each time, several times slower.
         self.starts: list[int] = self.offsets.tolist()
         self.plens: list[int] = self.prompt_lens.tolist()
         self.span_starts: list[int] = self.loss_span_offsets.tolist()
+        if verify:
+            spans = np.asarray(self.loss_spans, np.int64).reshape(-1, 2)
+            owner = np.repeat(np.arange(entry["samples"]), np.diff(self.loss_span_offsets))
+            loss = np.bincount(owner, weights=spans[:, 1] - spans[:, 0],
+                               minlength=entry["samples"])
+            check_counts(path, entry, own_counts(
+                self.offsets, self.prompt_lens, loss, self.partition_index,
+                self.partition_names, [m.get("finish_reason") for m in self.meta]))
 
     @cached_property
     def ids(self) -> list[str]:
@@ -94,6 +104,62 @@ class TokenShard:
             counts=meta.get("counts"),
             metadata=meta.get("metadata", {}),
         )
+
+
+def check_token_count(path: Path, entry: dict, offsets: np.ndarray, n_tokens: int) -> None:
+    """The shard's offsets end at its token count, which is the manifest's."""
+    if len(offsets) and (int(offsets[0]) != 0 or int(offsets[-1]) != n_tokens
+                         or (np.diff(offsets) < 0).any()):
+        raise DatasetError(f"{path}: shard damaged (its offsets do not cover its "
+                           f"{n_tokens} tokens)")
+    if n_tokens != entry["tokens"]:
+        raise DatasetError(f"{path}: the manifest's counts differ from the shard's own (tokens: "
+                           f"the manifest says {entry['tokens']}, the shard holds {n_tokens}); "
+                           "the manifest was edited or damaged")
+
+
+def own_counts(offsets: np.ndarray, prompt_lens: np.ndarray, loss: np.ndarray,
+               partition_index: np.ndarray, names: list[str],
+               finish: list[str] | None) -> dict:
+    """A shard's loss tokens and per-partition counts, from its own arrays."""
+    lengths = np.diff(np.asarray(offsets, np.int64))
+    part = np.asarray(partition_index, np.int64)
+    loss = np.asarray(loss, np.int64)
+    comp = lengths - np.asarray(prompt_lens, np.int64)
+    partitions = {}
+    for j, name in enumerate(names):
+        m = part == j
+        if not m.any():
+            continue
+        reasons: dict[str, int] = {}
+        for i in np.flatnonzero(m).tolist() if finish is not None else []:
+            reasons[finish[i]] = reasons.get(finish[i], 0) + 1
+        partitions[name] = {"samples": int(m.sum()), "tokens": int(lengths[m].sum()),
+                            "loss_tokens": int(loss[m].sum()),
+                            "completion_tokens": int(comp[m].sum()), "finish": reasons}
+    return {"loss_tokens": int(loss.sum()), "partitions": partitions}
+
+
+def check_counts(path: Path, entry: dict, own: dict) -> None:
+    """The manifest's loss tokens and per-partition counts for a shard are the shard's own."""
+    differ = []
+    if own["loss_tokens"] != entry["loss_tokens"]:
+        differ.append(f"loss_tokens: the manifest says {entry['loss_tokens']}, the shard "
+                      f"holds {own['loss_tokens']}")
+    stated = entry["partitions"]
+    for name in sorted(set(stated) | set(own["partitions"])):
+        said, held = stated.get(name), own["partitions"].get(name)
+        if said is None or held is None:
+            differ.append(f"partition {name!r}: " + ("not in the shard" if held is None
+                                                     else "not in the manifest"))
+            continue
+        for key in ("samples", "tokens", "loss_tokens", "completion_tokens", "finish"):
+            if said.get(key) != held[key]:
+                differ.append(f"partition {name!r} {key}: the manifest says "
+                              f"{said.get(key)}, the shard holds {held[key]}")
+    if differ:
+        raise DatasetError(f"{path}: the manifest's counts differ from the shard's own "
+                           f"({'; '.join(differ[:3])}); the manifest was edited or damaged")
 
 
 @dataclass
@@ -150,13 +216,17 @@ class Dataset:
         self.marker = dataset_dir.read_marker(self.path, kind)
         self.kind: str = self.marker["kind"]
         self.version: int = self.marker["version"]
-        self.manifest = read_json(self.path / MANIFEST)
+        self.manifest = dataset_dir.read_manifest(self.path, self.marker)
         self.shards: list[dict] = self.manifest["shards"]
+        self.marker_missing = not dataset_dir.has_marker(self.path)
+        """Read by its manifest alone: the marker is gone (the next writer restores it)."""
         counts = [s["samples"] for s in self.shards]
         self._starts: list[int] = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
         self._verified: set[int] = set()
         self._verify = verify_shards
         self._open: OrderedDict[int, TokenShard] = OrderedDict()
+        if warn_stray and self.marker_missing:
+            _ui.warn(self.marker_warning())
         if warn_stray:
             temps, orphans = self.stray_files()
             if temps or orphans:
@@ -187,6 +257,11 @@ class Dataset:
     @property
     def partitions(self) -> list[str]:
         return list(self.partition_stats())
+
+    def marker_warning(self) -> str:
+        return (f"{self.path / MARKER}: missing; read the dataset by its {MANIFEST}, which "
+                f"lists {len(self.shards):,} committed shards (the next run that writes to it "
+                "restores the marker)")
 
     def stray_files(self) -> tuple[list[Path], list[Path]]:
         """Temp files and uncommitted shards a crash left; readers ignore them."""
@@ -283,10 +358,17 @@ class Dataset:
         for entry in self.shards:
             path = self.path / SHARD_DIR / entry["name"]
             try:
-                size = path.stat().st_size
+                info = os.lstat(path)
             except FileNotFoundError:
                 problems.append(f"{path}: shard missing (deleted or moved)")
                 continue
+            if not stat.S_ISREG(info.st_mode):
+                try:
+                    ShardFile(path)  # says what it is instead
+                except DatasetError as exc:
+                    problems.append(str(exc))
+                continue
+            size = info.st_size
             if size != entry["bytes"]:
                 problems.append(f"{path}: shard damaged ({size} bytes on disk, the manifest "
                                 f"says {entry['bytes']}: truncated or replaced)")

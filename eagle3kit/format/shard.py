@@ -8,8 +8,10 @@ file and hand out zero-copy numpy views.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,7 @@ import numpy as np
 import orjson
 import xxhash
 
-from eagle3kit.format._io import disk_error
+from eagle3kit.format._io import disk_error, open_new
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import TMP_SUFFIX
 
@@ -102,7 +104,7 @@ def write_shard(
     tmp = path.with_name(path.name + TMP_SUFFIX)
     file_hash = xxhash.xxh3_128()
     try:
-        with open(tmp, "wb") as f:
+        with open_new(tmp) as f:
             for chunk in [prefix, *(_byte_view(tensors[n][1]) for n in order)]:
                 f.write(chunk)
                 file_hash.update(chunk)
@@ -110,7 +112,8 @@ def write_shard(
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        if not tmp.is_symlink():
+            tmp.unlink(missing_ok=True)
         raise disk_error(path, exc) from None
     return WrittenShard(path.name, len(prefix) + offset, file_hash.hexdigest())
 
@@ -123,19 +126,42 @@ def file_checksum(path: Path) -> str:
     return h.hexdigest()
 
 
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
 class ShardFile:
     """A memory-mapped shard: its metadata and zero-copy views of its arrays."""
 
     def __init__(self, path: Path):
         self.path = path
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+            # Never blocks (a FIFO in a shard's place would wait for a writer forever) and
+            # never follows a link out of shards/.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             raise DatasetError(f"{path}: shard missing (deleted or moved)") from None
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise DatasetError(f"{path}: a symbolic link, not a shard; shards are regular "
+                                   "files inside the dataset's shards/ folder") from None
             raise DatasetError(f"{path}: cannot read shard: {exc.strerror}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise DatasetError(f"{path}: not a regular file ({_file_kind(info.st_mode)}); "
+                                   "a shard is a regular file")
+            size = info.st_size
+            self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
+        except OSError as exc:
+            raise DatasetError(f"{path}: cannot read shard: {exc.strerror}") from None
+        finally:
+            os.close(fd)
         self.size = size
         self.header = self._parse_header()
         self.metadata: dict[str, str] = self.header.pop("__metadata__", {})

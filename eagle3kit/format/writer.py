@@ -24,24 +24,25 @@ import orjson
 import xxhash
 import zstandard
 
-from eagle3kit import __version__
+from eagle3kit import __version__, _ui
 from eagle3kit._argv import command_line
 from eagle3kit.format import dataset_dir
 from eagle3kit.format._ints import pack_int32_into, to_int32
 from eagle3kit.format._io import (
-    disk_error,
     file_lock,
     fsync_dir,
     read_json,
-    tmp_path,
+    write_bytes_atomic,
     write_json_atomic,
 )
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import (
+    ATTACHED_DIRS,
     COMMIT_LOCK,
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST,
+    MARKER,
     SHARD_DIR,
     SHARD_SUFFIX,
 )
@@ -256,19 +257,35 @@ class DatasetWriter:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
         self.removed_on_open: list[Path] = []
+        self.restored_marker = False
+        """The marker was missing and was written again from the manifest on opening."""
+        self._progress: dict | None = None
         self._check_target()
         self.run_id = run_id or new_run_id()
-        self._lock: RunLock | None = acquire(self.path, self.run_id, self._setup)
         try:
-            dataset_dir.read_marker(self.path, kind)
-            manifest = read_json(self.path / MANIFEST)
+            self._lock: RunLock | None = acquire(self.path, self.run_id, self._setup)
+        except OSError as exc:
+            raise self._unwritable(exc) from None
+        try:
+            marker = dataset_dir.read_marker(self.path, kind)
+            manifest = dataset_dir.read_manifest(self.path, marker)
             self._check_config(manifest)
             self.done_ids: set[str] = read_committed_ids(self.path, manifest)
         except BaseException:
             self._release()
             raise
+        self.progress_at_open: dict | None = manifest.get("progress")
+        """What the stage noted with its last commit (`note_progress`), None before any."""
+        self._progress_written = self.progress_at_open
         self.committed_samples = len(self.done_ids)
         self._last_commit = clock()
+
+    def _unwritable(self, exc: OSError) -> DatasetError:
+        where = exc.filename or self.path
+        return DatasetError(
+            f"{self.path}: cannot write to the dataset ({where}: {exc.strerror or exc}). "
+            "Readers (info, validate, train) need no write access; to add to it, make the "
+            "directory writable, or copy it somewhere writable and continue there")
 
     def _check_target(self) -> None:
         if dataset_dir.is_dataset(self.path):
@@ -290,13 +307,27 @@ class DatasetWriter:
 
     def _setup(self, same_run_before: bool) -> None:
         """Runs while no other writer is alive: clear crash leftovers, wipe, or create."""
-        if self._mode == "overwrite" and not same_run_before and dataset_dir.is_dataset(self.path):
-            dataset_dir.wipe(self.path)
-        if not dataset_dir.is_dataset(self.path):
+        dataset_dir.check_writable(self.path)
+        lost = dataset_dir.lost_marker(self.path)
+        if lost is not None:
+            # The manifest lists committed shards: the data is there, only the marker is
+            # gone (deleted, or not copied). Checked like any marker, then written again.
+            dataset_dir.read_marker(self.path, self.kind)
+            dataset_dir.restore_marker(self.path, lost)
+            self.restored_marker = True
+            _ui.warn(f"{self.path}: {MARKER} was missing; restored it from {MANIFEST}, which "
+                     f"lists {len(lost['shards'])} committed shards")
+        if self._mode == "overwrite" and not same_run_before and dataset_dir.has_marker(self.path):
+            try:
+                old = dataset_dir.read_manifest(self.path, dataset_dir.read_marker(self.path))
+            except DatasetError:
+                old = None  # a damaged manifest: --overwrite is the way out of it
+            dataset_dir.wipe(self.path, old)
+        if not dataset_dir.has_marker(self.path):
             dataset_dir.create(self.path, self.kind, self._config, self._provenance,
                                self._fixed)
-        dataset_dir.read_marker(self.path, self.kind)
-        manifest = read_json(self.path / MANIFEST)
+        marker = dataset_dir.read_marker(self.path, self.kind)
+        manifest = dataset_dir.read_manifest(self.path, marker)
         # Refuse other settings before the manifest is touched: a refused run must leave no
         # trace (no entry in "runs"); __init__ checks again for processes that join later.
         self._check_config(manifest)
@@ -336,23 +367,26 @@ class DatasetWriter:
         Later stages read them from there, so they need neither --tokenizer nor the
         original machine. A file already there with the same bytes is left alone.
         """
+        if subdir not in ATTACHED_DIRS:
+            raise ValueError(f"{subdir!r} is not one of the attached folders {ATTACHED_DIRS}")
         target = self.path / subdir
+        dataset_dir.check_folder(self.path, subdir)
         target.mkdir(exist_ok=True)
+        names = []
         for src in files:
             data = Path(src).read_bytes()
             dst = target / Path(src).name
-            if dst.exists() and dst.read_bytes() == data:
+            names.append(dst.name)
+            if dataset_dir.is_regular(dst) and dst.read_bytes() == data:
                 continue
-            tmp = tmp_path(dst)
-            try:
-                tmp.write_bytes(data)
-                with open(tmp, "rb+") as f:
-                    os.fsync(f.fileno())
-                os.replace(tmp, dst)
-            except OSError as exc:
-                tmp.unlink(missing_ok=True)
-                raise disk_error(dst, exc) from None
+            write_bytes_atomic(dst, data)
         fsync_dir(target)
+        # Recorded, so that --overwrite removes these files and no others.
+        with file_lock(self.path / COMMIT_LOCK):
+            manifest = read_json(self.path / MANIFEST)
+            attached = manifest.setdefault("attached", {})
+            attached[subdir] = sorted({*attached.get(subdir, []), *names})
+            write_json_atomic(self.path / MANIFEST, manifest)
         return target
 
     def _new_buffer(self) -> _Buffer:
@@ -367,6 +401,12 @@ class DatasetWriter:
         self.done_ids.add(sample.sample_id)
         self.maybe_commit()
         return True
+
+    def note_progress(self, progress: dict) -> None:
+        """Where the stage stands after the samples added so far (convert: how far into its
+        source file), stored in the manifest with the commit that holds those samples and
+        read back by the next run as `progress_at_open`. One process per dataset uses it."""
+        self._progress = progress
 
     def maybe_commit(self) -> bool:
         """Commit when `commit_every` samples or `commit_interval` seconds have gathered.
@@ -399,7 +439,8 @@ class DatasetWriter:
             self._buffer = self._new_buffer()
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="eagle3kit-commit")
-            self._pending = self._pool.submit(self._commit_buffer, buffer, self._seq)
+            self._pending = self._pool.submit(self._commit_buffer, buffer, self._seq,
+                                              self._progress)
             self._seq += 1
         if wait:
             self._finish_pending()
@@ -409,7 +450,7 @@ class DatasetWriter:
         if pending is not None:
             pending.result()
 
-    def _commit_buffer(self, buffer: _Buffer, seq: int) -> None:
+    def _commit_buffer(self, buffer: _Buffer, seq: int, progress: dict | None) -> None:
         arrays, partitions = buffer.arrays()
         name = f"{self._token}-{seq:06d}{SHARD_SUFFIX}"
         shard_dir = self.path / SHARD_DIR
@@ -434,9 +475,22 @@ class DatasetWriter:
             manifest = read_json(self.path / MANIFEST)
             manifest["shards"].append(entry)
             manifest["updated"] = entry["committed"]
+            if progress is not None:
+                manifest["progress"] = progress
             self._amend_manifest(manifest, entry)
             write_json_atomic(self.path / MANIFEST, manifest)
+        self._progress_written = progress
         self.committed_samples += len(buffer)
+
+    def _write_progress(self) -> None:
+        """Store a progress note that no commit of samples carried (a run that added none)."""
+        if self._progress is None or self._progress == self._progress_written:
+            return
+        with file_lock(self.path / COMMIT_LOCK):
+            manifest = read_json(self.path / MANIFEST)
+            manifest["progress"] = self._progress
+            write_json_atomic(self.path / MANIFEST, manifest)
+        self._progress_written = self._progress
 
     def _amend_manifest(self, manifest: dict, entry: dict) -> None:
         """Summaries a kind of dataset keeps beside the shard list, updated by each commit."""
@@ -445,6 +499,7 @@ class DatasetWriter:
         """Commit what is queued and give up the dataset."""
         try:
             self.commit()
+            self._write_progress()
         finally:
             self._release()
 
