@@ -15,7 +15,6 @@ import contextlib
 import errno
 import os
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -222,11 +221,57 @@ def record_to_sample(record: object) -> TokenSample:
     )
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, 1):
-            if line.strip():
-                yield number, line
+FIRST_COMMIT = 100
+"""A run commits its first this many new samples at once (or --commit-every, if fewer): a
+convert killed again and again, soon after each start, still gains that much every time."""
+
+
+@dataclass
+class SourceMark:
+    """How far into the source file the committed samples reach: `nbytes` bytes, `line`
+    lines, `samples` of them samples (the others malformed and skipped, or blank), and the
+    xxh3-128 of those bytes. A rerun whose source starts with the same bytes begins there
+    instead of parsing every committed line again; any other source is read from the top."""
+
+    source: str
+    nbytes: int = 0
+    line: int = 0
+    samples: int = 0
+    bad_lines: int = 0
+    xxh3: str = ""
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "bytes": self.nbytes, "line": self.line,
+                "samples": self.samples, "bad_lines": self.bad_lines, "xxh3": self.xxh3}
+
+    @classmethod
+    def from_json(cls, source: str, saved: object) -> SourceMark | None:
+        if not isinstance(saved, dict) or saved.get("source") != source:
+            return None
+        fields = [saved.get(k) for k in ("bytes", "line", "samples", "bad_lines")]
+        if not all(type(v) is int and v >= 0 for v in fields) or not isinstance(
+                saved.get("xxh3"), str):
+            return None
+        return cls(source, *fields, xxh3=saved["xxh3"])
+
+
+def _resume_point(f, saved: SourceMark | None, hasher) -> SourceMark | None:
+    """Read the first `saved.nbytes` of `f` into `hasher`; `saved` when they are the bytes it
+    was made from (`f` is then positioned after them), else None with `f` at the start."""
+    if saved is None or saved.nbytes > os.fstat(f.fileno()).st_size:
+        return None
+    left = saved.nbytes
+    while left:
+        chunk = f.read(min(left, 1 << 24))
+        if not chunk:
+            break
+        hasher.update(chunk)
+        left -= len(chunk)
+    if left == 0 and hasher.hexdigest() == saved.xxh3:
+        return saved
+    f.seek(0)
+    hasher.reset()
+    return None
 
 
 def _count_lines(path: Path) -> int:
@@ -235,6 +280,8 @@ def _count_lines(path: Path) -> int:
 
 
 def import_jsonl(cfg: ConvertConfig) -> ConvertResult:
+    import xxhash
+
     total = _count_lines(cfg.src)
     result = ConvertResult("import", 0, dst=str(cfg.dst))
     writer = DatasetWriter(
@@ -244,29 +291,54 @@ def import_jsonl(cfg: ConvertConfig) -> ConvertResult:
         provenance={"source": str(cfg.src.resolve())},
         commit_every=cfg.commit_every, commit_interval=cfg.commit_interval,
     )
-    with writer, _ui.Progress("convert", total, cfg.output, unit="lines") as progress:
-        for number, line in _lines(cfg.src):
-            try:
-                sample = record_to_sample(orjson.loads(line))
-                added = writer.add(sample)
-            except (ValueError, OverflowError, TypeError) as exc:
-                where = f"{cfg.src}:{number}"
-                if not cfg.skip_bad_lines:
-                    raise UserError(f"{where}: {exc} (use --skip-bad-lines to skip such lines; "
-                                    "samples before it are committed)") from None
-                result.bad_lines += 1
-                progress.add(1, errors=1)
-                continue
-            if added:
-                result.written += 1
-            else:
-                result.skipped_existing += 1
-            progress.add(1, tokens=sample.num_tokens)
-    if result.bad_lines:
-        _ui.warn(f"{cfg.src}: skipped {result.bad_lines:,} malformed lines")
+    first_commit = min(cfg.commit_every, FIRST_COMMIT)
+    with writer, open(cfg.src, "rb") as f:
+        hasher = xxhash.xxh3_128()
+        start = _resume_point(f, SourceMark.from_json(cfg.src.name, writer.progress_at_open),
+                              hasher)
+        mark = start or SourceMark(cfg.src.name)
+        result.skipped_existing = mark.samples
+        earlier_bad = mark.bad_lines
+        with _ui.Progress("convert", total, cfg.output, unit="lines",
+                          initial=mark.line) as progress:
+            for line in f:
+                mark.line += 1
+                mark.nbytes += len(line)
+                hasher.update(line)
+                if line.strip():
+                    _import_line(cfg, line, mark, writer, result, progress)
+                mark.xxh3 = hasher.hexdigest()
+                writer.note_progress(mark.to_json())
+                if result.written == first_commit and writer.pending == first_commit:
+                    writer.commit(wait=False)
+    if result.bad_lines or earlier_bad:
+        earlier = f" ({earlier_bad:,} of them by an earlier run)" if earlier_bad else ""
+        _ui.warn(f"{cfg.src}: skipped {result.bad_lines + earlier_bad:,} malformed lines"
+                 f"{earlier}")
     _ui.info(f"{cfg.dst}: {result.written:,} samples added, {result.skipped_existing:,} already "
              f"there, {writer.committed_samples:,} in the dataset", cfg.output)
     return result
+
+
+def _import_line(cfg: ConvertConfig, line: bytes, mark: SourceMark, writer: DatasetWriter,
+                 result: ConvertResult, progress: _ui.Progress) -> None:
+    try:
+        sample = record_to_sample(orjson.loads(line))
+        added = writer.add(sample)
+    except (ValueError, OverflowError, TypeError) as exc:
+        if not cfg.skip_bad_lines:
+            raise UserError(f"{cfg.src}:{mark.line}: {exc} (use --skip-bad-lines to skip such "
+                            "lines; samples before it are committed)") from None
+        result.bad_lines += 1
+        mark.bad_lines += 1
+        progress.add(1, errors=1)
+        return
+    mark.samples += 1
+    if added:
+        result.written += 1
+    else:
+        result.skipped_existing += 1
+    progress.add(1, tokens=sample.num_tokens)
 
 
 def run(cfg: ConvertConfig) -> ConvertResult:

@@ -27,7 +27,7 @@ import pytest
 
 from eagle3kit.convert import record_to_sample, sample_to_record
 from eagle3kit.format import Dataset, TokenSample, is_dataset
-from eagle3kit.format.layout import MARKER, SHARD_DIR, TMP_SUFFIX
+from eagle3kit.format.layout import MANIFEST, MARKER, SHARD_DIR, TMP_SUFFIX
 
 N_SAMPLES = 3000
 PARTITIONS = ("math", "code", "chat", "tool-use")
@@ -391,3 +391,97 @@ def test_kill_at_random_moments_then_resume_many(source: Source, tmp_path: Path)
     assert sum(s.before_dataset for s in stats) > 0
     assert sum(s.strays_seen for s in stats) > 0
     assert any(0 < n < N_SAMPLES for s in stats for n in s.committed_at_kill)
+
+
+# Reruns and kills in quick succession ------------------------------------------------------
+def _manifest(ds: Path) -> dict:
+    try:
+        return orjson.loads((ds / MANIFEST).read_bytes())
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return {}
+
+
+def test_each_run_commits_early_so_kills_in_quick_succession_still_progress(
+    source: Source, tmp_path: Path
+) -> None:
+    """With commits rare by choice (a huge --commit-every), a run used to commit only at its
+    end, so kills that came sooner, however many, left nothing. Each run now commits its
+    first FIRST_COMMIT new samples at once: every run is SIGKILLed the moment that commit
+    lands, and every one of them must have gained samples, exact and each stored once."""
+    from eagle3kit.convert import FIRST_COMMIT
+
+    ds = tmp_path / "ds"
+    cmd = [sys.executable, "-m", "eagle3kit", "convert", str(source.path), str(ds),
+           "--commit-every", "1000000", "--commit-interval", "3600", "-q"]
+    held: set[str] = set()
+    for _ in range(3):
+        before = len(_manifest(ds).get("shards", []))
+        proc = subprocess.Popen(cmd, env=cli_env(), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while len(_manifest(ds).get("shards", [])) == before and proc.poll() is None:
+            assert time.monotonic() < deadline, "no commit from a run in its first minutes"
+            time.sleep(0.002)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        stderr = proc.stderr.read().decode() if proc.stderr else ""
+        assert proc.returncode == -signal.SIGKILL, f"the run ended before its kill: {stderr}"
+        now = set(Dataset(ds, warn_stray=False).sample_ids())
+        gained = len(now) - len(held)
+        assert held <= now and FIRST_COMMIT <= gained < N_SAMPLES - len(held)
+        for sample in Dataset(ds, warn_stray=False).iter_samples():
+            assert canonical(sample) == source.expected[sample.sample_id]
+        held = now
+    final = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True,
+                           timeout=RUN_TIMEOUT_S)
+    assert final.returncode == 0, final.stderr
+    check_complete(ds, source, tmp_path, export=False)
+
+
+def test_a_rerun_parses_only_what_is_not_committed(source: Source, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A no-op rerun used to parse every committed line again (12 s for 50,000): it now
+    starts after the committed part of the source when that part is byte for byte the one
+    the dataset recorded, and reads the whole file again when it is not."""
+    from eagle3kit import convert
+    from eagle3kit._ui import OutputOptions
+
+    parsed: list[int] = []
+    original = convert.record_to_sample
+
+    def counting(record: object) -> TokenSample:
+        parsed.append(1)
+        return original(record)
+
+    monkeypatch.setattr(convert, "record_to_sample", counting)
+    src = tmp_path / "src.jsonl"
+    shutil.copy(source.path, src)
+    ds = tmp_path / "ds"
+
+    def run() -> tuple[int, convert.ConvertResult]:
+        parsed.clear()
+        result = convert.run(convert.ConvertConfig(src, ds, output=OutputOptions(quiet=True)))
+        return len(parsed), result
+
+    assert run()[0] == N_SAMPLES
+    n, again = run()
+    assert n == 0 and again.written == 0 and again.skipped_existing == N_SAMPLES
+
+    extra = write_source(tmp_path / "extra.jsonl", 5, seed=99)
+    with open(src, "ab") as f:
+        f.write((tmp_path / "extra.jsonl").read_bytes())
+    n, grown = run()
+    assert n == 5 and grown.written == 5 and grown.skipped_existing == N_SAMPLES
+
+    # An edit inside the committed part: the recorded bytes no longer match, so every line
+    # is read again; committed ids are still skipped, nothing is stored twice.
+    lines = src.read_bytes().splitlines(keepends=True)
+    lines[10] = orjson.dumps({"sample_id": "edited", "prompt_ids": [1],
+                              "completion_ids": [2]}) + b"\n"
+    src.write_bytes(b"".join(lines))
+    n, edited = run()
+    assert n == N_SAMPLES + 5 and edited.written == 1
+    ids = list(Dataset(ds).sample_ids())
+    assert len(ids) == len(set(ids)) == N_SAMPLES + 6
+    assert set(ids) == {*source.expected, *extra, "edited"}
+    assert run()[0] == 0  # and the next rerun skips again
