@@ -26,13 +26,14 @@ if TYPE_CHECKING:
     from eagle3kit.gen.render import Renderer
 
 CHECKS = ("integrity", "structure", "literal_markers", "truncation", "reasoning",
-          "degenerate", "round_trip", "coverage", "reconstructed")
+          "degenerate", "round_trip", "coverage", "reconstructed", "vocabulary", "invariants")
 TITLES = {
     "integrity": "integrity", "structure": "final-turn structure",
     "literal_markers": "no literal markers", "truncation": "truncation",
     "reasoning": "reasoning capture", "degenerate": "no degenerate output",
     "round_trip": "template round trip", "coverage": "training coverage",
-    "reconstructed": "exact token ids",
+    "reconstructed": "exact token ids", "vocabulary": "ids in vocabulary",
+    "invariants": "server invariants",
 }
 FINISHED = ("stop", "length")
 LOOP_MAX_PERIOD = 32
@@ -192,6 +193,8 @@ class Profile:
     stop_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     blank: np.ndarray | None = None
     """Per vocab id: the token decodes to whitespace only."""
+    vocab_size: int = 0
+    """The tokenizer's entries (`len(tokenizer)`): ids from here up are outside it."""
     literal: list[LiteralPattern] = field(default_factory=list)
     """Each marker as it looks written as ordinary text."""
     literal_names: list[str] = field(default_factory=list)
@@ -237,6 +240,7 @@ def load_profile(cfg: ValidateConfig, ds: Dataset) -> Profile:
                    stop_ids=np.asarray(renderer.stop_token_ids, np.int32))
     vocab = _vocab(tok)
     prof.blank = vocab.blank
+    prof.vocab_size = len(vocab.blank)
     prof.tail = np.asarray(_generation_prompt(renderer), np.int32)
     pair = (cfg.think_start, cfg.think_end) if cfg.think_start is not None else renderer.think
     if harmony:
@@ -516,6 +520,9 @@ class Scan:
     parts: dict[str, int] = field(default_factory=dict)
     cols: dict[str, list[np.ndarray]] = field(default_factory=dict)
     meta: list[dict] = field(default_factory=list)
+    violations: dict[str, int] = field(default_factory=dict)
+    """The invariant violations gen recorded (metadata.violations), numbers taken out, with
+    how many samples recorded each."""
 
     def add(self, **arrays: np.ndarray) -> None:
         for k, v in arrays.items():
@@ -630,6 +637,7 @@ def scan(ds: Dataset, prof: Profile, want_meta: bool) -> tuple[Scan, dict[str, n
                              if n else np.zeros(0, np.int64))
         finish = np.asarray([finish_code.get(m["finish_reason"], 2) for m in meta], np.int8)
         recon = np.asarray([bool(m.get("metadata", {}).get("reconstructed")) for m in meta], bool)
+        violated = np.asarray([_note_violations(out, m) for m in meta], bool)
         if want_meta:
             out.meta.extend(meta)
         # Loss tokens per sample, from the span arrays.
@@ -643,12 +651,25 @@ def scan(ds: Dataset, prof: Profile, want_meta: bool) -> tuple[Scan, dict[str, n
                                   ).astype(np.int64) if len(spans) else np.zeros(n, np.int64)
         cols: dict[str, np.ndarray] = dict(
             prompt_len=plen, comp_len=end - c0, finish=finish, reconstructed=recon, loss=loss,
-            prompt_loss=prompt_loss)
+            prompt_loss=prompt_loss, violated=violated)
         if prof.renderer is not None:
+            outside = np.flatnonzero(tokens >= prof.vocab_size)
+            cols["oov"] = np.bincount(np.searchsorted(offsets, outside, side="right") - 1,
+                                      minlength=n)[:n]
             cols.update(_token_figures(tokens, offsets, c0, end, prof))
         out.add(**cols)
         del shard
     return out, out.finish() if out.cols else {}
+
+
+def _note_violations(out: Scan, meta: dict) -> bool:
+    recorded = meta.get("metadata", {}).get("violations")
+    if not recorded:
+        return False
+    for v in recorded if isinstance(recorded, list) else [recorded]:
+        kind = re.sub(r"-?\d+(\.\d+)?", "N", str(v))
+        out.violations[kind] = out.violations.get(kind, 0) + 1
+    return True
 
 
 def _token_figures(tokens: np.ndarray, offsets: np.ndarray, c0: np.ndarray, end: np.ndarray,
@@ -668,8 +689,11 @@ def _token_figures(tokens: np.ndarray, offsets: np.ndarray, c0: np.ndarray, end:
     last = tokens[np.clip(end - 1, 0, max(len(tokens) - 1, 0))] if len(tokens) else \
         np.zeros(n, np.int64)
     ends_stop = nonempty & np.isin(last, prof.stop_ids)
-    content = np.concatenate([[0], np.cumsum(~prof.blank[tokens])]) if prof.blank is not None \
-        else np.arange(len(tokens) + 1)
+    content = np.arange(len(tokens) + 1)
+    if prof.blank is not None:
+        # An id past the vocabulary (the vocabulary check names it) counts as content here.
+        blank = np.append(prof.blank, False)
+        content = np.concatenate([[0], np.cumsum(~blank[np.minimum(tokens, len(blank) - 1)])])
     figures: dict[str, np.ndarray] = dict(tail_ok=tail_ok, ends_stop=ends_stop)
     ans_end = end - ends_stop
     if prof.analysis is not None:
@@ -928,8 +952,9 @@ def check_round_trip(ds: Dataset, sc: Scan, prof: Profile) -> CheckResult:
         view = ds.token_view(i)
         prompt = view.input_ids[: view.prompt_len]
         bad[i] = view.prompt_len != len(ids) or not np.array_equal(prompt, ids)
-        if bad[i] and dated and (DATE.sub("", renderer.decode(prompt.tolist()))
-                                 == DATE.sub("", renderer.decode(ids))):
+        decodable = prompt.max(initial=0) < prof.vocab_size
+        if bad[i] and dated and decodable and (DATE.sub("", renderer.decode(prompt.tolist()))
+                                               == DATE.sub("", renderer.decode(ids))):
             bad[i] = False
             other_day += 1
     detail = "prompt ids equal the template's rendering of the stored messages"
@@ -966,6 +991,27 @@ def check_reconstructed(ds: Dataset, f: dict[str, np.ndarray], ids: list[str]) -
     mask = f["reconstructed"] | text_api
     return _result("reconstructed", mask, np.ones(len(ids), bool), ids,
                    "token ids as the server returned them, not rebuilt from text")
+
+
+def check_vocabulary(f: dict[str, np.ndarray], ids: list[str], prof: Profile) -> CheckResult:
+    """Ids the tokenizer has no entry for: a server that answered garbage, or a dataset made
+    with another tokenizer. gen flags them as violations; convert takes what the file says."""
+    res = _result("vocabulary", f["oov"] > 0, np.ones(len(ids), bool), ids,
+                  f"every id below the tokenizer's {prof.vocab_size:,} entries")
+    total = int(f["oov"].sum())
+    if total:
+        res.reasons = {"ids outside the vocabulary": total}
+    return res
+
+
+def check_invariants(f: dict[str, np.ndarray], ids: list[str], sc: Scan) -> CheckResult:
+    """The answers gen stored or skipped while recording that they broke a server invariant
+    (reference/SERVER_APIS.md §4: counts that disagree, ids out of range...)."""
+    res = _result("invariants", f["violated"], np.ones(len(ids), bool), ids,
+                  "no answer recorded breaking the server invariants when it was generated")
+    top = sorted(sc.violations.items(), key=lambda kv: -kv[1])
+    res.reasons = dict(top[:EXAMPLES])
+    return res
 
 
 # -- run ------------------------------------------------------------------------------------
@@ -1047,6 +1093,11 @@ def validate(cfg: ValidateConfig) -> ValidateReport:
             checks.append(check_coverage(f, sc.ids))
         elif name == "reconstructed":
             checks.append(check_reconstructed(ds, f, sc.ids))
+        elif name == "vocabulary":
+            checks.append(_skip(name, f"skipped: {no_tok}") if prof.renderer is None
+                          else check_vocabulary(f, sc.ids, prof))
+        elif name == "invariants":
+            checks.append(check_invariants(f, sc.ids, sc))
     warnings = []
     if prof.harmony and prof.analysis is None:
         warnings.append("gpt-oss harmony tokens, but the chat template shows no analysis "

@@ -75,7 +75,7 @@ def run_report(workdir: Path, tok_root: Path) -> tuple[int, list[str]]:
 
 def comparable(lines: list[str]) -> list[str]:
     """The profile and the checklist, not the partition table (its width is the terminal's)."""
-    keep = re.compile(r"^(gpt-oss-math:|  \S|\d+\. |\d+ of \d+ checks|all \d+ checks)")
+    keep = re.compile(r"^(gpt-oss-math:|  \S| ?\d+\. |\d+ of \d+ checks|all \d+ checks)")
     return [line.rstrip() for line in lines if keep.match(line)]
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -490,6 +492,59 @@ def test_integrity_template_changed_midway(qwen3: Renderer, qwq: Renderer,
     res = check(path).check("integrity")
     assert res.status == "fail"
     assert "several tokenizers or templates" in res.detail
+
+
+def test_out_of_vocabulary_ids_fail_a_check(qwen3: Renderer, tmp_path: Path) -> None:
+    """Ids past the tokenizer's entries (a server answering garbage, another tokenizer's
+    data through convert) once crashed validate with an IndexError, exit 1."""
+    size = len(qwen3.tokenizer)
+
+    def garbage(i: int) -> TokenSample:
+        s = sample(qwen3, i)
+        s.completion_ids = [*s.completion_ids[:-1], size + i, 2**31 - 1, s.completion_ids[-1]]
+        return s
+
+    path = build(tmp_path / "ds", qwen3, garbage, store_messages=True)
+    report = check(path)
+    res = report.check("vocabulary")
+    assert res.status == "fail" and flagged(report, "vocabulary") == ids_of(SEEDED)
+    assert res.reasons == {"ids outside the vocabulary": 2 * len(SEEDED)}
+    assert f"{size:,} entries" in res.detail
+    assert report.check("round_trip").status == "pass"  # their prompts are fine
+    clean = check(path, write_clean=tmp_path / "clean").clean
+    assert clean is not None and clean["removed"] >= len(SEEDED)
+    assert check(tmp_path / "clean").check("vocabulary").status == "pass"
+    # Without a tokenizer there is no vocabulary to hold them against.
+    bare = write(tmp_path / "bare", qwen3, [garbage(i) for i in SEEDED], store=False)
+    assert check(bare).check("vocabulary").status == "skip"
+
+    proc = subprocess.run([sys.executable, "-m", "eagle3kit", "validate", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert re.search(r"✗ ids in vocabulary +3/20 flagged", proc.stderr), proc.stderr
+
+
+def test_recorded_violations_fail_a_check(qwen3: Renderer, tmp_path: Path) -> None:
+    """What gen records in metadata.violations (stored answers that broke an invariant, and
+    samples skipped after retrying such answers) is a failed check, by kind."""
+    recorded = {3: ["5 output ids but completion_tokens = 4"],
+                7: ["5 output ids but completion_tokens = 6", "no finish_reason"],
+                11: ["2 output ids outside [0, 151669), e.g. -3"]}
+
+    def violated(i: int) -> TokenSample:
+        s = sample(qwen3, i)
+        s.metadata = {"violations": recorded[i]}
+        if i == 11:  # skipped after its retries: no completion stored
+            s.completion_ids, s.finish_reason = [], "skipped:failed"
+        return s
+
+    report = check(build(tmp_path / "ds", qwen3, violated))
+    res = report.check("invariants")
+    assert res.status == "fail" and flagged(report, "invariants") == ids_of(SEEDED)
+    assert res.reasons == {"N output ids but completion_tokens = N": 2, "no finish_reason": 1,
+                           "N output ids outside [N, N), e.g. N": 1}
+    assert check(build(tmp_path / "clean", qwen3)).check("invariants").status == "pass"
 
 
 # -- no tokenizer, overrides, selection ----------------------------------------------------
