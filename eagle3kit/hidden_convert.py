@@ -431,7 +431,7 @@ def load_tensor_file(path: Path) -> Any:
     except pickle.UnpicklingError as exc:
         # A crafted file names a callable to run ("Unsupported global: GLOBAL io.open ...");
         # the weights-only unpickler stops there, before calling anything.
-        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+        found = re.search(r"[Uu]nsupported (?:global: )?GLOBAL ([\w.]+)", str(exc))
         if found:
             raise BadFile(f"{path}: refused: it asks to run {found.group(1)}, which "
                           "torch.load(weights_only=True) does not allow; eagle3kit never "
