@@ -366,12 +366,29 @@ def weights_for(model: Any, fmt: str, dtype: str, embedding: Any = None) -> dict
     tensors = drafter_weights(model, dtype=getattr(torch, dtype))
     tensors["d2t"] = tensors["d2t"].to(torch.int64)
     tensors["t2d"] = tensors["t2d"].to(torch.bool)
+    if len(tensors["d2t"]) == len(tensors["t2d"]):
+        _full_vocabulary(tensors)
     if fmt == "sglang":
         return {("midlayer." + n.removeprefix("layers.0.") if n.startswith("layers.0.") else n): t
                 for n, t in tensors.items()}
     if embedding is not None:
         tensors["embed_tokens.weight"] = embedding.detach().contiguous()  # bit-exact, its dtype
     return tensors
+
+
+def _full_vocabulary(tensors: dict) -> None:
+    """A draft vocabulary that is the target's whole vocabulary gets no d2t/t2d, as
+    speculators writes it: vLLM creates `draft_id_to_target_id` only when draft_vocab_size
+    differs from the target's vocab size and refuses a checkpoint that has one (SGLang reads
+    the mapping only when present). A mapping that permutes the ids (ModelOpt orders by
+    frequency) is folded into lm_head's rows, so row t drafts target id t."""
+    import torch
+
+    ids = tensors.pop("d2t") + torch.arange(len(tensors.pop("t2d")))
+    if not torch.equal(ids, torch.arange(len(ids))):
+        rows = torch.empty_like(ids)
+        rows[ids] = torch.arange(len(ids))
+        tensors["lm_head.weight"] = tensors["lm_head.weight"][rows].contiguous()
 
 
 # Writing and checking -------------------------------------------------------------------------
@@ -408,8 +425,9 @@ def verify_export(directory: Path, fmt: str, tensors: dict,
     with torch.device("meta"):
         meta = Eagle3Drafter(drafter_config_of(info))
     expected = {info.rename(n): tuple(t.shape) for n, t in meta.state_dict().items()}
-    if "embed_tokens.weight" not in tensors:
-        expected.pop("embed_tokens.weight")
+    for optional in ("embed_tokens.weight", "d2t", "t2d"):
+        if optional not in tensors:
+            expected.pop(info.rename(optional), None)
     mapped = {info.rename(n): s for n, (s, _) in stored.items()}
     if mapped != expected:
         diff = sorted(k for k in set(mapped) | set(expected) if mapped.get(k) != expected.get(k))

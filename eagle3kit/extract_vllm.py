@@ -78,6 +78,7 @@ class VllmEngine:
         url = str(cfg.server).rstrip("/")
         client = httpx.Client(timeout=cfg.request_timeout)
         model = cfg.model or _served_model(client, url)
+        _refuse_prefix_caching(client, url)
         return cls(url, model, layers, target.hidden_size, client,
                    ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="eagle3kit-vllm"),
                    cfg.request_timeout)
@@ -158,3 +159,26 @@ def _served_model(client: Any, url: str) -> str:
         return str(models[0]["id"])
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise ServerError(f"--server {url}: cannot list its models ({exc}); pass --model") from None
+
+
+def _refuse_prefix_caching(client: Any, url: str) -> None:
+    """vLLM publishes its cache settings as the labels of `vllm:cache_config_info` on
+    /metrics; with prefix caching on, a prompt that shares a cached prefix with an earlier one
+    is not recomputed, and the states of that prefix are not the ones this prompt's forward
+    pass would give. A server without /metrics (or without the gauge) is checked later, by
+    each file's token ids."""
+    import httpx
+
+    try:
+        response = client.get(f"{url}/metrics")
+    except httpx.HTTPError:
+        return
+    if response.status_code != 200:
+        return
+    for line in response.text.splitlines():
+        if line.startswith("vllm:cache_config_info{") and \
+                'enable_prefix_caching="True"' in line:
+            raise ServerError(f"--server {url}: prefix caching is on (its /metrics: "
+                              'vllm:cache_config_info enable_prefix_caching="True"), so states '
+                              "of a cached prefix would come from another request: relaunch it "
+                              "with --no-enable-prefix-caching (docs/extract.md)")

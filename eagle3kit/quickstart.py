@@ -1,6 +1,6 @@
 """`eagle3kit quickstart`: the whole pipeline on a tiny reasoning target, on CPU, offline.
 
-It makes a tokenizer and an 8-layer target (eagle3kit.tiny), trains the target for a minute
+It makes a tokenizer and an 8-layer target (eagle3kit.tiny), trains the target for a minute or two
 on the standard library's docstrings, then runs every stage through its public `run()`:
 gen (in-process transformers engine), validate, extract, train, export (vLLM and SGLang
 layouts) and bench accept on prompts neither the target nor the drafter saw. It ends with
@@ -42,7 +42,7 @@ class QuickstartConfig:
     """Held-out docstring prompts gen answers: the drafter's training data."""
     bench_prompts: int = 24
     """Further held-out prompts bench accept measures on."""
-    target_steps: int = 150
+    target_steps: int = 300
     """Optimizer steps of the tiny target's own training."""
     train_steps: int = 60
     """Optimizer steps of the drafter's training."""
@@ -225,8 +225,8 @@ def stage_target(cfg: QuickstartConfig, lay: Layout, out: _ui.OutputOptions) -> 
     tiny.make_target(lay.target)
     tiny.train_target(lay.target, steps=cfg.target_steps, threads=cfg.threads)
     losses = json.loads((lay.target / "tiny_training.json").read_text())["losses"]
-    _ui.info(f"target: 8 layers, hidden 64, trained {cfg.target_steps} steps on stdlib "
-             f"docstrings (loss {losses[0]:.2f} -> {losses[-1]:.2f})", out)
+    _ui.info(f"target: 8 layers, hidden 64, heads of 32, trained {cfg.target_steps} steps on "
+             f"stdlib docstrings (loss {losses[0]:.2f} -> {losses[-1]:.2f})", out)
     return {"target_loss": losses[-1]}
 
 

@@ -63,6 +63,7 @@ OWN_DOC_TESTS = {
     "bench.md": "test_docs_bench.py",
     "plan.md": "test_docs_plan.py",
     "quickstart.md": "test_docs_quickstart.py",
+    "vllm-cpu.md": "vllm/test_vllm_docs.py",  # the `vllm` tier: against the real engine
 }
 DOCS = [REPO / "README.md", *(p for p in sorted((REPO / "docs").glob("*.md"))
                               if p.name not in OWN_DOC_TESTS)]

@@ -278,3 +278,62 @@ def test_the_training_prediction_travels_with_the_export(tiny, tmp_path):
     for fmt in ("vllm", "sglang"):
         assert training_prediction(tmp_path / "out" / fmt) == evaluation
     assert training_prediction(tiny["run"] / "drafter") is None  # none recorded, none shown
+
+
+def test_a_full_vocabulary_is_written_without_d2t_and_t2d(tiny, tmp_path):
+    """vLLM creates draft_id_to_target_id only when the draft vocabulary is smaller than the
+    target's and refuses a full-vocabulary d2t at load (tests/vllm/test_vllm_export.py shows
+    it against the real engine): the identity mapping is left out, as speculators does."""
+    run_dir = tmp_path / "run-full"
+    make_tiny_run.make_run(run_dir, tiny["target"], [2, 4, 5], draft_vocab=V)
+    out = tmp_path / "out"
+    run(ExportConfig(run_dir, out, format="both"))
+    model, _ = load_any(run_dir / "drafter")
+    for fmt in ("vllm", "sglang"):
+        written = tensors(out / fmt)
+        assert not {"d2t", "t2d"} & set(written)
+        assert json.loads((out / fmt / "config.json").read_text())["draft_vocab_size"] == V
+        assert inspect(out / fmt).problems == []
+        back, _ = load_any(out / fmt)
+        assert torch.equal(back.d2t, torch.zeros(V, dtype=torch.long))
+        assert torch.equal(back.lm_head.weight, model.lm_head.weight.to(torch.bfloat16).float())
+
+
+def test_a_permuted_full_vocabulary_is_folded_into_lm_head(tiny, tmp_path):
+    """A full vocabulary in frequency order (ModelOpt's): row t of the export drafts id t."""
+    from eagle3kit.model.checkpoint import save_drafter
+
+    run_dir = tmp_path / "run-permuted"
+    make_tiny_run.make_run(run_dir, tiny["target"], [2, 4, 5], draft_vocab=V)
+    model, _ = load_any(run_dir / "drafter")
+    order = torch.randperm(V, generator=torch.Generator().manual_seed(0))
+    model.set_vocab(order - torch.arange(V), torch.ones(V, dtype=torch.bool))
+    config = json.loads((run_dir / "drafter" / "config.json").read_text())["eagle3kit"]
+    save_drafter(model, run_dir / "drafter", extra={k: v for k, v in config.items()
+                                                    if k != "drafter"})
+    run(ExportConfig(run_dir, tmp_path / "out", dtype="fp32"))
+    written = tensors(tmp_path / "out")
+    assert "d2t" not in written
+    assert torch.equal(written["lm_head.weight"][order], model.lm_head.weight)
+
+
+def test_info_flags_the_full_vocabulary_layout_vllm_refuses(tiny, tmp_path):
+    from safetensors.torch import save_file
+
+    run_dir = tmp_path / "run-full"
+    make_tiny_run.make_run(run_dir, tiny["target"], [2, 4, 5], draft_vocab=V)
+    run(ExportConfig(run_dir, tmp_path / "out", format="both"))
+    for fmt in ("vllm", "sglang"):  # as eagle3kit wrote them before: the identity mapping
+        old = tensors(tmp_path / "out" / fmt)
+        old["d2t"] = torch.zeros(V, dtype=torch.int64)
+        old["t2d"] = torch.ones(V, dtype=torch.bool)
+        save_file(old, str(tmp_path / "out" / fmt / "model.safetensors"))
+    vllm_layout = cli("info", tmp_path / "out" / "vllm")
+    assert vllm_layout.exit_code == 1
+    flat = " ".join(vllm_layout.output.split())
+    assert "the draft vocabulary is the target's whole vocabulary, yet the checkpoint has d2t" \
+        in flat and "vLLM refuses to load it" in flat
+    sglang = inspect(tmp_path / "out" / "sglang")  # SGLang reads it; vLLM would not
+    assert sglang.problems == []
+    assert any("when vLLM serves it" in w for w in sglang.warnings)
+    load_any(tmp_path / "out" / "vllm")  # eagle3kit itself still reads the old layout

