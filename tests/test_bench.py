@@ -143,6 +143,15 @@ def test_fitted_drafter_is_lossless_and_accepts(pair):
     for p in report.prompts:
         assert p.status in ("identical", "near-tie")
         assert 1 <= p.tokens <= 10
+    # By reasoning phase: the tiny template opens <think> in the prompt, so rounds start in
+    # the reasoning (the untrained target seldom closes it within 10 tokens).
+    assert "think" in report.phases
+    assert sum(f["rounds"] for f in report.phases.values()) == report.rounds
+    assert all(len(p.phases) == len(p.rounds) for p in report.prompts)
+    think = [a for p in report.prompts for ph, a in zip(p.phases, p.rounds, strict=True)
+             if ph == "think"]
+    assert report.phases["think"]["acceptance_length"] == pytest.approx(
+        1 + sum(think) / len(think))
 
 
 def test_random_drafter_accepts_nothing_and_output_is_identical(pair):

@@ -124,6 +124,8 @@ class PromptResult:
     diverged_at: int | None = None
     margin: float | None = None
     """Top-1 logit minus the logit of the token speculation chose, where the outputs part."""
+    phases: list[str] = field(default_factory=list)
+    """The reasoning phase of each round (eagle3kit.bench.phases): think, answer, tool_call."""
 
 
 @dataclass
@@ -151,6 +153,9 @@ class AcceptReport:
     near_ties: int
     mismatches: int
     categories: dict[str, dict[str, Any]]
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """think / answer / tool_call -> rounds, acceptance_length, per_position (only phases
+    that had rounds; empty when the tokenizer has no think or tool-call markers)."""
     predicted_acceptance_length: float | None = None
     predicted: dict[str, Any] | None = None
     """The drafter's eagle3kit.eval block (what training predicted), when it has one."""
@@ -274,7 +279,7 @@ def _warm_up(target: Any, drafter: Any, cfg: AcceptConfig, sampler_cls: Any) -> 
 def run(cfg: AcceptConfig) -> AcceptReport:
     import torch
 
-    from eagle3kit.bench import decode
+    from eagle3kit.bench import decode, phases
 
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -293,6 +298,7 @@ def run(cfg: AcceptConfig) -> AcceptReport:
     drafter = drafter.to(device=device, dtype=dtype).eval()
     target = decode.Target(model, drafter.config.aux_layer_ids)
     stops = set(renderer.stop_token_ids)
+    markers = phases.Markers.of(renderer.tokenizer)
     _ui.info(f"bench accept: {cfg.shape}, temperature {cfg.temperature:g}, "
              f"max {cfg.max_new_tokens} new tokens, {device} {dtype_name}, "
              f"{len(convs)} conversations", cfg.output)
@@ -316,7 +322,9 @@ def run(cfg: AcceptConfig) -> AcceptReport:
                 results.append(PromptResult(
                     bench_prompts.label(conv), turn + 1, bench_prompts.category(conv),
                     len(prompt), len(spec.tokens), spec.rounds, spec.seconds, ref.seconds,
-                    status, where, margin))
+                    status, where, margin,
+                    phases.round_phases(prompt, spec.tokens, spec.rounds, markers)
+                    if markers.known else []))
                 answered(spec.tokens)
                 made += len(spec.tokens)
             progress.add(1, tokens=made)
@@ -363,6 +371,8 @@ def _category_figures(results: list[PromptResult], positions: int) -> dict[str, 
 
 def summarize(results: list[PromptResult], cfg: AcceptConfig, *, device: str, dtype: str,
               epsilon: float) -> AcceptReport:
+    from eagle3kit.bench.phases import by_phase
+
     positions = _positions(cfg)
     acc = Acceptance(positions)
     for r in results:
@@ -383,6 +393,7 @@ def summarize(results: list[PromptResult], cfg: AcceptConfig, *, device: str, dt
         lossless=(mismatches == 0) if greedy else None,
         near_ties=sum(r.status == "near-tie" for r in results), mismatches=mismatches,
         categories={name: _category_figures(rs, positions) for name, rs in by_category.items()},
+        phases=by_phase([(r.phases, r.rounds) for r in results if r.phases], positions),
         predicted_acceptance_length=_predicted_length(predicted), predicted=predicted,
         prompts=results)
     report.warnings = _warnings(report, predicted)

@@ -43,6 +43,13 @@ def show_accept(report: AcceptReport, cfg: AcceptConfig) -> None:
               [[name, c["prompts"], c["rounds"], _rate(c["acceptance_length"]),
                 _rate(c["spec_tokens_per_s"]), _rate(c["plain_tokens_per_s"]),
                 _rate(c["speedup"])] for name, c in report.categories.items()], opts)
+    if report.phases:
+        _ui.table(f"per reasoning phase ({report.shape}, temperature {report.temperature:g})",
+                  ["phase", "rounds", "acceptance length",
+                   *(f"accepted {i + 1}" for i in range(report.k))],
+                  [[name, f["rounds"], _rate(f["acceptance_length"]),
+                    *(_rate(r) for r in f["per_position"])]
+                   for name, f in report.phases.items()], opts)
     parted = [p for p in report.prompts if p.status in ("near-tie", "mismatch")]
     if parted:
         _ui.table(f"outputs that part from the target's own (tie epsilon {report.tie_epsilon:g})",
