@@ -49,9 +49,10 @@ def test_served_states_equal_the_transformers_path(hidden: Path, tokens: Path, w
         for mine, theirs in ((sample.aux, twin.aux), (sample.last, twin.last)):
             assert mine.shape == theirs.shape
             # Both are bf16 roundings of fp32 states that differ in the last fp32 bits
-            # (another kernel order): equal, or one bf16 step apart.
+            # (another kernel order): equal, or a bf16 step apart, where a value near zero
+            # may move by one step at the scale of the state's largest value.
             gap = np.abs(mine - theirs)
-            assert (gap <= bf16_step(theirs) * 1.001).all()
+            assert (gap <= bf16_step(theirs) + bf16_step(np.abs(theirs).max())).all()
             differing += int((to_bf16(mine) != to_bf16(theirs)).sum())
             total += mine.size
     assert differing < total * 0.01  # nearly all bit-equal after rounding
