@@ -17,7 +17,7 @@ import pytest
 from fakeserver import ByteTokenizer, FakeModel, FakeServer, FakeServerProcess, expected
 
 EOS = ByteTokenizer().eos_token_id
-TESTDATA = Path(__file__).resolve().parents[2] / "shared" / "testdata"
+TOKENIZERS = Path(__file__).resolve().parent / "data" / "tokenizers"
 HTTP = httpx.Client(timeout=10.0)  # one client: building one costs ~30 ms (its SSL context)
 
 
@@ -199,7 +199,7 @@ def test_tokenize_with_the_byte_tokenizer_and_a_real_one(sg, vl):
         body = HTTP.post(srv.url + "/tokenize", json={"prompt": text, **extra}).json()
         assert body["tokens"] == tok.encode(text) and body["count"] == len(body["tokens"])
         assert tok.decode(body["tokens"]) == text
-    phi = TESTDATA / "tokenizers" / "phi-3-mini" / "tokenizer.json"
+    phi = TOKENIZERS / "phi-3-mini" / "tokenizer.json"
     with FakeServer("vllm", tokenizer=phi) as srv:
         assert srv.model.vocab_size == 32011 and srv.model.eos_token_id == 32007  # <|end|>
         tokens = HTTP.post(srv.url + "/tokenize", json={"prompt": "Hello world"}).json()["tokens"]

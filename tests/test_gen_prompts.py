@@ -22,7 +22,6 @@ from eagle3kit.gen.types import Conversation
 DATA = Path(__file__).parent / "data" / "prompts"
 EAGLE = DATA / "eagle"
 CONVS = DATA / "conversations"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "testdata"
 
 
 def write_jsonl(path: Path, *records: object) -> Path:
@@ -78,20 +77,26 @@ def test_real_file_loads(name, count, first_roles):
     assert stats.per_partition == {path.stem: count}
 
 
-SHARED_FILES = [  # the full files this project copied its fixtures from, when they are here
-    ("prompts/eagle/alpaca/question.jsonl", 80),
-    ("prompts/eagle/gsm8k/question.jsonl", 80),
-    ("prompts/eagle/humaneval/question.jsonl", 80),
-    ("prompts/eagle/sum/question.jsonl", 80),
+FULL_FILES = [  # the full files this project copied its fixtures from (tests/data copies)
+    ("eagle_full/alpaca/question.jsonl", 80),
+    ("eagle_full/gsm8k/question.jsonl", 80),
+    ("eagle_full/humaneval/question.jsonl", 80),
+    ("eagle_full/sum/question.jsonl", 80),
     ("conversations/fastchat/dummy_conversation.json", 500),
 ]
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="shared/testdata is not beside this checkout")
-@pytest.mark.parametrize(("name", "count"), SHARED_FILES, ids=[r[0] for r in SHARED_FILES])
-def test_full_shared_file_loads(name, count):
-    convs, stats = load_conversations([SHARED / name])
+@pytest.mark.parametrize(("name", "count"), FULL_FILES, ids=[r[0] for r in FULL_FILES])
+def test_full_source_file_loads(name, count):
+    convs, stats = load_conversations([DATA / name])
     assert (len(convs), stats.bad_lines) == (count, 0)
+
+
+def test_head12_fixture_is_the_start_of_the_full_file():
+    fastchat = CONVS / "fastchat"
+    head = load_one(fastchat / "dummy_conversation.head12.json")
+    full = load_one(fastchat / "dummy_conversation.json")
+    assert [c.messages for c in head] == [c.messages for c in full[:12]]
 
 
 def test_mt_bench_turns_become_user_placeholder_user():

@@ -1,0 +1,86 @@
+"""Tests read only what the repository holds: a fresh clone with nothing beside it passes.
+
+Two guards: conftest.py refuses, at run time, any read of the shared/ folder CI keeps beside
+the checkout (and fails the test that tried); this module scans the test sources for paths
+that climb out of the repository, which would also escape in subprocesses the hook cannot see.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from pathlib import Path
+
+import conftest
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
+CLIMBS = re.compile(r"(^|[/\\])\.\.([/\\]|$)")
+
+
+def _escapes(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) for each expression in a test module that names a path outside the repo."""
+    docstrings = {id(node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "parents" and isinstance(node.slice, ast.Constant)
+                and isinstance(node.slice.value, int) and node.slice.value >= 2):
+            # every test module sits directly in tests/: parents[1] is the repository
+            found.append((node.lineno, f"parents[{node.slice.value}]"))
+        if isinstance(node, ast.Attribute) and node.attr == "parent" and _parents(node) >= 3:
+            found.append((node.lineno, ".parent x3"))
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and id(node) not in docstrings and len(node.value) < 300):
+            text = node.value
+            if CLIMBS.search(text) or "shared/testdata" in text or text.startswith("/work/"):
+                found.append((node.lineno, repr(text)))
+    return found
+
+
+def _parents(node: ast.AST) -> int:
+    count = 0
+    while isinstance(node, ast.Attribute) and node.attr == "parent":
+        count, node = count + 1, node.value
+    return count
+
+
+def test_no_test_source_names_a_path_outside_the_repository():
+    offenders = []
+    for path in sorted(TESTS.rglob("*.py")):
+        if "data" in path.relative_to(TESTS).parts[:1] or path.name == Path(__file__).name:
+            continue  # fixtures, and this module's own examples of what the scan finds
+        for line, what in _escapes(ast.parse(path.read_text(), str(path))):
+            offenders.append(f"{path.relative_to(REPO)}:{line}: {what}")
+    assert not offenders, "tests must read only what the repository holds:\n" + "\n".join(
+        offenders)
+
+
+@pytest.mark.parametrize("source", [
+    'ROOT = Path(__file__).resolve().parents[2] / "shared" / "testdata"',
+    'p = Path(__file__).parent.parent.parent / "x"',
+    'open("../shared/testdata/tokenizers/phi-3-mini/tokenizer.json")',
+    'Path("/work/shared/testdata")',
+])
+def test_the_scan_finds_each_way_out(source):
+    assert _escapes(ast.parse(source))
+
+
+def test_the_scan_leaves_paths_inside_alone():
+    source = ('"""Copied from shared/testdata/ (see ../shared/testdata/SOURCES.md)."""\n'
+              'REPO = Path(__file__).resolve().parents[1]\n'
+              'DATA = Path(__file__).parent / "data"\n')
+    assert _escapes(ast.parse(source)) == []
+
+
+def test_reading_beside_the_checkout_is_refused_and_recorded():
+    target = os.path.join(conftest.BESIDE, "testdata", "SOURCES.md")
+    with pytest.raises(PermissionError, match="tests may read only what the repository holds"):
+        open(target)  # noqa: SIM115
+    with pytest.raises(PermissionError):
+        os.listdir(conftest.BESIDE)
+    assert conftest.outside_reads == [target, conftest.BESIDE]
+    conftest.outside_reads.clear()  # this test provoked them: the autouse check must not fail it
