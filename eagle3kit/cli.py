@@ -2,7 +2,8 @@
 
 Nothing else happens here. Stages import torch and transformers themselves, so `--help` is
 instant; defaults live in the config dataclasses, so options default to None here and only
-the ones given are passed on.
+the ones given are passed on. `--help` shows each default from its config (eagle3kit._help):
+no help string here restates one.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from eagle3kit import __version__
+from eagle3kit._help import HelpGroup, stage_command
 from eagle3kit.errors import UserError
 
 app = typer.Typer(
-    name="eagle3kit",
+    name="eagle3kit", cls=HelpGroup,
     help="Exact training data, crash-safe datasets and acceptance forecasts for EAGLE-3 drafters.",
     no_args_is_help=True,
     add_completion=False,
@@ -35,16 +37,16 @@ NoProgress = Annotated[bool, typer.Option("--no-progress", envvar="EAGLE3KIT_NO_
                                           help="No live display; plain status lines only.")]
 LogEvery = Annotated[float | None, typer.Option(
     "--log-every", envvar="EAGLE3KIT_LOG_EVERY", metavar="SECONDS",
-    help="Seconds between status lines when stderr is not a terminal (default 30).")]
+    help="Seconds between status lines when stderr is not a terminal.")]
 Resume = Annotated[bool, typer.Option(
     "--resume", help="Continue the output; fail if there is none.")]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Start the output afresh.")]
 Force = Annotated[bool, typer.Option(
     "--force", help="Accept settings that differ from those the output was started with.")]
 CommitEvery = Annotated[int | None, typer.Option(
-    "--commit-every", metavar="N", help="Commit after N samples (default 1000).")]
+    "--commit-every", metavar="N", help="Commit after N samples...")]
 CommitInterval = Annotated[float | None, typer.Option(
-    "--commit-interval", metavar="SECONDS", help="...or after S seconds (default 60).")]
+    "--commit-interval", metavar="SECONDS", help="...or after S seconds, whichever is first.")]
 
 # Options several stages take, with one wording.
 ChatTemplate = Annotated[Path | None, typer.Option(help="A Jinja chat template file.")]
@@ -52,6 +54,9 @@ MaxSamples = Annotated[int | None, typer.Option(help="At most N conversations.")
 ApiKey = Annotated[str | None, typer.Option(
     envvar="EAGLE3KIT_API_KEY", help="Bearer token for the servers (never stored).",
     show_envvar=True)]
+TrustRemoteCode = Annotated[bool, typer.Option(
+    "--trust-remote-code", help="Run the Python code a model or tokenizer directory ships "
+    "(auto_map in its config); gen and extract record it, so later stages need it no more.")]
 
 
 def _given(**options: Any) -> dict[str, Any]:
@@ -119,7 +124,7 @@ def _main(
     """Exact training data, crash-safe datasets and acceptance forecasts for EAGLE-3 drafters."""
 
 
-@app.command(rich_help_panel="Datasets")
+@app.command(rich_help_panel="Datasets", cls=stage_command("eagle3kit.info:InfoConfig"))
 def info(
     path: Annotated[Path, typer.Argument(
         help="A dataset, run or checkpoint directory.")],
@@ -139,7 +144,8 @@ def info(
     raise typer.Exit(1 if report.problems else 0)
 
 
-@app.command(rich_help_panel="Datasets")
+@app.command(rich_help_panel="Datasets",
+             cls=stage_command("eagle3kit.convert:ConvertConfig"))
 def convert(
     src: Annotated[Path, typer.Argument(help="A dataset directory, or a JSONL file to import.")],
     dst: Annotated[Path, typer.Argument(help="The JSONL file ('-': stdout) or dataset to write.")],
@@ -155,6 +161,7 @@ def convert(
     layers: Annotated[str | None, typer.Option(
         metavar="2,18,33", help="Hidden-state import: aux layer ids, boundary convention.")
     ] = None,
+    trust_remote_code: TrustRemoteCode = False,
     commit_every: CommitEvery = None, commit_interval: CommitInterval = None,
     resume: Resume = False, overwrite: Overwrite = False, force: Force = False,
     json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
@@ -165,14 +172,15 @@ def convert(
 
     _run(stage.run, lambda: stage.ConvertConfig(
         src, dst, tokenizer=tokenizer, partition=partition, skip_bad_lines=skip_bad_lines,
-        to=to, target=target, layers=layers,
+        to=to, target=target, layers=layers, trust_remote_code=trust_remote_code,
         mode=_open_mode(resume, overwrite), force=force,
         output=_output(json, quiet, no_progress, log_every),
         **_given(commit_every=commit_every, commit_interval=commit_interval),
     ))
 
 
-@app.command(rich_help_panel="Datasets")
+@app.command(rich_help_panel="Datasets",
+             cls=stage_command("eagle3kit.validate:ValidateConfig"))
 def validate(
     path: Annotated[Path, typer.Argument(help="A token dataset directory.")],
     tokenizer: Annotated[Path | None, typer.Option(
@@ -181,15 +189,17 @@ def validate(
         help="Override the stored chat template (a Jinja file).")] = None,
     think_start: Annotated[str | None, typer.Option(
         metavar="TOKEN", help="Reasoning start token (with --think-end).")] = None,
-    think_end: Annotated[str | None, typer.Option(metavar="TOKEN")] = None,
+    think_end: Annotated[str | None, typer.Option(
+        metavar="TOKEN", help="Reasoning end token (with --think-start).")] = None,
     max_truncation: Annotated[float | None, typer.Option(
-        metavar="SHARE", help="Largest share finished by length (default 0.05).")] = None,
+        metavar="SHARE", help="Largest share finished by length.")] = None,
     min_reasoning: Annotated[float | None, typer.Option(
-        metavar="SHARE", help="Smallest share with reasoning (default 0.5).")] = None,
+        metavar="SHARE", help="Smallest share with reasoning.")] = None,
     only: Annotated[str | None, typer.Option(metavar="A,B", help="Run only these checks.")] = None,
     skip: Annotated[str | None, typer.Option(metavar="A,B", help="Leave out these checks.")] = None,
     write_clean: Annotated[Path | None, typer.Option(
         metavar="OUT", help="Write a new dataset without the flagged samples.")] = None,
+    trust_remote_code: TrustRemoteCode = False,
     json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
     log_every: LogEvery = None,
 ) -> None:
@@ -202,76 +212,156 @@ def validate(
     report = _run(stage.run, lambda: stage.ValidateConfig(
         path, tokenizer=tokenizer, chat_template=chat_template, think_start=think_start,
         think_end=think_end, only=names(only), skip=names(skip), write_clean=write_clean,
+        trust_remote_code=trust_remote_code or None,
         output=_output(json, quiet, no_progress, log_every),
         **_given(max_truncation=max_truncation, min_reasoning=min_reasoning)))
     raise typer.Exit(report.exit_code)
 
 
-@app.command(rich_help_panel="Stages")
+# gen's help groups its options by what they are about (Typer's rich_help_panel).
+GEN_INPUT, GEN_SERVERS, GEN_RENDER, GEN_SAMPLING, GEN_RUN = (
+    "Prompts", "Servers", "Rendering the prompts", "Sampling and lengths", "The run")
+
+
+@app.command(rich_help_panel="Stages", cls=stage_command("eagle3kit.gen.config:GenConfig"))
 def gen(
     prompts: Annotated[list[Path], typer.Argument(
+        metavar="PROMPTS... OUTPUT",
         help="Prompt files (JSONL, JSON, parquet), then the output dataset directory last.")],
-    server: Annotated[list[str] | None, typer.Option(
-        "--server", metavar="URL[@N]",
-        help="An SGLang or vLLM server; repeat for several; @N sets its own concurrency.")] = None,
-    api: Annotated[str | None, typer.Option(
-        help="auto, sglang, vllm, or openai-chat (text fallback, marked reconstructed).")] = None,
-    api_key: ApiKey = None,
-    engine: Annotated[str | None, typer.Option(
-        help="server (default) or hf: transformers in-process with --target.")] = None,
-    target: Annotated[Path | None, typer.Option(
-        help="The target model directory (for --engine hf).")] = None,
-    tokenizer: Annotated[Path | None, typer.Option(
-        help="The target's tokenizer directory.")] = None,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
-    chat_template: ChatTemplate = None,
-    chat_template_kwargs: Annotated[str | None, typer.Option(
-        metavar="JSON", help='Template variables, e.g. \'{"enable_thinking": false}\'.')] = None,
-    system: Annotated[str | None, typer.Option(
-        metavar="PROMPT", help="System prompt for conversations without one.")] = None,
-    history: Annotated[str | None, typer.Option(
-        help="Later turns see the model's own answers (own) or the dataset's (dataset).")] = None,
     dataset: Annotated[str | None, typer.Option(
-        metavar="NAME_OR_PATH", help="Read prompts through HF datasets (the hf extra).")] = None,
-    dataset_split: Annotated[str | None, typer.Option()] = None,
+        metavar="NAME_OR_PATH", rich_help_panel=GEN_INPUT,
+        help="Read prompts through HF datasets (the hf extra).")] = None,
+    dataset_split: Annotated[str | None, typer.Option(
+        rich_help_panel=GEN_INPUT, help="The --dataset split to read.")] = None,
     format: Annotated[str | None, typer.Option(
+        rich_help_panel=GEN_INPUT,
         help="auto, messages, sharegpt, conversations, prompt, mtbench.")] = None,
     partition_field: Annotated[str | None, typer.Option(
+        rich_help_panel=GEN_INPUT,
         help="Record field naming the partition (default: the file name).")] = None,
-    partition: Annotated[str | None, typer.Option(help="Only this partition, or all.")] = None,
-    max_samples: MaxSamples = None,
-    shuffle_seed: Annotated[int | None, typer.Option()] = None,
-    skip_bad_lines: Annotated[bool, typer.Option("--skip-bad-lines")] = False,
+    partition: Annotated[str | None, typer.Option(
+        rich_help_panel=GEN_INPUT, help="Only this partition, or all.")] = None,
+    max_samples: Annotated[int | None, typer.Option(
+        rich_help_panel=GEN_INPUT, help="At most N conversations.")] = None,
+    shuffle_seed: Annotated[int | None, typer.Option(
+        rich_help_panel=GEN_INPUT,
+        help="Shuffle the conversations with this seed before --max-samples picks.")] = None,
+    skip_bad_lines: Annotated[bool, typer.Option(
+        "--skip-bad-lines", rich_help_panel=GEN_INPUT,
+        help="Skip and count malformed prompt lines instead of stopping at the first.")
+    ] = False,
+    server: Annotated[list[str] | None, typer.Option(
+        "--server", metavar="URL[@N]", rich_help_panel=GEN_SERVERS,
+        help="An SGLang or vLLM server; repeat for several; @N sets its own concurrency. "
+             "Required unless --engine hf.")] = None,
+    api: Annotated[str | None, typer.Option(
+        rich_help_panel=GEN_SERVERS,
+        help="auto, sglang, vllm, or openai-chat (text fallback, marked reconstructed).")] = None,
+    api_key: Annotated[str | None, typer.Option(
+        envvar="EAGLE3KIT_API_KEY", help="Bearer token for the servers (never stored).",
+        show_envvar=True, rich_help_panel=GEN_SERVERS)] = None,
+    engine: Annotated[str | None, typer.Option(
+        rich_help_panel=GEN_SERVERS,
+        help="server, or hf: transformers in-process with --target.")] = None,
+    target: Annotated[Path | None, typer.Option(
+        rich_help_panel=GEN_SERVERS, help="The target model directory (for --engine hf).")
+    ] = None,
     concurrency: Annotated[int | None, typer.Option(
-        help="Requests in flight per server (default 64).")] = None,
-    max_tokens: Annotated[int | None, typer.Option(help="(default 4096)")] = None,
-    max_seq_len: Annotated[int | None, typer.Option(
-        help="Prompt + completion cap (default the server's context length).")] = None,
-    long_threshold: Annotated[int | None, typer.Option(
-        help="Prompts with at least N tokens use the --long-* settings.")] = None,
-    short_concurrency: Annotated[int | None, typer.Option()] = None,
-    long_concurrency: Annotated[int | None, typer.Option()] = None,
-    short_max_tokens: Annotated[int | None, typer.Option()] = None,
-    long_max_tokens: Annotated[int | None, typer.Option()] = None,
-    min_completion_tokens: Annotated[int | None, typer.Option(
-        help="Shorter completions are recorded as filtered.")] = None,
-    temperature: Annotated[float | None, typer.Option(help="(default 0.7)")] = None,
-    top_p: Annotated[float | None, typer.Option(help="(default 1.0)")] = None,
-    top_k: Annotated[int | None, typer.Option(help="(default -1, off)")] = None,
-    min_p: Annotated[float | None, typer.Option(help="(default 0.0)")] = None,
-    n: Annotated[int | None, typer.Option("--n", help="Samples per prompt (default 1).")] = None,
-    sampling_seed: Annotated[int | None, typer.Option(
-        help="Each sample's seed derives from it and the sample id.")] = None,
+        rich_help_panel=GEN_SERVERS, help="Requests in flight per server.")] = None,
     request_timeout: Annotated[float | None, typer.Option(
-        metavar="SECONDS", help="Limit on one generation (default none).")] = None,
-    max_attempts: Annotated[int | None, typer.Option(help="(default 5)")] = None,
-    no_tokenizer_check: Annotated[bool, typer.Option("--no-tokenizer-check")] = False,
+        metavar="SECONDS", rich_help_panel=GEN_SERVERS,
+        help="Limit on one generation (default none: long reasoning takes long).")] = None,
+    max_attempts: Annotated[int | None, typer.Option(
+        rich_help_panel=GEN_SERVERS,
+        help="Tries per request on server errors before the sample is skipped.")] = None,
+    long_threshold: Annotated[int | None, typer.Option(
+        rich_help_panel=GEN_SERVERS,
+        help="Prompts with at least N tokens use the --long-* settings, others --short-*.")
+    ] = None,
+    short_concurrency: Annotated[int | None, typer.Option(
+        rich_help_panel=GEN_SERVERS,
+        help="Requests in flight per server for short prompts (default --concurrency).")
+    ] = None,
+    long_concurrency: Annotated[int | None, typer.Option(
+        rich_help_panel=GEN_SERVERS,
+        help="Requests in flight per server for long prompts (default --concurrency).")
+    ] = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        rich_help_panel=GEN_RENDER,
+        help="The target's tokenizer directory. Required, except with --engine hf (then "
+             "--target's).")] = None,
+    trust_remote_code: Annotated[bool, typer.Option(
+        "--trust-remote-code", rich_help_panel=GEN_RENDER,
+        help="Run the Python code the tokenizer or target ships (auto_map); recorded in the "
+             "dataset, so later stages need it no more.")] = False,
+    chat_template: Annotated[Path | None, typer.Option(
+        rich_help_panel=GEN_RENDER, help="A Jinja chat template file (default: the "
+                                         "tokenizer's).")] = None,
+    chat_template_kwargs: Annotated[str | None, typer.Option(
+        metavar="JSON", rich_help_panel=GEN_RENDER,
+        help='Template variables, e.g. \'{"enable_thinking": false}\'.')] = None,
+    system: Annotated[str | None, typer.Option(
+        metavar="PROMPT", rich_help_panel=GEN_RENDER,
+        help="System prompt for conversations without one.")] = None,
+    history: Annotated[str | None, typer.Option(
+        rich_help_panel=GEN_RENDER,
+        help="Later turns see the model's own answers (own) or the dataset's (dataset).")] = None,
+    no_tokenizer_check: Annotated[bool, typer.Option(
+        "--no-tokenizer-check", rich_help_panel=GEN_RENDER,
+        help="Skip checking that each server tokenizes a probe text as --tokenizer does.")
+    ] = False,
+    max_tokens: Annotated[int | None, typer.Option(
+        rich_help_panel=GEN_SAMPLING, help="Longest completion asked for.")] = None,
+    max_seq_len: Annotated[int | None, typer.Option(
+        rich_help_panel=GEN_SAMPLING,
+        help="Prompt + completion cap (default the server's context length).")] = None,
+    short_max_tokens: Annotated[int | None, typer.Option(
+        rich_help_panel=GEN_SAMPLING,
+        help="--max-tokens for short prompts (with --long-threshold).")] = None,
+    long_max_tokens: Annotated[int | None, typer.Option(
+        rich_help_panel=GEN_SAMPLING,
+        help="--max-tokens for long prompts (with --long-threshold).")] = None,
+    min_completion_tokens: Annotated[int | None, typer.Option(
+        rich_help_panel=GEN_SAMPLING, help="Shorter completions are recorded as filtered.")
+    ] = None,
+    temperature: Annotated[float | None, typer.Option(
+        rich_help_panel=GEN_SAMPLING, help="Sampling temperature; 0 is greedy.")] = None,
+    top_p: Annotated[float | None, typer.Option(
+        rich_help_panel=GEN_SAMPLING, help="Nucleus sampling: the smallest set of tokens "
+                                           "holding this much probability.")] = None,
+    top_k: Annotated[int | None, typer.Option(
+        rich_help_panel=GEN_SAMPLING, help="Sample among the k likeliest tokens; -1 off.")
+    ] = None,
+    min_p: Annotated[float | None, typer.Option(
+        rich_help_panel=GEN_SAMPLING,
+        help="Drop tokens less likely than this share of the likeliest one's probability.")
+    ] = None,
+    n: Annotated[int | None, typer.Option(
+        "--n", rich_help_panel=GEN_SAMPLING, help="Samples per prompt.")] = None,
+    sampling_seed: Annotated[int | None, typer.Option(
+        rich_help_panel=GEN_SAMPLING,
+        help="Each sample's seed derives from it and the sample id (default: unseeded).")
+    ] = None,
     strict: Annotated[bool, typer.Option(
-        "--strict", help="Stop at the first response that breaks an invariant.")] = False,
+        "--strict", rich_help_panel=GEN_RUN,
+        help="Stop at the first response that breaks an invariant.")] = False,
     grace: Annotated[float | None, typer.Option(
-        metavar="SECONDS", help="Time in-flight requests get after Ctrl-C (default 30).")] = None,
-    commit_every: CommitEvery = None, commit_interval: CommitInterval = None,
-    resume: Resume = False, overwrite: Overwrite = False, force: Force = False,
+        metavar="SECONDS", rich_help_panel=GEN_RUN,
+        help="Time in-flight requests get after Ctrl-C.")] = None,
+    commit_every: Annotated[int | None, typer.Option(
+        "--commit-every", metavar="N", rich_help_panel=GEN_RUN,
+        help="Commit after N samples...")] = None,
+    commit_interval: Annotated[float | None, typer.Option(
+        "--commit-interval", metavar="SECONDS", rich_help_panel=GEN_RUN,
+        help="...or after S seconds, whichever is first.")] = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume", rich_help_panel=GEN_RUN,
+        help="Continue the output; fail if there is none.")] = False,
+    overwrite: Annotated[bool, typer.Option(
+        "--overwrite", rich_help_panel=GEN_RUN, help="Start the output afresh.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", rich_help_panel=GEN_RUN,
+        help="Accept settings that differ from those the output was started with.")] = False,
     json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
     log_every: LogEvery = None,
 ) -> None:
@@ -314,24 +404,32 @@ def _gen_config(o: dict[str, Any]) -> Any:
     )
 
 
+PLAN = "The forecast"
+
+
 def _plan_options(
     pilot: Annotated[str | None, typer.Option(
-        metavar="N|SHARE", help="Pilot prompts: a count, or a share of the run like 0.05 "
-        "(default 1% or 200, whichever is larger).")] = None,
+        metavar="N|SHARE", rich_help_panel=PLAN,
+        help="Pilot prompts: a count, or a share of the run like 0.05 (default 1% or 200, "
+             "whichever is larger).")] = None,
     hidden_size: Annotated[int | None, typer.Option(
-        help="The target's hidden size (default: from --target).")] = None,
+        rich_help_panel=PLAN, help="The target's hidden size (default: from --target).")
+    ] = None,
     layers: Annotated[str | None, typer.Option(
-        metavar="2,18,33", help="Aux layer ids; their count sets the states stored (default 3).")
-    ] = None,
+        metavar="2,18,33", rich_help_panel=PLAN,
+        help="Aux layer ids; their count sets the states stored (default three).")] = None,
     batch_tokens: Annotated[int | None, typer.Option(
-        metavar="N", help="Training tokens per step: forecast the steps per epoch.")] = None,
+        metavar="N", rich_help_panel=PLAN,
+        help="Training tokens per step: forecast the steps per epoch.")] = None,
     train_tokens_per_s: Annotated[float | None, typer.Option(
-        metavar="N", help="Training throughput: forecast the time per epoch.")] = None,
+        metavar="N", rich_help_panel=PLAN,
+        help="Training throughput: forecast the time per epoch.")] = None,
     extract_tokens_per_s: Annotated[float | None, typer.Option(
-        metavar="N", help="extract's throughput (its tokens_per_s): forecast its time.")
-    ] = None,
+        metavar="N", rich_help_panel=PLAN,
+        help="extract's throughput (its tokens_per_s): forecast its time.")] = None,
     seed: Annotated[int | None, typer.Option(
-        help="Chooses the pilot prompts and the bootstrap draws (default 0).")] = None,
+        rich_help_panel=PLAN, help="Chooses the pilot prompts and the bootstrap draws.")
+    ] = None,
 ) -> None:
     """plan's own options; `plan` takes these after all of gen's."""
 
@@ -349,13 +447,16 @@ def plan(**options: Any) -> None:
 plan.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
     *inspect.signature(gen, eval_str=True).parameters.values(),
     *inspect.signature(_plan_options, eval_str=True).parameters.values()])
-app.command(rich_help_panel="Stages")(plan)
+app.command(rich_help_panel="Stages", cls=stage_command(
+    "eagle3kit.plan:PlanConfig", "eagle3kit.gen.config:GenConfig"))(plan)
 
 
-@app.command(rich_help_panel="Stages")
+@app.command(rich_help_panel="Stages", cls=stage_command("eagle3kit.extract:ExtractConfig"))
 def extract(
-    tokens: Annotated[Path, typer.Argument(help="The token dataset (from gen or convert).")],
-    output: Annotated[Path, typer.Argument(help="The hidden-state dataset to write.")],
+    tokens: Annotated[Path, typer.Argument(
+        metavar="TOKENS", help="The token dataset (from gen or convert).")],
+    output: Annotated[Path, typer.Argument(
+        metavar="OUTPUT", help="The hidden-state dataset to write.")],
     target: Annotated[Path | None, typer.Option(help="The target model directory.")] = None,
     layers: Annotated[str | None, typer.Option(
         metavar="2,18,33", help="Aux layer ids, boundary convention (default 2,N//2,N-3).")
@@ -363,26 +464,26 @@ def extract(
     tokenizer: Annotated[Path | None, typer.Option(
         help="Override the tokenizer stored in the token dataset.")] = None,
     engine: Annotated[str | None, typer.Option(
-        help="hf (transformers, default) or vllm (a server with --server).")] = None,
+        help="hf (transformers) or vllm (a server with --server).")] = None,
     server: Annotated[str | None, typer.Option(
         metavar="URL", help="--engine vllm: the server, launched for extract_hidden_states.")
     ] = None,
-    model: Annotated[str | None, typer.Option(help="--engine vllm: the served model name.")
-                     ] = None,
+    model: Annotated[str | None, typer.Option(
+        help="--engine vllm: the served model name (default: the server's first).")] = None,
     concurrency: Annotated[int | None, typer.Option(
-        help="--engine vllm: requests in flight (default 8).")] = None,
+        help="--engine vllm: requests in flight.")] = None,
     request_timeout: Annotated[float | None, typer.Option(
-        metavar="SECONDS", help="--engine vllm: limit on one request (default 600).")] = None,
-    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N (default auto).")
-                      ] = None,
+        metavar="SECONDS", help="--engine vllm: limit on one request.")] = None,
+    device: Annotated[str | None, typer.Option(
+        help="cpu, cuda, cuda:N; auto: cuda when there is one.")] = None,
     dtype: Annotated[str | None, typer.Option(
-        help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU).")] = None,
+        help="float32, bfloat16, float16; auto: bf16 on GPU, fp32 on CPU.")] = None,
     device_map: Annotated[str | None, typer.Option(
         help="Spread a big model over GPUs (e.g. auto).")] = None,
     batch_tokens: Annotated[int | None, typer.Option(
-        metavar="N", help="Tokens per forward pass, padding included (default 8192).")] = None,
-    codec: Annotated[str | None, typer.Option(help="raw (bf16, default), fp8 or zstd.")] = None,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
+        metavar="N", help="Tokens per forward pass, padding included.")] = None,
+    codec: Annotated[str | None, typer.Option(help="raw (bf16), fp8 or zstd.")] = None,
+    trust_remote_code: TrustRemoteCode = False,
     ignore_disk_check: Annotated[bool, typer.Option(
         "--ignore-disk-check", help="Start even when free disk is short of the estimate.")
     ] = False,
@@ -398,7 +499,7 @@ def extract(
 
     _run(stage.run, lambda: stage.ExtractConfig(
         tokens, output, target=target, layers=layers, tokenizer=tokenizer, server=server,
-        model=model, device_map=device_map, trust_remote_code=trust_remote_code,
+        model=model, device_map=device_map, trust_remote_code=trust_remote_code or None,
         ignore_disk_check=ignore_disk_check, dry_run=dry_run,
         mode=_open_mode(resume, overwrite), force=force,
         output_options=_output(json, quiet, no_progress, log_every),
@@ -408,10 +509,10 @@ def extract(
     ))
 
 
-@app.command(rich_help_panel="Stages")
+@app.command(rich_help_panel="Stages", cls=stage_command("eagle3kit.train.config:TrainConfig"))
 def train(
     paths: Annotated[list[str], typer.Argument(
-        metavar="DATA[:WEIGHT]... OUT_RUN",
+        metavar="DATA[:WEIGHT]... RUN",
         help="Hidden-state datasets (or token datasets with --online), then the run "
              "directory last; DATA:0.3 weights a dataset.")],
     target: Annotated[Path | None, typer.Option(help="The target model directory.")] = None,
@@ -421,47 +522,50 @@ def train(
         metavar="2,18,33", help="--online: aux layer ids, boundary convention "
                                 "(default 2,N//2,N-3).")] = None,
     draft_vocab: Annotated[int | None, typer.Option(
-        metavar="N", help="Draft vocabulary size (default 32000, or the target's).")] = None,
+        metavar="N", help="Draft vocabulary size (at most the target's).")] = None,
     init_from: Annotated[Path | None, typer.Option(
         metavar="DIR", help="Warm-start from an EAGLE-3 checkpoint (keeps its vocabulary).")
     ] = None,
-    ttt_steps: Annotated[int | None, typer.Option(
-        help="Training-time-test steps (default 7).")] = None,
+    ttt_steps: Annotated[int | None, typer.Option(help="Training-time-test steps.")] = None,
     ttt_decay: Annotated[float | None, typer.Option(
-        help="Step k's loss weight is decay^k (default 0.8).")] = None,
-    max_len: Annotated[int | None, typer.Option(help="Longest sample (default 2048).")] = None,
+        help="Step k's loss weight is decay^k.")] = None,
+    max_len: Annotated[int | None, typer.Option(
+        metavar="TOKENS", help="Longest sample trained on (see --long-samples).")] = None,
     long_samples: Annotated[str | None, typer.Option(
-        help="Longer samples: truncate (default) or drop.")] = None,
-    lr: Annotated[float | None, typer.Option(help="Peak learning rate (default 1e-4).")] = None,
-    min_lr: Annotated[float | None, typer.Option(help="End of the cosine (default 0).")] = None,
+        help="Samples longer than --max-len: truncate or drop.")] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
+    min_lr: Annotated[float | None, typer.Option(
+        help="Learning rate at the end of the cosine.")] = None,
     warmup: Annotated[float | None, typer.Option(
-        help="Warm-up: a share of the steps (< 1) or steps (default 0.015).")] = None,
-    weight_decay: Annotated[float | None, typer.Option(help="AdamW (default 0).")] = None,
+        help="Linear warm-up: a share of the steps (< 1) or a number of steps.")] = None,
+    weight_decay: Annotated[float | None, typer.Option(help="AdamW weight decay.")] = None,
     grad_clip: Annotated[float | None, typer.Option(
-        help="Gradient norm clip (default 0.5; 0 off).")] = None,
+        help="Gradient norm clip; 0 turns it off.")] = None,
     batch_tokens: Annotated[int | None, typer.Option(
-        metavar="N", help="Tokens per micro-batch and rank (default 8192).")] = None,
+        metavar="N", help="Tokens per micro-batch and rank.")] = None,
     grad_accum: Annotated[int | None, typer.Option(
-        help="Micro-batches per rank and step (default 1).")] = None,
-    epochs: Annotated[float | None, typer.Option(help="Passes over the data (default 1).")
-                      ] = None,
+        help="Micro-batches per rank and optimizer step.")] = None,
+    epochs: Annotated[float | None, typer.Option(
+        help="Passes over the data (1 when not given, or as many as --max-steps needs).")
+    ] = None,
     max_steps: Annotated[int | None, typer.Option(help="Stop after N steps.")] = None,
-    seed: Annotated[int | None, typer.Option(help="(default 0)")] = None,
-    device: Annotated[str | None, typer.Option(help="auto (default), cpu, cuda, cuda:N.")
-                      ] = None,
+    seed: Annotated[int | None, typer.Option(
+        help="Seeds the drafter's initialisation and the data order.")] = None,
+    device: Annotated[str | None, typer.Option(
+        help="auto (cuda when there is one), cpu, cuda, cuda:N.")] = None,
     precision: Annotated[str | None, typer.Option(
-        help="auto (bf16 autocast on GPU, default), bf16 or fp32.")] = None,
+        help="auto (bf16 autocast on GPU, fp32 on CPU), bf16 or fp32.")] = None,
     eval_split: Annotated[float | None, typer.Option(
-        metavar="SHARE|COUNT", help="Held-out samples by id hash (default 0.05; 0 none).")
-    ] = None,
+        metavar="SHARE|COUNT", help="Held-out samples, chosen by id hash; 0: none.")] = None,
     eval_every: Annotated[int | None, typer.Option(
-        metavar="STEPS", help="Evaluate every N steps (default 500) and at the end.")] = None,
-    eval_k: Annotated[int | None, typer.Option(
-        help="Chain length of the predicted acceptance length (default 3).")] = None,
-    checkpoint_every: Annotated[int | None, typer.Option(
-        metavar="STEPS", help="Checkpoint every N steps (default 1000) and at the end.")
+        metavar="STEPS", help="Evaluate every N steps and at the end; 0: only at the end.")
     ] = None,
-    keep: Annotated[int | None, typer.Option(help="Checkpoints kept (default 2).")] = None,
+    eval_k: Annotated[int | None, typer.Option(
+        help="Chain length of the predicted acceptance length.")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(
+        metavar="STEPS", help="Checkpoint every N steps and at the end.")] = None,
+    keep: Annotated[int | None, typer.Option(help="Checkpoints kept.")] = None,
+    trust_remote_code: TrustRemoteCode = False,
     resume: Resume = False, overwrite: Overwrite = False, force: Force = False,
     json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
     log_every: LogEvery = None,
@@ -485,6 +589,7 @@ def train(
         return stage.TrainConfig(
             [stage.DataSpec.parse(d) for d in data], Path(out), target, online=online,
             layers=ids, init_from=init_from, mode=_open_mode(resume, overwrite), force=force,
+            trust_remote_code=trust_remote_code or None,
             output=_output(json, quiet, no_progress, log_every),
             **_given(draft_vocab=draft_vocab, ttt_steps=ttt_steps, ttt_decay=ttt_decay,
                      max_len=max_len, long_samples=long_samples, lr=lr, min_lr=min_lr,
@@ -497,25 +602,28 @@ def train(
     _run(stage.run, config)
 
 
-@app.command(rich_help_panel="Stages")
+@app.command(rich_help_panel="Stages",
+             cls=stage_command("eagle3kit.export:ExportConfig", run_dir="run"))
 def export(
     run_dir: Annotated[Path, typer.Argument(
         metavar="RUN", help="A train run directory, or any EAGLE-3 checkpoint directory.")],
-    out: Annotated[Path, typer.Argument(help="The directory to write.")],
+    out: Annotated[Path, typer.Argument(
+        metavar="OUT", help="The directory to write (OUT/vllm and OUT/sglang with both).")],
     format: Annotated[str | None, typer.Option(
-        help="vllm (default), sglang, or both (OUT/vllm and OUT/sglang).")] = None,
+        help="vllm, sglang, or both (OUT/vllm and OUT/sglang).")] = None,
     verifier: Annotated[str | None, typer.Option(
         metavar="NAME_OR_PATH",
         help="The model `vllm serve <draft>` loads (default: the run's target).")] = None,
     num_speculative_tokens: Annotated[int | None, typer.Option(
-        help="Draft tokens per step in the vLLM config (default 3).")] = None,
-    dtype: Annotated[str | None, typer.Option(help="bf16 (default), fp16 or fp32.")] = None,
+        help="Draft tokens per step in the vLLM config.")] = None,
+    dtype: Annotated[str | None, typer.Option(help="bf16, fp16 or fp32 weights.")] = None,
     target: Annotated[Path | None, typer.Option(
         help="The target model directory (default: the path the run recorded).")] = None,
     with_embedding: Annotated[bool, typer.Option(
         "--with-embedding", help="vLLM: add a bit-exact copy of the target's embedding.")] = False,
     layers: Annotated[str | None, typer.Option(
         metavar="A,B,C", help="Boundary layer ids, only for a checkpoint that has none.")] = None,
+    trust_remote_code: TrustRemoteCode = False,
     overwrite: Overwrite = False,
     json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
     log_every: LogEvery = None,
@@ -533,20 +641,25 @@ def export(
 
     _run(stage.run, lambda: stage.ExportConfig(
         run_dir, out, verifier=verifier, target=target, with_embedding=with_embedding,
-        layers=ids(layers), overwrite=overwrite,
+        layers=ids(layers), overwrite=overwrite, trust_remote_code=trust_remote_code or None,
         output=_output(json, quiet, no_progress, log_every),
         **_given(format=format, num_speculative_tokens=num_speculative_tokens, dtype=dtype)))
 
 
 bench_app = typer.Typer(
-    help="Acceptance length: offline against the target, or on a live server.",
+    cls=HelpGroup, help="Acceptance length: offline against the target, or on a live server.",
     no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(bench_app, name="bench", rich_help_panel="Stages")
-BenchPrompts = Annotated[list[Path] | None, typer.Option(
-    "--prompts", metavar="FILE", help="Prompt files (repeat); EAGLE/MT-bench question.jsonl.")]
+BenchPrompts = Annotated[list[Path] | None, typer.Argument(
+    metavar="PROMPTS...", show_default=False,
+    help="Prompt files, as gen takes them (JSONL, JSON, parquet); EAGLE/MT-bench "
+         "question.jsonl.")]
+BenchPromptsOption = Annotated[list[Path] | None, typer.Option(
+    "--prompts", metavar="FILE", hidden=True,
+    help="Deprecated: give the prompt files positionally.")]
 BenchMaxTurns = Annotated[int | None, typer.Option(help="At most N turns of each.")]
-BenchFormat = Annotated[str | None, typer.Option(help="Prompt file shape (default auto).")]
-BenchSeed = Annotated[int | None, typer.Option(help="Sampling seed (default 0).")]
+BenchFormat = Annotated[str | None, typer.Option(help="Prompt file shape (as gen's --format).")]
+BenchSeed = Annotated[int | None, typer.Option(help="Sampling seed.")]
 BenchPlot = Annotated[Path | None, typer.Option(
     metavar="FILE.png", help="Draw acceptance per position and category (plot extra).")]
 
@@ -557,25 +670,42 @@ def _bench_required(**options: Any) -> None:
             raise UserError(f"--{name.replace('_', '-')} is required")
 
 
-@bench_app.command("accept")
+def _bench_prompts(positional: list[Path] | None, option: list[Path] | None) -> list[Path]:
+    """The prompt files: positional, as gen takes them; `--prompts FILE` still works."""
+    if option:
+        from eagle3kit import _ui
+
+        _ui.warn("--prompts is deprecated: give the prompt files positionally, as gen takes them")
+    files = [*(positional or []), *(option or [])]
+    if not files:
+        raise UserError("give the prompt files (e.g. tests/data/prompts/eagle/mt_bench/"
+                        "question.jsonl)")
+    return files
+
+
+@bench_app.command("accept", cls=stage_command("eagle3kit.bench.accept:AcceptConfig"))
 def bench_accept(
+    prompts: BenchPrompts = None,
     target: Annotated[Path | None, typer.Option(help="The target model directory.")] = None,
     drafter: Annotated[Path | None, typer.Option(
         help="The drafter checkpoint directory (any layout `eagle3kit info` reads).")] = None,
-    prompts: BenchPrompts = None,
-    k: Annotated[int | None, typer.Option("--k", help="Draft tokens per round (default 3).")
+    prompts_option: BenchPromptsOption = None,
+    k: Annotated[int | None, typer.Option("--k", help="Draft tokens per round (a chain).")
                  ] = None,
     tree: Annotated[str | None, typer.Option(
         metavar="TOPK,DEPTH", help="Draft a tree instead of a chain.")] = None,
-    temperature: Annotated[float | None, typer.Option(help="(default 0: greedy)")] = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="(default 128)")] = None,
+    temperature: Annotated[float | None, typer.Option(
+        help="Sampling temperature; 0 is greedy (and checks losslessness).")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(
+        help="Tokens generated per turn.")] = None,
     max_samples: MaxSamples = None,
     max_turns: BenchMaxTurns = None,
     format: BenchFormat = None,
-    tokenizer: Annotated[Path | None, typer.Option(help="(default: the target's)")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        help="The tokenizer directory (default: the target's).")] = None,
     chat_template: ChatTemplate = None,
-    device: Annotated[str | None, typer.Option(help="auto (default), cpu, cuda, cuda:N.")
-                      ] = None,
+    device: Annotated[str | None, typer.Option(
+        help="auto (cuda when there is one), cpu, cuda, cuda:N.")] = None,
     dtype: Annotated[str | None, typer.Option(
         help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16.")] = None,
     tie_epsilon: Annotated[float | None, typer.Option(
@@ -583,6 +713,7 @@ def bench_accept(
     ] = None,
     seed: BenchSeed = None,
     plot: BenchPlot = None,
+    trust_remote_code: TrustRemoteCode = False,
     json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
     log_every: LogEvery = None,
 ) -> None:
@@ -590,14 +721,15 @@ def bench_accept(
     from eagle3kit.bench import accept as stage
 
     def config() -> stage.AcceptConfig:
-        _bench_required(target=target, drafter=drafter, prompts=prompts)
+        _bench_required(target=target, drafter=drafter)
+        files = _bench_prompts(prompts, prompts_option)
         if k is not None and tree is not None:
             raise UserError("--k and --tree exclude each other: a tree's depth is its second "
                             "number (--tree TOPK,DEPTH)")
         return stage.AcceptConfig(
-            target, drafter, prompts, tree=stage.parse_tree(tree), tokenizer=tokenizer,
+            target, drafter, files, tree=stage.parse_tree(tree), tokenizer=tokenizer,
             chat_template=chat_template, tie_epsilon=tie_epsilon, plot=plot,
-            max_samples=max_samples, max_turns=max_turns,
+            max_samples=max_samples, max_turns=max_turns, trust_remote_code=trust_remote_code,
             output=_output(json, quiet, no_progress, log_every),
             **_given(k=k, temperature=temperature, max_new_tokens=max_new_tokens,
                      format=format, device=device, dtype=dtype, seed=seed))
@@ -606,21 +738,23 @@ def bench_accept(
     raise typer.Exit(report.exit_code)
 
 
-@bench_app.command("server")
+@bench_app.command("server", cls=stage_command("eagle3kit.bench.server:ServerBenchConfig"))
 def bench_server(
+    prompts: BenchPrompts = None,
     server: Annotated[str | None, typer.Option(
         metavar="URL", help="An SGLang or vLLM server running speculative decoding.")] = None,
-    prompts: BenchPrompts = None,
     tokenizer: Annotated[Path | None, typer.Option(
         help="The target's tokenizer directory (prompts are sent as ids).")] = None,
+    prompts_option: BenchPromptsOption = None,
     baseline: Annotated[str | None, typer.Option(
         metavar="URL", help="The same model served without speculation: the speedup.")] = None,
-    api: Annotated[str | None, typer.Option(help="auto (default), sglang or vllm.")] = None,
+    api: Annotated[str | None, typer.Option(help="auto, sglang or vllm.")] = None,
     chat_template: ChatTemplate = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="(default 256)")] = None,
-    temperature: Annotated[float | None, typer.Option(help="(default 0)")] = None,
-    concurrency: Annotated[int | None, typer.Option(
-        help="Conversations in flight (default 1).")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(
+        help="Tokens generated per turn.")] = None,
+    temperature: Annotated[float | None, typer.Option(
+        help="Sampling temperature; 0 is greedy.")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="Conversations in flight.")] = None,
     max_samples: MaxSamples = None,
     max_turns: BenchMaxTurns = None,
     format: BenchFormat = None,
@@ -631,6 +765,7 @@ def bench_server(
         metavar="SECONDS", help="Limit on one request (default none).")] = None,
     seed: BenchSeed = None,
     plot: BenchPlot = None,
+    trust_remote_code: TrustRemoteCode = False,
     json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
     log_every: LogEvery = None,
 ) -> None:
@@ -638,11 +773,13 @@ def bench_server(
     from eagle3kit.bench import server as stage
 
     def config() -> stage.ServerBenchConfig:
-        _bench_required(server=server, prompts=prompts, tokenizer=tokenizer)
+        _bench_required(server=server)
+        files = _bench_prompts(prompts, prompts_option)
+        _bench_required(tokenizer=tokenizer)
         return stage.ServerBenchConfig(
-            server, prompts, tokenizer, baseline=baseline, chat_template=chat_template,
+            server, files, tokenizer, baseline=baseline, chat_template=chat_template,
             max_samples=max_samples, max_turns=max_turns, k=k, api_key=api_key,
-            request_timeout=request_timeout, plot=plot,
+            request_timeout=request_timeout, plot=plot, trust_remote_code=trust_remote_code,
             output=_output(json, quiet, no_progress, log_every),
             **_given(api=api, max_new_tokens=max_new_tokens, temperature=temperature,
                      concurrency=concurrency, format=format, seed=seed))
@@ -650,21 +787,22 @@ def bench_server(
     _run(stage.run, config)
 
 
-@app.command(rich_help_panel="Start here")
+@app.command(rich_help_panel="Start here",
+             cls=stage_command("eagle3kit.quickstart:QuickstartConfig"))
 def quickstart(
     out: Annotated[Path | None, typer.Argument(
-        metavar="[DIR]", help="Where everything goes (default ./eagle3kit-quickstart).")] = None,
+        metavar="[DIR]", show_default=False, help="Where everything goes.")] = None,
     prompts: Annotated[int | None, typer.Option(
-        help="Prompts gen answers: the drafter's data (default 96).")] = None,
+        help="Prompts gen answers: the drafter's data.")] = None,
     bench_prompts: Annotated[int | None, typer.Option(
-        help="Held-out prompts bench accept measures on (default 24).")] = None,
+        help="Held-out prompts bench accept measures on.")] = None,
     target_steps: Annotated[int | None, typer.Option(
-        help="Training steps of the tiny target (default 150).")] = None,
+        help="Training steps of the tiny target.")] = None,
     train_steps: Annotated[int | None, typer.Option(
-        help="Training steps of the drafter (default 60).")] = None,
+        help="Training steps of the drafter.")] = None,
     max_tokens: Annotated[int | None, typer.Option(
-        help="Longest completion gen asks for (default 256).")] = None,
-    threads: Annotated[int | None, typer.Option(help="torch threads (default 1).")] = None,
+        help="Longest completion gen asks for.")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads.")] = None,
     overwrite: Overwrite = False,
     json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
     log_every: LogEvery = None,

@@ -48,6 +48,8 @@ class ConvertConfig:
     """Import: ...or after this many seconds, whichever comes first."""
     mode: OpenMode = "auto"
     force: bool = False
+    trust_remote_code: bool = False
+    """Export: run code the --tokenizer directory ships (auto_map)."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
     to: str | None = None
     """Hidden-state export: speculators or specforge (eagle3kit/hidden_convert.py)."""
@@ -116,15 +118,6 @@ def sample_to_record(sample: TokenSample) -> dict:
     return record
 
 
-def _load_tokenizer(path: Path):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"--tokenizer {path}: cannot load a tokenizer there ({exc})") from None
-
-
 def _export_error(dst: Path, exc: OSError) -> UserError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return UserError(f"{dst}: no space left to write ({exc.strerror}); the partial file was "
@@ -138,7 +131,10 @@ def export_jsonl(cfg: ConvertConfig) -> ConvertResult:
     if cfg.partition is not None and cfg.partition not in ds.partitions:
         raise UserError(f"--partition {cfg.partition}: not in {cfg.src} "
                         f"(partitions: {', '.join(ds.partitions) or 'none'})")
-    tokenizer = _load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
+    from eagle3kit import _hf
+
+    tokenizer = (_hf.load_tokenizer(cfg.tokenizer, cfg.trust_remote_code) if cfg.tokenizer
+                 else None)
     to_stdout = str(cfg.dst) == "-"
     tmp = cfg.dst.with_name(cfg.dst.name + f".{os.getpid()}.tmp")
     n = 0

@@ -51,6 +51,8 @@ class ExportConfig:
     """vLLM export: add a bit-exact copy of the target's input embedding."""
     layers: list[int] | None = None
     """Boundary aux layer ids for a source checkpoint that records none."""
+    trust_remote_code: bool | None = None
+    """Run code the target directory ships (auto_map); None: as train was told (run.json)."""
     overwrite: bool = False
     """Replace a non-empty OUT."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
@@ -75,6 +77,11 @@ class ExportConfig:
             raise UserError("--verifier: empty")
         if self.run.resolve() == self.out.resolve():
             raise UserError(f"{self.out}: the output cannot be the run directory itself")
+        # Here, not in the stage: a mistyped path is refused in a second, before torch loads.
+        if not self.run.is_dir():
+            raise UserError(f"{self.run}: no such run directory")
+        if self.target is not None and not (self.target / "config.json").is_file():
+            raise UserError(f"--target {self.target}: not a model directory (no config.json)")
 
 
 @dataclass
@@ -141,8 +148,6 @@ def load_source(cfg: ExportConfig) -> Source:
     from eagle3kit.model.layouts import inspect, load_inspected
 
     run_dir = cfg.run
-    if not run_dir.is_dir():
-        raise UserError(f"{run_dir}: no such run directory")
     run: dict = {}
     if (run_dir / "run.json").is_file():
         run = _read_json(run_dir / "run.json")
@@ -157,9 +162,11 @@ def load_source(cfg: ExportConfig) -> Source:
     info = inspect(checkpoint)
     identity = _identity(run, info)
     target_dir = cfg.target or _existing_dir(identity.get("path"))
-    if cfg.target is not None and not (cfg.target / "config.json").is_file():
-        raise UserError(f"--target {cfg.target}: not a model directory (no config.json)")
-    target_raw = _checked_target(target_dir, identity, explicit=cfg.target is not None)
+    trust = cfg.trust_remote_code
+    if trust is None:  # as train was told (run.json), for the target it trained against
+        trust = bool(run.get("trust_remote_code"))
+    target_raw = _checked_target(target_dir, identity, explicit=cfg.target is not None,
+                                 trust_remote_code=trust)
     if target_raw is not None and info.target_layers is None:
         info.target_layers = target_raw.get("num_hidden_layers")
     _settle_layer_ids(cfg, info, run)
@@ -197,23 +204,22 @@ def _existing_dir(path: Any) -> Path | None:
     return Path(path) if path and (Path(path) / "config.json").is_file() else None
 
 
-def _checked_target(target_dir: Path | None, identity: dict, explicit: bool) -> dict | None:
+def _checked_target(target_dir: Path | None, identity: dict, explicit: bool,
+                    trust_remote_code: bool = False) -> dict | None:
     """The target's raw config, refused when it is not the target the run trained against."""
     if target_dir is None:
         return None
-    from transformers import AutoConfig
-
+    from eagle3kit import _hf
     from eagle3kit.model import config_fingerprint
     from eagle3kit.model.layouts import target_dict
 
     raw, _ = target_dict(target_dir)
     recorded = identity.get("fingerprint")
     if recorded:
-        try:
-            actual = config_fingerprint(AutoConfig.from_pretrained(str(target_dir),
-                                                                   local_files_only=True))
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{target_dir}: cannot read the target config ({exc})") from None
+        flag = "--target" if explicit else "the recorded target"
+        config = _hf.load_config(target_dir, trust_remote_code, flag)
+        actual = config_fingerprint(config.get_text_config()
+                                    if hasattr(config, "get_text_config") else config)
         if actual != recorded:
             flag = "--target" if explicit else "the recorded target path"
             raise UserError(f"{flag} {target_dir}: not the target the run was trained against "

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 import xxhash
 
-from eagle3kit import _ui
+from eagle3kit import _hf, _ui
 from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, HiddenSample, HiddenWriter, OpenMode, hidden_bytes_per_token
 from eagle3kit.format.hidden import CODECS, committed_ids
@@ -46,8 +46,9 @@ class ExtractConfig:
     """The token dataset to extract states for (written by gen or convert)."""
     output: Path
     """The hidden-state dataset to write or continue."""
-    target: Path | None = None
-    """The target model directory (HF); with --engine vllm its config.json and tokenizer."""
+    target: Path | None
+    """The target model directory (HF); with --engine vllm its config.json and tokenizer.
+    Required: None is refused by name, with any other problems of the command line."""
     layers: list[int] | str | None = None
     """Auxiliary layer ids, boundary convention ("2,18,33"); default (2, N//2, N-3)."""
     tokenizer: Path | None = None
@@ -72,7 +73,9 @@ class ExtractConfig:
     """Tokens per forward pass, padding included; a longer sample runs alone."""
     codec: str = "raw"
     """raw (bf16), fp8 (e4m3, a scale per token and state) or zstd (bf16 byte planes)."""
-    trust_remote_code: bool = False
+    trust_remote_code: bool | None = None
+    """Run code the target directory ships (auto_map); None: as gen was told (the token
+    dataset records it), else no."""
     ignore_disk_check: bool = False
     """Start even when the free disk is short of the estimate."""
     dry_run: bool = False
@@ -170,13 +173,7 @@ class TargetInfo:
 
     @classmethod
     def load(cls, path: Path, trust_remote_code: bool = False) -> TargetInfo:
-        from transformers import AutoConfig
-
-        try:
-            config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-        except (OSError, ValueError) as exc:
-            raise UserError(f"--target {path}: cannot read a transformers config there "
-                            f"({exc})") from None
+        config = _hf.load_config(path, trust_remote_code)
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         try:
             n, h, v = text.num_hidden_layers, text.hidden_size, text.vocab_size
@@ -267,12 +264,7 @@ def _tokenizer_files(path: Path) -> bool:
 
 def tokenizer_identity(path: Path, trust_remote_code: bool = False) -> dict:
     """Size and a hash of the vocabulary: two tokenizers with equal ones give equal ids."""
-    from transformers import AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: cannot load the tokenizer ({exc})") from None
+    tok = _hf.load_tokenizer(path, trust_remote_code, flag="")
     vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
     return {"size": len(tok), "vocab_xxh3": xxhash.xxh3_128_hexdigest(orjson.dumps(vocab))}
 
@@ -446,6 +438,8 @@ def run(cfg: ExtractConfig) -> ExtractResult:
 
 def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
     tokens = Dataset(cfg.tokens)
+    if cfg.trust_remote_code is None:  # as gen was told, for the same model's code
+        cfg.trust_remote_code = _hf.recorded_trust(tokens.manifest)
     target = TargetInfo.load(Path(str(cfg.target)), cfg.trust_remote_code)
     layers = resolve_layers(cfg.layers, target.num_layers)  # type: ignore[arg-type]
     items, top_id = scan(tokens)
@@ -463,7 +457,8 @@ def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
         cfg.output, layout=_layout(layers, target, tokenizer, tokens), codec=cfg.codec,
         mode=cfg.mode, config=_settings(cfg), force=cfg.force,
         provenance={"target": str(target.path.absolute()),
-                    "tokens": str(cfg.tokens.absolute()), "server": cfg.server},
+                    "tokens": str(cfg.tokens.absolute()), "server": cfg.server,
+                    "trust_remote_code": cfg.trust_remote_code},
         commit_every=cfg.commit_every, commit_interval=cfg.commit_interval,
         run_id=ranks.run_id, rank=ranks.rank)
     started, cpu = time.monotonic(), time.process_time()
@@ -558,7 +553,6 @@ class HfEngine:
     def load(cls, cfg: ExtractConfig, target: TargetInfo, layers: list[int],
              ranks: Ranks) -> HfEngine:
         import torch
-        from transformers import AutoModelForCausalLM
 
         device = cfg.device
         if device == "auto":
@@ -566,14 +560,10 @@ class HfEngine:
         dtype = cfg.dtype
         if dtype == "auto":
             dtype = "float32" if device == "cpu" and not cfg.device_map else "bfloat16"
-        options: dict = {"dtype": getattr(torch, dtype),
-                         "trust_remote_code": cfg.trust_remote_code}
+        options: dict = {"dtype": getattr(torch, dtype)}
         if cfg.device_map:
             options["device_map"] = cfg.device_map
-        try:
-            model = AutoModelForCausalLM.from_pretrained(str(target.path), **options)
-        except (OSError, ValueError, ImportError) as exc:
-            raise UserError(f"--target {target.path}: cannot load the model ({exc})") from None
+        model = _hf.load_causal_lm(target.path, bool(cfg.trust_remote_code), **options)
         if not cfg.device_map:
             model.to(device)
         model.eval()

@@ -363,9 +363,8 @@ def commands(cfg: QuickstartConfig, lay: Layout) -> dict[str, str]:
         "extract": f"eagle3kit extract {tokens} {hidden} --target {target} --device cpu",
         "train": f"eagle3kit train {hidden} {q(str(lay.run))} --target {target} {train}",
         "export": f"eagle3kit export {q(str(lay.run))} {q(str(lay.export))} --format both",
-        "bench": (f"eagle3kit bench accept --target {target} "
-                  f"--drafter {q(str(lay.export / 'vllm'))} "
-                  f"--prompts {q(str(lay.bench_prompts))} --k {K} --temperature 0 "
+        "bench": (f"eagle3kit bench accept {q(str(lay.bench_prompts))} --target {target} "
+                  f"--drafter {q(str(lay.export / 'vllm'))} --k {K} --temperature 0 "
                   "--device cpu"),
     }
 

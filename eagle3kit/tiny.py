@@ -131,6 +131,9 @@ def make_target(out_dir: str | Path, tokenizer_dir: str | Path | None = None, *,
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from eagle3kit import _hf
+
+    _hf.quiet()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if tokenizer_dir is None:
@@ -265,6 +268,9 @@ def _train(out: Path, steps: int, seq_len: int, seed: int, corpus: list[str] | N
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from eagle3kit import _hf
+
+    _hf.quiet()
     tokenizer = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
     docs = corpus if corpus is not None else _split(stdlib_docstrings(), held_out=False)
     chats = chat_token_ids(tokenizer, docs, seq_len)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from eagle3kit import _ui
+from eagle3kit import _hf, _ui
 from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, DatasetError, DatasetWriter
 
@@ -67,6 +67,9 @@ class ValidateConfig:
     """Leave out these checks."""
     write_clean: Path | None = None
     """Write a new dataset without the samples any check flagged."""
+    trust_remote_code: bool | None = None
+    """Run code the tokenizer ships (auto_map); None: as gen was told (the dataset records
+    it) for the stored tokenizer, else no."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
 
     def __post_init__(self) -> None:
@@ -330,9 +333,12 @@ def _load_renderer(cfg: ValidateConfig, ds: Dataset) -> Renderer | None:
         name = ds.manifest.get("provenance", {}).get("chat_template_file")
         if name and (stored / Path(name).name).is_file():
             template = stored / Path(name).name
+    trust = cfg.trust_remote_code
+    if trust is None:  # the dataset's own tokenizer: gen's consent to its code goes with it
+        trust = cfg.tokenizer is None and _hf.recorded_trust(ds.manifest)
     return load_renderer(Path(tok_dir), chat_template=template,
                          chat_template_kwargs=recorded.get("chat_template_kwargs") or None,
-                         system=recorded.get("system"))
+                         system=recorded.get("system"), trust_remote_code=trust)
 
 
 _TOKENIZERS: dict[tuple, Any] = {}
@@ -341,7 +347,7 @@ _VOCABS: dict[int, _Vocab] = {}
 
 def load_renderer(tokenizer: Path, *, chat_template: Path | None = None,
                   chat_template_kwargs: dict[str, Any] | None = None,
-                  system: str | None = None) -> Renderer:
+                  system: str | None = None, trust_remote_code: bool = False) -> Renderer:
     """`Renderer.load`, with the tokenizer itself loaded once per process for each content.
 
     Loading a large tokenizer takes seconds; a process that validates several datasets made
@@ -353,7 +359,7 @@ def load_renderer(tokenizer: Path, *, chat_template: Path | None = None,
     if key not in _TOKENIZERS:
         if len(_TOKENIZERS) >= 4:
             _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
-        _TOKENIZERS[key] = load_tokenizer(tokenizer, False)
+        _TOKENIZERS[key] = load_tokenizer(tokenizer, trust_remote_code)
     tok = _TOKENIZERS[key]
     template = read_template(chat_template) if chat_template is not None else None
     if template is None and not tok.chat_template:

@@ -484,7 +484,7 @@ def cli(*args: str):
 def accept_json(pair, *options: str) -> dict:
     """`bench accept --json` on two conversations of the fitted pair: the printed result."""
     code, out = cli("accept", "--target", str(pair["target"]), "--drafter", str(pair["fitted"]),
-                    "--prompts", str(pair["prompts"]), "--max-samples", "2",
+                    str(pair["prompts"]), "--max-samples", "2",
                     "--max-new-tokens", "6", "--device", "cpu", "--json", *options)
     assert code == 0, out
     return json.loads(out[out.index("{"):out.rindex("}") + 1])
@@ -505,7 +505,7 @@ def test_cli_tree(pair):
     assert data["shape"] == "tree top-2 depth 3" and data["k"] == 3 and data["lossless"]
     assert any("for a chain" in w for w in data["warnings"])
     code, out = cli("accept", "--target", str(pair["target"]), "--drafter", str(pair["fitted"]),
-                    "--prompts", str(pair["prompts"]), "--tree", "2,3", "--temperature", "0.5")
+                    str(pair["prompts"]), "--tree", "2,3", "--temperature", "0.5")
     assert code == 2 and "--tree verifies greedily" in out and "Traceback" not in out
 
 
@@ -525,25 +525,25 @@ def test_plot_without_matplotlib(pair, tmp_path, monkeypatch):
 @pytest.mark.parametrize(("args", "message"), [
     ([], "--target is required"),
     (["--target", "{target}"], "--drafter is required"),
-    (["--target", "{root}/nope", "--drafter", "{fitted}", "--prompts", "{prompts}"],
+    (["--target", "{root}/nope", "--drafter", "{fitted}", "{prompts}"],
      "--target {root}/nope: no such model directory"),
-    (["--target", "{target}", "--drafter", "{root}", "--prompts", "{prompts}"],
+    (["--target", "{target}", "--drafter", "{root}", "{prompts}"],
      "--drafter {root}"),
-    (["--target", "{target}", "--drafter", "{fitted}", "--prompts", "{root}/none.jsonl"],
-     "--prompts {root}/none.jsonl: no such file"),
-    (["--target", "{target}", "--drafter", "{fitted}", "--prompts", "{prompts}", "--k", "0"],
+    (["--target", "{target}", "--drafter", "{fitted}", "{root}/none.jsonl"],
+     "{root}/none.jsonl: no such prompt file"),
+    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}", "--k", "0"],
      "--k must be at least 1"),
-    (["--target", "{target}", "--drafter", "{fitted}", "--prompts", "{prompts}",
+    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
       "--tree", "4"], "--tree 4: expected TOPK,DEPTH"),
-    (["--target", "{target}", "--drafter", "{fitted}", "--prompts", "{prompts}",
+    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
       "--tree", "4,3", "--k", "3"], "--k and --tree exclude each other"),
-    (["--target", "{target}", "--drafter", "{fitted}", "--prompts", "{prompts}",
+    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
       "--temperature", "-1"], "--temperature must be >= 0"),
-    (["--target", "{target}", "--drafter", "{fitted}", "--prompts", "{prompts}",
+    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
       "--dtype", "int8"], "--dtype must be one of"),
-    (["--target", "{target}", "--drafter", "{fitted}", "--prompts", "{prompts}",
+    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
       "--device", "tpu9"], "--device tpu9"),
-    (["--target", "{target}", "--drafter", "{fitted}", "--prompts", "{prompts}",
+    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
       "--plot", "{root}/x.txt"], "--plot {root}/x.txt: give a .png"),
 ])
 def test_bad_input_is_one_message(pair, args, message):
@@ -554,6 +554,16 @@ def test_bad_input_is_one_message(pair, args, message):
     assert "Traceback" not in out
 
 
+def test_prompts_option_is_a_deprecated_alias(pair):
+    code, out = cli("accept", "--target", str(pair["target"]), "--drafter", str(pair["fitted"]),
+                    "--prompts", str(pair["prompts"]), "--max-samples", "1",
+                    "--max-new-tokens", "2", "--device", "cpu", "--json")
+    assert code == 0, out
+    assert "--prompts is deprecated: give the prompt files positionally" in out
+    code, out = cli("accept", "--target", str(pair["target"]), "--drafter", str(pair["fitted"]))
+    assert code == 2 and "error: give the prompt files" in out, out
+
+
 def test_a_drafter_for_another_target_is_refused(pair, tmp_path):
     from transformers import LlamaConfig
 
@@ -562,7 +572,7 @@ def test_a_drafter_for_another_target_is_refused(pair, tmp_path):
                         num_key_value_heads=2)
     save_drafter(Eagle3Drafter(DrafterConfig.from_target(other)), tmp_path / "other")
     code, out = cli("accept", "--target", str(pair["target"]), "--drafter",
-                    str(tmp_path / "other"), "--prompts", str(pair["prompts"]))
+                    str(tmp_path / "other"), str(pair["prompts"]))
     assert code == 2 and "--drafter" in out and "--target" in out, out
     assert "Traceback" not in out
 
@@ -571,7 +581,7 @@ def test_unreadable_prompt_file(pair, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"turns": "not a list"}\n')
     code, out = cli("accept", "--target", str(pair["target"]), "--drafter",
-                    str(pair["fitted"]), "--prompts", str(bad))
+                    str(pair["fitted"]), str(bad))
     assert code == 2 and "bad.jsonl:1" in out and "Traceback" not in out
 
 

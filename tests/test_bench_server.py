@@ -121,8 +121,8 @@ def test_cli_json_with_baseline(tokenizer):
     with SpecServer("vllm", tokenizer=str(tokenizer), step_s=0.002) as srv, \
             SpecServer("vllm", tokenizer=str(tokenizer), speculative=False,
                        step_s=0.002) as base:
-        code, out = cli("--server", srv.url, "--baseline", base.url, "--prompts",
-                        str(MT_BENCH), "--tokenizer", str(tokenizer), "--max-samples", "3",
+        code, out = cli(str(MT_BENCH), "--server", srv.url, "--baseline", base.url,
+                        "--tokenizer", str(tokenizer), "--max-samples", "3",
                         "--max-new-tokens", "16", "--json", "--concurrency", "2")
     assert code == 0, out
     data = json.loads(out[out.index("{"):out.rindex("}") + 1])
@@ -135,17 +135,17 @@ def test_cli_json_with_baseline(tokenizer):
 
 @pytest.mark.parametrize(("args", "message"), [
     ([], "--server is required"),
-    (["--server", "http://127.0.0.1:1", "--prompts", str(MT_BENCH)], "--tokenizer is required"),
-    (["--server", "not a url", "--prompts", str(MT_BENCH), "--tokenizer", "{tok}"],
+    (["--server", "http://127.0.0.1:1", str(MT_BENCH)], "--tokenizer is required"),
+    (["--server", "not a url", str(MT_BENCH), "--tokenizer", "{tok}"],
      "--server not a url: expected"),
-    (["--server", "http://127.0.0.1:1", "--prompts", str(MT_BENCH), "--tokenizer", "{tok}"],
+    (["--server", "http://127.0.0.1:1", str(MT_BENCH), "--tokenizer", "{tok}"],
      "no server answers at http://127.0.0.1:1"),
-    (["--server", "http://127.0.0.1:1", "--prompts", str(MT_BENCH), "--tokenizer", "{tok}",
+    (["--server", "http://127.0.0.1:1", str(MT_BENCH), "--tokenizer", "{tok}",
       "--api", "openai-chat"], "--api must be auto, sglang or vllm"),
-    (["--server", "http://127.0.0.1:1", "--prompts", str(MT_BENCH), "--tokenizer", "{tok}",
+    (["--server", "http://127.0.0.1:1", str(MT_BENCH), "--tokenizer", "{tok}",
       "--concurrency", "0"], "--concurrency must be at least 1"),
-    (["--server", "http://127.0.0.1:1", "--prompts", "nope.jsonl", "--tokenizer", "{tok}"],
-     "--prompts nope.jsonl: no such file"),
+    (["--server", "http://127.0.0.1:1", "nope.jsonl", "--tokenizer", "{tok}"],
+     "nope.jsonl: no such prompt file"),
 ])
 def test_bad_input_is_one_message(tokenizer, args, message):
     code, out = cli(*(a.format(tok=tokenizer) for a in args))

@@ -28,14 +28,22 @@ def write_jsonl(path: Path, n: int = 20) -> Path:
 
 
 def test_help_does_not_import_torch_or_transformers():
+    """`eagle3kit --help` imports no stage; a stage's --help imports only its config (to show
+    the config's defaults), never torch or transformers."""
     code = ("import sys\nfrom eagle3kit.cli import app\n"
-            "try:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
-            "for sub in ('info', 'convert'):\n"
-            "    try:\n        app([sub, '--help'])\n    except SystemExit:\n        pass\n"
-            "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))")
+            "def show(*argv):\n"
+            "    try:\n        app([*argv, '--help'])\n    except SystemExit:\n        pass\n"
+            "    print(argv, sorted(m for m in ('torch', 'transformers', 'numpy')\n"
+            "                       if m in sys.modules))\n"
+            "show()\n"
+            "for sub in ('info', 'convert', 'validate', 'gen', 'plan', 'extract', 'train',\n"
+            "            'export', 'quickstart'):\n"
+            "    show(sub)\n"
+            "show('bench', 'accept')\nshow('bench', 'server')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "info" in out.stdout and "convert" in out.stdout
-    assert out.stdout.strip().splitlines()[-1] == "[]"
+    lines = [line for line in out.stdout.splitlines() if line.startswith("(")]
+    assert lines[0] == "() []", lines[0]  # the top level: not even numpy
+    assert len(lines) == 12 and all(line.endswith(("[]", "['numpy']")) for line in lines), lines
 
 
 def test_version():

@@ -93,7 +93,7 @@ def test_docs_bench_runs(tmp_path):
             server.stop()
 
 
-@pytest.mark.parametrize("option", ["--target", "--drafter", "--prompts", "--k", "--tree",
+@pytest.mark.parametrize("option", ["--target", "--drafter", "--k", "--tree",
                                     "--temperature", "--max-new-tokens", "--max-samples",
                                     "--max-turns", "--format", "--tokenizer", "--chat-template",
                                     "--device", "--dtype", "--tie-epsilon", "--seed", "--plot",

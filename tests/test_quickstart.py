@@ -93,7 +93,8 @@ def test_summary_values_are_sane(reduced: dict) -> None:
     assert r.lossless is True  # speculation at temperature 0 reproduces the target's output
     assert set(r.commands) == {"target", "gen", "validate", "extract", "train", "export",
                                "bench"}
-    assert r.commands["bench"].startswith("eagle3kit bench accept --target ")
+    assert r.commands["bench"].startswith(
+        f"eagle3kit bench accept {r.paths['bench_prompts']} --target ")
     assert "--k 3 --temperature 0" in r.commands["bench"]
 
 

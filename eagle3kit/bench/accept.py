@@ -69,16 +69,18 @@ class AcceptConfig:
     """Largest top-1 minus chosen-token logit gap counted as a near-tie (default per dtype)."""
     seed: int = 0
     plot: Path | None = None
+    trust_remote_code: bool = False
+    """Run code the target directory ships (auto_map in its config or tokenizer)."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
 
     def __post_init__(self) -> None:
         self.target, self.drafter = Path(self.target), Path(self.drafter)
         self.prompts = [Path(p) for p in self.prompts]
         if not self.prompts:
-            raise UserError("give at least one --prompts FILE")
+            raise UserError("give at least one prompt file")
         for path in self.prompts:
             if not path.is_file():
-                raise UserError(f"--prompts {path}: no such file")
+                raise UserError(f"{path}: no such prompt file")
         if not self.target.is_dir():
             raise UserError(f"--target {self.target}: no such model directory")
         if not self.drafter.is_dir():
@@ -193,14 +195,10 @@ def resolve_dtype(name: str, device: Any) -> Any:
     return getattr(torch, name)
 
 
-def load_target(path: Path, device: Any, dtype: Any) -> Any:
-    from transformers import AutoModelForCausalLM
+def load_target(path: Path, device: Any, dtype: Any, trust_remote_code: bool = False) -> Any:
+    from eagle3kit import _hf
 
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    except (OSError, ValueError, KeyError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"--target {path}: cannot load a transformers model ({reason})") from None
+    model = _hf.load_causal_lm(path, trust_remote_code, dtype=dtype)
     return model.to(device).eval()
 
 
@@ -288,8 +286,8 @@ def run(cfg: AcceptConfig) -> AcceptReport:
     convs = bench_prompts.load(cfg.prompts, cfg.format, cfg.max_samples)
     tokenizer_flag = "--tokenizer" if cfg.tokenizer else "--target"
     renderer = bench_prompts.load_renderer(cfg.tokenizer or cfg.target, tokenizer_flag,
-                                           cfg.chat_template)
-    model = load_target(cfg.target, device, dtype)
+                                           cfg.chat_template, cfg.trust_remote_code)
+    model = load_target(cfg.target, device, dtype, cfg.trust_remote_code)
     # The embedding goes in after the pair check, so a drafter for another target gets that
     # message rather than a shape error.
     drafter, checkpoint_notes = load_drafter(cfg.drafter, None, model.config)

@@ -20,14 +20,16 @@ def load(paths: list[Path], fmt: str = "auto", max_samples: int | None = None
     convs, _ = load_conversations(paths, fmt=fmt)
     convs = select(convs, max_samples=max_samples)
     if not convs:
-        raise UserError(f"--prompts {', '.join(map(str, paths))}: no prompts to run")
+        raise UserError(f"{', '.join(map(str, paths))}: no prompts to run")
     return convs
 
 
-def load_renderer(tokenizer: Path, flag: str, chat_template: Path | None = None) -> Renderer:
+def load_renderer(tokenizer: Path, flag: str, chat_template: Path | None = None,
+                  trust_remote_code: bool = False) -> Renderer:
     """The tokenizer and template; errors name `flag` (--target when it is the target's)."""
     try:
-        return Renderer.load(tokenizer, chat_template=chat_template)
+        return Renderer.load(tokenizer, chat_template=chat_template,
+                             trust_remote_code=trust_remote_code)
     except UserError as exc:
         raise UserError(str(exc).replace("--tokenizer", flag, 1)) from None
 

@@ -64,6 +64,8 @@ class ServerBenchConfig:
     request_timeout: float | None = None
     seed: int = 0
     plot: Path | None = None
+    trust_remote_code: bool = False
+    """Run code the tokenizer directory ships (auto_map in its tokenizer_config.json)."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
 
     def __post_init__(self) -> None:
@@ -71,10 +73,10 @@ class ServerBenchConfig:
 
         self.prompts = [Path(p) for p in self.prompts]
         if not self.prompts:
-            raise UserError("give at least one --prompts FILE")
+            raise UserError("give at least one prompt file")
         for path in self.prompts:
             if not path.is_file():
-                raise UserError(f"--prompts {path}: no such file")
+                raise UserError(f"{path}: no such prompt file")
         if self.api not in API_CHOICES or self.api == "openai-chat":
             raise UserError(f"--api must be auto, sglang or vllm (got {self.api})")
         for flag, url in (("--server", self.server), ("--baseline", self.baseline)):
@@ -370,7 +372,8 @@ def _figures(info: Any, out: dict[str, Any]) -> dict[str, Any]:
 def run(cfg: ServerBenchConfig) -> ServerReport:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     convs = bench_prompts.load(cfg.prompts, cfg.format, cfg.max_samples)
-    renderer = bench_prompts.load_renderer(cfg.tokenizer, "--tokenizer", cfg.chat_template)
+    renderer = bench_prompts.load_renderer(cfg.tokenizer, "--tokenizer", cfg.chat_template,
+                                           cfg.trust_remote_code)
     roles = [("speculative", cfg.server)] + ([("baseline", cfg.baseline)] if cfg.baseline else [])
     outcomes: dict[str, tuple[Any, dict[str, Any]]] = {}
     with _ui.Progress("bench server", len(convs) * len(roles), cfg.output,

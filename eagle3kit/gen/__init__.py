@@ -170,7 +170,8 @@ async def _backends(cfg: GenConfig, renderer: Renderer) -> list[Backend]:
     if cfg.engine == "hf":
         from eagle3kit.gen.hf_engine import HfBackend
 
-        return [HfBackend.load(cfg.target, slots=cfg.concurrency)]
+        return [HfBackend.load(cfg.target, slots=cfg.concurrency,
+                               trust_remote_code=cfg.trust_remote_code)]
     chat = {"chat_rebuild": text_rebuilder(renderer),
             "chat_template_kwargs": cfg.chat_template_kwargs} if cfg.api == "openai-chat" else {}
     return [await connect(s.url, cfg.api, s.concurrency or cfg.concurrency, cfg.api_key,
@@ -206,7 +207,9 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
     where = {k: identity.pop(k) for k in ("tokenizer", "chat_template_file")}
     config = {**cfg.identity(), "renderer": identity}
     provenance = {"prompts": [str(p) for p in cfg.prompts], "dataset": cfg.dataset,
-                  "servers": [b.name for b in backends], "engine": cfg.engine, **where}
+                  "servers": [b.name for b in backends], "engine": cfg.engine,
+                  # Later stages (validate, extract, train) run the same shipped code.
+                  "trust_remote_code": cfg.trust_remote_code, **where}
     total = sum(len(c.ids) for c in chains)
     writer = DatasetWriter(cfg.output, mode=cfg.mode, config=config, force=cfg.force,
                            provenance=provenance, commit_every=cfg.commit_every,

@@ -54,6 +54,8 @@ class GenConfig:
     tokenizer: Path | None = None
     """The target's tokenizer directory (default: --target with --engine hf)."""
     trust_remote_code: bool = False
+    """Run code the tokenizer or target directory ships (auto_map); recorded in the dataset,
+    so later stages run it without being told again."""
     chat_template: Path | None = None
     chat_template_kwargs: dict = field(default_factory=dict)
     system: str | None = None

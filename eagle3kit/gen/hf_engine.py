@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3kit.errors import UserError
 from eagle3kit.gen.types import Completion, GenRequest
 
 
@@ -26,15 +25,12 @@ class HfBackend:
     _pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1))
 
     @classmethod
-    def load(cls, target: Path, slots: int = 1) -> HfBackend:
+    def load(cls, target: Path, slots: int = 1, trust_remote_code: bool = False) -> HfBackend:
         import torch
-        from transformers import AutoModelForCausalLM
 
-        try:
-            model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
-        except (OSError, ValueError) as exc:
-            raise UserError(f"--target {target}: cannot load a transformers model ({exc})"
-                            ) from None
+        from eagle3kit import _hf
+
+        model = _hf.load_causal_lm(target, trust_remote_code, dtype=torch.float32)
         model.eval()
         limit = getattr(model.config, "max_position_embeddings", None)
         return cls(model, f"hf:{target}", slots, limit)

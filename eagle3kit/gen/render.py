@@ -413,19 +413,16 @@ def load_tokenizer(path: Path, trust_remote_code: bool) -> PreTrainedTokenizerBa
     if not path.is_dir():
         raise UserError(f"--tokenizer {path}: not a directory (give the model or tokenizer "
                         "directory)")
+    if not _plain_fast_tokenizer(path):
+        from eagle3kit import _hf
+
+        return _hf.load_tokenizer(path, trust_remote_code)
     try:
-        if _plain_fast_tokenizer(path):
-            from transformers import PreTrainedTokenizerFast
+        from transformers import PreTrainedTokenizerFast
 
-            return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
-                                             local_files_only=True)
+        return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # transformers raises many kinds; all mean "not loadable"
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if "trust_remote_code" in str(exc) and not trust_remote_code:
-            reason = "it ships its own tokenizer code; pass --trust-remote-code to run it"
         raise UserError(f"--tokenizer {path}: cannot load a tokenizer: {reason}") from None
 
 

@@ -1,8 +1,21 @@
-"""The EAGLE-3 draft model, its configuration and its draft vocabulary."""
+"""The EAGLE-3 draft model, its configuration and its draft vocabulary.
 
-from eagle3kit.model.config import DrafterConfig, config_fingerprint, default_layer_ids, rope_of
-from eagle3kit.model.drafter import DraftCache, Eagle3Drafter, TTTState
-from eagle3kit.model.vocab import DraftVocab, build_vocab, count_tokens, vocab_problems
+The names below load on first use: `eagle3kit.model.acceptance` (what `bench server` needs)
+and the config helpers must not pay for importing torch, which the drafter module does.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_HOMES = {
+    "DrafterConfig": "config", "config_fingerprint": "config", "default_layer_ids": "config",
+    "rope_of": "config",
+    "DraftCache": "drafter", "Eagle3Drafter": "drafter", "TTTState": "drafter",
+    "DraftVocab": "vocab", "build_vocab": "vocab", "count_tokens": "vocab",
+    "vocab_problems": "vocab",
+}
 
 __all__ = [
     "DraftCache",
@@ -17,3 +30,17 @@ __all__ = [
     "rope_of",
     "vocab_problems",
 ]
+
+if TYPE_CHECKING:
+    from eagle3kit.model.config import DrafterConfig, config_fingerprint, default_layer_ids, rope_of
+    from eagle3kit.model.drafter import DraftCache, Eagle3Drafter, TTTState
+    from eagle3kit.model.vocab import DraftVocab, build_vocab, count_tokens, vocab_problems
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value

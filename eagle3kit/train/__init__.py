@@ -1,20 +1,24 @@
 """Training an EAGLE-3 drafter: offline from hidden-state datasets, or online with the
 target in the loop. `run(TrainConfig)` is the stage; `evaluate` predicts acceptance.
 
-See docs/train.md.
+Importing this package is free: `TrainConfig` checks a command line before torch loads, and
+the rest (all torch) loads on first use. See docs/train.md.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from eagle3kit.train.config import DataSpec, TrainConfig, TrainResult
-from eagle3kit.train.loop import Trainer, run
-from eagle3kit.train.target import OfflineTarget, OnlineTarget, TargetBatch, TargetHead
-from eagle3kit.train.ttt import (
-    EvalResult,
-    TTTLoss,
-    chain_verdicts,
-    conditional_counts,
-    evaluate,
-    predicted_acceptance_length,
-)
+
+_HOMES = {
+    "Trainer": "loop",
+    "OfflineTarget": "target", "OnlineTarget": "target", "TargetBatch": "target",
+    "TargetHead": "target",
+    "EvalResult": "ttt", "TTTLoss": "ttt", "chain_verdicts": "ttt",
+    "conditional_counts": "ttt", "evaluate": "ttt", "predicted_acceptance_length": "ttt",
+}
 
 __all__ = [
     "DataSpec",
@@ -33,3 +37,31 @@ __all__ = [
     "predicted_acceptance_length",
     "run",
 ]
+
+if TYPE_CHECKING:
+    from eagle3kit.train.loop import Trainer
+    from eagle3kit.train.target import OfflineTarget, OnlineTarget, TargetBatch, TargetHead
+    from eagle3kit.train.ttt import (
+        EvalResult,
+        TTTLoss,
+        chain_verdicts,
+        conditional_counts,
+        evaluate,
+        predicted_acceptance_length,
+    )
+
+
+def run(cfg: TrainConfig) -> TrainResult:
+    """Train (or continue) the run `cfg` describes; see eagle3kit.train.loop.run."""
+    from eagle3kit.train.loop import run as train
+
+    return train(cfg)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value

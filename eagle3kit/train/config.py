@@ -111,6 +111,9 @@ class TrainConfig:
     """Write a resumable checkpoint every N steps (and at the end)."""
     keep: int = 2
     """How many checkpoints to keep."""
+    trust_remote_code: bool | None = None
+    """Run code the target directory ships (auto_map); None: as the datasets' makers were
+    told (gen and extract record --trust-remote-code), else no."""
     mode: str = "auto"
     """auto continues a run when there is one; resume requires one; overwrite starts afresh."""
     force: bool = False
@@ -126,6 +129,7 @@ class TrainConfig:
             raise UserError("give at least one dataset, then the run directory last")
         self._check_ranges()
         self._check_choices()
+        self._check_paths()
 
     def _check_ranges(self) -> None:
         positive = {"--draft-vocab": self.draft_vocab, "--ttt-steps": self.ttt_steps,
@@ -174,6 +178,18 @@ class TrainConfig:
         if not self.device or not (self.device in ("auto", "cpu")
                                    or self.device.startswith("cuda")):
             raise UserError(f"--device must be auto, cpu, cuda or cuda:N (got {self.device})")
+
+    def _check_paths(self) -> None:
+        # Here, not in the stage: a mistyped path is refused in a second, before torch loads.
+        found = [f"{d.path}: no such dataset directory" for d in self.data if not d.path.is_dir()]
+        if not self.target.is_dir():
+            found.append(f"--target {self.target}: no such directory")
+        elif not (self.target / "config.json").is_file():
+            found.append(f"--target {self.target}: no config.json there (an HF model directory?)")
+        if self.init_from is not None and not self.init_from.is_dir():
+            found.append(f"--init-from {self.init_from}: no such directory")
+        if found:
+            raise UserError("; ".join(found))
 
     @property
     def eval_count(self) -> int | None:

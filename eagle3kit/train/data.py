@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
@@ -16,6 +17,9 @@ import xxhash
 from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, DatasetError
 from eagle3kit.format.dataset_dir import read_marker
+
+if TYPE_CHECKING:
+    from eagle3kit.train.config import TrainConfig
 
 SPLIT_SALT = "eagle3kit-eval-split"
 """Mixed into the sample-id hash, so the split does not correlate with other id-hash uses
@@ -53,6 +57,26 @@ class Source:
                 "manifest_xxh3": xxhash.xxh3_128_hexdigest(
                     (self.path / "manifest.json").read_bytes()),
                 "manifest": keep}
+
+
+def trust_remote_code(cfg: TrainConfig) -> bool:
+    """--trust-remote-code as given, or, without it, whether a dataset's maker was given it
+    (gen and extract record it): the same target needs the same consent at every stage."""
+    import json
+
+    from eagle3kit._hf import recorded_trust
+    from eagle3kit.format.layout import MANIFEST
+
+    if cfg.trust_remote_code is not None:
+        return cfg.trust_remote_code
+    for spec in cfg.data:
+        try:
+            manifest = json.loads((spec.path / MANIFEST).read_text())
+        except (OSError, ValueError):
+            continue  # not a dataset: open_source says so, by name
+        if isinstance(manifest, dict) and recorded_trust(manifest):
+            return True
+    return False
 
 
 def open_source(path: Path, weight: float, online: bool) -> Source:

@@ -196,7 +196,8 @@ class Trainer:
     # The whole run ------------------------------------------------------------------------
     def run(self) -> TrainResult:
         cfg = self.cfg
-        self.target_cfg = read_config(cfg.target)
+        self.trust_remote_code = tdata.trust_remote_code(cfg)
+        self.target_cfg = read_config(cfg.target, self.trust_remote_code)
         self.target_id = identity(cfg.target, self.target_cfg)
         self.sources = [tdata.open_source(d.path, d.weight, cfg.online) for d in cfg.data]
         continuing = self._open_run_dir()
@@ -269,10 +270,12 @@ class Trainer:
     def _load_target(self) -> None:
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
         if self.cfg.online:
-            self.online = OnlineTarget.load(self.cfg.target, self.layers, self.device)
+            self.online = OnlineTarget.load(self.cfg.target, self.layers, self.device,
+                                            self.trust_remote_code)
             self.head = self.online.head
         else:
-            self.head = TargetHead.load(self.cfg.target, self.target_cfg).to_device(
+            self.head = TargetHead.load(self.cfg.target, self.target_cfg,
+                                        self.trust_remote_code).to_device(
                 self.device, dtype)
             last = self.sources[0].dataset.last_state  # type: ignore[attr-defined]
             self.offline = OfflineTarget(self.head, last, self.device)
@@ -423,7 +426,8 @@ class Trainer:
             "config": {k: (str(v) if isinstance(v, Path) else v)
                        for k, v in _resolved(self.cfg).items()},
             "world_size": self.ranks.world, "mode": "online" if self.cfg.online else "offline",
-            "target": self.target_id, "layer_ids": self.layers, "layer_convention": "boundary",
+            "target": self.target_id, "trust_remote_code": self.trust_remote_code,
+            "layer_ids": self.layers, "layer_convention": "boundary",
             "drafter": self.drafter.config.to_dict(),
             "vocab": {"size": self.vocab.size, "coverage": self.vocab.coverage,
                       "source": self.vocab_source, "file": rd.vocab.name},

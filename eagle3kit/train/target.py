@@ -51,15 +51,12 @@ class TargetBatch:
                                                     self.aux, self.normed, self.argmax)))
 
 
-def read_config(path: Path) -> Any:
-    from transformers import AutoConfig
+def read_config(path: Path, trust_remote_code: bool = False) -> Any:
+    from eagle3kit import _hf
 
     if not (path / "config.json").is_file():
         raise UserError(f"--target {path}: no config.json there (an HF model directory?)")
-    try:
-        config = AutoConfig.from_pretrained(str(path))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"--target {path}: cannot read its config ({exc})") from None
+    config = _hf.load_config(path, trust_remote_code)
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
@@ -76,11 +73,11 @@ def identity(path: Path, config: Any) -> dict:
             "fingerprint": config_fingerprint(config)}
 
 
-def _meta_model(config: Any) -> nn.Module:
+def _meta_model(config: Any, trust_remote_code: bool = False) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
 
 
 def _param_name(model: nn.Module, param: torch.Tensor) -> str:
@@ -131,8 +128,8 @@ class TargetHead(nn.Module):
         self.requires_grad_(False)
 
     @classmethod
-    def load(cls, path: Path, config: Any) -> TargetHead:
-        model = _meta_model(config)
+    def load(cls, path: Path, config: Any, trust_remote_code: bool = False) -> TargetHead:
+        model = _meta_model(config, trust_remote_code)
         emb = model.get_input_embeddings().weight
         out = model.get_output_embeddings()
         norm = _final_norm(model)
@@ -242,14 +239,12 @@ class OnlineTarget:
         return hook
 
     @classmethod
-    def load(cls, path: Path, layers: list[int], device: torch.device) -> OnlineTarget:
-        from transformers import AutoModelForCausalLM
+    def load(cls, path: Path, layers: list[int], device: torch.device,
+             trust_remote_code: bool = False) -> OnlineTarget:
+        from eagle3kit import _hf
 
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-        try:
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-        except (OSError, ValueError, ImportError) as exc:
-            raise UserError(f"--target {path}: cannot load the model ({exc})") from None
+        model = _hf.load_causal_lm(path, trust_remote_code, dtype=dtype)
         model.to(device).eval().requires_grad_(False)
         return cls(model, layers, device)
 
