@@ -380,8 +380,9 @@ class Progress:
             self._row(key).add(n, increments)
         self._tick()
 
-    def set(self, *, rows: Sequence[str] = (), **values: float) -> None:
-        """Overwrite gauges that go up and down, such as in_flight: the run's, or the rows'."""
+    def set(self, *, rows: Sequence[str] = (), **values: float | None) -> None:
+        """Overwrite gauges that go up and down, such as in_flight: the run's, or the rows'.
+        None shows the gauge as "–": not measured yet."""
         if not rows:
             self._all.counters.update(values)
         for key in (rows,) if isinstance(rows, str) else rows:
@@ -457,6 +458,8 @@ class Progress:
             if name == "truncated":  # shown even at 0: a clean run is worth knowing about
                 share = "" if f.truncation is None else f" ({100 * f.truncation:.1f}%)"
                 parts.append(f"truncated {_number(value)}{share}")
+            elif value is None:  # a gauge with no reading yet (train's AL before evaluating)
+                parts.append(f"{name} –")
             elif name != "tokens" and (value or name in _ALWAYS_SHOWN):
                 parts.append(f"{name} {_number(value)}")
         if f.mean_tokens is not None:

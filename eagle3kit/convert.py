@@ -319,9 +319,13 @@ def import_jsonl(cfg: ConvertConfig) -> ConvertResult:
 def _import_line(cfg: ConvertConfig, line: bytes, mark: SourceMark, writer: DatasetWriter,
                  result: ConvertResult, progress: _ui.Progress) -> None:
     try:
-        sample = record_to_sample(orjson.loads(line))
+        # Without its newline: orjson counts lines within what it is given, and a "line 2"
+        # of a one-line string would read as a second line of the file.
+        sample = record_to_sample(orjson.loads(line.rstrip(b"\r\n")))
         added = writer.add(sample)
     except (ValueError, OverflowError, TypeError) as exc:
+        if isinstance(exc, orjson.JSONDecodeError):
+            exc = ValueError(f"invalid JSON ({exc.msg} at column {exc.colno})")
         if not cfg.skip_bad_lines:
             raise UserError(f"{cfg.src}:{mark.line}: {exc} (use --skip-bad-lines to skip such "
                             "lines; samples before it are committed)") from None

@@ -222,8 +222,17 @@ def stage_target(cfg: QuickstartConfig, lay: Layout, out: _ui.OutputOptions) -> 
     # Unfinished (no training log, written last): a minute or two to redo, so start over.
     if lay.target.exists():
         shutil.rmtree(lay.target)
+    _ui.info("target: a tokenizer from the standard library's docstrings, then "
+             f"{cfg.target_steps} training steps (the longest stage: a minute or two)", out)
     tiny.make_target(lay.target)
-    tiny.train_target(lay.target, steps=cfg.target_steps, threads=cfg.threads)
+    # The same live display (or status lines) as the later stages: this one must not look hung.
+    with _ui.Progress("target", cfg.target_steps, out, unit="steps") as progress:
+        def step(loss: float) -> None:
+            progress.add(1)
+            progress.set(loss=loss)
+
+        tiny.train_target(lay.target, steps=cfg.target_steps, threads=cfg.threads,
+                          on_step=step)
     losses = json.loads((lay.target / "tiny_training.json").read_text())["losses"]
     _ui.info(f"target: 8 layers, hidden 64, heads of 32, trained {cfg.target_steps} steps on "
              f"stdlib docstrings (loss {losses[0]:.2f} -> {losses[-1]:.2f})", out)

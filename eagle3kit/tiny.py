@@ -14,6 +14,7 @@ import json
 import math
 import re
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -234,7 +235,8 @@ def _batch(chats: list[list[int]], pad: int):
 
 def train_target(target_dir: str | Path, *, steps: int = 300, seq_len: int = 256,
                  seed: int = 0, corpus: list[str] | None = None, batch_size: int = 8,
-                 lr: float = 5e-3, threads: int = 1) -> Path:
+                 lr: float = 5e-3, threads: int = 1,
+                 on_step: Callable[[float], None] | None = None) -> Path:
     """Briefly train the tiny target in `target_dir` (made by make_target) and save it in place.
 
     `corpus` is a list of docstring-like texts, each turned into one reasoning chat
@@ -247,7 +249,8 @@ def train_target(target_dir: str | Path, *, steps: int = 300, seq_len: int = 256
     The defaults take ~1.5-3 minutes for the 8-layer, hidden-64 target (loss ~6.9 to ~3.0),
     after which greedy outputs reach </think> and <|im_end|> within ~60 tokens, each once
     (300 steps: at 150 some answers still repeated their </think>). The loss curve is
-    written to `target_dir/tiny_training.json`.
+    written to `target_dir/tiny_training.json`. `on_step(loss)` is called after each step
+    (quickstart draws its progress from it).
     """
     import torch
 
@@ -258,13 +261,13 @@ def train_target(target_dir: str | Path, *, steps: int = 300, seq_len: int = 256
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _train(Path(target_dir), steps, seq_len, seed, corpus, batch_size, lr)
+        return _train(Path(target_dir), steps, seq_len, seed, corpus, batch_size, lr, on_step)
     finally:
         torch.set_num_threads(before)
 
 
 def _train(out: Path, steps: int, seq_len: int, seed: int, corpus: list[str] | None,
-           batch_size: int, lr: float) -> Path:
+           batch_size: int, lr: float, on_step: Callable[[float], None] | None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -298,6 +301,8 @@ def _train(out: Path, steps: int, seq_len: int, seed: int, corpus: list[str] | N
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(round(loss.item(), 4))
+        if on_step is not None:
+            on_step(losses[-1])
     model.eval()
     model.save_pretrained(out)
     (out / "tiny_training.json").write_text(json.dumps(

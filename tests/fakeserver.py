@@ -14,7 +14,15 @@ In a test::
         srv.set_faults(fail_next=3, fail_status=503)
         ids, finish = srv.expected(prompt_ids, max_tokens=64, stop_token_ids=[258], seed=1)
 
-As a process (crash tests, benchmarks)::
+As a process, the stand-in SGLang server the README's gen example talks to (its answers are
+random tokens; `--tokenizer` is the tokenizer gen renders prompts with, which
+`python examples/make_tiny.py --save-tokenizer qwen3-tokenizer` makes: without it the server
+counts bytes and gen's tokenizer check refuses it). It says where it listens once it does::
+
+    python tests/fakeserver.py --api sglang --port 30000 --tokenizer qwen3-tokenizer
+
+For crash tests and benchmarks, port 0 picks a free port and --port-file tells it (and keeps
+the announcement out of their output)::
 
     python tests/fakeserver.py --api vllm --port 0 --port-file /tmp/port --slots 64
 """
@@ -518,8 +526,10 @@ class FakeServer:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
 
     # Lifecycle (inside the loop) ----------------------------------------------------------
-    async def serve(self, port_file: str | os.PathLike | None = None) -> None:
-        """Run until stop(): listen, write the port to port_file (atomically), serve."""
+    async def serve(self, port_file: str | os.PathLike | None = None,
+                    on_ready: Any = None) -> None:
+        """Run until stop(): listen, write the port to port_file (atomically), call
+        on_ready(), serve."""
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
         self._slot_sem = asyncio.Semaphore(self.slots)
@@ -544,6 +554,8 @@ class FakeServer:
             tmp.write_text(str(self.port))
             tmp.replace(port_file)
         self._ready.set()
+        if on_ready is not None:
+            on_ready()
         if not self._stop_requested:
             await self._stop_event.wait()
         for task in list(self._inflight):
@@ -1209,15 +1221,27 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--faults", type=orjson.loads, default=None, help="JSON object of Faults fields")
     args = vars(p.parse_args(argv))
     port_file = args.pop("port_file")
-    srv = FakeServer(args.pop("api"), **args)
+    api = args.pop("api")
+    srv = FakeServer(api, **args)
+
+    def announce() -> None:
+        # For the person who started it (README): where gen should point. Scripts that pass
+        # --port-file read the port from there instead.
+        tokenizer = args["tokenizer"] or "none: byte ids, for tests that need no real one"
+        print(f"fakeserver: {api} API on http://{srv.host}:{srv.port} (random tokens; "
+              f"tokenizer {tokenizer}); Ctrl-C stops it", file=sys.stderr, flush=True)
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, srv.request_stop)
-        await srv.serve(port_file)
+        await srv.serve(port_file, on_ready=None if port_file else announce)
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except OSError as exc:  # the port is taken, or the address is not this machine's
+        sys.exit(f"fakeserver: cannot listen on {args['host']}:{args['port']} "
+                 f"({exc.strerror or exc})")
 
 
 if __name__ == "__main__":

@@ -121,3 +121,44 @@ def test_ruff_is_clean():
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=root,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+REFUSALS = [  # a mistyped path for each stage: refused by name before torch is imported
+    (["train", "{x}/no-data", "{x}/run", "--target", "{x}/no-target"], "{x}/no-data"),
+    (["export", "{x}/no-run", "{x}/out"], "{x}/no-run: no such run directory"),
+    (["bench", "accept", "{x}/no.jsonl", "--target", "{x}", "--drafter", "{x}"],
+     "{x}/no.jsonl: no such prompt file"),
+    (["bench", "server", "{x}/no.jsonl", "--server", "http://127.0.0.1:9", "--tokenizer",
+      "{x}"], "{x}/no.jsonl: no such prompt file"),
+    (["extract", "{x}/no-tokens", "{x}/out", "--target", "{x}/no-target"],
+     "--target {x}/no-target: no such directory"),
+    (["info", "{x}/nothing"], "{x}/nothing: no such directory"),
+    (["validate", "{x}/nothing"], "{x}/nothing"),
+    (["convert", "{x}/no.jsonl", "{x}/out"], "{x}/no.jsonl"),
+    (["gen", "{x}/no.jsonl", "{x}/out", "--server", "http://127.0.0.1:9", "--tokenizer", "{x}"],
+     "{x}/no.jsonl: no such prompt file"),
+]
+
+
+def test_mistyped_paths_are_refused_before_torch_loads(tmp_path):
+    """Each stage checks its paths in its config, so a typo costs a second, not the 7-22 s of
+    importing torch and transformers first. One process runs them all in turn and reports,
+    after each, whether torch or transformers had been imported."""
+    code = ("import json, sys\nfrom eagle3kit.cli import main\n"
+            "for argv in json.loads(sys.argv[1]):\n"
+            "    sys.argv = ['eagle3kit', *argv]\n"
+            "    try:\n        main()\n    except SystemExit as exc:\n"
+            "        status = exc.code\n"
+            "    heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
+            "    print(json.dumps([status, heavy]), flush=True)\n")
+    argvs = [[a.format(x=tmp_path) for a in argv] for argv, _ in REFUSALS]
+    out = subprocess.run([sys.executable, "-c", code, orjson.dumps(argvs).decode()],
+                         capture_output=True, text=True, timeout=120)
+    results = [orjson.loads(line) for line in out.stdout.splitlines()]
+    assert len(results) == len(REFUSALS), out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == len(REFUSALS) and "Traceback" not in out.stderr, out.stderr
+    for (argv, message), (status, heavy), error in zip(REFUSALS, results, errors, strict=True):
+        assert status == 2, (argv, status)
+        assert message.format(x=tmp_path) in error, (argv, error)
+        assert heavy == [], f"{argv[0]}: imported {heavy} before refusing a mistyped path"

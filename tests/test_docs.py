@@ -17,7 +17,11 @@ user would type: `http://127.0.0.1:PORT` with PORT a key of DOC_SERVERS. For eac
 doc uses, the test starts a stand-in server (tests/fakeserver.py, with the Qwen3 tokenizer)
 on a free port it picks, and substitutes that port for the documented one in the command
 before running it; a loopback port the table does not know fails the test. So the docs show
-the usual SGLang (30000) and vLLM (8000) ports, and two test runs never collide.
+the usual SGLang (30000) and vLLM (8000) ports, and two test runs never collide. A doc may also
+start the stand-in itself, as a user would, with a command ending in `&` (the README's
+`python tests/fakeserver.py ... --port 30000 ... &`): the test runs it in the background on a
+free port of its own, waits for the line the server prints once it listens (that line is the
+command's output), points the page's later commands at it, and stops it after the page.
 
 Speed. `eagle3kit` runs in a process forked from a pre-warmed interpreter that has already
 imported eagle3kit and transformers (the import is most of a short command's time); each
@@ -74,6 +78,9 @@ SKIPPED = ("pip install ", "python -m pytest")
 TEST_COMMAND = "pip install torch==2.13.0 && pip install -e '.[test]' && python -m pytest"
 MAIN_COMMAND = "pip install torch==2.13.0 && pip install -e . && eagle3kit quickstart"
 LOOPBACK = re.compile(r"\b127\.0\.0\.1:(\d+)\b")
+BACKGROUND = re.compile(r"\s+&\s*$")
+"""A command the docs start in the background: a server the later commands talk to."""
+PORT_FLAG = re.compile(r"--port (\d+)\b")
 CACHED_SETUP = {
     "python examples/make_tiny.py --save-tokenizer qwen3-tokenizer": ("qwen3-tokenizer",),
 }
@@ -169,8 +176,13 @@ class DocServers:
         self._tokenizer = None
         self.ports: dict[int, int] = {}
         self._running: list = []
+        self.launched: dict[int, int] = {}
+        """Documented port -> the real one of a server the page started itself (`... &`)."""
+        self._processes: list[subprocess.Popen] = []
 
     def port(self, documented: int) -> int:
+        if documented in self.launched:
+            return self.launched[documented]
         if documented not in self.ports:
             if documented not in DOC_SERVERS:
                 raise KeyError(documented)
@@ -183,7 +195,7 @@ class DocServers:
 
     def restore(self, text: str) -> str:
         """Output as it reads with the servers on their documented ports."""
-        back = {real: doc for doc, real in self.ports.items()}
+        back = {real: doc for doc, real in {**self.ports, **self.launched}.items()}
         return LOOPBACK.sub(lambda m: f"127.0.0.1:{back.get(int(m.group(1)), m.group(1))}",
                             text)
 
@@ -203,7 +215,43 @@ class DocServers:
         self._running.append(server)
         return server.port
 
+    def launch(self, command: str, cwd: Path, env: dict[str, str], timeout: float = 120
+               ) -> str:
+        """Start a documented `SERVER --port N ... &` on a free port; return what it prints
+        once it listens, as it reads with the documented port."""
+        documented = [int(p) for p in PORT_FLAG.findall(command)]
+        assert documented, f"a background command names no --port: {command}"
+        for port in documented:
+            self.launched[port] = _free_port(len(str(port)))
+        text = PORT_FLAG.sub(lambda m: f"--port {self.launched[int(m.group(1))]}",
+                             BACKGROUND.sub("", command))
+        log = Path(tempfile.mkdtemp(prefix="e3k-doc-server-")) / "log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(["bash", "-c", f"exec {self.substitute(text)}"], cwd=cwd,
+                                    env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT)
+        self._processes.append(proc)
+        deadline = time.monotonic() + timeout
+        while " on http://" not in (said := log.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                f"`{command}` did not say where it listens:\n{said}")
+            time.sleep(0.05)
+        shutil.rmtree(log.parent, ignore_errors=True)
+        return self.restore(said.strip())
+
+    def stop_launched(self) -> None:
+        for proc in self._processes:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._processes.clear()
+        self.launched.clear()
+
     def stop(self) -> None:
+        self.stop_launched()
         for server in self._running:
             server.stop()
         self._running.clear()
@@ -385,6 +433,7 @@ def _checkout_like(tmp_path: Path) -> Path:
     )
     (work / "tests").mkdir()
     (work / "tests" / "data").symlink_to(REPO / "tests" / "data")
+    (work / "tests" / "fakeserver.py").symlink_to(REPO / "tests" / "fakeserver.py")
     return work
 
 
@@ -443,24 +492,90 @@ def test_doc_commands_run(doc: Path, tmp_path: Path, request) -> None:
     assert cmds, f"{doc.name}: no runnable commands found"
     unknown = doc_ports(" ".join(c.text for c in cmds)) - DOC_SERVERS.keys()
     assert not unknown, f"{doc.name}: loopback ports {sorted(unknown)} are not in DOC_SERVERS"
+    work = _run_commands(doc, cmds, tmp_path, request)
+    if doc.name == "README.md":
+        assert not_ignored(work) == [], "the README's commands leave files git would list"
+
+
+def _run_commands(doc: Path, cmds: list[Command], tmp_path: Path, request) -> Path:
+    """Run `cmds` of `doc` in order in a checkout-like directory; return that directory."""
     servers = request.getfixturevalue("doc_servers") if doc_ports(
         " ".join(c.text for c in cmds)) else None
     cache: SetupCache = request.getfixturevalue("setup_cache")
     work = _checkout_like(tmp_path)
     _shims(tmp_path / "bin", request.getfixturevalue("prewarmed"))
     env = _doc_env(tmp_path / "bin")
-    for cmd in cmds:
-        text = servers.substitute(cmd.text) if servers else cmd.text
-        if cache.replay(text, work):
-            continue
-        proc = subprocess.run(
-            ["bash", "-c", text], cwd=work, env=env, capture_output=True, text=True, timeout=300
-        )
-        assert proc.returncode == cmd.status, (
-            f"{doc.name}:{cmd.line}: `{text}` exited {proc.returncode}, the doc says "
-            f"{cmd.status}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
-        )
-        cache.record(text, work)
+    try:
+        for cmd in cmds:
+            if BACKGROUND.search(cmd.text):
+                assert servers is not None, f"{doc.name}:{cmd.line}: a server for no command"
+                servers.launch(cmd.text, work, env)
+                continue
+            text = servers.substitute(cmd.text) if servers else cmd.text
+            if cache.replay(text, work):
+                continue
+            proc = subprocess.run(["bash", "-c", text], cwd=work, env=env, capture_output=True,
+                                  text=True, timeout=300)
+            assert proc.returncode == cmd.status, (
+                f"{doc.name}:{cmd.line}: `{text}` exited {proc.returncode}, the doc says "
+                f"{cmd.status}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n"
+                f"{proc.stderr[-3000:]}")
+            cache.record(text, work)
+    finally:
+        if servers is not None:
+            servers.stop_launched()
+    return work
+
+
+def not_ignored(work: Path) -> list[str]:
+    """What the commands left in the work directory that .gitignore does not cover: in a
+    checkout, `git status` would list it (the README's tour runs in one)."""
+    made = sorted(p.name + ("/" if p.is_dir() else "") for p in work.iterdir()
+                  if p.name not in ("examples", "tests"))
+    if not made:
+        return []
+    proc = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index", "--stdin"],
+                          input="\n".join(made), capture_output=True, text=True)
+    ignored = set(proc.stdout.split())
+    return [name for name in made if name not in ignored]
+
+
+def test_readme_tour_runs_and_its_server_line_serves_the_gen_example(tmp_path, request):
+    """The README up to its first command that needs the quickstart's files: the tour, the
+    stand-in server started with the very line the README shows (it must say where it
+    listens), and gen against it. Everything it writes is git-ignored."""
+    cmds = commands(REPO / "README.md")
+    first_quickstart_use = next(i for i, c in enumerate(cmds)
+                                if "eagle3kit-quickstart/" in c.text)
+    tour = [c for c in cmds[:first_quickstart_use] if c.text != "eagle3kit quickstart"]
+    server = [c for c in tour if BACKGROUND.search(c.text)]
+    assert [c.text for c in server] == [
+        "python tests/fakeserver.py --api sglang --port 30000 --tokenizer qwen3-tokenizer &"]
+    assert any(c.text.startswith("eagle3kit gen ") and "127.0.0.1:30000" in c.text
+               for c in tour)
+    work = _run_commands(REPO / "README.md", tour, tmp_path, request)
+    assert (work / "mt-bench" / "manifest.json").is_file()
+    assert not_ignored(work) == []
+
+
+def test_the_stand_in_server_says_where_it_listens(tmp_path, doc_servers, qwen3_dir):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    said = doc_servers.launch(f"python {REPO}/tests/fakeserver.py --api sglang --port 30000 "
+                              f"--tokenizer {qwen3_dir} &", tmp_path, env)
+    try:
+        real = doc_servers.launched[30000]
+        assert said == (f"fakeserver: sglang API on http://127.0.0.1:30000 (random tokens; "
+                        f"tokenizer {qwen3_dir}); Ctrl-C stops it")
+        import httpx
+
+        assert httpx.get(f"http://127.0.0.1:{real}/health", timeout=10).status_code == 200
+    finally:
+        doc_servers.stop_launched()
+    taken = subprocess.run([sys.executable, str(REPO / "tests" / "fakeserver.py"), "--port",
+                            str(doc_servers.port(30000))], capture_output=True, text=True,
+                           timeout=60, env=env)
+    assert taken.returncode == 1 and taken.stderr.strip().startswith(
+        "fakeserver: cannot listen on 127.0.0.1:"), taken.stderr
 
 
 def test_every_doc_is_checked() -> None:
@@ -554,6 +669,7 @@ def refresh(doc: Path, servers: DocServers, root: Path = Path("/tmp/eagle3kit"))
         shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
     (root / "tests").mkdir()
     (root / "tests" / "data").symlink_to(REPO / "tests" / "data")
+    (root / "tests" / "fakeserver.py").symlink_to(REPO / "tests" / "fakeserver.py")
     bin_dir = root.parent / f"{root.name}-bin"
     shutil.rmtree(bin_dir, ignore_errors=True)
     _shims(bin_dir)
@@ -573,6 +689,10 @@ def refresh(doc: Path, servers: DocServers, root: Path = Path("/tmp/eagle3kit"))
             if lang != "console" and (not stripped or stripped.startswith("#")):
                 continue
             command = stripped[2:] if lang == "console" else stripped
+            if BACKGROUND.search(command):
+                said = servers.launch(command, root, env)
+                lines += [said] if lang == "console" else []
+                continue
             for part, status in split_command(command):
                 proc = subprocess.run(["bash", "-c", servers.substitute(part)], cwd=root, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -586,6 +706,7 @@ def refresh(doc: Path, servers: DocServers, root: Path = Path("/tmp/eagle3kit"))
         new_body = "".join(f"{line}\n" for line in lines)
         pieces += [text[end:m.start(2)], new_body]
         end = m.end(2)
+    servers.stop_launched()
     return "".join(pieces) + text[end:]
 
 

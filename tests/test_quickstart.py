@@ -249,3 +249,22 @@ def test_overwrite_clears_only_a_quickstart_directory(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="not a quickstart directory"):
         quickstart._load_state(quickstart.QuickstartConfig(foreign, overwrite=True))
     assert (foreign / "mine.txt").exists()
+
+
+def test_the_target_stage_shows_progress_and_no_transformers_bars(tmp_path, capfd) -> None:
+    """The quickstart's longest stage reports its steps like every later stage does, and
+    transformers' own "Loading weights" bars (which look finished while work goes on) never
+    appear: switched back on here first, so the stage itself must switch them off."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()
+    cfg = quickstart.QuickstartConfig(tmp_path / "qs", target_steps=3)
+    out = _ui.OutputOptions(no_progress=True, log_every=0.001)
+    quickstart.stage_target(cfg, quickstart.Layout(cfg.out), out)
+    err = capfd.readouterr().err
+    assert "target: a tokenizer from the standard library's docstrings" in err
+    lines = [line for line in err.splitlines() if line.startswith("target ")]
+    assert lines[-1].startswith("target 3/3 (100.0%)"), err
+    assert "loss " in lines[-1], err
+    assert len(lines) >= 3  # a line per step at this --log-every, not one at the end
+    assert "Loading weights" not in err and "it/s]" not in err, err

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -497,3 +498,16 @@ def test_sigkilled_run_resumes_to_the_same_weights(tiny, tmp_path):
     a, b = weights(tmp_path / "whole"), weights(tmp_path / "cut")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert losses(tmp_path / "cut") == losses(tmp_path / "whole")
+
+
+def test_status_shows_no_acceptance_length_before_the_first_evaluation(tiny, tmp_path, capfd):
+    """The untrained drafter's AL is ~1, which reads like the "τ≈1 is a setup error" warning:
+    the status says "AL –" until training evaluates, then the figure."""
+    out = OutputOptions(no_progress=True, log_every=1e-6)
+    run(config(tiny, tiny["hidden"], tmp_path / "r", eval_every=3, max_steps=4, output=out))
+    lines = [x for x in capfd.readouterr().err.splitlines() if x.startswith("train ")]
+    steps = [int(x.split()[1].split("/")[0]) for x in lines]
+    before = [x for x, s in zip(lines, steps, strict=True) if s < 3]
+    after = [x for x, s in zip(lines, steps, strict=True) if s > 3]  # after step 3 evaluated
+    assert before and all(" AL – " in x for x in before), before
+    assert after and all(re.search(r" AL \d\.\d", x) for x in after), after

@@ -45,6 +45,15 @@ def test_status_line_shows_progress_rates_errors_and_eta(capsys: pytest.CaptureF
     assert p.elapsed == 4 and p.rate == 300
 
 
+def test_a_gauge_with_no_reading_shows_a_dash():
+    clock = FakeClock()
+    with Progress("train", 10, OutputOptions(quiet=True), unit="steps", clock=clock) as p:
+        p.set(AL=None)
+        assert " AL – " in p.status_line() + " "
+        p.set(AL=2.5)
+        assert " AL 2.5" in p.status_line() and "–" not in p.status_line()
+
+
 def test_status_line_without_total_counters_and_gauges(capsys: pytest.CaptureFixture[str]):
     clock = FakeClock()
     with Progress("fetch", None, OutputOptions(), unit="requests", clock=clock) as p:

@@ -256,7 +256,7 @@ def _jsonl_records(path: Path) -> Iterator[tuple[int, object]]:
             if not line.strip():
                 continue
             try:
-                yield number, orjson.loads(line)
+                yield number, orjson.loads(line.rstrip(b"\r\n"))  # columns of this line only
             except orjson.JSONDecodeError as exc:
                 # orjson's own "line 1 column N" would read as a file line; give the column
                 yield number, BadRecord(f"invalid JSON ({exc.msg} at column {exc.colno})")

@@ -528,8 +528,12 @@ class Trainer:
         run_tokens = 0
         began = time.monotonic()
         with _ui.Progress("train", total, cfg.output, unit="steps", initial=start) as progress:
-            if self.last_eval:
-                progress.set(**_eval_gauges(self.last_eval))
+            if self.last_eval and self.last_eval is not initial_eval:
+                progress.set(**_eval_gauges(self.last_eval))  # a resumed run's last one
+            elif self.pool.heldout:
+                # "AL 1" from the untrained drafter would read like the τ≈1 warning (a broken
+                # setup): nothing is shown until training's first evaluation.
+                progress.set(AL=None)
             for step in range(start, total):
                 epoch, batch = self.plan.step(step)
                 record = self._step(batch)
