@@ -103,6 +103,10 @@ VLLM_FLAGS: dict[str, Flag] = {
     "--per-request-spec-decode-metrics": frozenset({"summary"}),
     # speculative decoding, a JSON object (docs/export.md; CHECKPOINTS.md §1 "long form")
     "--speculative-config": str,
+    # hidden-state extraction (docs/extract.md; vLLM PR #33736, "extract_hidden_states"):
+    # the states must cover whole prompts, and a KV connector writes them out
+    "--no-enable-prefix-caching": None, "--no-enable-chunked-prefill": None,
+    "--kv-transfer-config": str,
 }
 
 SERVERS = {"sglang": SGLANG_FLAGS, "vllm": VLLM_FLAGS}
@@ -285,3 +289,46 @@ def test_continuations_and_environment() -> None:
     launch = parse(line, text)
     assert (line, launch.model, launch.env) == (11, "org/model", {"CUDA_VISIBLE_DEVICES": "0,1"})
     assert launch.flags == [("-tp", "2"), ("--port", "8000")]
+
+
+EXTRACT_PAGE = REPO / "docs" / "extract.md"
+LAYERS = {"Qwen/Qwen3-8B": 36, "moonshotai/Kimi-K2.5": 61, "deepseek-ai/DeepSeek-R1-0528": 61}
+"""num_hidden_layers of each model extract.md launches (their config.json)."""
+
+
+def extract_launch_lines() -> list[Launch]:
+    return [parse(n, line) for lang, first, body in blocks(EXTRACT_PAGE) if lang == "launch"
+            for n, line in logical_lines(body, first)]
+
+
+def test_extract_launch_lines_name_the_default_ids_then_n():
+    """vLLM's extract_hidden_states gets the aux ids followed by N (the pre-norm last
+    state); the ids are the default (2, N//2, N-3) of each model, as extract uses them."""
+    import json
+
+    from eagle3kit.model import default_layer_ids
+
+    lines = extract_launch_lines()
+    assert {launch.model for launch in lines} == set(LAYERS)
+    commands = [line for lang, first, body in blocks(EXTRACT_PAGE) if lang == "text"
+                for _, line in logical_lines(body, first) if line.startswith("eagle3kit extract")]
+    for launch in lines:
+        n = LAYERS[launch.model]
+        spec = json.loads(launch.get("--speculative-config"))
+        ids = spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"]
+        assert ids == [*default_layer_ids(n), n], (launch.model, ids)
+        assert launch.get("--no-enable-prefix-caching", "--no-enable-chunked-prefill") is None
+        assert {"--no-enable-prefix-caching", "--no-enable-chunked-prefill",
+                "--kv-transfer-config"} <= {f for f, _ in launch.flags}
+        name = launch.model.split("/")[1]
+        layers = ",".join(map(str, default_layer_ids(n)))
+        assert any(f"/models/{name} --layers {layers} " in c for c in commands), (name, layers)
+
+
+@pytest.mark.parametrize("model", ["moonshotai/Kimi-K2.5", "deepseek-ai/DeepSeek-R1-0528",
+                                   "Qwen/Qwen3-235B-A22B-Thinking-2507"])
+def test_the_large_models_have_launch_lines_and_a_download_step(model):
+    servers = {launch.server for launch in launch_lines() if launch.model == model}
+    assert servers == {"sglang", "vllm"}, (model, servers)
+    name = model.split("/")[1]
+    assert f"hf download {model} --local-dir /models/{name}" in PAGE.read_text()
