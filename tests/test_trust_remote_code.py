@@ -49,7 +49,10 @@ class E3kForCausalLM(LlamaForCausalLM):
 def custom(tmp_path_factory) -> Path:
     from eagle3kit import tiny
 
-    target = tiny.make_target(tmp_path_factory.mktemp("custom") / "target", hidden_size=32)
+    root = tmp_path_factory.mktemp("custom")
+    tokenizer = tiny.make_tokenizer(root / "tokenizer", vocab_size=320,
+                                    corpus=tiny.stdlib_docstrings(20_000))
+    target = tiny.make_target(root / "target", tokenizer, hidden_size=32)
     config = json.loads((target / "config.json").read_text())
     config.update(model_type="e3k_llama", architectures=["E3kForCausalLM"],
                   auto_map={"AutoConfig": "configuration_e3k.E3kConfig",
