@@ -127,10 +127,13 @@ def _describe_argument(param: TyperArgument, f: dataclasses.Field | None) -> Non
 
 
 def _type_word(param: TyperOption) -> str:
-    descriptor = getattr(param, "type_descriptor", None)
-    annotation = getattr(descriptor, "annotation", None)
-    path = getattr(descriptor, "is_path", False)
-    word = "PATH" if path else _TYPE_WORDS.get(annotation, "TEXT")  # type: ignore[arg-type]
+    descriptor = getattr(param, "type_descriptor", None)  # Typer >= 0.20; before, click's type
+    if descriptor is None:
+        word = str(getattr(getattr(param, "type", None), "name", "text")).upper()
+    elif getattr(descriptor, "is_path", False):
+        word = "PATH"
+    else:
+        word = _TYPE_WORDS.get(descriptor.annotation, "TEXT")
     return word + ("..." if param.multiple else "")
 
 

@@ -6,8 +6,9 @@ and the config helpers must not pay for importing torch, which the drafter modul
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from eagle3kit._lazy import attribute_loader
 
 _HOMES = {
     "DrafterConfig": "config", "config_fingerprint": "config", "default_layer_ids": "config",
@@ -37,10 +38,4 @@ if TYPE_CHECKING:
     from eagle3kit.model.vocab import DraftVocab, build_vocab, count_tokens, vocab_problems
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = attribute_loader(__name__, _HOMES)

@@ -7,9 +7,9 @@ the rest (all torch) loads on first use. See docs/train.md.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from eagle3kit._lazy import attribute_loader
 from eagle3kit.train.config import DataSpec, TrainConfig, TrainResult
 
 _HOMES = {
@@ -58,10 +58,4 @@ def run(cfg: TrainConfig) -> TrainResult:
     return train(cfg)
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = attribute_loader(__name__, _HOMES)
