@@ -20,23 +20,23 @@ TESTS = REPO / "tests"
 SHARED = re.compile(r"(^|[/\\])\.\.[/\\]shared\b|shared[/\\]testdata")
 
 
-def _escapes(tree: ast.AST) -> list[tuple[int, str]]:
+def _escapes(tree: ast.AST, depth: int = 1) -> list[tuple[int, str]]:
     """(line, what) for each expression in a test module that names a path outside the repo:
     climbing from `__file__` past the repository root, or naming the shared/ folder CI keeps
-    beside the checkout. (A "../x" about a test's own temp files is no escape.)"""
+    beside the checkout. (A "../x" about a test's own temp files is no escape.) `depth`: the
+    module's folders below the repository (tests/x.py: 1), so `parents[depth]` is the root."""
     docstrings = {id(node.value) for node in ast.walk(tree)
                   if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
     found = []
     for node in ast.walk(tree):
         if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
                 and node.value.attr == "parents" and isinstance(node.slice, ast.Constant)
-                and isinstance(node.slice.value, int) and node.slice.value >= 2
+                and isinstance(node.slice.value, int) and node.slice.value > depth
                 and _from_file(node.value)):
-            # every test module sits directly in tests/: parents[1] is the repository
             found.append((node.lineno, f"parents[{node.slice.value}]"))
-        if (isinstance(node, ast.Attribute) and node.attr == "parent" and _parents(node) >= 3
-                and _from_file(node)):
-            found.append((node.lineno, ".parent x3"))
+        if (isinstance(node, ast.Attribute) and node.attr == "parent"
+                and _parents(node) > depth + 1 and _from_file(node)):
+            found.append((node.lineno, f".parent x{_parents(node)}"))
         if (isinstance(node, ast.Constant) and isinstance(node.value, str)
                 and id(node) not in docstrings and len(node.value) < 300):
             text = node.value
@@ -62,7 +62,8 @@ def test_no_test_source_names_a_path_outside_the_repository():
     for path in sorted(TESTS.rglob("*.py")):
         if "data" in path.relative_to(TESTS).parts[:1] or path.name == Path(__file__).name:
             continue  # fixtures, and this module's own examples of what the scan finds
-        for line, what in _escapes(ast.parse(path.read_text(), str(path))):
+        depth = len(path.relative_to(REPO).parts) - 1
+        for line, what in _escapes(ast.parse(path.read_text(), str(path)), depth):
             offenders.append(f"{path.relative_to(REPO)}:{line}: {what}")
     assert not offenders, "tests must read only what the repository holds:\n" + "\n".join(
         offenders)
@@ -76,6 +77,12 @@ def test_no_test_source_names_a_path_outside_the_repository():
 ])
 def test_the_scan_finds_each_way_out(source):
     assert _escapes(ast.parse(source))
+
+
+def test_a_module_one_folder_deeper_may_climb_one_more():
+    source = 'REPO = Path(__file__).resolve().parents[2]\n'
+    assert _escapes(ast.parse(source), depth=2) == []
+    assert _escapes(ast.parse(source), depth=1)
 
 
 def test_the_scan_leaves_paths_inside_alone():
