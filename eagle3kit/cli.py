@@ -264,7 +264,18 @@ def gen(
         help="Each sample's seed derives from it and the sample id.")] = None,
     request_timeout: Annotated[float | None, typer.Option(
         metavar="SECONDS", help="Limit on one generation (default none).")] = None,
-    max_attempts: Annotated[int | None, typer.Option(help="(default 5)")] = None,
+    max_attempts: Annotated[int | None, typer.Option(
+        help="Attempts per request on a server that is up (default: no limit, --retry-for).")
+    ] = None,
+    retry_for: Annotated[str | None, typer.Option(
+        metavar="DURATION", help="Retry a failing request for this long, e.g. 15m, 1h, 900 "
+        "(default 15m; time its server is down does not count).")] = None,
+    keep_failed: Annotated[bool, typer.Option(
+        "--keep-failed", help="Leave samples an earlier run recorded as skipped:failed "
+        "(by default a rerun retries them).")] = False,
+    stall_after: Annotated[str | None, typer.Option(
+        metavar="DURATION", help="Warn about a request with no answer for this long "
+        "(default 10m).")] = None,
     no_tokenizer_check: Annotated[bool, typer.Option("--no-tokenizer-check")] = False,
     strict: Annotated[bool, typer.Option(
         "--strict", help="Stop at the first response that breaks an invariant.")] = False,
@@ -290,7 +301,8 @@ _GEN_PASSED_ON = (
     "shuffle_seed", "concurrency", "max_tokens", "max_seq_len", "long_threshold",
     "short_concurrency", "long_concurrency", "short_max_tokens", "long_max_tokens",
     "min_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n", "sampling_seed",
-    "request_timeout", "max_attempts", "grace", "commit_every", "commit_interval",
+    "request_timeout", "max_attempts", "retry_for", "stall_after", "grace", "commit_every",
+    "commit_interval",
 )
 """gen options handed to GenConfig only when given (its defaults apply otherwise)."""
 
@@ -308,6 +320,7 @@ def _gen_config(o: dict[str, Any]) -> Any:
         chat_template_kwargs=_json_object(o["chat_template_kwargs"], "--chat-template-kwargs"),
         trust_remote_code=o["trust_remote_code"], skip_bad_lines=o["skip_bad_lines"],
         tokenizer_check=not o["no_tokenizer_check"], strict=o["strict"],
+        retry_failed=not o["keep_failed"],
         mode=_open_mode(o["resume"], o["overwrite"]), force=o["force"],
         output_options=_output(o["json"], o["quiet"], o["no_progress"], o["log_every"]),
         **_given(**{name: o[name] for name in _GEN_PASSED_ON}),
