@@ -35,8 +35,11 @@ def server_url(text: str, flag: str = "--server", *, concurrency: bool = False) 
 
     if "@" in netloc:
         before, _, after = netloc.rpartition("@")
-        if concurrency and _ADDRESS_PORT.match(before):
-            raise bad(f"the concurrency after @ must be a whole number like @128, not {after!r}")
+        if _ADDRESS_PORT.match(before):  # a typo after the port, not credentials
+            if concurrency:
+                raise bad(f"the concurrency after @ must be a whole number like @128, not "
+                          f"{after!r}")
+            raise bad(f"{flag} takes no @concurrency, and {after!r} follows the port")
         raise UserError(
             f"{flag} {_masked(scheme, netloc, tail)}: a server URL cannot carry credentials; "
             "pass an API key with --api-key or EAGLE3KIT_API_KEY")
