@@ -311,7 +311,8 @@ class Faults:
     """Put one malformed id into the answer's ids (kind bad_ids_kind)."""
     bad_ids_rate: float = 0.0
     bad_ids_kind: str = "negative"
-    """negative, huge (past int32), float, string, null, or mix (each of those in turn)."""
+    """negative, huge (past int32), float, string, null, or mix (each of those in turn,
+    starting at the seed's)."""
     health_status: int = 200
     seed: int = 0
 
@@ -417,7 +418,7 @@ with health_needs_key). A model_name other than the default gives other completi
         self.faults = Faults(**faults) if isinstance(faults, dict) else (faults or Faults())
         self._fault_rng = random.Random(self.faults.seed)
         self._storm_end = time.monotonic() + self.faults.storm_s
-        self._bad_ids_sent = 0
+        self._bad_ids_sent = self.faults.seed  # where "mix" starts its round of kinds
         self._lock = threading.Lock()
         self._records: list[dict[str, Any]] = []
         self._live: dict[str, _Live] = {}

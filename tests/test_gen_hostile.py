@@ -286,12 +286,23 @@ def test_with_no_server_left_the_run_ends_with_the_resume_command(tmp_path, tok,
                               "--commit-every", "2", "--no-progress")
         assert_one_error(code, stderr, 2, "no server left", "now serves 'other/model'",
                          "Continue with: eagle3kit gen")
+        stored = len(Dataset(out))
+        # A rerun against it as it is now is refused before anything is sent: the dataset
+        # was started with another model. So are servers that disagree.
+        argv = ["gen", str(prompts), str(out), "--tokenizer", str(tok), "--max-tokens", "48",
+                "--no-progress", "--server", f"{srv.url}@2"]
+        code, _, stderr = cli(capfd, monkeypatch, *argv)
+        assert_one_error(code, stderr, 2, "was started with other settings",
+                         "model: 'fake/model' -> 'other/model'")
+        with FakeServer("sglang", tokenizer=served(tok)) as other:
+            code, _, stderr = cli(capfd, monkeypatch, *argv, "--server", other.url)
+        assert_one_error(code, stderr, 2, "the servers serve different models",
+                         f"{srv.url}: other/model; {other.url}: fake/model")
+        assert len(Dataset(out)) == stored
         srv.restart(0.1, model_name="fake/model")
         samples = check_exact(out, srv, stops)  # what was stored is the run's model's
         assert 6 <= len(samples) < 30
-        code, _, stderr = cli(capfd, monkeypatch, "gen", str(prompts), str(out), "--server",
-                              f"{srv.url}@2", "--tokenizer", str(tok), "--max-tokens", "48",
-                              "--no-progress")
+        code, _, stderr = cli(capfd, monkeypatch, *argv)
         assert code == 0, stderr
         assert len(check_exact(out, srv, stops)) == 30
 

@@ -228,7 +228,9 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
     identity = renderer.identity()
     # Paths may differ between machines; the hashes say whether the rendering is the same.
     where = {k: identity.pop(k) for k in ("tokenizer", "chat_template_file")}
-    config = {**cfg.identity(), "renderer": identity}
+    # The served model is part of what a dataset holds: a rerun against servers that now
+    # serve another one is refused like any other change of settings (--force accepts it).
+    config = {**cfg.identity(), "renderer": identity, "model": _served_model(backends)}
     provenance = {"prompts": [str(p) for p in cfg.prompts], "dataset": cfg.dataset,
                   "servers": [b.name for b in backends], "engine": cfg.engine, **where}
     total = sum(len(c.ids) for c in chains)
@@ -261,6 +263,17 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
         generating_s=round(progress.elapsed, 3), retried_failed=retried,
         reprobes=stats["reprobes"],
     )
+
+
+def _served_model(backends: list[Backend]) -> str | None:
+    """The one model every server serves (None for --engine hf, whose path may differ
+    between machines); servers of different models are refused."""
+    models = {b.name: b.info.model for b in backends if isinstance(b, HttpBackend)}
+    if len(set(models.values())) > 1:
+        listed = "; ".join(f"{name}: {model}" for name, model in models.items())
+        raise UserError(f"the servers serve different models ({listed}): give --server URLs "
+                        "of one model")
+    return next(iter(models.values()), None)
 
 
 def _partition_totals(progress: _ui.Progress, chains: list[Chain],

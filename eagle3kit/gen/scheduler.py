@@ -41,6 +41,10 @@ HEALTH_POLL_MAX = 10.0
 BACKOFF_MAX = 60.0
 IDENTITY_CHECK_S = 30.0
 """How often a server that is up is asked again which model it serves."""
+IDLE_REPROBE_S = 0.5
+"""A server with nothing in flight and no exchange for this long is probed before the next
+request: a restart that failed no request (none was in flight) leaves exactly such a gap,
+and the next answer could otherwise come from whatever model it came back with."""
 RESTART_REASONS = frozenset({"refused", "connect", "reset", "model_changed"})
 """Failures after which a server is probed again before it gets more work."""
 HEAD_CHARS_PER_TOKEN = 16
@@ -164,6 +168,8 @@ class Scheduler:
         self.watching: set[str] = set()
         self.fatal_after_probe: dict[str, clients.ServerFatal] = {}
         self.answered = {b.name: 0 for b in backends}
+        self.last_exchange = {b.name: time.monotonic() for b in backends}
+        self.confirming = {b.name: asyncio.Lock() for b in backends}
         self.low_water = sum(b.slots for b in backends)
         self.in_flight_by = {b.name: 0 for b in backends}
         self.running: dict[int, Running] = {}
@@ -370,8 +376,8 @@ class Scheduler:
                 self.want_more.set()
             if self.stopping:  # left for the next run
                 return
-            if not up.is_set():  # paused while this worker waited for a job: not for it
-                queue.put_nowait(job)
+            if not up.is_set() or not await self._still_same(backend):
+                queue.put_nowait(job)  # paused while this worker waited: not this job's fault
                 continue
             await self._attempt(backend, job, queue)
 
@@ -413,6 +419,7 @@ class Scheduler:
             return
         finally:
             self.running.pop(number, None)
+            self.last_exchange[backend.name] = time.monotonic()
             self._count_in_flight(backend, -1)
             self._check_finished()
         self.answered[backend.name] += 1
@@ -462,6 +469,25 @@ class Scheduler:
         self._resolve()
 
     # Servers that go away, restart or change ----------------------------------------------
+    def _idle(self, backend: Backend) -> bool:
+        return (self.in_flight_by[backend.name] == 0 and isinstance(backend, HttpBackend)
+                and time.monotonic() - self.last_exchange[backend.name] > IDLE_REPROBE_S)
+
+    async def _still_same(self, backend: Backend) -> bool:
+        """Before a request to a server that has been idle: is it still the one the run
+        started with? False (and the server paused) when it is not, or not ready."""
+        if not self._idle(backend):
+            return True
+        async with self.confirming[backend.name]:
+            if not self._idle(backend):  # another slot just checked it
+                return self.up[backend.name].is_set()
+            problem = await self._changed(backend)
+            self.last_exchange[backend.name] = time.monotonic()
+        if problem is None:
+            return True
+        self._suspect(backend, down=False)
+        return False
+
     def _suspect(self, backend: Backend, *, down: bool) -> None:
         """Pause `backend` until it answers /health and the probe finds it unchanged."""
         event = self.up[backend.name]
