@@ -32,4 +32,4 @@ def test_gen_rides_out_every_fault_and_reruns_to_an_exact_dataset(tmp_path):
     assert faults["malformed_ids"] > 0 and faults["503"] > 0 and faults["abort"] > 0
     assert faults["storms"] + faults["restarts_same_model"] + faults["restarts_other_model"] > 0
     assert figures["reruns"] >= 1 and figures["retries"] > 0
-    assert figures["longest_request_s"] <= args.request_timeout + 1
+    assert figures["longest_hang_s"] <= args.request_timeout + gen_soak.HANG_SLACK_S

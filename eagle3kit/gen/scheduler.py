@@ -75,7 +75,7 @@ def final_error(exc: BaseException) -> UserError:
     """The failure that ended a run as the one error to show, with the command that continues."""
     again = f" Continue with: {command_line()}"
     if isinstance(exc, UserError):
-        exc.args = (f"{exc}{again}",)
+        exc.args = (f"{str(exc).rstrip(' .')}.{again}",)
         return exc
     if isinstance(exc, OSError):
         where = f"{exc.filename}: " if exc.filename else ""
