@@ -438,8 +438,9 @@ class Scheduler:
                      exc: clients.RetryableError) -> None:
         self.stats["retries"] += 1
         self.progress.add(0, retries=1, rows=(f"server:{backend.name}",))
-        if not self.up[backend.name].is_set() or not await backend.healthy():
+        if backend.name in self.down or not await backend.healthy():
             # The server went away: not this prompt's fault, so no attempt is spent on it.
+            # (Paused only to be probed again, it is up: the attempt counts.)
             self._suspect(backend, down=True)
             queue.put_nowait(job)
             return
