@@ -188,6 +188,11 @@ def _duration(seconds: float) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
+def duration(seconds: float) -> str:
+    """90 -> '1m30s', as the status lines show elapsed time and ETA."""
+    return _duration(seconds)
+
+
 def _number(v: float) -> str:
     return f"{int(v):,}" if float(v).is_integer() else f"{v:.3g}"
 

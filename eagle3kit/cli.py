@@ -273,7 +273,15 @@ def gen(
         help="Limit on one generation (default none: long reasoning takes long).")] = None,
     max_attempts: Annotated[int | None, typer.Option(
         rich_help_panel=GEN_SERVERS,
-        help="Tries per request on server errors before the sample is skipped.")] = None,
+        help="Attempts per request on a server that is up (default: no limit, --retry-for).")
+    ] = None,
+    retry_for: Annotated[str | None, typer.Option(
+        metavar="DURATION", rich_help_panel=GEN_SERVERS,
+        help="Retry a failing request for this long, e.g. 15m, 1h, 900 (seconds); time its "
+             "server is down does not count.")] = None,
+    stall_after: Annotated[str | None, typer.Option(
+        metavar="DURATION", rich_help_panel=GEN_SERVERS,
+        help="Warn about a request with no answer for this long.")] = None,
     long_threshold: Annotated[int | None, typer.Option(
         rich_help_panel=GEN_SERVERS,
         help="Prompts with at least N tokens use the --long-* settings, others --short-*.")
@@ -362,6 +370,10 @@ def gen(
     force: Annotated[bool, typer.Option(
         "--force", rich_help_panel=GEN_RUN,
         help="Accept settings that differ from those the output was started with.")] = False,
+    keep_failed: Annotated[bool, typer.Option(
+        "--keep-failed", rich_help_panel=GEN_RUN,
+        help="Leave samples an earlier run recorded as skipped:failed (by default a rerun "
+             "retries them).")] = False,
     json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
     log_every: LogEvery = None,
 ) -> None:
@@ -380,7 +392,8 @@ _GEN_PASSED_ON = (
     "shuffle_seed", "concurrency", "max_tokens", "max_seq_len", "long_threshold",
     "short_concurrency", "long_concurrency", "short_max_tokens", "long_max_tokens",
     "min_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n", "sampling_seed",
-    "request_timeout", "max_attempts", "grace", "commit_every", "commit_interval",
+    "request_timeout", "max_attempts", "retry_for", "stall_after", "grace", "commit_every",
+    "commit_interval",
 )
 """gen options handed to GenConfig only when given (its defaults apply otherwise)."""
 
@@ -398,6 +411,7 @@ def _gen_config(o: dict[str, Any]) -> Any:
         chat_template_kwargs=_json_object(o["chat_template_kwargs"], "--chat-template-kwargs"),
         trust_remote_code=o["trust_remote_code"], skip_bad_lines=o["skip_bad_lines"],
         tokenizer_check=not o["no_tokenizer_check"], strict=o["strict"],
+        retry_failed=not o["keep_failed"],
         mode=_open_mode(o["resume"], o["overwrite"]), force=o["force"],
         output_options=_output(o["json"], o["quiet"], o["no_progress"], o["log_every"]),
         **_given(**{name: o[name] for name in _GEN_PASSED_ON}),

@@ -27,6 +27,7 @@ import orjson
 import xxhash
 
 from eagle3kit import _hf, _ui
+from eagle3kit._urls import server_url
 from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, HiddenSample, HiddenWriter, OpenMode, hidden_bytes_per_token
 from eagle3kit.format.hidden import CODECS, committed_ids
@@ -105,6 +106,11 @@ class ExtractConfig:
             found.append(f"--engine must be one of {', '.join(ENGINES)} (got {self.engine!r})")
         if self.engine == "vllm" and not self.server:
             found.append("--engine vllm needs --server URL")
+        elif self.server:
+            try:
+                self.server = server_url(self.server)
+            except UserError as exc:
+                found.append(str(exc))
         if self.engine == "hf" and self.server:
             found.append("--server applies to --engine vllm only")
         if self.codec not in CODECS:

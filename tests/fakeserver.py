@@ -3,8 +3,9 @@
 The "model" is a pure function of (prompt ids, seed, max tokens, stop ids, vocab size and the
 length settings): `expected()` gives the exact ids and finish reason any request must get, so
 a test can check every sample a client stored. Faults (5xx bursts, connection resets, hangs,
-a server that dies and comes back, long-tail latencies, SGLang's prompt-prefix bug, wrong
-completion counts) are switched at runtime, by Python methods in-thread or by the control API
+a server that dies and comes back, or comes back serving another model, 503 storms that
+last a while, long-tail latencies, SGLang's prompt-prefix bug, wrong completion counts,
+malformed token ids) are switched at runtime, by Python methods in-thread or by the control API
 under `/_fake/` when the server runs as a subprocess. Every request received is recorded.
 
 In a test::
@@ -198,6 +199,8 @@ class FakeModel:
     long_tail: float = 0.0
     """Share of completions whose length is drawn around long_tokens instead."""
     long_tokens: float = 2048.0
+    variant: str = ""
+    """Another model: the same requests get other completions (empty: the default model)."""
 
     def natural_length(self, prompt_ids: Sequence[int], seed: int | None = None) -> int:
         """Tokens the model wants to produce, stop token included, before any max_tokens cut."""
@@ -239,6 +242,8 @@ class FakeModel:
         h = hashlib.blake2b(digest_size=16)
         h.update(np.asarray(prompt_ids, dtype="<i8").tobytes())
         h.update(f"|seed={seed}|vocab={self.vocab_size}".encode())
+        if self.variant:
+            h.update(f"|model={self.variant}".encode())
         return np.random.Generator(np.random.PCG64(int.from_bytes(h.digest(), "little")))
 
 
@@ -307,8 +312,29 @@ class Faults:
     abort_next: int = 0
     """200 with a server-side failure: SGLang abort with status 503, vLLM finish_reason error."""
     abort_rate: float = 0.0
+    storm_s: float = 0.0
+    """Setting it starts a storm: every generation fails with fail_status for this many
+    seconds from then on, while /health keeps answering health_status."""
+    bad_ids_next: int = 0
+    """Put one malformed id into the answer's ids (kind bad_ids_kind)."""
+    bad_ids_rate: float = 0.0
+    bad_ids_kind: str = "negative"
+    """negative, huge (past int32), float, string, null, or mix (each of those in turn,
+    starting at the seed's)."""
     health_status: int = 200
     seed: int = 0
+
+
+BAD_ID_KINDS = ("negative", "huge", "float", "string", "null")
+
+
+def bad_id(kind: str, n: int) -> tuple[str, Any]:
+    """(kind, a malformed token id of that kind) for the n-th one; "mix" takes each of
+    BAD_ID_KINDS in turn."""
+    if kind == "mix":
+        kind = BAD_ID_KINDS[n % len(BAD_ID_KINDS)]
+    return kind, {"negative": -7, "huge": (1 << 31) + 5, "float": 17.0, "string": "17",
+                  "null": None}[kind]
 
 
 # The server -------------------------------------------------------------------------------
@@ -330,7 +356,8 @@ class FakeServer:
     long_tokens: the model (see FakeModel). tokenizer: None (ByteTokenizer), a tokenizer.json
     or HF directory, or a tokenizer object; used by /tokenize, `text` and chat.
     reasoning_field: where chat puts reasoning ("reasoning", "reasoning_content", "both",
-    anything else: nowhere). api_key: required as a bearer token except on /health.
+    anything else: nowhere). api_key: required as a bearer token except on /health (there too
+with health_needs_key). A model_name other than the default gives other completions.
     speculative: SGLang reports EAGLE3 and spec_* counters. sglang_info_paths: "both", "old"
     (/get_model_info, /get_server_info) or "new" (/model_info, /server_info). keepalive_timeout:
     idle connections closed after it (5 s, as both servers do). record_bodies, record_file:
@@ -355,6 +382,7 @@ class FakeServer:
         tokenizer: Any = None,
         reasoning_field: str | None = None,
         api_key: str | None = None,
+        health_needs_key: bool = False,
         speculative: bool = False,
         version: str | None = None,
         vllm_wording: str = "new",
@@ -381,11 +409,13 @@ class FakeServer:
             mean_tokens=mean_tokens,
             long_tail=long_tail,
             long_tokens=long_tokens,
+            variant=_variant(model_name),
         )
         self.reasoning_field = reasoning_field or (
             "reasoning_content" if api == "sglang" else "reasoning"
         )
         self.api_key = api_key
+        self.health_needs_key = health_needs_key
         self.speculative = speculative
         self.version = version or ("0.5.4" if api == "sglang" else "0.11.0")
         self.vllm_wording = vllm_wording
@@ -395,6 +425,8 @@ class FakeServer:
         self.record_file = Path(record_file) if record_file else None
         self.faults = Faults(**faults) if isinstance(faults, dict) else (faults or Faults())
         self._fault_rng = random.Random(self.faults.seed)
+        self._storm_end = time.monotonic() + self.faults.storm_s
+        self._bad_ids_sent = self.faults.seed  # where "mix" starts its round of kinds
         self._lock = threading.Lock()
         self._records: list[dict[str, Any]] = []
         self._live: dict[str, _Live] = {}
@@ -452,12 +484,15 @@ class FakeServer:
             self.faults = replace(self.faults, **changes)
             if "seed" in changes:
                 self._fault_rng = random.Random(self.faults.seed)
+            if "storm_s" in changes:
+                self._storm_end = time.monotonic() + self.faults.storm_s
             return self.faults
 
     def clear_faults(self) -> None:
         with self._lock:
             self.faults = Faults()
             self._fault_rng = random.Random(self.faults.seed)
+            self._storm_end = 0.0
 
     @property
     def requests(self) -> list[dict[str, Any]]:
@@ -491,6 +526,16 @@ class FakeServer:
 
     def revive(self) -> None:
         self._call(self._alisten())
+
+    def restart(self, down_s: float = 0.5, *, model_name: str | None = None) -> None:
+        """Die and listen again after down_s, as a restarted server does; with model_name,
+        serving that model (other completions, another name in /v1/models)."""
+        self._call(self._adie(None))
+        if model_name is not None:
+            self.model_name = model_name
+            self.model = replace(self.model, variant=_variant(model_name))
+        time.sleep(down_s)
+        self.revive()
 
     def start(self, timeout: float = 30.0) -> FakeServer:
         self._thread = threading.Thread(target=lambda: asyncio.run(self.serve()), daemon=True)
@@ -614,12 +659,13 @@ class FakeServer:
     async def _handle(
         self, request: web.Request, path: str, body: Any, rec: dict
     ) -> web.StreamResponse:
+        authorized = self.api_key is None or (
+            request.headers.get("Authorization") == f"Bearer {self.api_key}")
         if path == "/health":
+            if self.health_needs_key and not authorized:
+                return _json({"error": "Unauthorized"}, 401)
             return web.Response(status=self.faults.health_status)
-        if (
-            self.api_key is not None
-            and request.headers.get("Authorization") != f"Bearer {self.api_key}"
-        ):
+        if not authorized:
             return _json({"error": "Unauthorized"}, 401)
         route = self._routes().get((request.method, path))
         if route is None:
@@ -698,6 +744,9 @@ class FakeServer:
 
     async def _faults_before(self, request: web.Request, rec: dict) -> web.StreamResponse | None:
         f = self.faults
+        if time.monotonic() < self._storm_end:
+            rec["outcome"] = "fault_storm"
+            return self._error(f.fail_status, f"{f.fail_message} (storm)")
         if self._draw("fail"):
             rec["outcome"] = f"fault_{f.fail_status}"
             return self._error(f.fail_status, f.fail_message)
@@ -808,6 +857,17 @@ class FakeServer:
             return f"input_ids out of vocabulary range [0, {self.model.vocab_size})"
         return None
 
+    def _maybe_bad_ids(self, ids: list[int], rec: dict) -> list[Any]:
+        """The answer's ids, one of them malformed when the bad_ids fault draws."""
+        if not ids or not self._draw("bad_ids"):
+            return ids
+        with self._lock:
+            at = self._fault_rng.randrange(len(ids))
+            kind, value = bad_id(self.faults.bad_ids_kind, self._bad_ids_sent)
+            self._bad_ids_sent += 1
+        rec["outcome"], rec["bad_id"] = "fault_bad_ids", kind
+        return [*ids[:at], value, *ids[at + 1 :]]
+
     def _spec(self, n: int) -> dict[str, Any]:
         if not self.speculative or n == 0:
             return {}
@@ -868,6 +928,7 @@ class FakeServer:
         output_ids = out
         if self.faults.prefix_bug and self._rate(self.faults.prefix_bug_rate):
             output_ids = ids[-self.faults.prefix_bug :] + out
+        output_ids = self._maybe_bad_ids(output_ids, rec)
         meta = {
             "id": rid,
             "finish_reason": reason,
@@ -959,7 +1020,7 @@ class FakeServer:
             "prompt_logprobs": None,
         }
         if body.get("return_token_ids"):
-            choice["token_ids"] = out
+            choice["token_ids"] = self._maybe_bad_ids(out, rec)
             choice["prompt_token_ids"] = ids
         n = len(out) + (self.faults.count_delta if self._rate(self.faults.count_delta_rate) else 0)
         return await self._send(
@@ -1086,6 +1147,10 @@ class FakeServer:
         return _json({"detail": "Not Found"}, 404)
 
 
+def _variant(model_name: str) -> str:
+    return "" if model_name == "fake/model" else model_name
+
+
 def _json(obj: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
 
@@ -1162,8 +1227,11 @@ class FakeServerProcess:
             self.proc.terminate()
             self.proc.wait(10)
 
-    def restart(self) -> FakeServerProcess:
+    def restart(self, **options: Any) -> FakeServerProcess:
+        """SIGKILL and start again on the same port; options change the new server's
+        (model_name="other" makes it serve another model)."""
         self.kill()
+        self.options.update(options)
         return self.start()
 
     def control(self, path: str, payload: Any = None, method: str | None = None) -> Any:
@@ -1212,6 +1280,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokenizer")
     p.add_argument("--reasoning-field", choices=("reasoning", "reasoning_content", "both", "none"))
     p.add_argument("--api-key")
+    p.add_argument("--health-needs-key", action="store_true")
     p.add_argument("--speculative", action="store_true")
     p.add_argument("--version")
     p.add_argument("--vllm-wording", choices=("new", "old"), default="new")

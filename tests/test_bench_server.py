@@ -137,7 +137,7 @@ def test_cli_json_with_baseline(tokenizer):
     ([], "--server is required"),
     (["--server", "http://127.0.0.1:1", str(MT_BENCH)], "--tokenizer is required"),
     (["--server", "not a url", str(MT_BENCH), "--tokenizer", "{tok}"],
-     "--server not a url: expected"),
+     "--server not a url: 'not a url' is not a host name or address; expected"),
     (["--server", "http://127.0.0.1:1", str(MT_BENCH), "--tokenizer", "{tok}"],
      "no server answers at http://127.0.0.1:1"),
     (["--server", "http://127.0.0.1:1", str(MT_BENCH), "--tokenizer", "{tok}",

@@ -69,7 +69,8 @@ class ServerBenchConfig:
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
 
     def __post_init__(self) -> None:
-        from eagle3kit.gen.clients import API_CHOICES, normalize_url
+        from eagle3kit._urls import server_url
+        from eagle3kit.gen.clients import API_CHOICES
 
         self.prompts = [Path(p) for p in self.prompts]
         if not self.prompts:
@@ -79,11 +80,8 @@ class ServerBenchConfig:
                 raise UserError(f"{path}: no such prompt file")
         if self.api not in API_CHOICES or self.api == "openai-chat":
             raise UserError(f"--api must be auto, sglang or vllm (got {self.api})")
-        for flag, url in (("--server", self.server), ("--baseline", self.baseline)):
-            if url is not None and not re.match(r"^(https?://)?[^\s/]+(:\d+)?(/v1)?/?$", url):
-                raise UserError(f"{flag} {url}: expected http(s)://HOST:PORT")
-        self.server = normalize_url(self.server)
-        self.baseline = normalize_url(self.baseline) if self.baseline else None
+        self.server = server_url(self.server, "--server")
+        self.baseline = server_url(self.baseline, "--baseline") if self.baseline else None
         for flag, value in (("--max-new-tokens", self.max_new_tokens),
                             ("--concurrency", self.concurrency), ("--k", self.k),
                             ("--max-samples", self.max_samples), ("--max-turns", self.max_turns)):

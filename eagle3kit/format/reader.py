@@ -351,6 +351,18 @@ class Dataset:
         for k in range(len(self.shards)):
             yield from self._shard(k).ids
 
+    def ids_with_finish(self, finish_reason: str) -> set[str]:
+        """The ids of the samples with this finish reason. Only the shards whose manifest
+        counts show one are opened, so on a clean dataset this reads nothing."""
+        found: set[str] = set()
+        for k, entry in enumerate(self.shards):
+            if not any(p["finish"].get(finish_reason) for p in entry["partitions"].values()):
+                continue
+            shard = self._shard(k)
+            found.update(sample_id for sample_id, meta in zip(shard.ids, shard.meta, strict=True)
+                         if meta["finish_reason"] == finish_reason)
+        return found
+
     # Checks -------------------------------------------------------------------------------
     def check_files(self) -> list[str]:
         """Shards missing or of the wrong size: what a check without reading the data finds."""

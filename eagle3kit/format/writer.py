@@ -451,6 +451,20 @@ class DatasetWriter:
             pending.result()
 
     def _commit_buffer(self, buffer: _Buffer, seq: int, progress: dict | None) -> None:
+        entry = self._seal(buffer, seq)
+        with file_lock(self.path / COMMIT_LOCK):
+            manifest = read_json(self.path / MANIFEST)
+            manifest["shards"].append(entry)
+            manifest["updated"] = entry["committed"]
+            if progress is not None:
+                manifest["progress"] = progress
+            self._amend_manifest(manifest, entry)
+            write_json_atomic(self.path / MANIFEST, manifest)
+        self._progress_written = progress
+        self.committed_samples += len(buffer)
+
+    def _seal(self, buffer: _Buffer, seq: int) -> dict:
+        """Write `buffer` as a shard, durably, and return its manifest entry."""
         arrays, partitions = buffer.arrays()
         name = f"{self._token}-{seq:06d}{SHARD_SUFFIX}"
         shard_dir = self.path / SHARD_DIR
@@ -464,23 +478,62 @@ class DatasetWriter:
         }, buffer.dtypes)
         fsync_dir(shard_dir)
         counts = buffer.entry()
-        entry = {
+        return {
             "name": name, "bytes": written.bytes, "xxh3": written.xxh3,
             "samples": len(buffer), "tokens": counts.pop("tokens"),
             "loss_tokens": counts.pop("loss_tokens"),
             "rank": self.rank, "committed": time.time(), "partitions": counts.pop("partitions"),
             **counts,
         }
+
+    def drop(self, sample_ids: set[str]) -> int:
+        """Take these committed samples out of the dataset; returns how many were in it.
+
+        For gen retrying samples it recorded as failed: a sample id is stored once, so its
+        old record must go before a new one can be added. Each shard holding one of the ids
+        is rewritten without them, and one manifest commit swaps the rewritten shards in;
+        the replaced files are removed after it. A crash before that commit leaves the
+        dataset as it was, one after it the new state (a leftover file is an orphan that the
+        next writer removes): no sample is lost or stored twice either way.
+        """
+        from eagle3kit.format.reader import Dataset  # reader builds on this module's helpers
+
+        if self.kind != "tokens":
+            raise ValueError("drop() applies to token datasets only")
+        self.commit()  # what is queued is committed first, so only whole shards are rewritten
+        wanted = set(sample_ids) & self.done_ids
+        if not wanted:
+            return 0
+        ds = Dataset(self.path, warn_stray=False)
+        replaced: dict[str, dict | None] = {}
+        dropped = 0
+        for k, entry in enumerate(ds.shards):
+            shard = ds._shard(k)
+            rows = {i for i, sample_id in enumerate(shard.ids) if sample_id in wanted}
+            if not rows:
+                continue
+            buffer = self._new_buffer()
+            for i in range(entry["samples"]):
+                if i not in rows:
+                    buffer.add(shard.sample(i))
+            replaced[entry["name"]] = self._seal(buffer, self._seq) if len(buffer) else None
+            self._seq += 1
+            dropped += len(rows)
         with file_lock(self.path / COMMIT_LOCK):
             manifest = read_json(self.path / MANIFEST)
-            manifest["shards"].append(entry)
-            manifest["updated"] = entry["committed"]
-            if progress is not None:
-                manifest["progress"] = progress
-            self._amend_manifest(manifest, entry)
+            kept = []
+            for entry in manifest["shards"]:
+                new = replaced.get(entry["name"], entry)
+                if new is not None:
+                    kept.append(new)
+            manifest["shards"] = kept
+            manifest["updated"] = time.time()
             write_json_atomic(self.path / MANIFEST, manifest)
-        self._progress_written = progress
-        self.committed_samples += len(buffer)
+        for name in replaced:  # named by the manifest until now, inside shards/: ours to remove
+            (self.path / SHARD_DIR / name).unlink(missing_ok=True)
+        self.done_ids -= wanted
+        self.committed_samples -= dropped
+        return dropped
 
     def _write_progress(self) -> None:
         """Store a progress note that no commit of samples carried (a run that added none)."""

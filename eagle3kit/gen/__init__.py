@@ -18,15 +18,13 @@ from eagle3kit._argv import command_line
 from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, DatasetWriter, make_sample_id
 from eagle3kit.gen import prompts
-from eagle3kit.gen.backends import Backend, HttpBackend, connect
+from eagle3kit.gen.backends import PROBE_TEXT, Backend, HttpBackend, connect
 from eagle3kit.gen.config import GenConfig, parse_server
 from eagle3kit.gen.render import Renderer, generation_points
-from eagle3kit.gen.scheduler import Chain, Scheduler, resume_point
+from eagle3kit.gen.scheduler import Chain, Scheduler, final_error, resume_point
 from eagle3kit.gen.types import Conversation
 
 __all__ = ["GenConfig", "GenResult", "parse_server", "run"]
-
-PROBE_TEXT = "Hello, world! 12345 ünïcödé 你好 <tag> \n\tdone."
 
 
 @dataclass
@@ -53,6 +51,11 @@ class GenResult:
     generating_s: float = 0.0
     """Seconds from the first request sent to the last answer recorded: `elapsed` less the
     start-up (connecting, checks, opening the dataset) and the final commit (plan uses it)."""
+    retried_failed: int = 0
+    """Samples an earlier run recorded as skipped:failed that this run tried again."""
+    reprobes: int = 0
+    """Times a server was probed again (after it went away, dropped a connection, or on the
+    periodic check) to see that it still serves the run's model."""
 
 
 def load(cfg: GenConfig) -> tuple[list[Conversation], int, int]:
@@ -98,21 +101,17 @@ async def check_tokenizer(backends: list[Backend], renderer: Renderer) -> None:
     for backend in backends:
         if not isinstance(backend, HttpBackend):
             continue
-        info = backend.info
         # The key goes with the probe too: a server behind --api-key answers 401 without it.
         # Any failure here is one clear message, never a traceback (ServerError is no
         # UserError).
         try:
-            remote = await clients.tokenize(backend.client(), info, PROBE_TEXT,
-                                            api_key=backend.api_key)
+            problem = await backend.tokenizer_disagreement(local)
         except clients.ServerError as exc:
-            raise UserError(f"{info.url}: the tokenizer check failed: {exc} "
+            raise UserError(f"{backend.name}: the tokenizer check failed: {exc} "
                             "(--no-tokenizer-check skips it)") from None
-        if remote is not None and list(remote) != list(local):
-            raise UserError(
-                f"{info.url}: the server's tokenizer ({info.model}) does not agree with "
-                f"--tokenizer on a probe text ({len(remote)} vs {len(local)} tokens). Pass the "
-                "target model's own tokenizer, or --no-tokenizer-check to go on anyway.")
+        if problem is not None:
+            raise UserError(f"{backend.name}: {problem}. Pass the target model's own "
+                            "tokenizer, or --no-tokenizer-check to go on anyway.")
 
 
 def starting_points(chains: list[Chain], writer: DatasetWriter, cfg: GenConfig,
@@ -137,6 +136,28 @@ def starting_points(chains: list[Chain], writer: DatasetWriter, cfg: GenConfig,
             elif cfg.history == "own":
                 chain.answers.append(renderer.answer_message(ids))
     return starts
+
+
+def retry_failed(chains: list[Chain], writer: DatasetWriter, cfg: GenConfig) -> int:
+    """Take the samples an earlier run recorded as skipped:failed out of the dataset, with the
+    later turns skipped because of them, so that this run generates them again; returns how
+    many failed samples that is. Only shards whose manifest counts show a failure are read."""
+    failed = Dataset(cfg.output, warn_stray=False).ids_with_finish("skipped:failed")
+    if not failed:
+        return 0
+    again: set[str] = set()
+    retried = 0
+    for chain in chains:
+        for turn, sample_id in enumerate(chain.ids):
+            if sample_id in failed:
+                again.update(chain.ids[turn:])
+                retried += 1
+                break
+    if retried:
+        writer.drop(again)
+        _ui.info(f"retrying {retried:,} sample(s) an earlier run recorded as failed "
+                 "(--keep-failed leaves them)", cfg.output_options)
+    return retried
 
 
 def _committed_completions(cfg: GenConfig, needed: set[str]) -> dict[str, tuple[str, list]]:
@@ -192,20 +213,25 @@ async def _generate(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
         if isinstance(backend, HttpBackend):  # output ids are checked against [0, vocab)
             backend.info.vocab_size = renderer.vocab_size
     try:
+        probe_ids = None
         if cfg.tokenizer_check:
             await check_tokenizer(backends, renderer)
-        return await _write(cfg, renderer, chains, backends, duplicates, started)
+            probe_ids = renderer.tokenizer.encode(PROBE_TEXT, add_special_tokens=False)
+        return await _write(cfg, renderer, chains, backends, duplicates, started, probe_ids)
     finally:
         for backend in backends:
             await backend.close()
 
 
 async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
-                 backends: list[Backend], duplicates: int, started: float) -> GenResult:
+                 backends: list[Backend], duplicates: int, started: float,
+                 probe_ids: list[int] | None) -> GenResult:
     identity = renderer.identity()
     # Paths may differ between machines; the hashes say whether the rendering is the same.
     where = {k: identity.pop(k) for k in ("tokenizer", "chat_template_file")}
-    config = {**cfg.identity(), "renderer": identity}
+    # The served model is part of what a dataset holds: a rerun against servers that now
+    # serve another one is refused like any other change of settings (--force accepts it).
+    config = {**cfg.identity(), "renderer": identity, "model": _served_model(backends)}
     provenance = {"prompts": [str(p) for p in cfg.prompts], "dataset": cfg.dataset,
                   "servers": [b.name for b in backends], "engine": cfg.engine,
                   # Later stages (validate, extract, train) run the same shipped code.
@@ -216,17 +242,18 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
                            commit_interval=cfg.commit_interval)
     with writer:
         writer.store_files("tokenizer", renderer.files())
+        retried = retry_failed(chains, writer, cfg) if cfg.retry_failed else 0
         starts = starting_points(chains, writer, cfg, renderer)
         remaining = sum(len(c.ids) - t for c, t in starts)
         done_before = total - remaining
         with _ui.Progress("gen", total, cfg.output_options, initial=done_before) as progress:
             _partition_totals(progress, chains, starts)
             scheduler = Scheduler(cfg, renderer, backends, writer, progress,
-                                  _context_len(cfg, backends))
+                                  _context_len(cfg, backends), probe_ids)
             await scheduler.run(starts)
         _ui.table("gen", progress.columns, progress.summary_rows(), cfg.output_options)
         if scheduler.failure is not None:
-            raise scheduler.failure
+            raise final_error(scheduler.failure)
         written = progress.done - done_before
     stats = scheduler.stats
     stopped = scheduler.signals > 0 and done_before + written < total
@@ -236,8 +263,20 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
         failed=stats["failed"], retries=stats["retries"], violations=stats["violations"],
         duplicates=duplicates, stopped=stopped, elapsed=round(time.monotonic() - started, 3),
         resume_command=command_line(), filtered=stats["filtered"],
-        generating_s=round(progress.elapsed, 3),
+        generating_s=round(progress.elapsed, 3), retried_failed=retried,
+        reprobes=stats["reprobes"],
     )
+
+
+def _served_model(backends: list[Backend]) -> str | None:
+    """The one model every server serves (None for --engine hf, whose path may differ
+    between machines); servers of different models are refused."""
+    models = {b.name: b.info.model for b in backends if isinstance(b, HttpBackend)}
+    if len(set(models.values())) > 1:
+        listed = "; ".join(f"{name}: {model}" for name, model in models.items())
+        raise UserError(f"the servers serve different models ({listed}): give --server URLs "
+                        "of one model")
+    return next(iter(models.values()), None)
 
 
 def _partition_totals(progress: _ui.Progress, chains: list[Chain],
@@ -293,6 +332,8 @@ def _report(result: GenResult, cfg: GenConfig) -> None:
         ("filtered", f"{result.filtered:,}"),
         ("skipped", f"{result.skipped:,} ({result.failed:,} failed after retries)"),
         ("retries", f"{result.retries:,}"),
+        *([("retried failed", f"{result.retried_failed:,} from an earlier run")]
+          if result.retried_failed else []),
         ("invariant violations", f"{result.violations:,}"),
         ("duplicate prompts", f"{result.duplicates:,} generated once"),
         *([("malformed prompt lines", f"{result.bad_lines:,} left out")]

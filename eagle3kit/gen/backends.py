@@ -1,7 +1,8 @@
 """Where completions come from: HTTP servers (SGLang, vLLM) or transformers in-process.
 
 A backend is anything with `name`, `slots`, `generate(request)` and `healthy()`; the
-scheduler treats them alike.
+scheduler treats them alike. An HTTP backend can also be probed again (`identity`), so a
+server that restarted is checked before it gets more work.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from typing import Any, Protocol
 
 from eagle3kit.gen import clients
 from eagle3kit.gen.types import Completion, GenRequest
+
+PROBE_TEXT = "Hello, world! 12345 ünïcödé 你好 <tag> \n\tdone."
+"""The text each server tokenizes, to be compared with --tokenizer's ids."""
 
 
 class Backend(Protocol):
@@ -62,7 +66,23 @@ class HttpBackend:
                                       timeout=self.timeout)
 
     async def healthy(self) -> bool:
-        return await clients.health(self.client(), self.info.url)
+        # A /health behind the same key as the server answers 401 without it.
+        return await clients.health(self.client(), self.info.url, api_key=self.api_key)
+
+    async def identity(self) -> clients.ServerInfo:
+        """Probe the server again (model, API, context); UserError when it cannot be."""
+        return await clients.probe(self.client(), self.info.url, api=self.info.api,
+                                   api_key=self.api_key)
+
+    async def tokenizer_disagreement(self, local: list[int]) -> str | None:
+        """Why the server's tokenization of PROBE_TEXT differs from `local`; None when it
+        agrees or the server has no /tokenize. ServerError when the request fails."""
+        remote = await clients.tokenize(self.client(), self.info, PROBE_TEXT,
+                                        api_key=self.api_key)
+        if remote is None or list(remote) == list(local):
+            return None
+        return (f"the server's tokenizer ({self.info.model}) does not agree with --tokenizer on "
+                f"a probe text ({len(remote)} vs {len(local)} tokens)")
 
     async def close(self) -> None:
         if self._client is not None:

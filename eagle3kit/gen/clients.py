@@ -83,6 +83,15 @@ class RequestRejected(ServerError):
     retried: record the sample with the reason."""
 
 
+class BadAnswer(RetryableError):
+    """An answer whose output ids cannot be stored (not integers, negative, past int32 or the
+    vocabulary): a violation that is counted and retried, never written as data."""
+
+    def __init__(self, message: str, *, url: str, violations: list[str]):
+        super().__init__(message, url=url, reason="bad_ids")
+        self.violations = violations
+
+
 class ServerFatal(ServerError):
     """The server cannot serve this run (wrong model name or endpoint, API key refused, no
     token ids): stop sending to it. The message names the URL."""
@@ -386,6 +395,11 @@ def _model_card(models: dict[str, Any] | None) -> dict[str, Any]:
     return data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    """A JSON object from a server's answer, or {} for anything else (it may send null)."""
+    return value if isinstance(value, dict) else {}
+
+
 def _int(value: Any) -> int | None:
     return value if type(value) is int else None
 
@@ -510,6 +524,8 @@ def parse_sglang(body: Any, url: str = "") -> Reply:
     meta = first["meta_info"]
     reason = meta.get("finish_reason")
     finish = reason.get("type") if isinstance(reason, dict) else reason
+    if finish is not None and not isinstance(finish, str):
+        raise _malformed(url, "/generate", f"finish_reason {finish!r} is not a string")
     if finish == "abort":
         _raise_abort(reason if isinstance(reason, dict) else {}, url)
     ids = first.get("output_ids")
@@ -545,6 +561,8 @@ def parse_vllm(body: Any, url: str = "") -> Reply:
         raise _malformed(url, "/v1/completions", "no choices")
     choice = choices[0]
     finish = choice.get("finish_reason")
+    if finish is not None and not isinstance(finish, str):
+        raise _malformed(url, "/v1/completions", f"finish_reason {finish!r} is not a string")
     if finish in ("error", "abort"):
         raise RetryableError(
             f"POST {url}/v1/completions: finish_reason {finish}", url=url, reason=finish
@@ -557,13 +575,15 @@ def parse_vllm(body: Any, url: str = "") -> Reply:
             url=url,
             reason="no_token_ids",
         )
-    usage = body.get("usage") or {}
+    if not isinstance(ids, list):
+        raise _malformed(url, "/v1/completions", "token_ids is not a list")
+    usage = _dict(body.get("usage"))
     counts = {}
     for details, key in (
         ("prompt_tokens_details", "cached_tokens"),
         ("completion_tokens_details", "reasoning_tokens"),
     ):
-        value = (usage.get(details) or {}).get(key)
+        value = _dict(usage.get(details)).get(key)
         if type(value) is int:
             counts[key] = value
     return Reply(
@@ -621,10 +641,8 @@ def check_invariants(
         v.append(
             f"prompt_tokens = {reply.prompt_tokens} but {len(req.prompt_ids)} prompt ids were sent"
         )
-    top = info.vocab_size
-    if ids and (min(ids) < 0 or (top is not None and max(ids) >= top)):
-        bad = [t for t in ids if t < 0 or (top is not None and t >= top)]
-        v.append(f"{len(bad)} output ids outside [0, {top}), e.g. {bad[0]}")
+    if (problem := id_violation(ids, info.vocab_size)) is not None:
+        v.append(problem)
     v.extend(_finish_violations(reply, req, info, ids))
     if (
         info.speculative is not None
@@ -637,6 +655,28 @@ def check_invariants(
             else "no spec_* counters from a speculative server"
         )
     return ids, v, repaired
+
+
+INT32_END = 1 << 31
+
+
+def id_violation(ids: list[Any], vocab_size: int | None) -> str | None:
+    """Why these output ids cannot be stored as data, or None: every one must be an int in
+    [0, vocab_size) (in int32 when the vocabulary is unknown)."""
+    if set(map(type, ids)) - {int}:
+        odd = next(t for t in ids if type(t) is not int)
+        return f"output ids are not all integers (e.g. {odd!r})"
+    top = INT32_END if vocab_size is None else min(vocab_size, INT32_END)
+    if ids and (min(ids) < 0 or max(ids) >= top):
+        bad = [t for t in ids if t < 0 or t >= top]
+        return f"{len(bad)} output ids outside [0, {top}), e.g. {bad[0]}"
+    return None
+
+
+def _refuse_bad_ids(ids: list[Any], info: ServerInfo, path: str) -> None:
+    problem = id_violation(ids, info.vocab_size)
+    if problem is not None:
+        raise BadAnswer(f"POST {info.url}{path}: {problem}", url=info.url, violations=[problem])
 
 
 def _finish_violations(
@@ -702,6 +742,12 @@ async def generate(
     except ServerError as e:  # an abort message is the server's text: it may quote the key
         e.args = (_scrub(str(e), _sent_key(resp.request.headers)),)
         raise
+    _refuse_bad_ids(reply.output_ids, info, path)
+    answered_by = body.get("model") if isinstance(body, dict) else None
+    if info.api == "vllm" and answered_by is not None and answered_by != info.model:
+        raise RetryableError(
+            f"POST {info.url}{path}: answered by model {answered_by!r}, not {info.model!r}",
+            url=info.url, reason="model_changed")
     ids, violations, repaired = check_invariants(
         reply, req, info, rid if info.api == "sglang" else None
     )
@@ -816,21 +862,26 @@ async def chat_generate(
         raise _malformed(info.url, path, "no choices")
     choice = choices[0]
     finish = choice.get("finish_reason")
+    if finish is not None and not isinstance(finish, str):
+        raise _malformed(info.url, path, f"finish_reason {finish!r} is not a string")
     if finish in ("error", "abort"):
         raise RetryableError(
             f"POST {info.url}{path}: finish_reason {finish}", url=info.url, reason=finish
         )
     message = choice.get("message") or {}
-    reasoning = message.get("reasoning")
-    if reasoning is None:
+    reasoning = message.get("reasoning") if isinstance(message, dict) else None
+    if reasoning is None and isinstance(message, dict):
         reasoning = message.get("reasoning_content")
-    ids = list(rebuild(reasoning, message.get("content") or ""))
+    content = (message.get("content") if isinstance(message, dict) else None) or ""
+    if not isinstance(content, str) or not isinstance(reasoning, str | None):
+        raise _malformed(info.url, path, "message content or reasoning is not text")
+    ids = list(rebuild(reasoning, content))
     matched = choice.get("stop_reason")
     if finish == "stop" and matched is None and req.stop_token_ids:
         matched = req.stop_token_ids[0]
     if finish == "stop" and type(matched) is int and (not ids or ids[-1] != matched):
         ids.append(matched)
-    usage = body.get("usage") or {}
+    usage = _dict(body.get("usage"))
     reply = Reply(
         output_ids=ids,
         finish_reason=finish,
@@ -839,5 +890,6 @@ async def chat_generate(
         completion_tokens=_int(usage.get("completion_tokens")),
         results=len(choices),
     )
+    _refuse_bad_ids(ids, info, path)
     ids, violations, _ = check_invariants(reply, req, info)
     return _completion(reply, req, info, ids, latency, {}, violations, reconstructed=True)

@@ -11,7 +11,22 @@ from eagle3kit._ui import OutputOptions
 from eagle3kit.errors import UserError
 from eagle3kit.format import OpenMode
 
-_SERVER = re.compile(r"^(?P<url>https?://[^\s]+?)(?:@(?P<slots>\d+))?$")
+_SLOTS = re.compile(r"^(?P<url>.*?)@(?P<slots>\d+)$")
+
+
+_DURATION = re.compile(r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?"
+                       r"(?:(?P<s>\d+(?:\.\d+)?)s?)?$")
+
+
+def parse_duration(value: float | str, flag: str) -> float:
+    """Seconds from 900, '900', '90s', '15m', '1h' or '1h30m'."""
+    if isinstance(value, int | float):
+        return float(value)
+    match = _DURATION.match(value.strip().lower())
+    if not value.strip() or not match:
+        raise UserError(f"{flag} {value}: expected a duration like 90s, 15m, 1h30m or seconds")
+    h, m, sec = (float(match[k] or 0) for k in "hms")
+    return h * 3600 + m * 60 + sec
 
 
 @dataclass(frozen=True)
@@ -23,13 +38,13 @@ class ServerSpec:
 
 def parse_server(text: str) -> ServerSpec:
     """'http://host:30000' or 'http://host:30000@128' (that server's own concurrency)."""
-    match = _SERVER.match(text.strip())
-    if not match:
-        raise UserError(f"--server {text}: expected http(s)://HOST:PORT, optionally @CONCURRENCY")
-    slots = match["slots"]
-    if slots is not None and int(slots) < 1:
+    from eagle3kit._urls import server_url
+
+    match = _SLOTS.match(text.strip())
+    url, slots = (match["url"], int(match["slots"])) if match else (text, None)
+    if slots is not None and slots < 1:
         raise UserError(f"--server {text}: concurrency must be at least 1")
-    return ServerSpec(match["url"].rstrip("/"), int(slots) if slots else None)
+    return ServerSpec(server_url(url, "--server", concurrency=True), slots)
 
 
 @dataclass
@@ -88,7 +103,16 @@ class GenConfig:
     sampling_seed: int | None = None
     request_timeout: float | None = None
     """Seconds for one whole generation; none by default (long reasoning takes long)."""
-    max_attempts: int = 5
+    max_attempts: int | None = None
+    """Attempts per request on a server that is up; none by default: --retry-for bounds it."""
+    retry_for: float | str = 900.0
+    """How long one request is retried (the backoff between its attempts adds up to at most
+    this; time its server spends down does not count): seconds, or '15m', '1h'."""
+    retry_failed: bool = True
+    """A rerun retries the samples an earlier run recorded as skipped:failed (--keep-failed:
+    leave them)."""
+    stall_after: float | str = 600.0
+    """Warn when a request has had no answer for this long."""
     strict: bool = False
     grace: float = 30.0
     """Seconds in-flight requests get to finish after SIGINT/SIGTERM."""
@@ -101,6 +125,8 @@ class GenConfig:
     def __post_init__(self) -> None:
         self.prompts = [Path(p) for p in self.prompts]
         self.output = Path(self.output)
+        self.retry_for = parse_duration(self.retry_for, "--retry-for")
+        self.stall_after = parse_duration(self.stall_after, "--stall-after")
         self._check_inputs()
         self._check_engine()
         self._check_numbers()
@@ -126,6 +152,10 @@ class GenConfig:
         elif self.engine == "server":
             if not self.servers:
                 raise UserError("give at least one --server URL (or --engine hf --target PATH)")
+            from eagle3kit._urls import server_url
+
+            self.servers = [ServerSpec(server_url(s.url, concurrency=True), s.concurrency)
+                            for s in self.servers]
             if self.api not in API_CHOICES:
                 raise UserError(f"--api must be one of {', '.join(API_CHOICES)} (got {self.api})")
         else:
@@ -155,7 +185,8 @@ class GenConfig:
         if self.min_completion_tokens < 0:
             raise UserError("--min-completion-tokens must be >= 0")
         for flag, value in (("--commit-interval", self.commit_interval),
-                            ("--grace", self.grace), ("--request-timeout", self.request_timeout)):
+                            ("--grace", self.grace), ("--request-timeout", self.request_timeout),
+                            ("--retry-for", self.retry_for), ("--stall-after", self.stall_after)):
             if value is not None and not value > 0:
                 raise UserError(f"{flag} must be > 0 seconds (got {value})")
         long_flags = (self.short_concurrency, self.long_concurrency, self.short_max_tokens,
