@@ -154,6 +154,8 @@ def test_long_samples_are_dropped_or_truncated_and_counted(tiny):
     assert max(it.length for it in cut.train[0]) == 20 < longest
     dropped = tdata.build_pool([src], none, 20, "drop")
     assert dropped.long.dropped == over and len(dropped.train[0]) == len(src.ids) - over
+    assert dropped.long.tokens_cut == int(src.lengths[src.lengths > 20].sum())
+    assert dropped.long.tokens == cut.long.tokens == int(src.lengths.sum())
 
 
 def test_global_batches_split_into_equal_parts():

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 from transformers import LlamaConfig
+from ttt_reference import quadratic_loss, quadratic_verdicts
 
 from eagle3kit.model import DrafterConfig, Eagle3Drafter, build_vocab
 from eagle3kit.model import attention as attn
 from eagle3kit.train import soft_ce
 from eagle3kit.train.target import TargetBatch, TargetHead
 from eagle3kit.train.ttt import TTTLoss, chain_verdicts, step_counts
-from tests.ttt_reference import quadratic_loss, quadratic_verdicts
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -169,6 +169,15 @@ def test_a_kernel_that_fails_its_check_gives_way_to_chunked(monkeypatch, capsys)
     monkeypatch.setattr(attn, "_checked", {})
     assert attn.kernel_for(q).name == "chunked"
     assert "cpu-flash kernel is unusable" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_the_check_passes_when_first_use_is_without_grad(monkeypatch, capsys, context):
+    """The held-out evaluation, under no_grad, may be the first to attend."""
+    monkeypatch.setattr(attn, "_checked", {})
+    with context():
+        assert attn.kernel_for(torch.zeros(1, 1, 4, 8)).name == "cpu-flash"
+    assert "unusable" not in capsys.readouterr().err
 
 
 def test_the_check_leaves_the_global_rng_alone(monkeypatch):

@@ -185,13 +185,17 @@ def _self_check(kernel: Kernel, device: torch.device, dtype: torch.dtype,
         return torch.randn(*shape, generator=gen).to(device, dtype).requires_grad_(True)
 
     shape = (2, 2, 37, head_dim)
-    inputs = [rand(*shape) for _ in range(5)]
-    grad = torch.randn(*shape, generator=gen).to(device, dtype)
+    with torch.inference_mode(False):
+        inputs = [rand(*shape) for _ in range(5)]
+        grad = torch.randn(*shape, generator=gen).to(device, dtype)
     results = []
     try:
-        for candidate in (kernel, KERNELS["chunked"]):
-            out = _TTTAttention.apply(candidate, 1 / math.sqrt(head_dim), *inputs)
-            results.append([out, *torch.autograd.grad(out, inputs, grad)])
+        # First use may come under no_grad (the held-out evaluation) or autocast.
+        with torch.inference_mode(False), torch.enable_grad(), \
+                torch.autocast(device.type, enabled=False):
+            for candidate in (kernel, KERNELS["chunked"]):
+                out = _TTTAttention.apply(candidate, 1 / math.sqrt(head_dim), *inputs)
+                results.append([out, *torch.autograd.grad(out, inputs, grad)])
         tol = 1e-4 if dtype == torch.float32 else 3e-2
         for a, b in zip(*results, strict=True):
             scale = b.abs().max().item() + 1e-6
