@@ -310,7 +310,7 @@ def test_a_signal_to_one_rank_stops_both_at_the_same_step(tiny, tmp_path):
     assert {"rng-rank0.pt", "rng-rank1.pt"} <= {p.name for p in step_dir.iterdir()}
     command = printed_command(stderr)
     assert command.startswith("torchrun --nnodes 1 --nproc_per_node 2 -m eagle3kit train")
-    finished = subprocess.run(torchrun(*shlex.split(command)[6:]), capture_output=True,
+    finished = subprocess.run(torchrun(*shlex.split(command)[7:]), capture_output=True,
                               text=True, env=env(), timeout=600)
     assert finished.returncode == 0, finished.stderr[-3000:]
     np.testing.assert_allclose(losses(out), losses(one), rtol=1e-5)
@@ -338,6 +338,7 @@ def test_fsdp_takes_the_steps_of_one_process_and_resumes_across_ddp(tiny, tmp_pa
         proc = subprocess.run(torchrun(*train_cmd(tiny, tmp_path / name, *flags, *extra)),
                               capture_output=True, text=True, env=env(), timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
+        assert json.loads((tmp_path / name / "run.json").read_text())["parallel"] == name
         np.testing.assert_allclose(losses(tmp_path / name), losses(one), rtol=1e-5)
         _close_weights(tmp_path / name, one)
     fsdp_eval = json.loads((tmp_path / "fsdp" / "drafter" / "config.json").read_text())
@@ -352,5 +353,7 @@ def test_fsdp_takes_the_steps_of_one_process_and_resumes_across_ddp(tiny, tmp_pa
                               capture_output=True, text=True, env=env(), timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "resuming after step 2" in proc.stderr
+        assert json.loads((run_dir / "run.json").read_text())["parallel"] == (
+            "ddp" if name == "fsdp" else "fsdp")
         np.testing.assert_allclose(losses(run_dir), losses(one), rtol=1e-5)
         _close_weights(run_dir, one)

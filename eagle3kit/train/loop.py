@@ -320,6 +320,12 @@ class Trainer:
         self.model = sharding.wrap(self.loss, self.ranks.world, self.device, cfg.fsdp)
         self.param_names = [n for n, p in self.loss.named_parameters() if p.requires_grad]
 
+    def _parallel(self) -> str:
+        """none (one process), ddp or fsdp: how the drafter is spread over the ranks."""
+        if self.ranks.world == 1:
+            return "none"
+        return "fsdp" if sharding.sharded(self.model) else "ddp"
+
     def _coverage(self, vocab: DraftVocab) -> float:
         counts = tdata.count_vocab(self.sources, self.pool, self.target_cfg.vocab_size)
         total = counts.sum()
@@ -429,6 +435,7 @@ class Trainer:
             "config": {k: (str(v) if isinstance(v, Path) else v)
                        for k, v in _resolved(self.cfg).items()},
             "world_size": self.ranks.world, "mode": "online" if self.cfg.online else "offline",
+            "parallel": self._parallel(),
             "target": self.target_id, "layer_ids": self.layers, "layer_convention": "boundary",
             "drafter": self.drafter.config.to_dict(),
             "vocab": {"size": self.vocab.size, "coverage": self.vocab.coverage,
@@ -614,6 +621,11 @@ class Trainer:
                  f"{','.join(map(str, self.layers))}, draft vocabulary {self.vocab.size:,}"
                  + (f" covering {100 * cov:.2f}% of the training tokens" if cov is not None
                     else "") + f" ({self.vocab_source})", opts)
+        if self.ranks.world > 1:
+            _ui.info(f"train: {self.ranks.world} ranks, "
+                     + ("FSDP: parameters, gradients and optimizer state sharded"
+                        if self._parallel() == "fsdp" else "DDP: a whole drafter per rank"),
+                     opts)
         _ui.info(f"train: {sum(len(t) for t in self.pool.train):,} training samples, "
                  f"{len(self.pool.heldout):,} held out, {self.plan.total_steps:,} steps"
                  + (f", resuming after step {start:,}" if start else ""), opts)
