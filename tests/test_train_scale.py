@@ -70,30 +70,32 @@ def printed_command(stderr: str) -> str:
 
 # Full-length samples ------------------------------------------------------------------------
 def test_whole_samples_by_default_and_the_summary_counts_the_cut(tiny, tmp_path, capsys):
-    """No 2048 default: a 2,600-token sample trains whole under a target of 4,096
-    positions; --max-len cuts it and the summary says by how much."""
+    """No 2048 default: a 2,100-token sample trains whole under a target of 4,096
+    positions; --max-len cuts samples and the summary says by how much."""
     from eagle3kit.tiny import make_target
 
     target = make_target(tmp_path / "target", tiny["target"], hidden_size=32, seed=2,
                          max_positions=4096)
     rng = np.random.default_rng(0)
-    tokens = write_tokens(tmp_path / "tokens", [rng.integers(5, 300, 2600).tolist(),
-                                                rng.integers(5, 300, 40).tolist()], prompt=8)
+    tokens = write_tokens(tmp_path / "tokens", [rng.integers(5, 300, 2100).tolist()],
+                          prompt=8)
     shown = OutputOptions(no_progress=True)
     whole = run(config({**tiny, "target": target}, tokens, tmp_path / "whole", online=True,
                        max_steps=1, eval_split=0, batch_tokens=4096, output=shown))
-    assert whole.tokens == 2640
+    assert whole.tokens == 2100
     assert whole.metrics["long_samples"]["tokens_cut"] == 0
     assert whole.metrics["long_samples"]["max_len"] == 4096
-    assert "0 of 2,640 (0.00%; 0 samples truncated, 0 dropped; limit 4,096)" in (
+    assert "tokens cut      0 of 2,100 (0.00%; 0 samples truncated, 0 dropped; limit 4,096)" in (
         capsys.readouterr().err)
-    cut = run(config({**tiny, "target": target}, tokens, tmp_path / "cut", online=True,
-                     max_steps=1, eval_split=0, batch_tokens=4096, max_len=2048, output=shown))
-    assert cut.tokens == 2048 + 40
-    err = capsys.readouterr().err
-    assert "552 of 2,640 (20.91%; 1 samples truncated, 0 dropped; limit 2,048)" in err
+    cut = run(config(tiny, tiny["hidden"], tmp_path / "cut", max_steps=1, max_len=24,
+                     eval_split=0, output=shown))
+    long = cut.metrics["long_samples"]
+    assert long["truncated"] > 0 and long["tokens_cut"] > 0
+    assert (f"{long['tokens_cut']:,} of {long['tokens']:,} "
+            f"({100 * long['tokens_cut'] / long['tokens']:.2f}%; {long['truncated']} samples "
+            f"truncated, 0 dropped; limit 24)") in capsys.readouterr().err
     run_json = json.loads((tmp_path / "cut" / "run.json").read_text())
-    assert run_json["plan"]["long_samples"]["tokens_cut"] == 552
+    assert run_json["plan"]["long_samples"] == long
 
 
 def _peak_rss_of(cmd: list[str], logs: Path) -> tuple[int, float, str]:
@@ -182,6 +184,20 @@ def _stop_run(tiny, tmp_path, sig: signal.Signals, at_step: int, total: int = 24
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), done
 
 
+def test_sigterm_finishes_the_step_checkpoints_it_and_prints_the_command(tiny, tmp_path):
+    stopped, done = _stop_run(tiny, tmp_path, signal.SIGTERM, 2)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert 2 <= done < 24
+    assert "SIGTERM: finishing this step, then writing a checkpoint" in stopped.stderr
+    assert f"stopped by SIGTERM after step {done} of 24" in stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    assert checkpoints(tmp_path / "cut") == [f"step-{done:08d}"]
+    assert printed_command(stopped.stderr) == shlex.join(
+        ["eagle3kit", *train_cmd(tiny, tmp_path / "cut", "--max-steps", "24", "--eval-every",
+                                 "0", "--checkpoint-every", "1000")])
+
+
+@pytest.mark.slow
 def test_sigterm_checkpoints_the_step_and_the_printed_command_ends_bitwise_equal(tiny,
                                                                                  tmp_path):
     whole = run(config(tiny, tiny["hidden"], tmp_path / "whole", max_steps=24, eval_every=0,
@@ -246,7 +262,7 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one(tiny, tmp_pat
         # The newest committed checkpoint is whole: every file there and readable.
         assert {p.name for p in newest.iterdir()} >= {"model.safetensors", "optimizer.pt",
                                                        "scheduler.pt", "state.json",
-                                                       "rng-rank0.pt"}
+                                                       "rng-rank0.safetensors"}
         json.loads((newest / "state.json").read_text())
         torch.load(newest / "optimizer.pt", weights_only=True)
     assert mid_write >= 1, "no kill landed inside a checkpoint write"
@@ -307,7 +323,8 @@ def test_a_signal_to_one_rank_stops_both_at_the_same_step(tiny, tmp_path):
     # One checkpoint, that step's, which both ranks wrote into.
     assert checkpoints(out) == [f"step-{done:08d}"]
     step_dir = out / "checkpoints" / f"step-{done:08d}"
-    assert {"rng-rank0.pt", "rng-rank1.pt"} <= {p.name for p in step_dir.iterdir()}
+    written = {p.name for p in step_dir.iterdir()}
+    assert {"rng-rank0.safetensors", "rng-rank1.safetensors"} <= written
     command = printed_command(stderr)
     assert command.startswith("torchrun --nnodes 1 --nproc_per_node 2 -m eagle3kit train")
     finished = subprocess.run(torchrun(*shlex.split(command)[7:]), capture_output=True,
