@@ -109,6 +109,7 @@ def _peak_rss_of(cmd: list[str], logs: Path) -> tuple[int, float, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # subprocesses and torchrun launches, on busy cores
 def test_a_16k_token_sample_trains_on_cpu_within_24_gb(tiny, tmp_path):
     """One whole 16,384-token sample, online, through the CLI: the quadratic attention
     would need ~4 GB per score matrix, several per training-time-test step."""
@@ -232,6 +233,7 @@ def test_sigint_and_sigusr1_stop_with_a_checkpoint(tiny, tmp_path, sig, status):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # subprocesses and torchrun launches, on busy cores
 def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one(tiny, tmp_path):
     """Killed while a checkpoint is being written (its temp directory exists), the run
     still has the one before, whole; resuming ends where an uninterrupted run does."""
@@ -302,6 +304,7 @@ def _workers(launcher: int) -> dict[int, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # subprocesses and torchrun launches, on busy cores
 def test_a_signal_to_one_rank_stops_both_at_the_same_step(tiny, tmp_path):
     one = tmp_path / "one"
     run(config(tiny, tiny["hidden"], one, max_steps=24, grad_accum=2, batch_tokens=128,
@@ -342,6 +345,7 @@ def _close_weights(a: Path, b: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # subprocesses and torchrun launches, on busy cores
 def test_fsdp_takes_the_steps_of_one_process_and_resumes_across_ddp(tiny, tmp_path):
     """--fsdp with 2 processes: the losses of 1 process with --grad-accum 2 (1e-5), and a
     checkpoint written under FSDP resumes under DDP, and one written under DDP under
