@@ -98,14 +98,15 @@ def test_whole_samples_by_default_and_the_summary_counts_the_cut(tiny, tmp_path,
     assert run_json["plan"]["long_samples"] == long
 
 
-def _peak_rss_of(cmd: list[str], logs: Path) -> tuple[int, float, str]:
-    """(exit status, peak resident set in GB, output) of a child process (os.wait4: its
-    own figure, not the largest of this test process's children)."""
-    with open(logs, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env())
+def _peak_rss_of(cmd: list[str], logs: Path) -> tuple[int, float, str, str]:
+    """(exit status, peak resident set in GB, stdout, stderr) of a child process (os.wait4:
+    its own figure, not the largest of this test process's children)."""
+    with open(logs / "out", "w") as out, open(logs / "err", "w") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env())
         _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, usage.ru_maxrss / (1 << 20), logs.read_text()
+    return (proc.returncode, usage.ru_maxrss / (1 << 20), (logs / "out").read_text(),
+            (logs / "err").read_text())
 
 
 @pytest.mark.slow
@@ -120,12 +121,12 @@ def test_a_16k_token_sample_trains_on_cpu_within_24_gb(tiny, tmp_path):
     rng = np.random.default_rng(1)
     tokens = write_tokens(tmp_path / "tokens", [rng.integers(5, 300, 16384).tolist()],
                           prompt=256)
-    status, peak_gb, output = _peak_rss_of(cli(
+    status, peak_gb, stdout, stderr = _peak_rss_of(cli(
         "train", str(tokens), str(tmp_path / "run"), "--target", str(target), "--online",
         "--device", "cpu", "--max-steps", "1", "--eval-split", "0", "--draft-vocab", "200",
-        "--batch-tokens", "16384", "--no-progress", "--json"), tmp_path / "log")
-    assert status == 0, output[-3000:]
-    result = json.loads(output[output.index("{"):])
+        "--batch-tokens", "16384", "--no-progress", "--json"), tmp_path)
+    assert status == 0, stderr[-3000:]
+    result = json.loads(stdout)
     assert result["tokens"] == 16384 and result["metrics"]["long_samples"]["tokens_cut"] == 0
     print(f"16K-token sample: peak RSS {peak_gb:.2f} GB")
     assert peak_gb < 24
@@ -248,12 +249,16 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one(tiny, tmp_pat
             break
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env=env())
-        before = set((out / "checkpoints").iterdir()) if (out / "checkpoints").is_dir() else set()
+        # Kill inside the second checkpoint write of this run: one commits first, so every
+        # trial gets further and a previous checkpoint always exists.
+        start = max(checkpoints(out), default="") if (out / "checkpoints").is_dir() else ""
         deadline = time.monotonic() + 300
         while proc.poll() is None and time.monotonic() < deadline:
-            temps = list((out / "checkpoints").glob(".step-*.tmp")) if (
-                out / "checkpoints").is_dir() else []
-            if temps and set((out / "checkpoints").iterdir()) - before:
+            if not (out / "checkpoints").is_dir():
+                continue
+            names = checkpoints(out)
+            committed = [n for n in names if n.startswith("step-")]
+            if any(n.endswith(".tmp") for n in names) and max(committed, default="") > start:
                 proc.send_signal(signal.SIGKILL)
                 break
         proc.wait()
