@@ -147,11 +147,10 @@ def plain(work: Path, steps: int) -> dict:
         b, t = ids.shape
         length = t - 1
         pos = torch.arange(length)[None].expand(b, -1)
-        valid = pos < (lengths[:, None] - 1)
         state, hidden, loss = TTTState(), model.project(aux[:, :length]), 0.0
         for k in range(7):
             step_ids = torch.cat([ids, ids.new_zeros(b, 7)], 1)[:, 1 + k:1 + k + length]
-            hidden = model.ttt_step(hidden, step_ids, pos + k, state, valid)
+            hidden = model.ttt_step(hidden, step_ids, pos + k, state)
             n = length - k
             logq = torch.log_softmax(model.logits(hidden[:, :n]), -1)
             m = keep[:, 1 + k:1 + k + n]

@@ -544,7 +544,8 @@ def train(
     ttt_decay: Annotated[float | None, typer.Option(
         help="Step k's loss weight is decay^k.")] = None,
     max_len: Annotated[int | None, typer.Option(
-        metavar="TOKENS", help="Longest sample trained on (see --long-samples).")] = None,
+        metavar="TOKENS", help="Longest sample trained on (default: the target's context "
+                               "length; see --long-samples).")] = None,
     long_samples: Annotated[str | None, typer.Option(
         help="Samples longer than --max-len: truncate or drop.")] = None,
     lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
@@ -578,7 +579,12 @@ def train(
         help="Chain length of the predicted acceptance length.")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(
         metavar="STEPS", help="Checkpoint every N steps and at the end.")] = None,
+    checkpoint_interval: Annotated[float | None, typer.Option(
+        metavar="MINUTES", help="Also checkpoint every N minutes; 0 off.")] = None,
     keep: Annotated[int | None, typer.Option(help="Checkpoints kept.")] = None,
+    fsdp: Annotated[bool, typer.Option(
+        "--fsdp", help="Shard the drafter and optimizer state over the ranks (FSDP2; "
+                       "without it, DDP).")] = False,
     trust_remote_code: TrustRemoteCode = False,
     resume: Resume = False, overwrite: Overwrite = False, force: Force = False,
     json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
@@ -602,8 +608,8 @@ def train(
         *data, out = paths
         return stage.TrainConfig(
             [stage.DataSpec.parse(d) for d in data], Path(out), target, online=online,
-            layers=ids, init_from=init_from, mode=_open_mode(resume, overwrite), force=force,
-            trust_remote_code=trust_remote_code or None,
+            layers=ids, init_from=init_from, fsdp=fsdp, mode=_open_mode(resume, overwrite),
+            force=force, trust_remote_code=trust_remote_code or None,
             output=_output(json, quiet, no_progress, log_every),
             **_given(draft_vocab=draft_vocab, ttt_steps=ttt_steps, ttt_decay=ttt_decay,
                      max_len=max_len, long_samples=long_samples, lr=lr, min_lr=min_lr,
@@ -611,9 +617,12 @@ def train(
                      batch_tokens=batch_tokens, grad_accum=grad_accum, epochs=epochs,
                      max_steps=max_steps, seed=seed, device=device, precision=precision,
                      eval_split=eval_split, eval_every=eval_every, eval_k=eval_k,
-                     checkpoint_every=checkpoint_every, keep=keep))
+                     checkpoint_every=checkpoint_every,
+                     checkpoint_interval=checkpoint_interval, keep=keep))
 
-    _run(stage.run, config)
+    result = _run(stage.run, config)
+    if result.exit_code:  # stopped by a signal, after its checkpoint
+        raise typer.Exit(result.exit_code)
 
 
 @app.command(rich_help_panel="Stages",

@@ -18,7 +18,8 @@ from test_docs import (  # noqa: F401  (prewarmed is a fixture)
 DOC = REPO / "docs" / "train.md"
 
 
-@pytest.mark.slow  # a target, gen, extract and five short trainings: minutes on 2 busy cores
+@pytest.mark.slow  # a target, gen, extract, ten short trainings and a torchrun: minutes
+@pytest.mark.timeout(1800)
 def test_train_doc_commands_run(tmp_path: Path, prewarmed) -> None:  # noqa: F811
     cmds = commands(DOC)
     assert sum("eagle3kit train" in c.text for c in cmds) >= 5

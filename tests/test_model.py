@@ -75,8 +75,8 @@ def test_padding_does_not_leak_into_real_positions():
     aux, ids = torch.randn(1, 6, 96), torch.randint(0, 97, (1, 6))
     pos = torch.arange(6)[None]
     alone = model.ttt_step(model.project(aux[:, :4]), ids[:, :4], pos[:, :4], TTTState())
-    valid = torch.tensor([[1, 1, 1, 1, 0, 0]])
-    padded = model.ttt_step(model.project(aux), ids, pos, TTTState(), valid)
+    # Right padding: positions 4 and 5 hold whatever a batch pads with.
+    padded = model.ttt_step(model.project(aux), ids, pos, TTTState())
     torch.testing.assert_close(padded[:, :4], alone)
 
 

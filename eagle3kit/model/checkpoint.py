@@ -22,10 +22,12 @@ CONFIG = "config.json"
 
 
 def drafter_weights(model: Eagle3Drafter, with_embedding: bool = False,
-                    dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """The tensors a checkpoint stores: floats in `dtype`, d2t int64, t2d bool."""
+                    dtype: torch.dtype | None = None,
+                    state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors a checkpoint stores: floats in `dtype`, d2t int64, t2d bool. `state`:
+    the model's full state dict when its own holds shards (FSDP)."""
     weights = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in (model.state_dict() if state is None else state).items():
         if name == "embed_tokens.weight" and not with_embedding:
             continue
         if tensor.is_floating_point() and dtype is not None:
@@ -35,14 +37,17 @@ def drafter_weights(model: Eagle3Drafter, with_embedding: bool = False,
 
 
 def save_drafter(model: Eagle3Drafter, out_dir: str | Path, *, extra: dict | None = None,
-                 dtype: torch.dtype | None = None) -> Path:
-    """Write `model` to `out_dir` atomically per file (temp name, fsync, rename)."""
+                 dtype: torch.dtype | None = None,
+                 state: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write `model` (or its full `state`) to `out_dir` atomically per file (temp name,
+    fsync, rename)."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / (WEIGHTS + ".tmp")
-    save_file(drafter_weights(model, dtype=dtype), str(tmp), metadata={"format": "pt"})
+    save_file(drafter_weights(model, dtype=dtype, state=state), str(tmp),
+              metadata={"format": "pt"})
     replace_durably(tmp, out / WEIGHTS)
     config = {"eagle3kit": {"drafter": model.config.to_dict(), **(extra or {})}}
     write_text_atomic(out / CONFIG, json.dumps(config, indent=2) + "\n")

@@ -5,8 +5,9 @@ Parameter names are the speculators/vLLM names (`fc`, `layers.0.*`, `norm`, `lm_
 `embed_tokens`, buffers `d2t`/`t2d`), so a state dict is a vLLM checkpoint's weights.
 
 Two ways to run the layer share all the code except attention:
-- `ttt_attention`: training-time test. Step k's query at index t sees the step-0 keys up to t
-  (the real context) and, for each step j in 1..k, only the key of step j at index t.
+- `ttt_attention` (model/attention.py): training-time test. Step k's query at index t sees
+  the step-0 keys up to t (the real context) and, for each step j in 1..k, only the key of
+  step j at index t; memory linear in T.
 - `DraftCache`: decoding. New positions see every cached key and each other causally (or
   through an explicit mask, for trees).
 """
@@ -20,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eagle3kit.model.attention import ttt_attention
 from eagle3kit.model.config import DrafterConfig
 
 
@@ -131,29 +133,6 @@ class TTTState:
     values: list[torch.Tensor] = field(default_factory=list)
 
 
-def ttt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: TTTState,
-                  valid: torch.Tensor | None) -> torch.Tensor:
-    """Attention of step len(state.keys): causal over step 0, diagonal over the later steps.
-
-    `valid` [B, T] marks real (non-padding) positions of step 0's keys.
-    """
-    state.keys.append(k)
-    state.values.append(v)
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    t = q.shape[2]
-    scores = torch.matmul(q, state.keys[0].transpose(-1, -2)) * scale  # [B, h, T, T]
-    allowed = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-    if valid is not None:
-        allowed = allowed & valid[:, None, None, :].bool()
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    diagonal = [(q * key).sum(-1, keepdim=True) * scale for key in state.keys[1:]]
-    weights = torch.softmax(torch.cat([scores, *diagonal], dim=-1).float(), dim=-1).to(q.dtype)
-    out = torch.matmul(weights[..., :t], state.values[0])
-    for j, value in enumerate(state.values[1:]):
-        out = out + weights[..., t + j:t + j + 1] * value
-    return out
-
-
 class DraftCache:
     """The drafter's key/value cache for decoding: [B, heads, L, D] each."""
 
@@ -233,11 +212,24 @@ class Eagle3Drafter(nn.Module):
         """Logits over the draft vocabulary (index with `d2t` to get target ids)."""
         return self.lm_head(self.norm(hidden))
 
+    def top_draft(self, hidden: torch.Tensor, block_bytes: int = 32 << 20) -> torch.Tensor:
+        """argmax of `logits(hidden)` [B, T] (draft ids), in blocks of positions so a
+        [T, draft_vocab] tensor is never materialised whole."""
+        b, t = hidden.shape[:2]
+        rows = max(1, block_bytes // (4 * self.config.draft_vocab_size * max(b, 1)))
+        return torch.cat([self.logits(hidden[:, i:i + rows]).argmax(-1)
+                          for i in range(0, t, rows)], dim=1) if t else hidden.new_zeros(
+            (b, 0), dtype=torch.long)
+
     def ttt_step(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
-                 state: TTTState, valid: torch.Tensor | None = None) -> torch.Tensor:
-        """Training-time-test step len(state.keys), over whole sequences [B, T]."""
-        return self.layer(hidden, input_ids, positions,
-                          lambda q, k, v: ttt_attention(q, k, v, state, valid))
+                 state: TTTState) -> torch.Tensor:
+        """Training-time-test step len(state.keys), over whole sequences [B, T], right-padded
+        (causal attention keeps every real position from seeing the padding after it)."""
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            state.keys.append(k)
+            state.values.append(v)
+            return ttt_attention(q, state.keys, state.values)
+        return self.layer(hidden, input_ids, positions, attend)
 
     def decode(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
                cache: DraftCache, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -24,7 +24,8 @@ SETTINGS = (
     "eval_k", "precision",
 )
 """The options that decide a run's trajectory: continuing a run with any of them changed
-needs --force. Logging, checkpoint cadence, --device and --eval-every may change freely."""
+needs --force. Logging, checkpoint cadence, --device, --fsdp and --eval-every may change
+freely."""
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,11 @@ class TrainConfig:
     """Training-time-test steps."""
     ttt_decay: float = 0.8
     """Weight of step k's loss: decay**k."""
-    max_len: int = 2048
-    """Longest sample trained on, in tokens."""
+    max_len: int | None = None
+    """Longest sample trained on, in tokens (default: the target's context length, its
+    max_position_embeddings: whole samples)."""
     long_samples: str = "truncate"
-    """What happens to longer samples: drop or truncate."""
+    """What happens to longer samples: truncate or drop."""
     lr: float = 1e-4
     min_lr: float = 0.0
     """Learning rate the cosine decay ends at."""
@@ -109,6 +111,11 @@ class TrainConfig:
     """Draft chain length for the predicted acceptance length."""
     checkpoint_every: int = 1000
     """Write a resumable checkpoint every N steps (and at the end)."""
+    checkpoint_interval: float = 30.0
+    """Also write one when N minutes have passed since the last (0: off)."""
+    fsdp: bool = False
+    """Shard the drafter, its gradients and optimizer state over the ranks (FSDP2) instead
+    of a whole copy per rank (DDP)."""
     keep: int = 2
     """How many checkpoints to keep."""
     trust_remote_code: bool | None = None
@@ -133,13 +140,13 @@ class TrainConfig:
 
     def _check_ranges(self) -> None:
         positive = {"--draft-vocab": self.draft_vocab, "--ttt-steps": self.ttt_steps,
-                    "--max-len": self.max_len, "--batch-tokens": self.batch_tokens,
+                    "--batch-tokens": self.batch_tokens,
                     "--grad-accum": self.grad_accum, "--eval-k": self.eval_k,
                     "--checkpoint-every": self.checkpoint_every, "--keep": self.keep}
         for flag, value in positive.items():
             if not value >= 1:
                 raise UserError(f"{flag} must be >= 1 (got {value})")
-        if self.max_len < 3:
+        if self.max_len is not None and self.max_len < 3:
             raise UserError(f"--max-len must be >= 3 tokens (got {self.max_len})")
         for flag, value in (("--lr", self.lr), ("--ttt-decay", self.ttt_decay)):
             if not (value > 0 and math.isfinite(value)):
@@ -147,6 +154,7 @@ class TrainConfig:
         for flag, value in (("--min-lr", self.min_lr), ("--warmup", self.warmup),
                             ("--weight-decay", self.weight_decay),
                             ("--grad-clip", self.grad_clip), ("--eval-split", self.eval_split),
+                            ("--checkpoint-interval", self.checkpoint_interval),
                             ("--eval-every", self.eval_every)):
             if not (value >= 0 and math.isfinite(value)):
                 raise UserError(f"{flag} must be >= 0 (got {value})")
@@ -226,6 +234,12 @@ class TrainResult:
     vocab_coverage: float | None
     resumed_from: int | None = None
     metrics: dict = field(default_factory=dict)
+    stopped: str | None = None
+    """The signal that stopped the run before its last step (SIGTERM, SIGINT, SIGUSR1)."""
+    exit_code: int = 0
+    """0, or 143 / 130 when a signal stopped the run."""
+    resume_command: str | None = None
+    """The command that continues a stopped run."""
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -153,10 +153,15 @@ class LongStats:
     dropped: int = 0
     truncated: int = 0
     tokens_cut: int = 0
+    """Tokens left out: the tails of truncated samples and the whole of dropped ones."""
+    max_len: int | None = None
+    """The limit applied (None: none)."""
+    tokens: int = 0
+    """Tokens of all the samples, before the limit."""
 
     def to_dict(self) -> dict:
         return {"dropped": self.dropped, "truncated": self.truncated,
-                "tokens_cut": self.tokens_cut}
+                "tokens_cut": self.tokens_cut, "max_len": self.max_len, "tokens": self.tokens}
 
 
 @dataclass
@@ -170,16 +175,18 @@ class Pool:
     too_short: int = 0
 
 
-def build_pool(sources: list[Source], masks: list[np.ndarray], max_len: int,
+def build_pool(sources: list[Source], masks: list[np.ndarray], max_len: int | None,
                policy: str) -> Pool:
-    """Apply --max-len / --long-samples and drop samples too short to train on (< 3 tokens:
-    a prediction needs a state, the next token and a target after it)."""
-    pool = Pool([[] for _ in sources], [])
+    """Apply --max-len / --long-samples (None: no limit) and drop samples too short to train
+    on (< 3 tokens: a prediction needs a state, the next token and a target after it)."""
+    pool = Pool([[] for _ in sources], [], LongStats(max_len=max_len))
     for s, (src, mask) in enumerate(zip(sources, masks, strict=True)):
         for i, n in enumerate(src.lengths.tolist()):
-            if n > max_len:
+            pool.long.tokens += n
+            if max_len is not None and n > max_len:
                 if policy == "drop":
                     pool.long.dropped += 1
+                    pool.long.tokens_cut += n
                     continue
                 pool.long.truncated += 1
                 pool.long.tokens_cut += n - max_len

@@ -10,7 +10,6 @@ with --grad-accum 1 take the same steps.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -26,6 +25,7 @@ from eagle3kit.errors import UserError
 from eagle3kit.model import DrafterConfig, DraftVocab, Eagle3Drafter, build_vocab, vocab_problems
 from eagle3kit.model.checkpoint import drafter_weights, save_drafter
 from eagle3kit.train import data as tdata
+from eagle3kit.train import sharding
 from eagle3kit.train.config import TrainConfig, TrainResult
 from eagle3kit.train.rundir import (
     RUN_FORMAT,
@@ -37,6 +37,7 @@ from eagle3kit.train.rundir import (
     settings_diff,
     write_json_atomic,
 )
+from eagle3kit.train.stopping import EXIT_CODES, STOP_SIGNALS, CheckpointClock, StopRequests
 from eagle3kit.train.target import (
     OfflineTarget,
     OnlineTarget,
@@ -203,7 +204,8 @@ class Trainer:
         continuing = self._open_run_dir()
         self.layers = self._resolve_layers(continuing)
         masks = tdata.held_out(self.sources, cfg.eval_split)
-        self.pool = tdata.build_pool(self.sources, masks, cfg.max_len, cfg.long_samples)
+        self.max_len = cfg.max_len or getattr(self.target_cfg, "max_position_embeddings", None)
+        self.pool = tdata.build_pool(self.sources, masks, self.max_len, cfg.long_samples)
         self.plan = tdata.make_plan(
             self.pool, [d.weight for d in cfg.data], cfg.seed, cfg.batch_tokens,
             self.ranks.world * cfg.grad_accum, cfg.epochs, cfg.max_steps)
@@ -316,12 +318,16 @@ class Trainer:
         self.vocab = vocab
         self.drafter = drafter.to(self.device)
         self.loss = TTTLoss(self.drafter, self.head, cfg.ttt_steps, cfg.ttt_decay)
-        self.model: torch.nn.Module = self.loss
-        if self.ranks.world > 1:
-            from torch.nn.parallel import DistributedDataParallel as DDP
+        if cfg.fsdp and self.ranks.world == 1:
+            _ui.info("train: --fsdp: one process, nothing to shard", cfg.output)
+        self.model = sharding.wrap(self.loss, self.ranks.world, self.device, cfg.fsdp)
+        self.param_names = [n for n, p in self.loss.named_parameters() if p.requires_grad]
 
-            self.model = DDP(self.loss, broadcast_buffers=False,
-                             device_ids=[self.device] if self.device.type == "cuda" else None)
+    def _parallel(self) -> str:
+        """none (one process), ddp or fsdp: how the drafter is spread over the ranks."""
+        if self.ranks.world == 1:
+            return "none"
+        return "fsdp" if sharding.sharded(self.model) else "ddp"
 
     def _coverage(self, vocab: DraftVocab) -> float:
         counts = tdata.count_vocab(self.sources, self.pool, self.target_cfg.vocab_size)
@@ -349,11 +355,12 @@ class Trainer:
         from safetensors.torch import load_file
 
         weights = load_file(str(where / "model.safetensors"), device=str(self.device))
-        missing, unexpected = self.drafter.load_state_dict(weights, strict=False)
+        missing, unexpected = sharding.load_weights(self.model, self.drafter, weights)
         if [m for m in missing if m != "embed_tokens.weight"] or unexpected:
             raise UserError(f"{where}: checkpoint does not fit this drafter "
                             f"(missing {missing}, unexpected {unexpected})")
-        self.optimizer.load_state_dict(load_tensors(where / "optimizer.pt"))
+        sharding.load_optimizer_state(self.model, self.optimizer,
+                                      load_tensors(where / "optimizer.pt"), self.param_names)
         self.scheduler.load_state_dict(load_tensors(where / "scheduler.pt"))
         rng = where / f"rng-rank{self.ranks.rank}.safetensors"
         if (where / f"rng-rank{self.ranks.rank}.pt").exists():
@@ -379,12 +386,15 @@ class Trainer:
             rd.begin_checkpoint(step)
         ranks.barrier()
         save_rng_state(tmp / f"rng-rank{ranks.rank}.safetensors")
+        state = sharding.full_weights(self.model, self.drafter)  # collectives under FSDP
+        optimizer = sharding.full_optimizer_state(self.model, self.optimizer, self.param_names)
         ranks.barrier()
         if ranks.rank == 0:
             from safetensors.torch import save_file
 
-            save_file(drafter_weights(self.drafter), str(tmp / "model.safetensors"))
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            save_file(drafter_weights(self.drafter, state=state),
+                      str(tmp / "model.safetensors"))
+            torch.save(optimizer, tmp / "optimizer.pt")
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
             import json
 
@@ -394,10 +404,12 @@ class Trainer:
                 "eval": self.last_eval, "time": _now()}, indent=2) + "\n")
             rd.sync_metrics()
             rd.commit_checkpoint(step, self.cfg.keep)
-            self._save_drafter(step, tokens)
+            self._save_drafter(step, tokens, state)
         ranks.barrier()
+        if hasattr(self, "clock"):
+            self.clock.reset()
 
-    def _save_drafter(self, step: int, tokens: int) -> None:
+    def _save_drafter(self, step: int, tokens: int, state: dict | None) -> None:
         extra: dict[str, Any] = {
             "target": self.target_id, "layer_ids": self.layers,
             "vocab": {"size": self.vocab.size, "coverage": self.vocab.coverage},
@@ -405,7 +417,7 @@ class Trainer:
                          "eagle3kit_version": __version__}}
         if self.last_eval is not None:
             extra["eval"] = self.last_eval
-        save_drafter(self.drafter, self.run_dir.drafter, extra=extra)
+        save_drafter(self.drafter, self.run_dir.drafter, extra=extra, state=state)
 
     def _write_run_json(self, continuing: bool) -> None:
         from safetensors.torch import save_file
@@ -426,6 +438,7 @@ class Trainer:
             "config": {k: (str(v) if isinstance(v, Path) else v)
                        for k, v in _resolved(self.cfg).items()},
             "world_size": self.ranks.world, "mode": "online" if self.cfg.online else "offline",
+            "parallel": self._parallel(),
             "target": self.target_id, "trust_remote_code": self.trust_remote_code,
             "layer_ids": self.layers, "layer_convention": "boundary",
             "drafter": self.drafter.config.to_dict(),
@@ -465,8 +478,9 @@ class Trainer:
     def _evaluate(self, step: int) -> dict | None:
         if not self.pool.heldout:
             return None
-        result: EvalResult = evaluate(self.drafter, self.heldout_batches(), self.cfg.eval_k,
-                                      reduce=self.ranks.sum)
+        with sharding.gathered(self.model):
+            result: EvalResult = evaluate(self.drafter, self.heldout_batches(),
+                                          self.cfg.eval_k, reduce=self.ranks.sum)
         result.step = step
         return result.to_dict()
 
@@ -486,8 +500,7 @@ class Trainer:
         loss_total = torch.zeros((), dtype=torch.float64, device=self.device)
         for m, b in enumerate(batches):
             sync = m == len(batches) - 1 or ranks.world == 1
-            ctx = contextlib.nullcontext() if sync else self.model.no_sync()  # type: ignore
-            with ctx:
+            with sharding.gradient_sync(self.model, sync):
                 loss, s, c = self.model(b, counts, self.autocast)
                 # DDP averages gradients over ranks; the loss is already a global mean.
                 (loss * ranks.world).backward()
@@ -498,6 +511,7 @@ class Trainer:
             norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
         else:
             norm = torch.nn.utils.clip_grad_norm_(self.params, float("inf"))
+        norm = sharding.local(norm)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
@@ -514,21 +528,48 @@ class Trainer:
     def _train(self, start: int) -> TrainResult:
         cfg, rd = self.cfg, self.run_dir
         total = self.plan.total_steps
-        tokens = getattr(self, "tokens_before", 0)
+        self.tokens = getattr(self, "tokens_before", 0)
         self.last_eval = getattr(self, "last_eval", None)
+        self.clock = CheckpointClock(cfg.checkpoint_interval)
         initial_eval = None
-        if start == 0 and self.pool.heldout:
-            initial_eval = self._evaluate(0)
-            self.last_eval = initial_eval
+        done = start
+        with StopRequests(self._on_signal) as self.stop:
+            if start == 0 and self.pool.heldout:
+                initial_eval = self._evaluate(0)
+                self.last_eval = initial_eval
+                if self.ranks.rank == 0:
+                    rd.log({"step": 0, "eval": initial_eval, "time": _now()})
+            self._announce(start)
+            stopped = start < total and self._control()[0]
+            if not stopped:
+                done, stopped = self._steps(start, total)
+        if start >= total and not rd.drafter.is_dir():
+            state = sharding.full_weights(self.model, self.drafter)
             if self.ranks.rank == 0:
-                rd.log({"step": 0, "eval": initial_eval, "time": _now()})
-        self._announce(start)
-        loss = None
-        epoch = 0
+                self._save_drafter(total, self.tokens, state)
+        result = TrainResult(
+            out=cfg.out, steps=done, total_steps=total, tokens=self.tokens,
+            loss=getattr(self, "last_loss", None), eval=self.last_eval,
+            initial_eval=initial_eval, vocab_coverage=self.vocab.coverage,
+            resumed_from=getattr(self, "resumed_from", None),
+            metrics={"long_samples": self.pool.long.to_dict(),
+                     "train_samples": sum(len(t) for t in self.pool.train),
+                     "heldout_samples": len(self.pool.heldout), "layer_ids": self.layers,
+                     "draft_vocab": self.vocab.size})
+        if stopped:
+            result.stopped = self.stop_signal.name
+            result.exit_code = EXIT_CODES[self.stop_signal]
+            result.resume_command = resume_command(self.ranks)
+        return result
+
+    def _steps(self, start: int, total: int) -> tuple[int, bool]:
+        """Steps start..total-1, or until a stop request: (steps done, stopped early)."""
+        cfg, rd = self.cfg, self.run_dir
         run_tokens = 0
         began = time.monotonic()
+        done = start
         with _ui.Progress("train", total, cfg.output, unit="steps", initial=start) as progress:
-            if self.last_eval and self.last_eval is not initial_eval:
+            if start > 0 and self.last_eval:
                 progress.set(**_eval_gauges(self.last_eval))  # a resumed run's last one
             elif self.pool.heldout:
                 # "AL 1" from the untrained drafter would read like the τ≈1 warning (a broken
@@ -537,37 +578,48 @@ class Trainer:
             for step in range(start, total):
                 epoch, batch = self.plan.step(step)
                 record = self._step(batch)
-                tokens += record["tokens"]
-                loss = record["loss"]
+                self.tokens += record["tokens"]
+                self.last_loss = record["loss"]
                 done = step + 1
                 progress.add(1, tokens=record["tokens"])
-                progress.set(loss=round(loss, 4), lr=record["lr"])
+                progress.set(loss=round(self.last_loss, 4), lr=record["lr"])
                 run_tokens += record["tokens"]
-                log = {"step": done, "epoch": epoch, **record, "tokens_total": tokens,
+                log = {"step": done, "epoch": epoch, **record, "tokens_total": self.tokens,
                        "tokens_per_s": round(run_tokens / max(time.monotonic() - began, 1e-9),
                                              1), "elapsed": round(time.monotonic() - began, 4),
                        "time": _now()}
                 if self.ranks.rank == 0:
                     rd.log(log)
                 last = done == total
-                if self.pool.heldout and (last or (cfg.eval_every and
-                                                   done % cfg.eval_every == 0)):
+                stop, due = self._control()
+                if self.pool.heldout and not stop and (last or (cfg.eval_every and
+                                                                done % cfg.eval_every == 0)):
                     self.last_eval = self._evaluate(done)
                     progress.set(**_eval_gauges(self.last_eval))
                     if self.ranks.rank == 0:
                         rd.log({"step": done, "eval": self.last_eval, "time": _now()})
-                if last or done % cfg.checkpoint_every == 0:
-                    self._checkpoint(done, epoch, tokens, last)
-        if start >= total and self.ranks.rank == 0 and not rd.drafter.is_dir():
-            self._save_drafter(total, tokens)
-        return TrainResult(
-            out=cfg.out, steps=total, total_steps=total, tokens=tokens, loss=loss,
-            eval=self.last_eval, initial_eval=initial_eval, vocab_coverage=self.vocab.coverage,
-            resumed_from=getattr(self, "resumed_from", None),
-            metrics={"long_samples": self.pool.long.to_dict(),
-                     "train_samples": sum(len(t) for t in self.pool.train),
-                     "heldout_samples": len(self.pool.heldout), "layer_ids": self.layers,
-                     "draft_vocab": self.vocab.size})
+                if last or stop or due or done % cfg.checkpoint_every == 0:
+                    self._checkpoint(done, epoch, self.tokens, last)
+                if stop and not last:
+                    return done, True
+        return done, False
+
+    def _control(self) -> tuple[bool, bool]:
+        """(stop, checkpoint due), the same on every rank: a signal to any one rank stops
+        them all after the same step, and one rank's clock decides for all."""
+        flags = torch.zeros(len(STOP_SIGNALS) + 1, dtype=torch.float64, device=self.device)
+        if self.stop.received is not None:
+            flags[STOP_SIGNALS.index(self.stop.received)] = 1
+        flags[-1] = float(self.clock.due())
+        self.ranks.sum(flags)
+        seen = [sig for sig, n in zip(STOP_SIGNALS, flags.tolist(), strict=False) if n > 0]
+        if seen:
+            self.stop_signal = seen[0]
+        return bool(seen), bool(flags[-1] > 0)
+
+    def _on_signal(self, sig: Any) -> None:
+        _ui.warn(f"train: {sig.name}: finishing this step, then writing a checkpoint "
+                 "(a second signal aborts)")
 
     def _announce(self, start: int) -> None:
         opts = self.cfg.output
@@ -577,12 +629,19 @@ class Trainer:
                  f"{','.join(map(str, self.layers))}, draft vocabulary {self.vocab.size:,}"
                  + (f" covering {100 * cov:.2f}% of the training tokens" if cov is not None
                     else "") + f" ({self.vocab_source})", opts)
+        if self.ranks.world > 1:
+            _ui.info(f"train: {self.ranks.world} ranks, "
+                     + ("FSDP: parameters, gradients and optimizer state sharded"
+                        if self._parallel() == "fsdp" else "DDP: a whole drafter per rank"),
+                     opts)
         _ui.info(f"train: {sum(len(t) for t in self.pool.train):,} training samples, "
                  f"{len(self.pool.heldout):,} held out, {self.plan.total_steps:,} steps"
                  + (f", resuming after step {start:,}" if start else ""), opts)
         if long.dropped or long.truncated:
-            _ui.warn(f"--max-len {self.cfg.max_len}: {long.dropped} samples dropped, "
-                     f"{long.truncated} truncated ({long.tokens_cut:,} tokens cut)")
+            limit = (f"--max-len {self.max_len}" if self.cfg.max_len else
+                     f"the target's context length ({self.max_len})")
+            _ui.warn(f"{limit}: {long.dropped} samples dropped, {long.truncated} truncated "
+                     f"({long.tokens_cut:,} tokens cut)")
 
 
 def _eval_gauges(ev: dict) -> dict[str, float]:
@@ -600,18 +659,54 @@ def _resolved(cfg: TrainConfig) -> dict:
     return d
 
 
+def resume_command(ranks: Ranks) -> str | None:
+    """The command line that continues this run: this one, without --overwrite, under the
+    same torchrun shape. None when train was not started from the command line."""
+    import sys
+
+    from eagle3kit._argv import command_line
+
+    args = [a for a in sys.argv if a != "--overwrite"]
+    if args[1:2] != ["train"]:
+        return None
+    line = command_line(args)
+    if ranks.world > 1:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world))
+        nodes = max(1, ranks.world // max(local, 1))
+        line = (f"torchrun --nnodes {nodes} --nproc_per_node {local} "
+                + ("<the same rendezvous options> " if nodes > 1 else "")
+                + "-m " + line)
+    return line
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def _cut_line(long: dict) -> str:
+    """What the length limit left out, for the summary."""
+    limit = f"limit {long['max_len']:,}" if long.get("max_len") else "no limit"
+    share = long["tokens_cut"] / long["tokens"] if long.get("tokens") else 0.0
+    return (f"{long['tokens_cut']:,} of {long.get('tokens', 0):,} ({100 * share:.2f}%; "
+            f"{long['truncated']} samples truncated, {long['dropped']} dropped; {limit})")
+
+
 def _report(result: TrainResult, cfg: TrainConfig) -> None:
     opts = cfg.output
+    if result.stopped:
+        step = f"checkpoints/step-{result.steps:08d}"
+        _ui.warn(f"train: stopped by {result.stopped} after step {result.steps:,} of "
+                 f"{result.total_steps:,}; {cfg.out / step} holds it. Continue with:\n  "
+                 + (result.resume_command or "the same train command (same run directory)"))
     if opts.json:
         _ui.print_json(result.to_dict())
     pairs: list[tuple[str, object]] = [
         ("run", str(result.out)), ("steps", result.steps), ("tokens", result.tokens),
         ("loss", None if result.loss is None else round(result.loss, 4)),
         ("vocab coverage", result.vocab_coverage)]
+    long = result.metrics.get("long_samples")
+    if long:
+        pairs.append(("tokens cut", _cut_line(long)))
     for name, ev in (("before training", result.initial_eval), ("held-out", result.eval)):
         if ev:
             rates = " ".join(f"{a:.3f}" for a in ev["per_position"])

@@ -174,9 +174,17 @@ class TargetHead(nn.Module):
     @torch.no_grad()
     def draft_probs(self, normed: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:
         """The target's distribution restricted to the draft vocabulary and renormalised,
-        fp32: softmax over the t2d columns of its logits."""
-        logits = torch.matmul(normed.to(self.lm_head.dtype), self.lm_head[draft_ids].T)
-        return torch.softmax(logits.float(), dim=-1)
+        fp32: softmax over the t2d columns of its logits. [..., H] -> [..., Vd], one block of
+        positions at a time, so only the result is ever whole."""
+        head = self.lm_head[draft_ids]
+        flat = normed.reshape(-1, normed.shape[-1])
+        out = torch.empty(flat.shape[0], head.shape[0], dtype=torch.float32,
+                          device=normed.device)
+        rows = max(1, LOGIT_CHUNK_BYTES // (4 * head.shape[0]))
+        for i in range(0, flat.shape[0], rows):
+            logits = torch.matmul(flat[i:i + rows].to(head.dtype), head.T)
+            out[i:i + rows] = torch.softmax(logits.float(), dim=-1)
+        return out.reshape(*normed.shape[:-1], head.shape[0])
 
 
 def _pad(rows: list[np.ndarray], dtype: torch.dtype, width: int | None = None) -> torch.Tensor:

@@ -16,6 +16,7 @@ from torch import nn
 
 from eagle3kit.model import Eagle3Drafter, TTTState
 from eagle3kit.model.acceptance import predicted_acceptance_length
+from eagle3kit.train.soft_ce import Step, soft_cross_entropy
 from eagle3kit.train.target import TargetBatch, TargetHead
 
 
@@ -73,32 +74,26 @@ class TTTLoss(nn.Module):
         length = batch.ids.shape[1] - 1
         positions = torch.arange(length, device=batch.ids.device)[None].expand(
             batch.ids.shape[0], -1)
-        valid = positions < (batch.lengths[:, None] - 1)
         probs = self.head.draft_probs(batch.normed, self.draft_ids)  # [B, T, Vd]
         best = probs.argmax(-1)  # the target's top draft token, for the step accuracies
         state = TTTState()
-        total = torch.zeros((), device=batch.ids.device)
-        sums, correct = [], []
+        steps: list[Step] = []
         with torch.autocast(batch.ids.device.type, dtype=autocast or torch.bfloat16,
                             enabled=autocast is not None):
             hidden = self.drafter.project(batch.aux[:, :length])
             for k in range(self.steps):
                 ids = shifted(batch.ids, k, length)
-                hidden = self.drafter.ttt_step(hidden, ids, positions + k, state, valid)
+                hidden = self.drafter.ttt_step(hidden, ids, positions + k, state)
                 n = length - k  # positions whose target lies inside the padded batch
-                if n <= 0:
-                    sums.append(total.new_zeros((), dtype=torch.float64))
-                    correct.append(total.new_zeros((), dtype=torch.float64))
-                    continue
-                logq = torch.log_softmax(self.drafter.logits(hidden[:, :n]).float(), dim=-1)
-                p = probs[:, 1 + k:1 + k + n]
-                mask = masks[k][:, :n]
-                ce = -(p * logq).sum(-1) * mask
-                total = total + (self.decay ** k) * ce.sum() / counts[k].clamp_min(1).float()
-                sums.append(ce.sum().detach().double())
-                hit = (logq.argmax(-1) == best[:, 1 + k:1 + k + n]) & mask
-                correct.append(hit.sum().double())
-        return total, torch.stack(sums), torch.stack(correct)
+                if n > 0:
+                    coef = (self.decay ** k) / counts[k].clamp_min(1).float()
+                    steps.append(Step(k, self.drafter.norm(hidden[:, :n]), masks[k][:, :n],
+                                      coef))
+            total, sums, correct = soft_cross_entropy(self.drafter.lm_head.weight, probs,
+                                                      best, steps)
+        pad = self.steps - len(steps)  # steps past a short batch's end carry nothing
+        return (total, torch.cat([sums, sums.new_zeros(pad)]),
+                torch.cat([correct, correct.new_zeros(pad)]))
 
 
 # Held-out acceptance --------------------------------------------------------------------------
@@ -166,8 +161,8 @@ def chain_verdicts(drafter: Eagle3Drafter, batch: TargetBatch, k: int
     seen = start.clone()
     for j in range(k):
         ids = batch.ids[:, 1:1 + length] if j == 0 else shifted(greedy, j, length)
-        hidden = drafter.ttt_step(hidden, ids, positions + j, state, valid)
-        draft = drafter.draft_to_target(drafter.logits(hidden).argmax(-1))
+        hidden = drafter.ttt_step(hidden, ids, positions + j, state)
+        draft = drafter.draft_to_target(drafter.top_draft(hidden))
         if j > 0:
             seen = seen & shifted(follows, j, length, False)
         inside = positions + 1 + j < batch.lengths[:, None]

@@ -1,0 +1,104 @@
+"""The training-time-test loss over the draft vocabulary, in blocks of positions.
+
+Σ_k coef_k · Σ_t mask_k,t · (−Σ_v p_t+1+k,v · log q_k,t,v), with q_k = softmax(normed_k W^T).
+Written as one autograd function over all the steps: the forward pass walks blocks of
+positions, computes each block's logits, its loss and at once its gradients (the
+gradient of a soft cross-entropy is coef · mask · (softmax · Σp − p), known as soon as the
+logits are), and keeps only the gradients with respect to the hidden states (the size of
+the hidden states) and one lm_head gradient for all steps. No [T, draft_vocab] tensor
+outlives its block, and nothing is recomputed in the backward pass: it only scales what
+the forward pass kept by the incoming gradient.
+
+Under autocast the matmuls run in the autocast dtype, as `nn.Linear` would, and the
+softmax in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BLOCK_BYTES = 32 << 20
+"""Largest [B, block, draft_vocab] fp32 tensor of a block."""
+
+
+@dataclass
+class Step:
+    """One training-time-test step's share of the loss."""
+
+    k: int
+    """The step: its targets are the target's distributions at t+1+k."""
+    normed: torch.Tensor
+    """[B, n, H] the drafter's final-norm output at positions 0..n-1."""
+    mask: torch.Tensor
+    """[B, n] bool: positions that carry loss."""
+    coef: torch.Tensor
+    """Scalar: decay**k / the global batch's position count."""
+
+
+class _SoftCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, probs: torch.Tensor, best: torch.Tensor,
+                steps: list[Step], *normed: torch.Tensor):
+        want_grads = any(ctx.needs_input_grad[4:]) or ctx.needs_input_grad[0]
+        device = probs.device.type
+        dtype = (torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device)
+                 else normed[0].dtype)
+        w = weight.to(dtype)
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_grads else None
+        grads_h = []
+        b, vocab = probs.shape[0], probs.shape[-1]
+        rows = max(1, BLOCK_BYTES // (4 * vocab * b))
+        total = torch.zeros((), dtype=torch.float64, device=probs.device)
+        sums, correct = [], []
+        with torch.autocast(device, enabled=False):
+            for step in steps:
+                h, n = step.normed, step.normed.shape[1]
+                grad_h = torch.empty_like(h) if want_grads else None
+                ce_sum = torch.zeros((), dtype=torch.float64, device=probs.device)
+                hits = torch.zeros((), dtype=torch.float64, device=probs.device)
+                for start in range(0, n, rows):
+                    stop = min(n, start + rows)
+                    hb = h[:, start:stop].to(dtype)
+                    p = probs[:, 1 + step.k + start:1 + step.k + stop]
+                    mask = step.mask[:, start:stop]
+                    logq = torch.log_softmax(torch.matmul(hb, w.T).float(), dim=-1)
+                    ce = -(p * logq).sum(-1) * mask
+                    ce_sum += ce.sum().double()
+                    hits += ((logq.argmax(-1) == best[:, 1 + step.k + start:1 + step.k + stop])
+                             & mask).sum().double()
+                    if grad_h is None or grad_w is None:
+                        continue
+                    g = logq.exp_().mul_(p.sum(-1, keepdim=True)).sub_(p)
+                    g = g.mul_((mask * step.coef)[..., None]).to(dtype)
+                    grad_h[:, start:stop] = torch.matmul(g, w).to(h.dtype)
+                    grad_w += torch.matmul(g.reshape(-1, vocab).T,
+                                           hb.reshape(-1, hb.shape[-1])).float()
+                total += step.coef.double() * ce_sum
+                sums.append(ce_sum)
+                correct.append(hits)
+                grads_h.append(grad_h)
+        ctx.grad_w, ctx.grads_h, ctx.weight_dtype = grad_w, grads_h, weight.dtype
+        sums_t, correct_t = torch.stack(sums), torch.stack(correct)
+        ctx.mark_non_differentiable(sums_t, correct_t)
+        return total.float(), sums_t, correct_t
+
+    @staticmethod
+    def backward(ctx, g_total: torch.Tensor, _sums: torch.Tensor, _correct: torch.Tensor):
+        g = g_total.float()
+        grad_w = (ctx.grad_w * g).to(ctx.weight_dtype) if ctx.needs_input_grad[0] else None
+        grads_h = [None if gh is None else gh * g.to(gh.dtype) for gh in ctx.grads_h]
+        ctx.grad_w = ctx.grads_h = None
+        return grad_w, None, None, None, *grads_h
+
+
+def soft_cross_entropy(weight: torch.Tensor, probs: torch.Tensor, best: torch.Tensor,
+                       steps: list[Step]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(Σ_k coef_k · CE_k, per-step CE sums [steps] fp64, per-step hits [steps] fp64).
+
+    weight: the drafter's lm_head [Vd, H]; probs [B, T, Vd]: the target's distribution
+    over the draft vocabulary at every position; best [B, T]: its argmax. A hit is a
+    loss-carrying position where the drafter's top draft token is the target's.
+    """
+    return _SoftCE.apply(weight, probs, best, steps, *[s.normed for s in steps])
