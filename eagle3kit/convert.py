@@ -21,6 +21,7 @@ from pathlib import Path
 import orjson
 
 from eagle3kit import _ui
+from eagle3kit._durable import replace_durably
 from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, DatasetWriter, OpenMode, TokenSample, is_dataset
 
@@ -154,7 +155,7 @@ def export_jsonl(cfg: ConvertConfig) -> ConvertResult:
         if not to_stdout:
             os.fsync(out.fileno())
             out.close()
-            os.replace(tmp, cfg.dst)
+            replace_durably(tmp, cfg.dst)
     except BaseException as exc:
         if not to_stdout:
             # close() flushes, which fails again on a full disk: the temp file must go anyway.

@@ -41,6 +41,7 @@ import numpy as np
 import orjson
 
 from eagle3kit import _ui
+from eagle3kit._durable import write_atomic
 from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, HiddenDataset, HiddenSample, HiddenWriter, is_dataset
 
@@ -152,18 +153,6 @@ def _result(direction: str, dst: Path, written: int, skipped: int = 0, bad: int 
                          dst=str(dst))
 
 
-def _write_atomic(path: Path, write: Any) -> None:
-    """write(tmp) then rename: a file under its final name is complete, as both tools'
-    resume logic (skip what exists) assumes."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _bf16(x: np.ndarray) -> Any:
     import torch
 
@@ -207,7 +196,7 @@ class _Export:
         self._save({**self.header, "complete": False})
 
     def _save(self, body: dict) -> None:
-        _write_atomic(self.dst / SIDECAR, lambda tmp: tmp.write_bytes(
+        write_atomic(self.dst / SIDECAR, lambda tmp: tmp.write_bytes(
             orjson.dumps(body, option=orjson.OPT_INDENT_2)))
 
     def finish(self, samples: list[dict]) -> None:
@@ -269,7 +258,7 @@ def export_speculators(cfg: ConvertConfig) -> ConvertResult:
         states = np.concatenate([s.aux.reshape(n, -1, h), s.last.reshape(n, 1, h)], axis=1)
         tensors = {"hidden_states": _bf16(states),
                    "token_ids": torch.from_numpy(np.asarray(s.input_ids, np.int64))}
-        _write_atomic(path, lambda tmp, t=tensors: save_file(t, str(tmp)))
+        write_atomic(path, lambda tmp, t=tensors: save_file(t, str(tmp)))
         written += 1
     _save_token_data(datasets, cfg.dst, ids, masks)
     out.finish(records)
@@ -338,7 +327,7 @@ def export_specforge(cfg: ConvertConfig) -> ConvertResult:
             "aux_hidden_state": _bf16(s.aux)[None],
             "hidden_state": last.to(torch.bfloat16)[None],
         }
-        _write_atomic(path, lambda tmp, r=record: torch.save(r, str(tmp)))
+        write_atomic(path, lambda tmp, r=record: torch.save(r, str(tmp)))
         written += 1
     out.finish(records)
     _ui.info(f"{cfg.dst}: {len(ds):,} samples for SpecForge ({written:,} written, {kept:,} "

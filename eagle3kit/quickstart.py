@@ -15,7 +15,6 @@ its own resume mode, so a kill loses at most the uncommitted part of one stage.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
 import time
@@ -254,9 +253,7 @@ def stage_prompts(cfg: QuickstartConfig, lay: Layout, out: _ui.OutputOptions) ->
     for path, part in ((lay.train_prompts, chats[:cfg.prompts]),
                        (lay.bench_prompts, chats[cfg.prompts:])):
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps({"messages": m}) + "\n" for m in part))
-        os.replace(tmp, path)
+        write_text_atomic(path, "".join(json.dumps({"messages": m}) + "\n" for m in part))
     _ui.info(f"prompts: {cfg.prompts} for gen, {cfg.bench_prompts} held out for bench "
              "(docstrings the target was not trained on)", out)
     return {}

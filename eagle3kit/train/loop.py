@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from eagle3kit import __version__, _ui
+from eagle3kit._durable import write_json_atomic
 from eagle3kit.errors import UserError
 from eagle3kit.model import DrafterConfig, DraftVocab, Eagle3Drafter, build_vocab, vocab_problems
 from eagle3kit.model.checkpoint import drafter_weights, save_drafter
@@ -35,7 +36,6 @@ from eagle3kit.train.rundir import (
     load_tensors,
     save_rng_state,
     settings_diff,
-    write_json_atomic,
 )
 from eagle3kit.train.stopping import EXIT_CODES, STOP_SIGNALS, CheckpointClock, StopRequests
 from eagle3kit.train.target import (

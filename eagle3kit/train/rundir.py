@@ -28,10 +28,6 @@ STEP_DIR = re.compile(r"^step-(\d{8})$")
 OUR_FILES = ("run.json", "metrics.jsonl", "vocab.safetensors", "checkpoints", "drafter")
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
-
-
 class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = path
