@@ -598,17 +598,10 @@ def train(
             raise UserError("give the datasets, then the run directory last")
         if target is None:
             raise UserError("--target is required: the target model directory")
-        ids = None
-        if layers is not None:
-            try:
-                ids = [int(x) for x in layers.split(",") if x.strip()]
-            except ValueError:
-                raise UserError(f"--layers {layers!r}: expected integers like 2,18,33"
-                                ) from None
         *data, out = paths
         return stage.TrainConfig(
             [stage.DataSpec.parse(d) for d in data], Path(out), target, online=online,
-            layers=ids, init_from=init_from, fsdp=fsdp, mode=_open_mode(resume, overwrite),
+            layers=layers, init_from=init_from, fsdp=fsdp, mode=_open_mode(resume, overwrite),
             force=force, trust_remote_code=trust_remote_code or None,
             output=_output(json, quiet, no_progress, log_every),
             **_given(draft_vocab=draft_vocab, ttt_steps=ttt_steps, ttt_decay=ttt_decay,
@@ -654,17 +647,9 @@ def export(
     """Write a trained drafter as the checkpoints vLLM and SGLang load."""
     from eagle3kit import export as stage
 
-    def ids(text: str | None) -> list[int] | None:
-        if text is None:
-            return None
-        try:
-            return [int(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise UserError(f"--layers {text!r}: expected integers like 2,18,33") from None
-
     _run(stage.run, lambda: stage.ExportConfig(
         run_dir, out, verifier=verifier, target=target, with_embedding=with_embedding,
-        layers=ids(layers), overwrite=overwrite, trust_remote_code=trust_remote_code or None,
+        layers=layers, overwrite=overwrite, trust_remote_code=trust_remote_code or None,
         output=_output(json, quiet, no_progress, log_every),
         **_given(format=format, num_speculative_tokens=num_speculative_tokens, dtype=dtype)))
 

@@ -24,6 +24,7 @@ from eagle3kit import _ui
 from eagle3kit._durable import replace_durably
 from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, DatasetWriter, OpenMode, TokenSample, is_dataset
+from eagle3kit.target import parse_layer_ids
 
 REQUIRED = ("sample_id", "prompt_ids", "completion_ids")
 OPTIONAL = ("finish_reason", "partition", "metadata", "loss_mask", "source", "server",
@@ -57,7 +58,7 @@ class ConvertConfig:
     target: Path | None = None
     """Hidden states: the target model (its final norm for --to specforge; identity and
     default layers for an import)."""
-    layers: str | None = None
+    layers: list[int] | str | None = None
     """Hidden-state import: the aux layer ids, boundary convention."""
     hidden: str | None = field(default=None, init=False)
     """"export" or "import" when the conversion is of hidden states, else None."""
@@ -66,6 +67,7 @@ class ConvertConfig:
         self.src, self.dst = Path(self.src), Path(self.dst)
         if not self.src.exists():
             raise UserError(f"{self.src}: no such file or directory")
+        self.layers = parse_layer_ids(self.layers)
         if self.commit_every < 1:
             raise UserError(f"--commit-every must be at least 1 (got {self.commit_every})")
         if not self.commit_interval > 0:

@@ -22,6 +22,7 @@ from typing import Any
 from eagle3kit import __version__, _ui
 from eagle3kit._durable import fsync_dir, fsync_file
 from eagle3kit.errors import UserError
+from eagle3kit.target import COMPARED, check_layer_ids, parse_layer_ids
 
 FORMATS = ("vllm", "sglang", "both")
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
@@ -49,7 +50,7 @@ class ExportConfig:
     """The target model directory; default: the path the run recorded, when it exists."""
     with_embedding: bool = False
     """vLLM export: add a bit-exact copy of the target's input embedding."""
-    layers: list[int] | None = None
+    layers: list[int] | str | None = None
     """Boundary aux layer ids for a source checkpoint that records none."""
     trust_remote_code: bool | None = None
     """Run code the target directory ships (auto_map); None: as train was told (run.json)."""
@@ -70,9 +71,9 @@ class ExportConfig:
         if self.with_embedding and self.format == "sglang":
             raise UserError("--with-embedding: the SGLang layout never has an embedding "
                             "(SGLang always uses the target's)")
-        if self.layers is not None and (not self.layers or min(self.layers) < 0
-                                        or len(set(self.layers)) != len(self.layers)):
-            raise UserError(f"--layers {self.layers}: expected distinct ids >= 0, like 2,18,33")
+        self.layers = parse_layer_ids(self.layers)
+        if self.layers is not None:
+            check_layer_ids(self.layers)
         if self.verifier is not None and not self.verifier.strip():
             raise UserError("--verifier: empty")
         if self.run.resolve() == self.out.resolve():
@@ -209,21 +210,19 @@ def _checked_target(target_dir: Path | None, identity: dict, explicit: bool,
     """The target's raw config, refused when it is not the target the run trained against."""
     if target_dir is None:
         return None
-    from eagle3kit import _hf
-    from eagle3kit.model import config_fingerprint
     from eagle3kit.model.layouts import target_dict
+    from eagle3kit.target import TargetInfo, identity_mismatch
 
     raw, _ = target_dict(target_dir)
-    recorded = identity.get("fingerprint")
-    if recorded:
+    if any(identity.get(key) is not None for key in COMPARED):
         flag = "--target" if explicit else "the recorded target"
-        config = _hf.load_config(target_dir, trust_remote_code, flag)
-        actual = config_fingerprint(config.get_text_config()
-                                    if hasattr(config, "get_text_config") else config)
-        if actual != recorded:
+        actual = TargetInfo.load(target_dir, trust_remote_code, flag).identity
+        mismatch = identity_mismatch(identity, actual)
+        if mismatch:
+            key, recorded, found = mismatch
             flag = "--target" if explicit else "the recorded target path"
             raise UserError(f"{flag} {target_dir}: not the target the run was trained against "
-                            f"(config fingerprint {actual}, the run recorded {recorded})")
+                            f"({key} {found}, the run recorded {recorded})")
     return raw
 
 

@@ -44,6 +44,14 @@ from eagle3kit import _ui
 from eagle3kit._durable import write_atomic
 from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, HiddenDataset, HiddenSample, HiddenWriter, is_dataset
+from eagle3kit.target import (
+    TargetInfo,
+    check_layer_ids,
+    identity_mismatch,
+    parse_layer_ids,
+    read_config,
+    resolve_layer_ids,
+)
 
 if TYPE_CHECKING:
     from eagle3kit.convert import ConvertConfig, ConvertResult
@@ -160,19 +168,17 @@ def _bf16(x: np.ndarray) -> Any:
 
 
 def _target_identity(path: Path) -> dict:
-    from eagle3kit.extract import TargetInfo
-
     return TargetInfo.load(path).identity
 
 
 def _check_target(ds: HiddenDataset, target: Path) -> dict:
     """--target is the model the states came from, as far as the dataset recorded it."""
     ours = _target_identity(target)
-    theirs = ds.target
-    for key in ("model_type", "num_layers", "hidden_size", "config_xxh3"):
-        if theirs.get(key) is not None and theirs[key] != ours.get(key):
-            raise UserError(f"--target {target}: not the model {ds.path} was extracted from "
-                            f"({key} {ours.get(key)!r}, the dataset records {theirs[key]!r})")
+    mismatch = identity_mismatch(ds.target, ours)
+    if mismatch:
+        key, theirs, actual = mismatch
+        raise UserError(f"--target {target}: not the model {ds.path} was extracted from "
+                        f"({key} {actual!r}, the dataset records {theirs!r})")
     return ours
 
 
@@ -339,7 +345,7 @@ def _final_norm(target: Path) -> Any:
     """The target's own final-norm module with its weights (fp32), whatever its kind."""
     import torch
 
-    from eagle3kit.train.target import TargetHead, read_config
+    from eagle3kit.train.target import TargetHead
 
     head = TargetHead.load(target, read_config(target))
     return head.norm.to(torch.float32).eval()
@@ -463,9 +469,7 @@ def _read_specforge(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
 
 def _layers(cfg: ConvertConfig, tool: str, n_aux: int, sidecar: dict | None,
             num_layers: int | None) -> list[int]:
-    from eagle3kit.extract import parse_layers, resolve_layers
-
-    given = parse_layers(cfg.layers)
+    given = parse_layer_ids(cfg.layers)
     if given is None and sidecar is not None:
         given = list(sidecar["layout"].get("layer_ids") or []) or None
     if given is None and num_layers is None:
@@ -474,7 +478,8 @@ def _layers(cfg: ConvertConfig, tool: str, n_aux: int, sidecar: dict | None,
         raise UserError(f"{cfg.src}: {NAMES[tool]}'s files do not record which layers they "
                         f"hold; give --layers in the boundary convention{hint}, or --target for "
                         "EAGLE-3's defaults (2, N//2, N-3)")
-    layers = resolve_layers(given, num_layers) if num_layers is not None else list(given or [])
+    layers = (resolve_layer_ids(given, num_layers) if num_layers is not None
+              else check_layer_ids(given or []))
     if len(layers) != n_aux:
         raise UserError(f"--layers {','.join(map(str, layers))}: {len(layers)} ids, but the "
                         f"files hold {n_aux} auxiliary states per token")

@@ -23,7 +23,6 @@ and finish reason) plan forecasts the rest of the run:
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import random
 import time
@@ -40,6 +39,7 @@ from eagle3kit.format import Dataset
 from eagle3kit.format.hidden import CODECS, hidden_bytes_per_token
 from eagle3kit.gen import GenConfig
 from eagle3kit.gen.scheduler import Chain, resume_point
+from eagle3kit.target import check_layer_ids, config_dict, parse_layer_ids
 
 PILOT_SHARE = 0.01
 PILOT_MIN = 200
@@ -93,19 +93,11 @@ class PlanConfig:
                            ("--extract-tokens-per-s", self.extract_tokens_per_s)):
             if rate is not None and not rate > 0:
                 raise UserError(f"{flag} must be > 0 (got {rate})")
-        if isinstance(self.layers, str):
-            self.layers = parse_layers(self.layers)
-        if self.layers is not None and (not self.layers or min(self.layers) < 0):
-            raise UserError("--layers: give layer ids >= 0, e.g. 2,18,33")
+        self.layers = parse_layer_ids(self.layers)
+        if self.layers is not None:
+            check_layer_ids(self.layers)
         if self.replicates < 20:
             raise UserError(f"replicates must be at least 20 (got {self.replicates})")
-
-
-def parse_layers(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"--layers {text!r}: expected layer ids like 2,18,33") from None
 
 
 def parse_pilot(value: str | float | None) -> float | None:
@@ -463,18 +455,14 @@ def target_shape(cfg: PlanConfig) -> tuple[int | None, int | None]:
     hidden, layers = cfg.hidden_size, None
     target = cfg.gen.target
     if target is not None and hidden is None:
-        path = Path(target) / "config.json"
-        try:
-            config = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise UserError(f"--target {target}: cannot read its config.json ({exc})") from None
+        config = config_dict(Path(target), missing=f"--target {target}: cannot read its "
+                                                    "config.json (there is none)")
         config = config.get("text_config", config)
         hidden, layers = config.get("hidden_size"), config.get("num_hidden_layers")
         if not isinstance(hidden, int):
-            raise UserError(f"{path}: no hidden_size; give --hidden-size")
-    if cfg.layers is not None and isinstance(layers, int) and max(cfg.layers) > layers:
-        raise UserError(f"--layers {','.join(map(str, cfg.layers))}: the target has {layers} "
-                        f"layers (ids 0..{layers})")
+            raise UserError(f"{Path(target) / 'config.json'}: no hidden_size; give --hidden-size")
+    if cfg.layers is not None and isinstance(layers, int):
+        check_layer_ids(cfg.layers, layers)
     n_aux = len(cfg.layers) if cfg.layers is not None else 3  # EAGLE-3: low, middle, high
     return hidden, (n_aux if hidden is not None else None)
 

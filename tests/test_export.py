@@ -224,8 +224,8 @@ def test_overwrite_is_explicit_and_atomic(tiny, tmp_path):
     (["--dtype", "int8"], "--dtype 'int8': expected bf16, fp16 or fp32"),
     (["--num-speculative-tokens", "0"], "--num-speculative-tokens must be >= 1"),
     (["--format", "sglang", "--with-embedding"], "--with-embedding: the SGLang layout"),
-    (["--layers", "2,x"], "--layers '2,x': expected integers"),
-    (["--layers", "2,2,5"], "expected distinct ids"),
+    (["--layers", "2,x"], "--layers 2,x: expected comma-separated integers"),
+    (["--layers", "2,2,5"], "--layers 2,2,5: ids must be distinct and increasing"),
     (["--target", "/nonexistent"], "--target /nonexistent: not a model directory"),
 ])
 def test_bad_options_end_in_one_message(tiny, tmp_path, args, message):

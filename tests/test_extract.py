@@ -24,6 +24,7 @@ import torch
 from typer.testing import CliRunner
 
 from eagle3kit import extract
+from eagle3kit._ranks import Ranks
 from eagle3kit._ui import OutputOptions
 from eagle3kit.cli import app
 from eagle3kit.errors import UserError
@@ -38,6 +39,7 @@ from eagle3kit.format import (
 )
 from eagle3kit.format.hidden import to_bf16
 from eagle3kit.format.layout import SHARD_DIR
+from eagle3kit.target import TargetInfo, resolve_layer_ids
 from eagle3kit.tiny import make_target, make_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -129,11 +131,11 @@ def reference(model, ids: np.ndarray) -> tuple:
 def test_states_equal_hf_output_hidden_states_and_give_the_logits(tiny: Tiny, arch: str,
                                                                  tmp_path: Path) -> None:
     model_dir = getattr(tiny, arch)
-    info = extract.TargetInfo.load(model_dir)
-    layers = extract.resolve_layers(None, info.num_layers)
+    info = TargetInfo.load(model_dir)
+    layers = resolve_layer_ids(None, info.num_layers)
     assert layers == [2, 4, 5]
     engine = extract.HfEngine.load(config(tiny, tmp_path / "x", target=model_dir), info,
-                                   layers, extract.Ranks())
+                                   layers, Ranks())
     from eagle3kit.format import Dataset
 
     tokens = Dataset(tiny.tokens)
@@ -238,8 +240,8 @@ def test_bad_layers_and_a_shallow_target_are_refused(tiny: Tiny, tmp_path: Path)
     assert "--target is required" in refused("extract", tiny.tokens, out)
     assert "--codec" in refused(*args, "--codec", "gzip")
     with pytest.raises(UserError, match=r"too few for distinct default layer ids.*--layers"):
-        extract.resolve_layers(None, 6)
-    assert extract.resolve_layers(None, 7) == [2, 3, 4]
+        resolve_layer_ids(None, 6)
+    assert resolve_layer_ids(None, 7) == [2, 3, 4]
     assert not out.exists()
 
 

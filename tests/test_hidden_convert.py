@@ -191,7 +191,8 @@ def test_train_gets_the_same_lm_head_input_from_either_form(world: World, tmp_pa
                                                             ) -> None:
     """train's OfflineTarget applies the final norm to a pre-norm dataset and nothing to a
     post-norm one: both give the same lm_head input and the same greedy targets."""
-    from eagle3kit.train.target import OfflineTarget, TargetHead, read_config
+    from eagle3kit.target import read_config
+    from eagle3kit.train.target import OfflineTarget, TargetHead
 
     conv(world.specforge, tmp_path / "from-sf")
     head = TargetHead.load(world.target, read_config(world.target))

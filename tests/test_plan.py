@@ -238,7 +238,7 @@ def invoke(*args: str):
     (["--pilot", "2.5"], "--pilot 2.5: give a number of prompts"),
     (["--pilot", "many"], "--pilot many: give a number of prompts"),
     (["--hidden-size", "0"], "--hidden-size must be at least 1"),
-    (["--layers", "2,x"], "--layers '2,x': expected layer ids"),
+    (["--layers", "2,x"], "--layers 2,x: expected comma-separated integers"),
     (["--batch-tokens", "0"], "--batch-tokens must be at least 1"),
     (["--train-tokens-per-s", "-1"], "--train-tokens-per-s must be > 0"),
     (["--extract-tokens-per-s", "0"], "--extract-tokens-per-s must be > 0"),
@@ -270,7 +270,7 @@ def test_target_shape_comes_from_its_config(tmp_path, tokenizer):
                         tokenizer=tokenizer, target=tmp_path)
     assert plan.target_shape(plan.PlanConfig(cfg)) == (7168, 3)
     assert plan.target_shape(plan.PlanConfig(cfg, layers="2,30,58,60")) == (7168, 4)
-    with pytest.raises(plan.UserError, match="the target has 61 layers"):
+    with pytest.raises(plan.UserError, match=r"must lie in 0\.\.61 for this 61-layer target"):
         plan.target_shape(plan.PlanConfig(cfg, layers="2,30,62"))
     assert plan.target_shape(plan.PlanConfig(cfg, hidden_size=512)) == (512, 3)
 

@@ -170,7 +170,7 @@ def test_global_batches_split_into_equal_parts():
 
 # Online and offline agree -------------------------------------------------------------------------
 def first_step(tiny, data, out, **kw) -> Trainer:
-    from eagle3kit.train.loop import Ranks
+    from eagle3kit._ranks import Ranks
 
     trainer = Trainer(config(tiny, data, out, max_steps=1, eval_split=0, **kw),
                       Ranks.start("cpu"))
@@ -403,7 +403,7 @@ def test_both_exports_round_trip_through_init_from(tiny, tmp_path, fmt):
     ({"lr": -1.0}, "--lr must be > 0"),
     ({"min_lr": 1.0}, "--min-lr"),
     ({"layers": [2, 4, 5]}, "--layers applies to --online"),
-    ({"online": True, "layers": [2, 4]}, "--layers takes three ids"),
+    ({"online": True, "layers": [2, 4]}, "--layers 2,4: give 3 ids"),
     ({"device": "tpu"}, "--device must be"),
     ({"precision": "fp16"}, "--precision must be one of"),
 ])

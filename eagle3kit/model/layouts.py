@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from eagle3kit.errors import UserError
-from eagle3kit.model.config import DrafterConfig, default_layer_ids, rope_of
+from eagle3kit.model.config import DrafterConfig, rope_of
 from eagle3kit.model.vocab import vocab_problems
+from eagle3kit.target import config_dict, default_layer_ids
 
 LAYOUTS = {
     "eagle3kit": "eagle3kit (speculators weights, an eagle3kit config block)",
@@ -145,19 +146,6 @@ def _weight_files(directory: Path) -> list[Path]:
     if len(loose) == 1:
         return loose
     raise UserError(f"{directory}: no weights found (expected one of {', '.join(WEIGHT_FILES)})")
-
-
-def read_config(directory: Path) -> dict:
-    path = directory / "config.json"
-    if not path.is_file():
-        raise UserError(f"{directory}: not a checkpoint directory (no config.json)")
-    try:
-        config = json.loads(path.read_text())
-    except ValueError as exc:
-        raise UserError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{path}: expected a JSON object")
-    return config
 
 
 def target_dict(target: Any) -> tuple[dict | None, Path | None]:
@@ -296,7 +284,7 @@ def inspect(path: str | Path, target_config: Any = None) -> CheckpointInfo:
     directory = Path(path)
     if not directory.is_dir():
         raise UserError(f"{directory}: no such checkpoint directory")
-    config = read_config(directory)
+    config = config_dict(directory, f"{directory}: not a checkpoint directory (no config.json)")
     weights = Weights(directory)
     shapes = {n: weights.shape(n) for n in weights.names}
     try:

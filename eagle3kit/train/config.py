@@ -13,6 +13,7 @@ from typing import Any
 
 from eagle3kit import _ui
 from eagle3kit.errors import UserError
+from eagle3kit.target import check_layer_ids, parse_layer_ids
 
 LONG_POLICIES = ("drop", "truncate")
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -67,7 +68,7 @@ class TrainConfig:
     """The target model directory (HF layout)."""
     online: bool = False
     """Run the frozen target in the loop on token datasets instead of reading stored states."""
-    layers: list[int] | None = None
+    layers: list[int] | str | None = None
     """Aux layer ids (boundary convention) for --online; offline they come from the data."""
     draft_vocab: int = 32000
     """Draft vocabulary size: the most frequent loss-carrying tokens (capped at the target's)."""
@@ -176,10 +177,9 @@ class TrainConfig:
                             f"(got {self.precision})")
         if self.mode not in ("auto", "resume", "overwrite"):
             raise UserError(f"unknown mode {self.mode!r}")
+        self.layers = parse_layer_ids(self.layers)
         if self.layers is not None:
-            if len(self.layers) != 3 or any(i < 0 for i in self.layers):
-                raise UserError(f"--layers takes three ids >= 0, like 2,16,29 (got "
-                                f"{','.join(map(str, self.layers))})")
+            check_layer_ids(self.layers, count=3)
             if not self.online:
                 raise UserError("--layers applies to --online training; offline, the layer "
                                 "ids are those the hidden-state dataset was extracted at")
