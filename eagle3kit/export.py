@@ -22,7 +22,8 @@ from typing import Any
 from eagle3kit import __version__, _ui
 from eagle3kit._durable import fsync_dir, fsync_file
 from eagle3kit.errors import UserError
-from eagle3kit.target import COMPARED, check_layer_ids, parse_layer_ids
+from eagle3kit.target import COMPARED, check_layer_ids, config_dict, parse_layer_ids
+from eagle3kit.train.rundir import PROVENANCE, RunDir, read_provenance
 
 FORMATS = ("vllm", "sglang", "both")
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
@@ -135,25 +136,16 @@ class Source:
     warnings: list[str]
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not readable JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a JSON object")
-    return data
-
-
 def load_source(cfg: ExportConfig) -> Source:
     from eagle3kit.model.layouts import inspect, load_inspected
 
     run_dir = cfg.run
     run: dict = {}
-    if (run_dir / "run.json").is_file():
-        run = _read_json(run_dir / "run.json")
-        checkpoint = run_dir / "drafter"
-        if not (checkpoint / "config.json").is_file():
+    rd = RunDir(run_dir)
+    if rd.exists():
+        run = rd.load()
+        checkpoint = rd.drafter
+        if not rd.has_drafter():
             raise UserError(f"{checkpoint}: the run has no drafter yet (train writes it there)")
     elif (run_dir / "config.json").is_file():
         checkpoint = run_dir
@@ -184,14 +176,11 @@ def load_source(cfg: ExportConfig) -> Source:
 
 
 def _identity(run: dict, info: Any) -> dict:
-    from eagle3kit.model.layouts import PROVENANCE
-
     recorded = run.get("target")
     if not isinstance(recorded, dict) and info.layout == "eagle3kit":
         recorded = info.config["eagle3kit"].get("target")
-    provenance = Path(info.path) / PROVENANCE
-    if not isinstance(recorded, dict) and provenance.is_file():  # an earlier export
-        recorded = _read_json(provenance).get("target")
+    if not isinstance(recorded, dict):  # an earlier export
+        recorded = (read_provenance(Path(info.path)) or {}).get("target")
     if isinstance(recorded, dict):
         return dict(recorded)
     if info.layout == "speculators":
@@ -400,8 +389,6 @@ def _full_vocabulary(tensors: dict) -> None:
 def _write_checkpoint(directory: Path, config: dict, tensors: dict, provenance: dict) -> None:
     from safetensors.torch import save_file
 
-    from eagle3kit.model.layouts import PROVENANCE
-
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(directory / WEIGHTS), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -486,7 +473,7 @@ def _verifier(cfg: ExportConfig, src: Source) -> tuple[str, list[str]]:
         raise UserError(f"{src.checkpoint}: records no target; give --verifier NAME_OR_PATH")
     local = _existing_dir(name)
     if local is not None:
-        return name, list(_read_json(local / "config.json").get("architectures") or [])
+        return name, list(config_dict(local).get("architectures") or [])
     archs = src.identity.get("architectures") or (src.target_raw or {}).get("architectures")
     return name, list(archs or [])
 

@@ -26,6 +26,7 @@ from typing import Any
 from eagle3kit import _ui
 from eagle3kit._durable import write_text_atomic
 from eagle3kit.errors import UserError
+from eagle3kit.train.rundir import RunDir
 
 STATE = "quickstart.json"
 STATE_VERSION = 1
@@ -111,7 +112,7 @@ class Layout:
                 "prompts": str(self.train_prompts), "bench_prompts": str(self.bench_prompts),
                 "tokens": str(self.tokens), "validate_report": str(self.root / "validate.json"),
                 "hidden": str(self.hidden), "run": str(self.run),
-                "drafter": str(self.run / "drafter"), "vllm": str(self.export / "vllm"),
+                "drafter": str(RunDir(self.run).drafter), "vllm": str(self.export / "vllm"),
                 "sglang": str(self.export / "sglang"), "state": str(self.root / STATE)}
 
 
@@ -180,7 +181,7 @@ def _still_there(stages: dict[str, dict], lay: Layout) -> dict[str, dict]:
     every later one run again."""
     outputs = {"target": lay.target / "tiny_training.json", "prompts": lay.bench_prompts,
                "gen": lay.tokens, "validate": lay.root / "validate.json", "extract": lay.hidden,
-               "train": lay.run / "drafter", "export": lay.export / "vllm"}
+               "train": RunDir(lay.run).drafter, "export": lay.export / "vllm"}
     kept = {}
     for name, _, _ in STAGES:
         if name not in stages or (name in outputs and not outputs[name].exists()):

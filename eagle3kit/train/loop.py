@@ -669,6 +669,6 @@ def _report(result: TrainResult, cfg: TrainConfig) -> None:
             rates = " ".join(f"{a:.3f}" for a in ev["per_position"])
             pairs.append((f"{name} AL (k={ev['k']})",
                           f"{ev['predicted_acceptance_length']:.3f}  per position {rates}"))
-    pairs.append(("drafter", str(result.out / "drafter")))
+    pairs.append(("drafter", str(RunDir(result.out).drafter)))
     _ui.kv("train", pairs, opts)
 
