@@ -28,9 +28,23 @@ from eagle3kit import _hf, _ui
 from eagle3kit._ranks import Ranks, resolve_device
 from eagle3kit._urls import server_url
 from eagle3kit.errors import UserError
-from eagle3kit.format import Dataset, HiddenSample, HiddenWriter, OpenMode, hidden_bytes_per_token
+from eagle3kit.format import (
+    Dataset,
+    HiddenDataset,
+    HiddenSample,
+    HiddenWriter,
+    OpenMode,
+    hidden_bytes_per_token,
+    is_dataset,
+)
 from eagle3kit.format.hidden import CODECS, committed_ids
-from eagle3kit.target import TargetInfo, check_layer_ids, parse_layer_ids, resolve_layer_ids
+from eagle3kit.target import (
+    TargetInfo,
+    check_layer_ids,
+    identity_mismatch,
+    parse_layer_ids,
+    resolve_layer_ids,
+)
 
 ENGINES = ("hf", "vllm")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -300,17 +314,34 @@ def check_disk(cfg: ExtractConfig, need: int, free: int, bytes_per_token: float,
 
 
 # Running ----------------------------------------------------------------------------------
-def _layout(layers: list[int], target: TargetInfo, tokenizer: dict, tokens: Dataset) -> dict:
+def _layout(layers: list[int], target: TargetInfo, tokenizer: dict, tokens: Dataset,
+            target_record: dict) -> dict:
     """What the states mean: fixed for the dataset's life (paths go to provenance)."""
     manifest = tokens.manifest
     return {
         "layer_ids": layers, "layer_convention": "boundary", "num_layers": target.num_layers,
         "hidden_size": target.hidden_size, "last_state": "pre_norm", "dtype": "bfloat16",
-        "target": target.identity, "tokenizer": tokenizer,
+        "target": target_record, "tokenizer": tokenizer,
         "tokens": {"created": manifest.get("created"), "written_by": manifest.get("written_by"),
                    "config_xxh3": xxhash.xxh3_128_hexdigest(orjson.dumps(
                        manifest.get("config", {}), option=orjson.OPT_SORT_KEYS))},
     }
+
+
+def _target_record(cfg: ExtractConfig, identity: dict) -> dict:
+    """The target identity the dataset records. A dataset an older eagle3kit started carries
+    fewer keys; when they name this same target that record stays, so the run continues
+    (the writer refuses any change to the layout)."""
+    if cfg.mode == "overwrite" or not is_dataset(cfg.output):
+        return identity
+    try:
+        recorded = HiddenDataset(cfg.output).layout.get("target")
+    except UserError:
+        return identity
+    if (isinstance(recorded, dict) and set(recorded) < set(identity)
+            and identity_mismatch(recorded, identity) is None):
+        return recorded
+    return identity
 
 
 def _settings(cfg: ExtractConfig) -> dict:
@@ -350,7 +381,8 @@ def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
         return result
     engine = _engine(cfg, target, layers, ranks)
     writer = HiddenWriter(
-        cfg.output, layout=_layout(layers, target, tokenizer, tokens), codec=cfg.codec,
+        cfg.output, layout=_layout(layers, target, tokenizer, tokens,
+                                    _target_record(cfg, target.identity)), codec=cfg.codec,
         mode=cfg.mode, config=_settings(cfg), force=cfg.force,
         provenance={"target": str(target.path.absolute()),
                     "tokens": str(cfg.tokens.absolute()), "server": cfg.server,

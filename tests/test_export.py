@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,25 @@ def test_target_settings_are_copied_from_the_target(tiny, tmp_path):
         layer = config.get("transformer_layer_config", config)
         assert layer["max_position_embeddings"] == 40960
         assert layer["rope_parameters"] == {"rope_theta": 10000.0, "rope_type": "default"}
+
+
+def test_a_run_recording_the_older_target_keys_is_checked_on_its_fingerprint(tiny, tmp_path):
+    """Runs train wrote before the one identity record carry a fingerprint but no config
+    hash: export compares what they carry."""
+    old = tmp_path / "old-run"
+    shutil.copytree(tiny["run"], old)
+    record = json.loads((old / "run.json").read_text())
+    keys = ("path", "name_or_path", "architectures", "model_type", "num_layers", "hidden_size",
+            "vocab_size", "fingerprint")
+    record["target"] = {k: record["target"][k] for k in keys}
+    (old / "run.json").write_text(json.dumps(record))
+    run(ExportConfig(old, tmp_path / "ok", target=tiny["target"]))
+    assert (tmp_path / "ok" / "config.json").is_file()
+    record["target"]["fingerprint"] = "0123456789abcdef"
+    (old / "run.json").write_text(json.dumps(record))
+    with pytest.raises(UserError, match=r"not the target the run was trained against "
+                                        r"\(fingerprint [0-9a-f]+, the run recorded 0123"):
+        run(ExportConfig(old, tmp_path / "bad", target=tiny["target"]))
 
 
 def _mismatched_target(tiny, tmp_path):

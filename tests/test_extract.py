@@ -230,6 +230,25 @@ def test_codecs_round_trip(tmp_path: Path, codec: str) -> None:
         assert view.prompt_len == want.prompt_len
 
 
+def test_an_older_datasets_target_record_is_kept_when_it_names_this_target(
+        tiny: Tiny, tmp_path: Path) -> None:
+    """extract writes the one identity record; a dataset an older eagle3kit started records
+    fewer keys of it, and rerunning on it continues instead of refusing a changed layout."""
+    out = tmp_path / "hidden"
+    extract.run(config(tiny, out))
+    assert {k: v for k, v in HiddenDataset(out).target.items() if k != "path"} == (
+        TargetInfo.load(tiny.llama).identity)
+    manifest_path = out / "manifest.json"
+    manifest = orjson.loads(manifest_path.read_bytes())
+    old = {k: manifest["hidden"]["target"][k] for k in (
+        "model_type", "num_layers", "hidden_size", "vocab_size", "config_xxh3", "weights_xxh3")}
+    manifest["hidden"]["target"] = old
+    manifest_path.write_bytes(orjson.dumps(manifest))
+    again = extract.run(config(tiny, out))
+    assert (again.previously_done, again.written) == (N_SAMPLES, 0)
+    assert HiddenDataset(out).layout["target"] == old
+
+
 # Bad input: one message, before any work ---------------------------------------------------
 def test_bad_layers_and_a_shallow_target_are_refused(tiny: Tiny, tmp_path: Path) -> None:
     out = tmp_path / "hidden"

@@ -334,6 +334,12 @@ def test_run_directory_is_what_export_and_bench_read(tiny, tmp_path):
     drafter = json.loads((out / "drafter" / "config.json").read_text())["eagle3kit"]
     assert drafter["layer_ids"] == [2, 4, 5]
     assert drafter["target"]["fingerprint"] == info["target"]["fingerprint"]
+    from eagle3kit.format import HiddenDataset
+
+    # One identity record: train's is extract's, plus where the target was.
+    recorded = {k: v for k, v in info["target"].items() if k not in ("path", "name_or_path")}
+    assert recorded == {k: v for k, v in HiddenDataset(tiny["hidden"]).target.items()
+                        if k != "path"}
     ev = drafter["eval"]
     assert ev["k"] == 3 and ev["temperature"] == 0 and ev["step"] == 3
     assert len(ev["per_position"]) == 3
@@ -428,6 +434,25 @@ def test_bad_inputs_name_the_file(tiny, tmp_path):
         run(config(tiny, tiny["hidden"], busy))
     with pytest.raises(UserError, match=r"DATA:0 \w*|weight must be a number > 0"):
         config(tiny, f"{tiny['hidden']}:0", tmp_path / "r")
+
+
+def test_a_dataset_recording_the_older_target_keys_still_trains(tiny, tmp_path):
+    """Datasets extract wrote before the one identity record carry config and weights
+    hashes but no fingerprint: compared on those keys, the same target trains on them and
+    another is refused."""
+    old = tmp_path / "old-hidden"
+    shutil.copytree(tiny["hidden"], old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    target = manifest["hidden"]["target"]
+    manifest["hidden"]["target"] = {k: target[k] for k in (
+        "model_type", "num_layers", "hidden_size", "vocab_size", "config_xxh3", "weights_xxh3")}
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    assert run(config(tiny, old, tmp_path / "r", max_steps=1, eval_split=0)).steps == 1
+    manifest["hidden"]["target"]["num_layers"] = 9
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match="extracted from a target with num_layers 9, --target "
+                                        "has 8"):
+        run(config(tiny, old, tmp_path / "r2", max_steps=1, eval_split=0))
 
 
 def test_init_from_another_target_is_refused(tiny, tmp_path):
