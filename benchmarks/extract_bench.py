@@ -105,7 +105,7 @@ def run_extract(target: Path, tokens: Path, out: Path, codec: str,
     shutil.rmtree(out, ignore_errors=True)
     return extract.run(extract.ExtractConfig(
         tokens, out, target=target, codec=codec, batch_tokens=batch_tokens, dtype="float32",
-        device="cpu", output_options=OutputOptions(quiet=True)))
+        device="cpu", output=OutputOptions(quiet=True)))
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ import orjson
 import xxhash
 
 from eagle3kit import _hf, _ui
+from eagle3kit._options import OutputOptions, WriteOptions
 from eagle3kit._ranks import Ranks, resolve_device
 from eagle3kit._urls import server_url
 from eagle3kit.errors import UserError
@@ -33,7 +34,6 @@ from eagle3kit.format import (
     HiddenDataset,
     HiddenSample,
     HiddenWriter,
-    OpenMode,
     hidden_bytes_per_token,
     is_dataset,
 )
@@ -56,7 +56,7 @@ DISK_MARGIN = 1.05
 class ExtractConfig:
     tokens: Path
     """The token dataset to extract states for (written by gen or convert)."""
-    output: Path
+    out: Path
     """The hidden-state dataset to write or continue."""
     target: Path | None
     """The target model directory (HF); with --engine vllm its config.json and tokenizer.
@@ -92,16 +92,12 @@ class ExtractConfig:
     """Start even when the free disk is short of the estimate."""
     dry_run: bool = False
     """Print the estimate and exit; nothing is written."""
-    commit_every: int = 256
-    """Commit after this many samples..."""
-    commit_interval: float = 60.0
-    """...or after this many seconds, whichever comes first."""
-    mode: OpenMode = "auto"
-    force: bool = False
-    output_options: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
+    write: WriteOptions = field(default_factory=lambda: WriteOptions(commit_every=256))
+    """--resume/--overwrite/--force and the commit cadence (256 samples: states are big)."""
+    output: OutputOptions = field(default_factory=OutputOptions)
 
     def __post_init__(self) -> None:
-        self.tokens, self.output = Path(self.tokens), Path(self.output)
+        self.tokens, self.out = Path(self.tokens), Path(self.out)
         problems = self._problems()
         if problems:
             raise UserError("; ".join(problems))
@@ -134,14 +130,11 @@ class ExtractConfig:
         if self.dtype not in DTYPES:
             found.append(f"--dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
         for flag, value in (("--batch-tokens", self.batch_tokens),
-                            ("--commit-every", self.commit_every),
                             ("--concurrency", self.concurrency)):
             if value < 1:
                 found.append(f"{flag} must be at least 1 (got {value})")
-        for flag, seconds in (("--commit-interval", self.commit_interval),
-                              ("--request-timeout", self.request_timeout)):
-            if not seconds > 0:
-                found.append(f"{flag} must be > 0 seconds (got {seconds})")
+        if not self.request_timeout > 0:
+            found.append(f"--request-timeout must be > 0 seconds (got {self.request_timeout})")
         return found
 
 
@@ -305,9 +298,9 @@ def check_disk(cfg: ExtractConfig, need: int, free: int, bytes_per_token: float,
     _ui.info(f"extract: {p.total - p.done_before:,} of {p.total:,} samples to do "
              f"({p.remaining_tokens:,} tokens); about {_size(need)} at "
              f"{bytes_per_token:,.0f} bytes/token ({cfg.codec}); {_size(free)} free at "
-             f"{cfg.output}", cfg.output_options)
+             f"{cfg.out}", cfg.output)
     if need > free and not (cfg.ignore_disk_check or cfg.dry_run):
-        raise UserError(f"{cfg.output}: about {_size(need)} needed, only {_size(free)} free. "
+        raise UserError(f"{cfg.out}: about {_size(need)} needed, only {_size(free)} free. "
                         "Free some space, pick --codec fp8 (about half the size), write "
                         "elsewhere, or pass --ignore-disk-check to start anyway (a full disk "
                         "stops the run; what was committed stays intact).")
@@ -332,10 +325,10 @@ def _target_record(cfg: ExtractConfig, identity: dict) -> dict:
     """The target identity the dataset records. A dataset an older eagle3kit started carries
     fewer keys; when they name this same target that record stays, so the run continues
     (the writer refuses any change to the layout)."""
-    if cfg.mode == "overwrite" or not is_dataset(cfg.output):
+    if cfg.write.mode == "overwrite" or not is_dataset(cfg.out):
         return identity
     try:
-        recorded = HiddenDataset(cfg.output).layout.get("target")
+        recorded = HiddenDataset(cfg.out).layout.get("target")
     except UserError:
         return identity
     if (isinstance(recorded, dict) and set(recorded) < set(identity)
@@ -354,7 +347,7 @@ def run(cfg: ExtractConfig) -> ExtractResult:
     ranks = Ranks.start()
     try:
         if ranks.rank:  # one voice: the other ranks only warn and fail
-            cfg = replace(cfg, output_options=replace(cfg.output_options, quiet=True,
+            cfg = replace(cfg, output=replace(cfg.output, quiet=True,
                                                       json=False))
         result = _extract(cfg, ranks)
     finally:
@@ -371,23 +364,22 @@ def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
     layers = resolve_layer_ids(cfg.layers, target.num_layers)  # type: ignore[arg-type]
     items, top_id = scan(tokens)
     tokenizer = check_match(cfg, tokens, top_id, target)
-    work = plan(items, committed_ids(cfg.output), ranks.rank, ranks.world, target.max_positions)
+    work = plan(items, committed_ids(cfg.out), ranks.rank, ranks.world, target.max_positions)
     per_token = hidden_bytes_per_token(target.hidden_size, len(layers), cfg.codec)
-    need, free = int(work.remaining_tokens * per_token * DISK_MARGIN), free_bytes(cfg.output)
+    need, free = int(work.remaining_tokens * per_token * DISK_MARGIN), free_bytes(cfg.out)
     check_disk(cfg, need, free, per_token, work)
-    result = ExtractResult(str(cfg.output), work.total, work.done_before, 0, {}, 0, 0.0, 0.0,
+    result = ExtractResult(str(cfg.out), work.total, work.done_before, 0, {}, 0, 0.0, 0.0,
                            0.0, need, free, cfg.codec, layers, cfg.dry_run, ranks.rank, ranks.world)
     if cfg.dry_run:
         return result
     engine = _engine(cfg, target, layers, ranks)
     writer = HiddenWriter(
-        cfg.output, layout=_layout(layers, target, tokenizer, tokens,
+        cfg.out, layout=_layout(layers, target, tokenizer, tokens,
                                     _target_record(cfg, target.identity)), codec=cfg.codec,
-        mode=cfg.mode, config=_settings(cfg), force=cfg.force,
+        config=_settings(cfg), **cfg.write.writer_options(),
         provenance={"target": str(target.path.absolute()),
                     "tokens": str(cfg.tokens.absolute()), "server": cfg.server,
                     "trust_remote_code": cfg.trust_remote_code},
-        commit_every=cfg.commit_every, commit_interval=cfg.commit_interval,
         run_id=ranks.run_id, rank=ranks.rank)
     started, cpu = time.monotonic(), time.process_time()
     with writer, _closing(engine):
@@ -395,7 +387,7 @@ def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
         todo = [it for it in work.todo if it.sample_id not in writer.done_ids]
         # One process shows the whole dataset; a rank shows its own share.
         total = work.total if ranks.world == 1 else len(todo)
-        with _ui.Progress("extract", total, cfg.output_options,
+        with _ui.Progress("extract", total, cfg.output,
                           initial=total - len(todo)) as progress:
             for sample_id, why in work.skipped.items():
                 writer.note_skipped(sample_id, why)
@@ -524,7 +516,7 @@ class HfEngine:
 
 
 def _report(result: ExtractResult, cfg: ExtractConfig) -> None:
-    opts = cfg.output_options
+    opts = cfg.output
     if opts.json:
         _ui.print_json(asdict(result))
     if result.dry_run:

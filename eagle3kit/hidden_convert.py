@@ -123,7 +123,7 @@ def check_config(cfg: ConvertConfig) -> str | None:
     if cfg.to is None:
         raise UserError(f"{cfg.src} is a hidden-state dataset: give --to speculators or "
                         "--to specforge to export it")
-    if cfg.skip_bad_lines or cfg.mode != "auto" or cfg.force:
+    if cfg.skip_bad_lines or cfg.write.mode != "auto" or cfg.write.force:
         raise UserError("--skip-bad-lines, --resume, --overwrite and --force apply to import "
                         "only (rerunning an export continues it)")
     if cfg.layers:
@@ -516,10 +516,9 @@ def import_hidden(cfg: ConvertConfig) -> ConvertResult:
     known = {r["index"]: r for r in _sidecar_samples(sidecar)}
     result = _result("import", cfg.dst, 0)
     writer = HiddenWriter(
-        cfg.dst, layout=layout, codec="raw", mode=cfg.mode, force=cfg.force,
+        cfg.dst, layout=layout, codec="raw", **cfg.write.writer_options(),
         config={"stage": "convert", "source": cfg.src.name, "from": tool},
-        provenance={"source": str(cfg.src.resolve()), "target": target_path},
-        commit_every=cfg.commit_every, commit_interval=cfg.commit_interval)
+        provenance={"source": str(cfg.src.resolve()), "target": target_path})
     with writer, _ui.Progress("convert", len(items), cfg.output, unit="samples") as progress:
         for item in items:
             try:

@@ -27,7 +27,7 @@ import math
 import random
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,12 @@ class PlanConfig:
     seed: int = 0
     """Chooses the pilot's prompts and the bootstrap's draws."""
     replicates: int = REPLICATES
+
+    @classmethod
+    def own_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Take plan's own options out of the command line's (the rest are gen's)."""
+        own = {f.name for f in fields(cls)} - {"gen"}
+        return {name: options.pop(name) for name in list(options) if name in own}
 
     def __post_init__(self) -> None:
         self.pilot = parse_pilot(self.pilot)
@@ -255,9 +261,9 @@ def run_pilot(cfg: PlanConfig) -> Pilot:
         return seen["chosen"]
 
     # The pilot's own summary stays off stdout: --json there is plan's.
-    quiet_json = replace(cfg.gen.output_options, json=False)
+    quiet_json = replace(cfg.gen.output, json=False)
     started = time.monotonic()
-    result = gen.run(replace(cfg.gen, output_options=quiet_json), select=select)
+    result = gen.run(replace(cfg.gen, output=quiet_json), select=select)
     wall = time.monotonic() - started
     if result.stopped:
         raise PilotStopped("the pilot was stopped before it finished; what it generated is "
@@ -471,7 +477,7 @@ def run(cfg: PlanConfig) -> PlanResult:
     hidden_size, n_aux = target_shape(cfg)
     pilot = run_pilot(cfg)
     pilot_ids = {sid for chain in pilot.chosen for sid in chain.ids}
-    committed = read_committed(cfg.gen.output, pilot_ids)
+    committed = read_committed(cfg.gen.out, pilot_ids)
     names = list(dict.fromkeys(chain.conv.partition for chain in pilot.chains))
     slots = slot_count(cfg.gen)
     costs = overheads(pilot, committed, slots)
@@ -486,7 +492,7 @@ def run(cfg: PlanConfig) -> PlanResult:
                          cfg.seed)
     result = _result(cfg, pilot, committed, names, pools, remaining, full, slots, outcomes,
                      costs, (hidden_size, n_aux))
-    report(result, cfg.gen.output_options)
+    report(result, cfg.gen.output)
     return result
 
 
@@ -542,7 +548,7 @@ def _result(cfg: PlanConfig, pilot: Pilot, committed: Committed, names: list[str
     truncated = np.concatenate([p.truncated for p in pools.values()])
     rate = 1 / pilot.generating if pilot.written and pilot.generating > 0 else None
     return PlanResult(
-        output=str(cfg.gen.output), samples=len(full.parts),
+        output=str(cfg.gen.out), samples=len(full.parts),
         done=len(full.parts) - len(remaining.parts), remaining=len(remaining.parts),
         slots=slots, pilot_requests=pilot.requests, pilot_elapsed_s=round(pilot.elapsed, 3),
         pilot_req_per_s=pilot.requests * rate if rate else None,

@@ -24,6 +24,7 @@ import torch
 from typer.testing import CliRunner
 
 from eagle3kit import extract
+from eagle3kit._options import WRITE_KEYS, WriteOptions
 from eagle3kit._ranks import Ranks
 from eagle3kit._ui import OutputOptions
 from eagle3kit.cli import app
@@ -97,8 +98,10 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
 
 def config(tiny: Tiny, out: Path, **options) -> extract.ExtractConfig:
     options.setdefault("target", tiny.llama)
-    options.setdefault("output_options", QUIET)
+    options.setdefault("output", QUIET)
     options.setdefault("batch_tokens", 200)
+    write = {k: options.pop(k) for k in WRITE_KEYS if k in options}
+    options["write"] = WriteOptions(**{"commit_every": 256, **write})
     return extract.ExtractConfig(options.pop("tokens", tiny.tokens), out, **options)
 
 
@@ -283,7 +286,7 @@ def test_short_disk_is_refused_and_dry_run_only_estimates(tiny: Tiny, tmp_path: 
     with pytest.raises(UserError, match=r"only 900 B free.*--ignore-disk-check"):
         extract.run(config(tiny, out))
     assert not out.exists()
-    result = extract.run(config(tiny, out, dry_run=True, output_options=OutputOptions()))
+    result = extract.run(config(tiny, out, dry_run=True, output=OutputOptions()))
     assert result.dry_run and result.estimate_bytes > 900 and not out.exists()
     assert "bytes/token (raw)" in capsys.readouterr().err
     assert extract.run(config(tiny, out, ignore_disk_check=True)).written == N_SAMPLES

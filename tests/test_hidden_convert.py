@@ -66,7 +66,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
             writer.add(TokenSample(f"s{i}", ids[:2], ids[2:], partition=("a", "b")[i % 2]))
     hidden = root / "hidden"
     extract.run(extract.ExtractConfig(root / "tokens", hidden, target=target,
-                                      output_options=QUIET))
+                                      output=QUIET))
     w = World(root, target, root / "tokens", hidden, root / "sp", root / "sf")
     conv(hidden, w.speculators, to="speculators")
     conv(hidden, w.specforge, to="specforge", target=target)

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+from eagle3kit._options import WRITE_KEYS, WriteOptions
 from eagle3kit._ui import OutputOptions
 from eagle3kit.errors import UserError
 from eagle3kit.format import DatasetWriter, TokenSample
@@ -57,7 +58,7 @@ def extract(tokens: Path, out: Path, target: Path) -> Path:
     from eagle3kit import extract as stage
 
     stage.run(stage.ExtractConfig(tokens, out, target=target, device="cpu",
-                                  output_options=QUIET))
+                                  output=QUIET))
     return out
 
 
@@ -85,6 +86,7 @@ def config(tiny, data, out, **kw) -> TrainConfig:
                    eval_every=2, checkpoint_every=2, lr=3e-3, warmup=1, device="cpu",
                    output=QUIET)
     options.update(kw)
+    options["write"] = WriteOptions(**{k: options.pop(k) for k in WRITE_KEYS if k in options})
     return TrainConfig([data], out, tiny["target"], **options)
 
 

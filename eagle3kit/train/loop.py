@@ -178,7 +178,7 @@ class Trainer:
 
     def _open_run_dir(self) -> bool:
         cfg, rd = self.cfg, self.run_dir
-        continuing = rd.check_usable(cfg.mode)
+        continuing = rd.check_usable(cfg.write.mode)
         if continuing:
             before = rd.read()
             now = self.cfg.settings()
@@ -188,12 +188,12 @@ class Trainer:
             if parts != self.ranks.world * cfg.grad_accum:
                 diff.append(f"ranks x --grad-accum: {parts} -> "
                             f"{self.ranks.world * cfg.grad_accum}")
-            if diff and not cfg.force:
+            if diff and not cfg.write.force:
                 raise UserError(f"{rd.path}: this run was started with other settings ("
                                 + "; ".join(diff) + "); rerun with them, pass --force to "
                                 "continue anyway, or --overwrite to start afresh")
             mismatch = identity_mismatch(before.get("target", {}), self.target_id)
-            if mismatch and not cfg.force:
+            if mismatch and not cfg.write.force:
                 raise UserError(f"{rd.path}: started with another target config than "
                                 f"--target {cfg.target} ({mismatch[0]} {mismatch[1]!r} there, "
                                 f"{mismatch[2]!r} here); pass --force to continue anyway")
