@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 import xxhash
 
+from eagle3kit._json import json_object
 from eagle3kit.errors import UserError
 
 MIN_DEFAULT_DEPTH = 7
@@ -45,13 +46,7 @@ def config_dict(directory: Path, missing: str | None = None) -> dict:
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise UserError(missing or f"{directory}: no config.json there (a model directory?)")
-    try:
-        config = json.loads(path.read_text())
-    except ValueError as exc:
-        raise UserError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{path}: expected a JSON object")
-    return config
+    return json_object(path.read_text(), str(path))
 
 
 def text_config(config: Any) -> Any:

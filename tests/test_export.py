@@ -265,7 +265,7 @@ def test_bad_sources_end_in_one_message(tiny, tmp_path):
     assert result.exit_code == 2 and "the run has no drafter yet" in result.stderr
     (empty_run / "run.json").write_text("{not json")
     result = cli("export", empty_run, tmp_path / "o")
-    assert result.exit_code == 2 and "run.json: not readable JSON" in result.stderr
+    assert result.exit_code == 2 and "run.json: not valid JSON" in result.stderr
     result = cli("export", tiny["target"], tmp_path / "o")  # a model, not a drafter
     assert result.exit_code == 2 and "not a checkpoint layout" in result.stderr
     assert "Traceback" not in result.stderr

@@ -480,6 +480,20 @@ def test_cli_errors_are_one_line(tiny, tmp_path):
     assert proc.stderr.strip() == "error: --ttt-steps must be >= 1 (got 0)"
 
 
+def test_every_problem_of_a_command_line_is_named_at_once(tiny, tmp_path):
+    """TrainConfig checks everything and raises once (torchtune's config validation): the
+    command-line checks that lived in cli.py included."""
+    with pytest.raises(UserError) as caught:
+        TrainConfig.from_paths([str(tiny["hidden"]), str(tmp_path / "r")], target=None,
+                               lr=-1.0, keep=0, layers="2,x", online=True)
+    message = str(caught.value)
+    for part in ("--keep must be >= 1", "--lr must be > 0", "--layers 2,x: expected",
+                 "--target is required"):
+        assert part in message, message
+    with pytest.raises(UserError, match="give the datasets, then the run directory last"):
+        TrainConfig.from_paths([str(tiny["hidden"])], target=tiny["target"])
+
+
 # Processes ---------------------------------------------------------------------------------------
 def train_cmd(tiny, out: Path, *extra: str) -> list[str]:
     return ["train", str(tiny["hidden"]), str(out), "--target", str(tiny["target"]),

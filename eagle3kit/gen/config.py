@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from eagle3kit import _json
 from eagle3kit._options import OutputOptions, WriteOptions
 from eagle3kit.errors import UserError
 
@@ -40,13 +40,7 @@ def json_object(value: dict | str, flag: str) -> dict:
     """A JSON object given as text on the command line (a dict passes through)."""
     if isinstance(value, dict):
         return value
-    try:
-        parsed = json.loads(value)
-    except ValueError as exc:
-        raise UserError(f"{flag}: not valid JSON ({exc})") from None
-    if not isinstance(parsed, dict):
-        raise UserError(f"{flag}: expected a JSON object like '{{\"enable_thinking\": false}}'")
-    return parsed
+    return _json.json_object(value, flag, example="'{\"enable_thinking\": false}'")
 
 
 def parse_server(text: str) -> ServerSpec:

@@ -21,6 +21,7 @@ from typing import Any
 
 from eagle3kit import __version__
 from eagle3kit._durable import fsync_dir, fsync_file, write_text_atomic
+from eagle3kit._json import json_object
 from eagle3kit.errors import UserError
 
 RUN_FORMAT = "eagle3kit-run"
@@ -80,12 +81,13 @@ class RunDir:
         """run.json's record for a stage that reads what it can of it (export): a JSON
         object, else one message naming the file (and `fix`)."""
         try:
-            data = json.loads(self.run_json.read_text())
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{self.run_json}: not readable JSON ({exc}){fix}") from None
-        if not isinstance(data, dict):
-            raise UserError(f"{self.run_json}: expected a JSON object")
-        return data
+            text = self.run_json.read_text()
+        except OSError as exc:
+            raise UserError(f"{self.run_json}: unreadable ({exc.strerror}){fix}") from None
+        try:
+            return json_object(text, str(self.run_json))
+        except UserError as exc:
+            raise UserError(f"{exc}{fix}") from None
 
     def read(self) -> dict:
         """run.json for continuing the run: refused when it is not a run this eagle3kit
