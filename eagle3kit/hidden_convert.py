@@ -167,13 +167,9 @@ def _bf16(x: np.ndarray) -> Any:
     return torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(torch.bfloat16)
 
 
-def _target_identity(path: Path) -> dict:
-    return TargetInfo.load(path).identity
-
-
 def _check_target(ds: HiddenDataset, target: Path) -> dict:
     """--target is the model the states came from, as far as the dataset recorded it."""
-    ours = _target_identity(target)
+    ours = TargetInfo.load(target).identity
     mismatch = identity_mismatch(ds.target, ours)
     if mismatch:
         key, theirs, actual = mismatch
@@ -598,7 +594,7 @@ def _import_layout(cfg: ConvertConfig, tool: str, sidecar: dict | None, h: int, 
     num_layers = old.get("num_layers")
     target_path = None
     if cfg.target is not None:
-        target = _target_identity(Path(cfg.target))
+        target = TargetInfo.load(Path(cfg.target)).identity
         num_layers, target_path = target["num_layers"], str(Path(cfg.target).absolute())
         if target["hidden_size"] != h:
             raise UserError(f"--target {cfg.target}: hidden size {target['hidden_size']}, the "
