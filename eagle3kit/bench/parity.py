@@ -366,15 +366,19 @@ def show(report: ParityReport, opts: _ui.OutputOptions) -> None:
     for f in report.findings:
         _ui.warn(f"{diagnose.CAUSES[f['cause']]} [{f['cause']}]: {f['message']}")
     if not report.passed:
-        why = ("the engine and bench accept disagree" if not report.agree else
-               "the engine accepts almost nothing" if not report.findings else
-               "the served setup differs from the run")
-        _ui.error(f"bench parity failed: {why} ({len(report.findings)} finding(s) above)")
+        near_one = likely_misconfigured(engine["acceptance_length"])
+        why = [text for failed, text in (
+            (not report.agree, f"the engine and bench accept differ by more than "
+                               f"{report.tolerance:g}"),
+            (near_one, "the engine accepts almost nothing"),
+            (any(f["cause"] != "unexplained" for f in report.findings),
+             "what is served differs from the run")) if failed]
+        _ui.error(f"bench parity failed: {'; '.join(why)} (the causes found are above)")
 
 
 def _served_line(served: dict[str, Any]) -> str:
     if not served.get("source"):
         return "speculative settings not exposed by the server"
-    return (f"{served.get('method')} with {served.get('drafter')}, k={served.get('k')} "
-            f"({served['source']})")
+    drafter = served.get("drafter") or "a drafter it does not name"
+    return f"{served.get('method')} with {drafter}, k={served.get('k')} ({served['source']})"
 
