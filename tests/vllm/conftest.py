@@ -187,8 +187,9 @@ def extract_server(servers: Servers, world: World) -> launch.VllmServer:
 
 
 @pytest.fixture(scope="session")
-def hidden(extract_server: launch.VllmServer, tokens: Path, world: World) -> Path:
-    """The training set's states, read from the real server by `extract --engine vllm`."""
+def hidden(tokens: Path, extract_server: launch.VllmServer, world: World) -> Path:
+    """The training set's states, read from the real server by `extract --engine vllm`
+    (`tokens` first: its gen starts the plain server, which would stop the extract one)."""
     from eagle3kit import _ui, extract
 
     out = world.root / "hidden"
