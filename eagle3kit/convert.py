@@ -128,6 +128,7 @@ def _export_error(dst: Path, exc: OSError) -> UserError:
 
 def export_jsonl(cfg: ConvertConfig) -> ConvertResult:
     ds = Dataset(cfg.src)
+    _ui.warn_all(ds.warnings)
     if cfg.partition is not None and cfg.partition not in ds.partitions:
         raise UserError(f"--partition {cfg.partition}: not in {cfg.src} "
                         f"(partitions: {', '.join(ds.partitions) or 'none'})")
@@ -287,6 +288,7 @@ def import_jsonl(cfg: ConvertConfig) -> ConvertResult:
         provenance={"source": str(cfg.src.resolve())},
         commit_every=cfg.commit_every, commit_interval=cfg.commit_interval,
     )
+    _ui.warn_all(writer.warnings)
     first_commit = min(cfg.commit_every, FIRST_COMMIT)
     with writer, open(cfg.src, "rb") as f:
         hasher = xxhash.xxh3_128()

@@ -247,7 +247,7 @@ def scan(tokens: Dataset) -> tuple[list[Item], int]:
     items: list[Item] = []
     top = -1
     base = 0
-    for shard in tokens.iter_shards():
+    for shard in tokens.columns():
         starts, names = shard.starts, shard.partition_names
         parts = shard.partition_index.tolist()
         items += [Item(base + i, starts[i + 1] - starts[i], sid, names[parts[i]])
@@ -282,7 +282,7 @@ def check_match(cfg: ExtractConfig, tokens: Dataset, top_id: int, target: Target
     if top_id >= target.vocab_size:
         raise UserError(f"{where}: it holds token id {top_id}, the target embeds only "
                         f"{target.vocab_size} ids. Was it generated with another model?")
-    source = cfg.tokenizer or tokens.path / "tokenizer"
+    source = cfg.tokenizer or tokens.tokenizer_dir
     if not _tokenizer_files(source):
         return {}
     ours = tokenizer_identity(source, cfg.trust_remote_code)
@@ -444,6 +444,7 @@ def run(cfg: ExtractConfig) -> ExtractResult:
 
 def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
     tokens = Dataset(cfg.tokens)
+    _ui.warn_all(tokens.warnings)
     if cfg.trust_remote_code is None:  # as gen was told, for the same model's code
         cfg.trust_remote_code = _hf.recorded_trust(tokens.manifest)
     target = TargetInfo.load(Path(str(cfg.target)), cfg.trust_remote_code)
@@ -467,6 +468,7 @@ def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
                     "trust_remote_code": cfg.trust_remote_code},
         commit_every=cfg.commit_every, commit_interval=cfg.commit_interval,
         run_id=ranks.run_id, rank=ranks.rank)
+    _ui.warn_all(writer.warnings)
     started, cpu = time.monotonic(), time.process_time()
     with writer, _closing(engine):
         # Another run may have committed since the plan: the writer's ids are the truth.

@@ -311,10 +311,9 @@ def read_committed(path: Path, wanted: set[str]) -> Committed:
     ids: set[str] = set()
     rows = {}
     completion = tokens = 0
-    for shard in ds.iter_shards():
-        starts = np.asarray(shard.starts)
-        lengths = np.diff(starts)
-        comp = lengths - np.asarray(shard.plens)
+    for shard in ds.columns():
+        lengths = shard.lengths
+        comp = lengths - shard.prompt_lens
         completion += int(comp.sum())
         tokens += int(lengths.sum())
         for i, sample_id in enumerate(shard.ids):

@@ -240,8 +240,9 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
     writer = DatasetWriter(cfg.output, mode=cfg.mode, config=config, force=cfg.force,
                            provenance=provenance, commit_every=cfg.commit_every,
                            commit_interval=cfg.commit_interval)
+    _ui.warn_all(writer.warnings)
     with writer:
-        writer.store_files("tokenizer", renderer.files())
+        writer.store_tokenizer(renderer.files())
         retried = retry_failed(chains, writer, cfg) if cfg.retry_failed else 0
         starts = starting_points(chains, writer, cfg, renderer)
         remaining = sum(len(c.ids) - t for c, t in starts)
