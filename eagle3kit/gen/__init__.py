@@ -95,7 +95,7 @@ def make_chains(convs: list[Conversation], n: int) -> list[Chain]:
 
 async def check_tokenizer(backends: list[Backend], renderer: Renderer) -> None:
     """Refuse to start when a server tokenizes a probe differently from --tokenizer."""
-    from eagle3kit.gen import clients
+    from eagle3kit.gen import servers
 
     local = renderer.tokenizer.encode(PROBE_TEXT, add_special_tokens=False)
     for backend in backends:
@@ -106,7 +106,7 @@ async def check_tokenizer(backends: list[Backend], renderer: Renderer) -> None:
         # UserError).
         try:
             problem = await backend.tokenizer_disagreement(local)
-        except clients.ServerError as exc:
+        except servers.ServerError as exc:
             raise UserError(f"{backend.name}: the tokenizer check failed: {exc} "
                             "(--no-tokenizer-check skips it)") from None
         if problem is not None:
