@@ -145,7 +145,7 @@ def _read_json(path: Path) -> dict:
 
 
 def load_source(cfg: ExportConfig) -> Source:
-    from eagle3kit.model.layouts import inspect, load_inspected
+    from eagle3kit.checkpoints.layouts import inspect, load_inspected
 
     run_dir = cfg.run
     run: dict = {}
@@ -183,7 +183,7 @@ def load_source(cfg: ExportConfig) -> Source:
 
 
 def _identity(run: dict, info: Any) -> dict:
-    from eagle3kit.model.layouts import PROVENANCE
+    from eagle3kit.checkpoints.layouts import PROVENANCE
 
     recorded = run.get("target")
     if not isinstance(recorded, dict) and info.layout == "eagle3kit":
@@ -210,8 +210,8 @@ def _checked_target(target_dir: Path | None, identity: dict, explicit: bool,
     if target_dir is None:
         return None
     from eagle3kit import _hf
+    from eagle3kit.checkpoints.layouts import target_dict
     from eagle3kit.model import config_fingerprint
-    from eagle3kit.model.layouts import target_dict
 
     raw, _ = target_dict(target_dir)
     recorded = identity.get("fingerprint")
@@ -255,7 +255,7 @@ def _settle_layer_ids(cfg: ExportConfig, info: Any, run: dict) -> None:
 # The two layouts -----------------------------------------------------------------------------
 def _rope_fields(drafter: Any, target: dict | None, warnings: list[str]) -> dict:
     """max_position_embeddings and RoPE as the target has them (CHECKPOINTS.md §6)."""
-    from eagle3kit.model.layouts import target_rope
+    from eagle3kit.checkpoints.layouts import target_rope
 
     if target is None:
         theta, scaling, max_pos = (drafter.rope_theta, drafter.rope_scaling,
@@ -367,7 +367,7 @@ def weights_for(model: Any, fmt: str, dtype: str, embedding: Any = None) -> dict
     """The tensors of one layout: floats in `dtype`, d2t int64, t2d bool."""
     import torch
 
-    from eagle3kit.model.checkpoint import drafter_weights
+    from eagle3kit.checkpoints.native import drafter_weights
 
     tensors = drafter_weights(model, dtype=getattr(torch, dtype))
     tensors["d2t"] = tensors["d2t"].to(torch.int64)
@@ -401,7 +401,7 @@ def _full_vocabulary(tensors: dict) -> None:
 def _write_checkpoint(directory: Path, config: dict, tensors: dict, provenance: dict) -> None:
     from safetensors.torch import save_file
 
-    from eagle3kit.model.layouts import PROVENANCE
+    from eagle3kit.checkpoints.layouts import PROVENANCE
 
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(directory / WEIGHTS), metadata={"format": "pt"})
@@ -416,8 +416,8 @@ def verify_export(directory: Path, fmt: str, tensors: dict,
     """Reload an export on the meta device and check it; the checks passed, or UserError."""
     import torch
 
+    from eagle3kit.checkpoints.layouts import drafter_config_of, inspect
     from eagle3kit.model.drafter import Eagle3Drafter
-    from eagle3kit.model.layouts import drafter_config_of, inspect
 
     info = inspect(directory, target)
     layout = "speculators" if fmt == "vllm" else "sglang"
@@ -493,7 +493,7 @@ def _verifier(cfg: ExportConfig, src: Source) -> tuple[str, list[str]]:
 
 
 def run(cfg: ExportConfig) -> ExportResult:
-    from eagle3kit.model.layouts import target_embedding
+    from eagle3kit.checkpoints.layouts import target_embedding
 
     src = load_source(cfg)
     drafter = src.model.config
@@ -560,7 +560,7 @@ def _sglang_warnings(drafter: Any) -> list[str]:
 
 
 def _provenance(cfg: ExportConfig, src: Source, fmt: str, dtype: str, verifier: str) -> dict:
-    from eagle3kit.model.layouts import training_prediction
+    from eagle3kit.checkpoints.layouts import training_prediction
 
     ids = list(src.model.config.aux_layer_ids)
     return {

@@ -165,7 +165,7 @@ def checkpoint_dirs(path: Path) -> list[Path]:
 
 
 def run_checkpoint(cfg: InfoConfig) -> CheckpointReport:
-    from eagle3kit.model.layouts import inspect
+    from eagle3kit.checkpoints.layouts import inspect
 
     dirs = checkpoint_dirs(cfg.path)
     if not (dirs[0] / "config.json").is_file():
