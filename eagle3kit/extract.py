@@ -30,14 +30,15 @@ from eagle3kit._ranks import Ranks, resolve_device
 from eagle3kit._urls import server_url
 from eagle3kit.errors import UserError
 from eagle3kit.format import (
+    CODECS,
     Dataset,
     HiddenDataset,
     HiddenSample,
     HiddenWriter,
+    committed_ids,
     hidden_bytes_per_token,
     is_dataset,
 )
-from eagle3kit.format.hidden import CODECS, committed_ids
 from eagle3kit.target import (
     TargetInfo,
     check_layer_ids,

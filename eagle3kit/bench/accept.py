@@ -301,6 +301,9 @@ def run(cfg: AcceptConfig) -> AcceptReport:
              f"max {cfg.max_new_tokens} new tokens, {device} {dtype_name}, "
              f"{len(convs)} conversations", cfg.output)
     _warm_up(target, drafter, cfg, decode.Sampler)
+    from eagle3kit.model import attention
+
+    _ui.warn_all(attention.take_warnings())  # the kernel picked on first use
 
     results: list[PromptResult] = []
     with _ui.Progress("bench accept", len(convs), cfg.output, unit="prompts") as progress:

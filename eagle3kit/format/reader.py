@@ -302,6 +302,16 @@ class Dataset:
     def num_tokens(self) -> int:
         return sum(s["tokens"] for s in self.shards)
 
+    @property
+    def num_loss_tokens(self) -> int:
+        """Loss tokens as the manifest counts them (validate checks them against the data)."""
+        return sum(s["loss_tokens"] for s in self.shards)
+
+    @property
+    def shard_bytes(self) -> int:
+        """Bytes of the committed shards, as the manifest records them."""
+        return sum(int(s["bytes"]) for s in self.shards)
+
     def partition_stats(self) -> dict[str, dict]:
         """Samples, tokens, loss tokens and finish reasons per partition, from the manifest."""
         out: dict[str, dict] = {}
@@ -320,6 +330,13 @@ class Dataset:
         """Where the tokenizer and chat template that made the data are stored (it may not
         exist: a dataset made by convert has none)."""
         return self.path / TOKENIZER_DIR
+
+    def header(self) -> dict:
+        """The manifest's description of the data (format, kind, counts, config, provenance),
+        without its bookkeeping: the shard list, the runs that wrote them, hidden codecs'
+        measurements."""
+        return {k: v for k, v in self.manifest.items()
+                if k not in ("shards", "runs", "measured")}
 
     @property
     def manifest_xxh3(self) -> str:

@@ -16,8 +16,7 @@ import xxhash
 
 from eagle3kit import _ui
 from eagle3kit.errors import UserError
-from eagle3kit.format import Dataset, DatasetError
-from eagle3kit.format.dataset_dir import read_marker
+from eagle3kit.format import Dataset, DatasetError, read_marker
 
 if TYPE_CHECKING:
     from eagle3kit.train.config import TrainConfig
@@ -51,12 +50,10 @@ class Source:
         return np.asarray(view.input_ids), np.asarray(view.loss_mask)
 
     def manifest_summary(self) -> dict:
-        m = self.dataset.manifest
-        keep = {k: v for k, v in m.items() if k not in ("shards", "runs", "measured")}
         return {"path": str(self.path.resolve()), "weight": self.weight, "kind": self.kind,
                 "samples": len(self.ids), "tokens": int(self.lengths.sum()),
                 "manifest_xxh3": self.dataset.manifest_xxh3,
-                "manifest": keep}
+                "manifest": self.dataset.header()}
 
 
 def trust_remote_code(cfg: TrainConfig) -> bool:

@@ -25,7 +25,14 @@ from eagle3kit._durable import write_json_atomic
 from eagle3kit._ranks import Ranks
 from eagle3kit.checkpoints.native import drafter_weights, save_drafter
 from eagle3kit.errors import UserError
-from eagle3kit.model import DrafterConfig, DraftVocab, Eagle3Drafter, build_vocab, vocab_problems
+from eagle3kit.model import (
+    DrafterConfig,
+    DraftVocab,
+    Eagle3Drafter,
+    attention,
+    build_vocab,
+    vocab_problems,
+)
 from eagle3kit.target import (
     TargetInfo,
     check_layer_ids,
@@ -464,6 +471,7 @@ class Trainer:
             sums += s
             correct += c
             loss_total += loss.detach().double()
+        _ui.warn_all(attention.take_warnings())  # the kernel picked on first use
         if cfg.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
         else:

@@ -138,7 +138,7 @@ def integrity(c: Context) -> CheckResult:
     if tokens != ds.num_tokens or n != len(ds):
         problems["counts differ from the manifest"] = 1
     loss = int(f.loss.sum()) if n else 0
-    if loss != sum(s.get("loss_tokens", loss) for s in ds.shards) and ds.shards:
+    if ds.shards and loss != ds.num_loss_tokens:
         problems["loss tokens differ from the manifest"] = 1
     config = ds.manifest.get("config", {})
     history = [h for h in ds.manifest.get("config_history", []) if h]

@@ -13,6 +13,12 @@ from eagle3kit.gen.types import Completion, GenRequest
 API_CHOICES = ("auto", "sglang", "vllm", "openai-chat")
 
 
+def sampling(req: GenRequest) -> dict[str, Any]:
+    """The sampling settings every API takes under the same names; each adds its own."""
+    return {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
+            "min_p": req.min_p, "stop_token_ids": req.stop_token_ids}
+
+
 @dataclass
 class ServerInfo:
     """What `probe` learned about one server; gen records it with every sample it produced."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from eagle3kit.gen.servers.api import Reply, ServerInfo, completion
+from eagle3kit.gen.servers.api import Reply, ServerInfo, completion, sampling
 from eagle3kit.gen.servers.errors import RetryableError
 from eagle3kit.gen.servers.invariants import check_invariants, refuse_bad_ids
 from eagle3kit.gen.servers.transport import (
@@ -38,11 +38,7 @@ def payload(
         "model": model,
         "messages": list(messages),
         "max_tokens": req.max_tokens,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "top_k": req.top_k,
-        "min_p": req.min_p,
-        "stop_token_ids": req.stop_token_ids,
+        **sampling(req),
     }
     if req.seed is not None:
         body["seed"] = req.seed

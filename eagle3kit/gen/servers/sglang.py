@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from eagle3kit.gen.servers.api import Reply, ServerInfo
+from eagle3kit.gen.servers.api import Reply, ServerInfo, sampling
 from eagle3kit.gen.servers.errors import RequestRejected, RetryableError, rejection_reason
 from eagle3kit.gen.servers.transport import json_int, malformed, send
 from eagle3kit.gen.types import GenRequest
@@ -20,11 +20,7 @@ def payload(req: GenRequest, info: ServerInfo, rid: str) -> dict[str, Any]:
     """SGLang `/generate` with input_ids: every sampling knob sent, text flags off."""
     sp: dict[str, Any] = {
         "max_new_tokens": req.max_tokens,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "top_k": req.top_k,
-        "min_p": req.min_p,
-        "stop_token_ids": req.stop_token_ids,
+        **sampling(req),
         "skip_special_tokens": False,
         "spaces_between_special_tokens": False,
         "no_stop_trim": True,

@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from eagle3kit.gen.servers.api import Reply, ServerInfo
+from eagle3kit.gen.servers.api import Reply, ServerInfo, sampling
 from eagle3kit.gen.servers.errors import RetryableError, ServerFatal
 from eagle3kit.gen.servers.transport import json_dict, json_int, malformed
 from eagle3kit.gen.types import GenRequest
@@ -21,11 +21,7 @@ def payload(req: GenRequest, info: ServerInfo, rid: str) -> dict[str, Any]:
         "model": info.model,
         "prompt": req.prompt_ids,
         "max_tokens": req.max_tokens,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "top_k": req.top_k,
-        "min_p": req.min_p,
-        "stop_token_ids": req.stop_token_ids,
+        **sampling(req),
         "skip_special_tokens": False,
         "include_stop_str_in_output": True,
         "return_token_ids": True,
