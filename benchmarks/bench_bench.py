@@ -34,8 +34,8 @@ def build_pair(work: Path, hidden: int, layers: int, fit_steps: int) -> tuple[Pa
 
     from eagle3kit.bench import decode
     from eagle3kit.bench.prompts import load, load_renderer, turns
+    from eagle3kit.checkpoints.native import save_drafter
     from eagle3kit.model import DrafterConfig, Eagle3Drafter
-    from eagle3kit.model.checkpoint import save_drafter
     from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings
 
     make_tokenizer(work / "tok", corpus=stdlib_docstrings(100_000))

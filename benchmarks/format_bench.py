@@ -77,7 +77,6 @@ from pathlib import Path
 import numpy as np
 
 from eagle3kit.format import Dataset, DatasetWriter, TokenSample
-from eagle3kit.format._ints import HAVE_FAST_PATH
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 152_000
@@ -332,7 +331,7 @@ def render(fig: dict) -> str:
     return "\n".join([
         f"eagle3kit format vs JSONL: {fig['samples']:,} samples, {w['tokens']:,} tokens; "
         f"{fig['dir']} ({fig['fs']}); commit_every {fig['commit_every']}; "
-        f"HAVE_FAST_PATH={fig['fast_path']}; best of {fig['repeat']}",
+        f"best of {fig['repeat']}",
         f"{'':27}{'JSONL':>11}{'eagle3kit':>11}{'ratio':>9}{'cpu':>9}",
         _rate_row("write Mtok/s", w, _verdict(w)),
         _rate_row("stream read Mtok/s", s, _verdict(s)),
@@ -395,7 +394,6 @@ def main(argv: list[str] | None = None) -> int:
             "samples": args.samples, "mean_tokens": args.tokens, "dir": str(work),
             "fs": filesystem(work.resolve()), "commit_every": args.commit_every,
             "pool": args.pool, "seed": args.seed, "repeat": args.repeat,
-            "fast_path": HAVE_FAST_PATH,
             "python": platform.python_version(), "numpy": np.__version__,
             "cpus": os.cpu_count(),
         }

@@ -39,7 +39,8 @@ from real_tokenizers import gpt_oss_tokenizer_dir, qwen3_tokenizer_dir  # noqa: 
 
 from eagle3kit._ui import OutputOptions  # noqa: E402
 from eagle3kit.format import Dataset, DatasetWriter, TokenSample  # noqa: E402
-from eagle3kit.validate import ValidateConfig, load_renderer, validate  # noqa: E402
+from eagle3kit.gen.reasoning import load_renderer  # noqa: E402
+from eagle3kit.validate import ValidateConfig, validate  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ class Ranks:
             return cls(device=dev)
         import torch.distributed as dist
 
-        from eagle3kit.format.lock import new_run_id
+        from eagle3kit.format import new_run_id
 
         owns = not dist.is_initialized()
         if owns:

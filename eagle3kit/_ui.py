@@ -76,6 +76,12 @@ def warn(msg: str) -> None:
     _tagged("warning", "bold yellow", msg)
 
 
+def warn_all(messages: list[str]) -> None:
+    """Each warning a reader or writer of format/ returned (format/ prints nothing)."""
+    for msg in messages:
+        warn(msg)
+
+
 def error(msg: str) -> None:
     """'error: ...' on stderr, even under --quiet; callers show no traceback for expected errors."""
     _tagged("error", "bold red", msg)

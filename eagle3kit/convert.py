@@ -124,6 +124,7 @@ def _export_error(dst: Path, exc: OSError) -> UserError:
 
 def export_jsonl(cfg: ConvertConfig) -> ConvertResult:
     ds = Dataset(cfg.src)
+    _ui.warn_all(ds.warnings)
     if cfg.partition is not None and cfg.partition not in ds.partitions:
         raise UserError(f"--partition {cfg.partition}: not in {cfg.src} "
                         f"(partitions: {', '.join(ds.partitions) or 'none'})")
@@ -282,6 +283,7 @@ def import_jsonl(cfg: ConvertConfig) -> ConvertResult:
         config={"stage": "convert", "source": cfg.src.name},
         provenance={"source": str(cfg.src.resolve())},
     )
+    _ui.warn_all(writer.warnings)
     first_commit = min(cfg.write.commit_every, FIRST_COMMIT)
     with writer, open(cfg.src, "rb") as f:
         hasher = xxhash.xxh3_128()

@@ -137,7 +137,7 @@ class Source:
 
 
 def load_source(cfg: ExportConfig) -> Source:
-    from eagle3kit.model.layouts import inspect, load_inspected
+    from eagle3kit.checkpoints.layouts import inspect, load_inspected
 
     run_dir = cfg.run
     run: dict = {}
@@ -199,7 +199,7 @@ def _checked_target(target_dir: Path | None, identity: dict, explicit: bool,
     """The target's raw config, refused when it is not the target the run trained against."""
     if target_dir is None:
         return None
-    from eagle3kit.model.layouts import target_dict
+    from eagle3kit.checkpoints.layouts import target_dict
     from eagle3kit.target import TargetInfo, identity_mismatch
 
     raw, _ = target_dict(target_dir)
@@ -243,7 +243,7 @@ def _settle_layer_ids(cfg: ExportConfig, info: Any, run: dict) -> None:
 # The two layouts -----------------------------------------------------------------------------
 def _rope_fields(drafter: Any, target: dict | None, warnings: list[str]) -> dict:
     """max_position_embeddings and RoPE as the target has them (CHECKPOINTS.md §6)."""
-    from eagle3kit.model.layouts import target_rope
+    from eagle3kit.checkpoints.layouts import target_rope
 
     if target is None:
         theta, scaling, max_pos = (drafter.rope_theta, drafter.rope_scaling,
@@ -355,7 +355,7 @@ def weights_for(model: Any, fmt: str, dtype: str, embedding: Any = None) -> dict
     """The tensors of one layout: floats in `dtype`, d2t int64, t2d bool."""
     import torch
 
-    from eagle3kit.model.checkpoint import drafter_weights
+    from eagle3kit.checkpoints.native import drafter_weights
 
     tensors = drafter_weights(model, dtype=getattr(torch, dtype))
     tensors["d2t"] = tensors["d2t"].to(torch.int64)
@@ -402,8 +402,8 @@ def verify_export(directory: Path, fmt: str, tensors: dict,
     """Reload an export on the meta device and check it; the checks passed, or UserError."""
     import torch
 
+    from eagle3kit.checkpoints.layouts import drafter_config_of, inspect
     from eagle3kit.model.drafter import Eagle3Drafter
-    from eagle3kit.model.layouts import drafter_config_of, inspect
 
     info = inspect(directory, target)
     layout = "speculators" if fmt == "vllm" else "sglang"
@@ -479,7 +479,7 @@ def _verifier(cfg: ExportConfig, src: Source) -> tuple[str, list[str]]:
 
 
 def run(cfg: ExportConfig) -> ExportResult:
-    from eagle3kit.model.layouts import target_embedding
+    from eagle3kit.checkpoints.layouts import target_embedding
 
     src = load_source(cfg)
     drafter = src.model.config
@@ -546,7 +546,7 @@ def _sglang_warnings(drafter: Any) -> list[str]:
 
 
 def _provenance(cfg: ExportConfig, src: Source, fmt: str, dtype: str, verifier: str) -> dict:
-    from eagle3kit.model.layouts import training_prediction
+    from eagle3kit.checkpoints.layouts import training_prediction
 
     ids = list(src.model.config.aux_layer_ids)
     return {

@@ -30,14 +30,15 @@ from eagle3kit._ranks import Ranks, resolve_device
 from eagle3kit._urls import server_url
 from eagle3kit.errors import UserError
 from eagle3kit.format import (
+    CODECS,
     Dataset,
     HiddenDataset,
     HiddenSample,
     HiddenWriter,
+    committed_ids,
     hidden_bytes_per_token,
     is_dataset,
 )
-from eagle3kit.format.hidden import CODECS, committed_ids
 from eagle3kit.target import (
     TargetInfo,
     check_layer_ids,
@@ -178,7 +179,7 @@ def scan(tokens: Dataset) -> tuple[list[Item], int]:
     items: list[Item] = []
     top = -1
     base = 0
-    for shard in tokens.iter_shards():
+    for shard in tokens.columns():
         starts, names = shard.starts, shard.partition_names
         parts = shard.partition_index.tolist()
         items += [Item(base + i, starts[i + 1] - starts[i], sid, names[parts[i]])
@@ -213,7 +214,7 @@ def check_match(cfg: ExtractConfig, tokens: Dataset, top_id: int, target: Target
     if top_id >= target.vocab_size:
         raise UserError(f"{where}: it holds token id {top_id}, the target embeds only "
                         f"{target.vocab_size} ids. Was it generated with another model?")
-    source = cfg.tokenizer or tokens.path / "tokenizer"
+    source = cfg.tokenizer or tokens.tokenizer_dir
     if not _tokenizer_files(source):
         return {}
     ours = tokenizer_identity(source, cfg.trust_remote_code)
@@ -358,6 +359,7 @@ def run(cfg: ExtractConfig) -> ExtractResult:
 
 def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
     tokens = Dataset(cfg.tokens)
+    _ui.warn_all(tokens.warnings)
     if cfg.trust_remote_code is None:  # as gen was told, for the same model's code
         cfg.trust_remote_code = _hf.recorded_trust(tokens.manifest)
     target = TargetInfo.load(Path(str(cfg.target)), cfg.trust_remote_code)
@@ -381,6 +383,7 @@ def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
                     "tokens": str(cfg.tokens.absolute()), "server": cfg.server,
                     "trust_remote_code": cfg.trust_remote_code},
         run_id=ranks.run_id, rank=ranks.rank)
+    _ui.warn_all(writer.warnings)
     started, cpu = time.monotonic(), time.process_time()
     with writer, _closing(engine):
         # Another run may have committed since the plan: the writer's ids are the truth.

@@ -240,6 +240,7 @@ def export_speculators(cfg: ConvertConfig) -> ConvertResult:
     from safetensors.torch import save_file
 
     ds = HiddenDataset(cfg.src)
+    _ui.warn_all(ds.warnings)
     out = _Export(cfg, ds, "pre_norm")
     hs_dir = cfg.dst / HS_DIR
     hs_dir.mkdir(exist_ok=True)
@@ -303,6 +304,7 @@ def export_specforge(cfg: ConvertConfig) -> ConvertResult:
     import torch
 
     ds = HiddenDataset(cfg.src)
+    _ui.warn_all(ds.warnings)
     norm = None
     if ds.last_state == "pre_norm":
         _check_target(ds, Path(str(cfg.target)))
@@ -515,6 +517,7 @@ def import_hidden(cfg: ConvertConfig) -> ConvertResult:
         cfg.dst, layout=layout, codec="raw", **cfg.write.writer_options(),
         config={"stage": "convert", "source": cfg.src.name, "from": tool},
         provenance={"source": str(cfg.src.resolve()), "target": target_path})
+    _ui.warn_all(writer.warnings)
     with writer, _ui.Progress("convert", len(items), cfg.output, unit="samples") as progress:
         for item in items:
             try:

@@ -72,7 +72,7 @@ def describe(cfg: InfoConfig) -> InfoReport:
                  "it)" for p in temps]
     warnings += [f"{p}: shard sealed but never committed (ignored; the next writer removes it)"
                  for p in orphans]
-    size = sum(s["bytes"] for s in ds.shards)
+    size = ds.shard_bytes
     return InfoReport(
         path=str(cfg.path), kind=ds.kind, format_version=ds.version,
         written_by=manifest.get("written_by", "?"), samples=len(ds), tokens=ds.num_tokens,
@@ -153,10 +153,10 @@ class CheckpointReport:
 
 def checkpoint_dirs(path: Path) -> list[Path]:
     """The checkpoints `path` holds: itself, a run's drafter/, or an export's vllm/, sglang/."""
-    from eagle3kit.format.layout import MANIFEST, MARKER
+    from eagle3kit.format import has_dataset_files
     from eagle3kit.train.rundir import RunDir
 
-    if (path / MANIFEST).is_file() or (path / MARKER).is_file():
+    if has_dataset_files(path):
         return []  # a dataset
     if (path / "config.json").is_file():
         return [path]
@@ -166,7 +166,7 @@ def checkpoint_dirs(path: Path) -> list[Path]:
 
 
 def run_checkpoint(cfg: InfoConfig) -> CheckpointReport:
-    from eagle3kit.model.layouts import inspect
+    from eagle3kit.checkpoints.layouts import inspect
 
     dirs = checkpoint_dirs(cfg.path)
     if not (dirs[0] / "config.json").is_file():

@@ -35,8 +35,7 @@ import numpy as np
 
 from eagle3kit import _ui
 from eagle3kit.errors import UserError
-from eagle3kit.format import Dataset
-from eagle3kit.format.hidden import CODECS, hidden_bytes_per_token
+from eagle3kit.format import CODECS, Dataset, hidden_bytes_per_token
 from eagle3kit.gen import GenConfig
 from eagle3kit.gen.scheduler import Chain, resume_point
 from eagle3kit.target import check_layer_ids, config_dict, parse_layer_ids
@@ -309,10 +308,9 @@ def read_committed(path: Path, wanted: set[str]) -> Committed:
     ids: set[str] = set()
     rows = {}
     completion = tokens = 0
-    for shard in ds.iter_shards():
-        starts = np.asarray(shard.starts)
-        lengths = np.diff(starts)
-        comp = lengths - np.asarray(shard.plens)
+    for shard in ds.columns():
+        lengths = shard.lengths
+        comp = lengths - shard.prompt_lens
         completion += int(comp.sum())
         tokens += int(lengths.sum())
         for i, sample_id in enumerate(shard.ids):
@@ -322,7 +320,7 @@ def read_committed(path: Path, wanted: set[str]) -> Committed:
                 part = shard.partition_names[shard.partition_index[i]]
                 rows[sample_id] = (part, float(meta.get("latency") or 0.0), int(comp[i]),
                                    int(lengths[i]), meta["finish_reason"] == "length")
-    shard_bytes = sum(int(e["bytes"]) for e in ds.shards)
+    shard_bytes = ds.shard_bytes
     dir_bytes = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     return Committed(ids, rows, completion, tokens, shard_bytes, dir_bytes)
 

@@ -38,8 +38,8 @@ def make_run(run: Path, target: Path, layers: list[int], draft_vocab: int = 300,
     import torch
     from transformers import AutoConfig
 
+    from eagle3kit.checkpoints.native import save_drafter
     from eagle3kit.model import DrafterConfig, Eagle3Drafter, build_vocab
-    from eagle3kit.model.checkpoint import save_drafter
     from eagle3kit.target import TargetInfo, location
 
     target_config = AutoConfig.from_pretrained(target)

@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 
 from eagle3kit.bench import accept, decode
 from eagle3kit.bench.stats import Acceptance, percentile, predicted_length
+from eagle3kit.checkpoints.native import save_drafter
 from eagle3kit.cli import app
 from eagle3kit.errors import UserError
 from eagle3kit.model import DrafterConfig, Eagle3Drafter, TTTState, build_vocab
-from eagle3kit.model.checkpoint import save_drafter
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -284,7 +284,7 @@ def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
 # Tree drafting --------------------------------------------------------------------------------
 def _context(pair):
     """A prompt's aux states and next tokens, queued on a fresh Drafting of the fitted drafter."""
-    from eagle3kit.model.checkpoint import load_drafter
+    from eagle3kit.checkpoints.native import load_drafter
 
     model = pair["model"]
     drafter = load_drafter(pair["fitted"], model.get_input_embeddings().weight.detach()).eval()

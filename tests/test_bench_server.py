@@ -152,3 +152,24 @@ def test_bad_input_is_one_message(tokenizer, args, message):
     assert code == 2, out
     assert message.format(tok=tokenizer) in out
     assert "Traceback" not in out
+
+
+def test_bench_server_imports_no_torch(tokenizer):
+    """`bench server` talks HTTP and tokenizes: importing it, and a whole run from the command
+    line, never import torch (it costs seconds, and a client machine may not have it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nimport eagle3kit.bench.server\n"
+            "print('after import', 'torch' in sys.modules, flush=True)\n"
+            "from eagle3kit.cli import main\nsys.argv = ['eagle3kit', *sys.argv[1:]]\n"
+            "try:\n    main()\nexcept SystemExit as exc:\n    status = exc.code\n"
+            "print('after run', status, 'torch' in sys.modules, flush=True)\n")
+    with SpecServer("sglang", tokenizer=str(tokenizer), step_s=0.002) as srv:
+        out = subprocess.run(
+            [sys.executable, "-c", code, "bench", "server", str(MT_BENCH), "--server", srv.url,
+             "--tokenizer", str(tokenizer), "--max-samples", "2", "--max-new-tokens", "8",
+             "--quiet"], capture_output=True, text=True, timeout=120)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("after")]
+    assert lines == ["after import False", "after run 0 False"], out.stdout + out.stderr
+    assert srv.log, "the run sent no request"

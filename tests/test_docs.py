@@ -335,8 +335,8 @@ def serve_prewarmed(path: str) -> None:
 
     import eagle3kit.cli
     import eagle3kit.gen
-    import eagle3kit.gen.clients
     import eagle3kit.gen.scheduler
+    import eagle3kit.gen.servers
 
     server = socket.socket(socket.AF_UNIX)
     server.bind(path + ".tmp")

@@ -19,7 +19,7 @@ from real_tokenizers import gpt_oss_tokenizer_dir
 from typer.testing import CliRunner
 
 from eagle3kit.format import DatasetWriter, TokenSample
-from eagle3kit.validate import _plain_ids, load_renderer
+from eagle3kit.gen.reasoning import load_renderer, plain_ids
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "validate.md"
 COMMAND = "eagle3kit validate gpt-oss-math"
@@ -44,7 +44,7 @@ def build_gpt_oss_math(path: Path, tok_root: Path) -> Path:
             if i == 3:
                 completion = r.encode(f"{ANALYSIS}We add {i} and {i}.<|end|><|return|>")
             elif i == 7:
-                completion = (_plain_ids(r.tokenizer, turn) or []) + ret
+                completion = (plain_ids(r.tokenizer, turn) or []) + ret
             elif i == 11:
                 completion, finish = r.encode(f"{ANALYSIS}We add {i} and {i}, then"), "length"
             else:

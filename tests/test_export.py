@@ -13,10 +13,10 @@ import torch
 from safetensors import safe_open
 from typer.testing import CliRunner
 
+from eagle3kit.checkpoints.layouts import inspect, load_any, target_embedding
 from eagle3kit.cli import app
 from eagle3kit.errors import UserError
 from eagle3kit.export import ExportConfig, run
-from eagle3kit.model.layouts import inspect, load_any, target_embedding
 
 REPO = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("make_tiny_run",
@@ -321,7 +321,7 @@ def test_a_full_vocabulary_is_written_without_d2t_and_t2d(tiny, tmp_path):
 
 def test_a_permuted_full_vocabulary_is_folded_into_lm_head(tiny, tmp_path):
     """A full vocabulary in frequency order (ModelOpt's): row t of the export drafts id t."""
-    from eagle3kit.model.checkpoint import save_drafter
+    from eagle3kit.checkpoints.native import save_drafter
 
     run_dir = tmp_path / "run-permuted"
     make_tiny_run.make_run(run_dir, tiny["target"], [2, 4, 5], draft_vocab=V)

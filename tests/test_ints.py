@@ -1,4 +1,4 @@
-"""Tests for eagle3kit.format._ints (C fast path and pure-Python fallback)."""
+"""Tests for eagle3kit.format._ints: the struct packer's contract."""
 
 from __future__ import annotations
 
@@ -12,32 +12,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eagle3kit.format._ints import (
-    HAVE_FAST_PATH,
     INT32_MAX,
     INT32_MIN,
     Int32RangeError,
-    _pack_int32_fallback,
     pack_int32_into,
     to_int32,
 )
 
-# Every behavioural test runs against both implementations, so the fallback is
-# held to the exact same contract as the C path.
-IMPLS: list[Callable[..., int]] = [pack_int32_into, _pack_int32_fallback]
-impl_ids = ["public", "fallback"]
-impls = pytest.mark.parametrize("pack", IMPLS, ids=impl_ids)
+# The behavioural tests take the packer as a parameter (one path since the C one went).
+impls = pytest.mark.parametrize("pack", [pack_int32_into], ids=["struct"])
 
 
 def _pack_new(pack: Callable[..., int], items: list[int]) -> np.ndarray:
     out = np.empty(len(items), dtype="<i4")
     assert pack(items, out, 0) == len(items)
     return out
-
-
-def test_fast_path_is_built() -> None:
-    # Our install (pip install -e .) must compile eagle3kit._fastints here;
-    # if this fails the package silently runs ~5x slower.
-    assert HAVE_FAST_PATH
 
 
 @impls
@@ -156,23 +145,11 @@ def test_read_only_and_strided_out_rejected(pack: Callable[..., int]) -> None:
         pack([1], np.zeros(8, dtype=np.int32)[::2], 0)
 
 
-@pytest.mark.skipif(not HAVE_FAST_PATH, reason="C extension not built")
-def test_c_path_survives_list_mutation_in_index() -> None:
-    # __index__ runs arbitrary code; the C loop must not read freed item slots.
-    from eagle3kit._fastints import pack_int32
-
-    class Shrinks:
-        def __init__(self, target: list[object]) -> None:
-            self.target = target
-
-        def __index__(self) -> int:
-            self.target.clear()
-            return 3
-
-    items: list[object] = [1]
-    items += [Shrinks(items), 5, 6]
-    with pytest.raises(RuntimeError, match="changed size"):
-        pack_int32(items, np.zeros(4, dtype=np.int32), 0)
+def test_floor_names_the_value_and_its_index() -> None:
+    out = np.zeros(4, dtype=np.int32)
+    assert pack_int32_into([0, 5], out, 1, floor=0) == 2
+    with pytest.raises(ValueError, match="value -3 at index 2 is below 0"):
+        pack_int32_into([4, 1, -3, 2], out, 0, floor=0)
 
 
 def test_to_int32_from_sequences() -> None:
@@ -214,11 +191,9 @@ int32s = st.integers(min_value=INT32_MIN, max_value=INT32_MAX)
 
 @settings(max_examples=200, deadline=None)
 @given(items=st.lists(int32s, max_size=300), offset=st.integers(0, 5))
-def test_property_round_trip_and_paths_agree(items: list[int], offset: int) -> None:
+def test_property_round_trip(items: list[int], offset: int) -> None:
     a = np.full(len(items) + offset, 99, dtype=np.int32)
-    b = a.copy()
     assert pack_int32_into(items, a, offset) == len(items)
-    assert _pack_int32_fallback(items, b, offset) == len(items)
     assert a[offset:].tolist() == items
-    np.testing.assert_array_equal(a, b)
+    assert (a[:offset] == 99).all()
     np.testing.assert_array_equal(to_int32(items), np.array(items, dtype=np.int32))

@@ -13,12 +13,12 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, LlamaConfig
 from typer.testing import CliRunner
 
+from eagle3kit.checkpoints.layouts import checkpoint_problems, inspect, load_any
+from eagle3kit.checkpoints.native import save_drafter
 from eagle3kit.cli import app
 from eagle3kit.errors import UserError
 from eagle3kit.export import ExportConfig, run
 from eagle3kit.model import DrafterConfig, Eagle3Drafter, build_vocab, config_fingerprint
-from eagle3kit.model.checkpoint import save_drafter
-from eagle3kit.model.layouts import checkpoint_problems, inspect, load_any
 
 N, V, VD, H = 8, 97, 40, 32
 
@@ -273,7 +273,7 @@ def test_each_known_failure_is_reported(exports, target, tmp_path, config_edit, 
 
 
 def test_a_target_copy_of_the_embedding_is_no_problem(exports, target, tmp_path):
-    from eagle3kit.model.layouts import target_embedding
+    from eagle3kit.checkpoints.layouts import target_embedding
 
     def exact(t: dict) -> None:
         t["embed_tokens.weight"] = target_embedding(target)

@@ -116,7 +116,7 @@ def test_vocab_problems_are_named():
 
 
 def test_checkpoint_round_trip(tmp_path):
-    from eagle3kit.model.checkpoint import load_drafter, save_drafter
+    from eagle3kit.checkpoints.native import load_drafter, save_drafter
 
     model = tiny_drafter()
     vocab = build_vocab(np.arange(97), 50)

@@ -111,9 +111,9 @@ def _tiny_run_module():
 
 
 def test_vllm_export_loads_with_speculators(venv, tmp_path):
+    from eagle3kit.checkpoints.layouts import load_any, target_embedding
     from eagle3kit.export import ExportConfig, run
     from eagle3kit.model import TTTState
-    from eagle3kit.model.layouts import load_any, target_embedding
 
     tiny = _tiny_run_module()
     target = tmp_path / "target"

@@ -364,7 +364,7 @@ def test_run_directory_is_what_export_and_bench_read(tiny, tmp_path):
     lines = metrics(out)
     assert [m["step"] for m in lines] == [0, 1, 2, 2, 3, 3]  # eval at 0, 2 and 3
     assert all(len(m["acc_k"]) == 7 for m in lines if "loss" in m)
-    from eagle3kit.model.checkpoint import load_drafter
+    from eagle3kit.checkpoints.native import load_drafter
 
     model = load_drafter(out / "drafter")
     assert model.config.aux_layer_ids == [2, 4, 5] and model.config.draft_vocab_size == 200
@@ -463,8 +463,8 @@ def test_a_dataset_recording_the_older_target_keys_still_trains(tiny, tmp_path):
 def test_init_from_another_target_is_refused(tiny, tmp_path):
     from transformers import AutoConfig
 
+    from eagle3kit.checkpoints.native import save_drafter
     from eagle3kit.model import DrafterConfig, Eagle3Drafter
-    from eagle3kit.model.checkpoint import save_drafter
 
     other = AutoConfig.from_pretrained(str(tiny["target"]))
     other.vocab_size += 10

@@ -168,7 +168,11 @@ def test_a_kernel_that_fails_its_check_gives_way_to_chunked(monkeypatch, capsys)
     monkeypatch.setattr(attn, "KERNELS", {**real, "cpu-flash": wrong})
     monkeypatch.setattr(attn, "_checked", {})
     assert attn.kernel_for(q).name == "chunked"
-    assert "cpu-flash kernel is unusable" in capsys.readouterr().err
+    # model/ prints nothing: the warning waits for train (or bench) to show it, once.
+    assert capsys.readouterr().err == ""
+    taken = attn.take_warnings()
+    assert len(taken) == 1 and "cpu-flash kernel is unusable" in taken[0]
+    assert attn.take_warnings() == []
 
 
 @pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
@@ -177,7 +181,7 @@ def test_the_check_passes_when_first_use_is_without_grad(monkeypatch, capsys, co
     monkeypatch.setattr(attn, "_checked", {})
     with context():
         assert attn.kernel_for(torch.zeros(1, 1, 4, 8)).name == "cpu-flash"
-    assert "unusable" not in capsys.readouterr().err
+    assert attn.take_warnings() == []
 
 
 def test_the_check_leaves_the_global_rng_alone(monkeypatch):

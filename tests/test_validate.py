@@ -30,8 +30,9 @@ from typer.testing import CliRunner
 from eagle3kit._ui import OutputOptions
 from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, DatasetError, DatasetWriter, TokenSample
+from eagle3kit.gen.reasoning import load_renderer, plain_ids
 from eagle3kit.gen.render import Renderer
-from eagle3kit.validate import ValidateConfig, ValidateReport, _plain_ids, load_renderer, run
+from eagle3kit.validate import ValidateConfig, ValidateReport, run
 
 QUIET = OutputOptions(quiet=True)
 N = 20
@@ -242,7 +243,7 @@ def test_literal_markers(qwen3: Renderer, kimi: Renderer, tmp_path: Path) -> Non
 
         def literal(i: int, r: Renderer = r, start: str = start, end: str = end) -> TokenSample:
             eos = r.stop_token_ids[0]
-            ids = (_plain_ids(r.tokenizer, f"{start}\nthinking about {i}\n{end}\n\n")
+            ids = (plain_ids(r.tokenizer, f"{start}\nthinking about {i}\n{end}\n\n")
                    + r.encode(f"It is {2 * i}.") + [eos])
             return TokenSample(f"s{i:03d}", r.render(messages(i)), ids,
                                partition="math" if i % 2 else "chat")
@@ -382,7 +383,7 @@ def test_harmony_literal_markers(gpt_oss: Renderer, tmp_path: Path) -> None:
     ret = r.encode("<|return|>")
 
     def plain(text: str) -> list[int]:
-        return _plain_ids(r.tokenizer, text) or []
+        return plain_ids(r.tokenizer, text) or []
 
     def literal(i: int) -> TokenSample:
         if i == 3:  # the whole turn decoded and encoded again as ordinary text
@@ -583,14 +584,26 @@ def test_only_and_skip(qwen3: Renderer, tmp_path: Path) -> None:
 
 
 def test_corrupted_shard(qwen3: Renderer, tmp_path: Path) -> None:
+    """Damaged shards are the integrity row, every one named, and the input unusable (2)."""
     path = build(tmp_path / "ds", qwen3)
-    shard = sorted((path / "shards").iterdir())[0]
-    data = bytearray(shard.read_bytes())
-    data[-5] ^= 0xFF
-    shard.write_bytes(bytes(data))
-    with pytest.raises(DatasetError, match="shard damaged") as exc:
-        check(path)
-    assert exc.value.exit_code == 2
+    shards = sorted((path / "shards").iterdir())
+    assert len(shards) >= 2
+    for shard in shards[:2]:
+        data = bytearray(shard.read_bytes())
+        data[-5] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    report = check(path, write_clean=tmp_path / "clean")
+    assert report.exit_code == 2 and report.damaged and not report.passed
+    row = report.check("integrity")
+    assert row.status == "fail" and row.failing == 2 and row.total == len(shards)
+    assert all(s.name in row.detail for s in shards[:2]) and "shard damaged" in row.detail
+    assert {c.status for c in report.checks if c.name != "integrity"} == {"skip"}
+    assert report.clean is None and not (tmp_path / "clean").exists()
+    from eagle3kit.cli import app
+
+    result = CliRunner().invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2 and "✗ integrity" in result.stderr
+    assert shards[0].name in result.stderr
 
 
 def test_empty_and_newer(qwen3: Renderer, tmp_path: Path) -> None:

@@ -204,14 +204,14 @@ def load_target(path: Path, device: Any, dtype: Any, trust_remote_code: bool = F
 
 def load_drafter(path: Path, embedding: Any, target_config: Any) -> tuple[Any, list[str]]:
     """The drafter and what is doubtful about its checkpoint: any layout `eagle3kit info`
-    reads (model.layouts), else eagle3kit's own (model.checkpoint)."""
+    reads (checkpoints.layouts), else eagle3kit's own (checkpoints.native)."""
     try:
-        from eagle3kit.model.layouts import load_any
+        from eagle3kit.checkpoints.layouts import load_any
     except ImportError:
         load_any = None
     try:
         if load_any is None:
-            from eagle3kit.model.checkpoint import load_drafter as load
+            from eagle3kit.checkpoints.native import load_drafter as load
 
             return load(path, embedding=embedding), []
         drafter, info = load_any(path, embedding, target_config=target_config)
@@ -246,7 +246,7 @@ def check_pair(drafter: Any, model: Any, cfg: AcceptConfig) -> None:
 def training_prediction(drafter_dir: Path) -> dict[str, Any] | None:
     """What training predicted: the eagle3kit.eval block train writes into config.json, or
     the copy export keeps beside an exported checkpoint."""
-    from eagle3kit.model.layouts import training_prediction as recorded
+    from eagle3kit.checkpoints.layouts import training_prediction as recorded
 
     return recorded(drafter_dir)
 
@@ -301,6 +301,9 @@ def run(cfg: AcceptConfig) -> AcceptReport:
              f"max {cfg.max_new_tokens} new tokens, {device} {dtype_name}, "
              f"{len(convs)} conversations", cfg.output)
     _warm_up(target, drafter, cfg, decode.Sampler)
+    from eagle3kit.model import attention
+
+    _ui.warn_all(attention.take_warnings())  # the kernel picked on first use
 
     results: list[PromptResult] = []
     with _ui.Progress("bench accept", len(convs), cfg.output, unit="prompts") as progress:

@@ -70,7 +70,7 @@ class ServerBenchConfig:
 
     def __post_init__(self) -> None:
         from eagle3kit._urls import server_url
-        from eagle3kit.gen.clients import API_CHOICES
+        from eagle3kit.gen.servers import API_CHOICES
 
         self.prompts = [Path(p) for p in self.prompts]
         if not self.prompts:
@@ -241,7 +241,7 @@ def _shape_sglang(info: dict[str, Any], k: int | None) -> tuple[str, int | None]
 async def _generate_all(cfg: ServerBenchConfig, url: str, renderer: Any, convs: list[Any],
                         progress: _ui.Progress, role: str) -> tuple[Any, dict[str, Any]]:
     """Probe `url`, run every category in turn; (server info, per-category results)."""
-    from eagle3kit.gen.clients import make_client, probe
+    from eagle3kit.gen.servers import make_client, probe
 
     client = make_client(cfg.concurrency, api_key=cfg.api_key)
     try:
@@ -294,7 +294,7 @@ async def _run_group(cfg: ServerBenchConfig, client: Any, info: Any, renderer: A
 async def _one(cfg: ServerBenchConfig, client: Any, info: Any, renderer: Any, ids: list[int],
                sample_id: str) -> Any:
     """One generation, retried on transient failures; None when it never succeeded."""
-    from eagle3kit.gen.clients import RequestRejected, RetryableError, ServerFatal, generate
+    from eagle3kit.gen.servers import RequestRejected, RetryableError, ServerFatal, generate
     from eagle3kit.gen.types import GenRequest
 
     req = GenRequest(sample_id, ids, cfg.max_new_tokens, renderer.stop_token_ids,

@@ -1,22 +1,29 @@
 """The on-disk dataset format: the only code that reads or writes shards and manifests.
 
+Code outside format/ imports these names from here, never a module inside it (the public
+view; ruff's banned-api rule and tests/test_architecture.py hold that).
+
 See docs/format.md for the specification.
 """
 
-from eagle3kit.format.dataset_dir import is_dataset
+from eagle3kit.format.dataset_dir import has_dataset_files, is_dataset, own_manifest, read_marker
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.hidden import (
+    CODECS,
     HiddenDataset,
     HiddenSample,
     HiddenWriter,
+    committed_ids,
     hidden_bytes_per_token,
 )
 from eagle3kit.format.layout import FORMAT_NAME, FORMAT_VERSION
-from eagle3kit.format.reader import Dataset, TokenView
-from eagle3kit.format.sample import TokenSample, make_sample_id
+from eagle3kit.format.lock import new_run_id
+from eagle3kit.format.reader import Dataset, ShardColumns, TokenView
+from eagle3kit.format.sample import TokenSample, make_sample_id, normalize
 from eagle3kit.format.writer import DatasetWriter, OpenMode
 
 __all__ = [
+    "CODECS",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "Dataset",
@@ -26,9 +33,16 @@ __all__ = [
     "HiddenSample",
     "HiddenWriter",
     "OpenMode",
+    "ShardColumns",
     "TokenSample",
     "TokenView",
+    "committed_ids",
+    "has_dataset_files",
     "hidden_bytes_per_token",
     "is_dataset",
     "make_sample_id",
+    "new_run_id",
+    "normalize",
+    "own_manifest",
+    "read_marker",
 ]

@@ -1,10 +1,10 @@
 """Convert Python lists of token ids into little-endian int32 arrays, fast.
 
-The C accelerator ``eagle3kit._fastints`` packs ~2 ns/int; without a compiler the
-package still installs and this module falls back to ``struct.pack_into``
-(~10 ns/int, the fastest pure path measured: numpy's list conversion is ~22).
+``struct.pack_into`` packs ~10 ns/int, the fastest pure path measured (numpy's list
+conversion is ~22). A C packer (~2 ns/int) was measured and removed: convert and gen end
+to end did not get faster with it (benchmarks/int_pack_bench.py, benchmarks/README.md).
 
-Both paths share one contract:
+The contract:
 
 * items: a list/tuple (or any iterable) of ``int`` or ``__index__`` objects;
   ``bool`` and numpy integer scalars are accepted (``True`` -> 1), floats and
@@ -13,8 +13,7 @@ Both paths share one contract:
   ``OverflowError`` and a ``ValueError``, naming the value and its index;
 * ``out`` must be a C-contiguous int32 (native/little-endian) or byte buffer
   with room for ``offset + len(items)`` int32 slots, else ``ValueError``; a
-  read-only ``out`` raises ``ValueError`` (``BufferError`` for non-numpy
-  exporters such as ``bytes`` on the C path);
+  read-only ``out`` raises ``ValueError``;
 * on error, items before the failing one may already be written.
 """
 
@@ -27,7 +26,7 @@ from typing import SupportsIndex
 
 import numpy as np
 
-__all__ = ["HAVE_FAST_PATH", "Int32RangeError", "pack_int32_into", "to_int32"]
+__all__ = ["Int32RangeError", "pack_int32_into", "to_int32"]
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -43,17 +42,8 @@ class Int32RangeError(OverflowError, ValueError):
     """A value does not fit int32. Subclasses both errors so either ``except`` works."""
 
 
-try:
-    from eagle3kit._fastints import pack_int32 as _c_pack_int32
-except ImportError:  # built without a compiler (setup.py marks the extension optional)
-    _c_pack_int32 = None
-
-HAVE_FAST_PATH: bool = _c_pack_int32 is not None
-
-
 def _as_sequence(items: IntItems) -> list[SupportsIndex] | tuple[SupportsIndex, ...]:
-    # Same acceptance as the C side's PySequence_Fast: lists/tuples as-is,
-    # other iterables materialised once.
+    # Lists/tuples as-is, other iterables materialised once.
     if isinstance(items, (list, tuple)):
         return items
     try:
@@ -63,7 +53,7 @@ def _as_sequence(items: IntItems) -> list[SupportsIndex] | tuple[SupportsIndex, 
 
 
 def _check_out(out: object, offset: int, n: int) -> None:
-    """Mirror the C buffer checks so both paths fail the same way."""
+    """The buffer checks struct would make less clearly (or not at all: a strided view)."""
     with memoryview(out) as mv:  # TypeError if out is not a buffer
         if mv.readonly:
             raise ValueError("out is not writable")
@@ -84,7 +74,7 @@ def _check_out(out: object, offset: int, n: int) -> None:
 
 def _raise_first_bad(seq: list[SupportsIndex] | tuple[SupportsIndex, ...]) -> None:
     # struct.error does not say which item failed; rescan (error path only) to
-    # raise the same exception the C path raises.
+    # name it.
     for i, item in enumerate(seq):
         try:
             v = operator.index(item)
@@ -94,8 +84,14 @@ def _raise_first_bad(seq: list[SupportsIndex] | tuple[SupportsIndex, ...]) -> No
             raise Int32RangeError(f"value {item!r} at index {i} is out of int32 range")
 
 
-def _pack_int32_fallback(items: IntItems, out: np.ndarray, offset: int = 0) -> int:
-    """Pure-Python :func:`pack_int32_into` (used when the C extension is absent)."""
+def pack_int32_into(
+    items: IntItems, out: np.ndarray, offset: int = 0, floor: int | None = None
+) -> int:
+    """Write ``items`` as little-endian int32 into ``out`` from element ``offset``.
+
+    Returns the number of values written. See the module docstring for errors; a value
+    below ``floor`` (when given) raises ValueError.
+    """
     offset = operator.index(offset)
     if offset < 0:
         raise ValueError(f"offset must be >= 0, got {offset}")
@@ -109,32 +105,12 @@ def _pack_int32_fallback(items: IntItems, out: np.ndarray, offset: int = 0) -> i
     except struct.error:
         _raise_first_bad(seq)
         raise  # unreachable unless struct and operator.index disagree
+    if floor is not None and n:
+        written = np.frombuffer(out, _INT32_LE, n, offset * 4)
+        at = int(written.argmin())
+        if written[at] < floor:
+            raise ValueError(f"value {int(written[at])} at index {at} is below {floor}")
     return n
-
-
-def pack_int32_into(
-    items: IntItems, out: np.ndarray, offset: int = 0, floor: int | None = None
-) -> int:
-    """Write ``items`` as little-endian int32 into ``out`` from element ``offset``.
-
-    Returns the number of values written. See the module docstring for errors; a value
-    below ``floor`` (when given) raises ValueError.
-    """
-    # Branch inline instead of dispatching through another function: this is
-    # called once per row, and a second Python frame is a visible cost on short rows.
-    if _c_pack_int32 is None:
-        n = _pack_int32_fallback(items, out, offset)
-        if floor is not None and n and int(out[offset : offset + n].min()) < floor:
-            raise ValueError(f"value {int(out[offset : offset + n].min())} is below {floor}")
-        return n
-    try:
-        if floor is not None:
-            return _c_pack_int32(items, out, offset, floor)
-        return _c_pack_int32(items, out, offset)
-    except OverflowError as exc:
-        # The C module raises plain OverflowError; widen it to the shared type.
-        # try/except is free in 3.11+ unless it fires.
-        raise Int32RangeError(*exc.args) from None
 
 
 def to_int32(items: IntItems | np.ndarray) -> np.ndarray:

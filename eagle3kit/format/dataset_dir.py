@@ -48,6 +48,12 @@ def is_dataset(path: Path) -> bool:
     return has_marker(path) or lost_marker(path) is not None
 
 
+def has_dataset_files(path: Path) -> bool:
+    """A marker or a manifest (ours or another tool's) is there: the directory is a dataset's,
+    not something else's, even when it cannot be opened as one."""
+    return has_marker(path) or (path / MANIFEST).is_file()
+
+
 def is_regular(path: Path) -> bool:
     """A regular file itself, not a link to one, nor a FIFO, socket or device."""
     try:

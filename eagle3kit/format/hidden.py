@@ -448,7 +448,7 @@ class HiddenDataset(Dataset):
                  warn_stray: bool = True) -> None:
         super().__init__(path, kind="hidden", verify_shards=verify_shards,
                          warn_stray=warn_stray)
-        self.layout = check_layout(self.manifest.get("hidden"), self.path / "manifest.json")
+        self.layout = check_layout(self.manifest.get("hidden"), self.path / MANIFEST)
 
     @property
     def layer_ids(self) -> list[int]:

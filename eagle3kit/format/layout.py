@@ -31,5 +31,7 @@ GATE_LOCK = ".gate.lock"
 COMMIT_LOCK = ".commit.lock"
 OWNER = ".owner.json"
 OWN_FILES = (MARKER, MANIFEST, RUN_LOCK, GATE_LOCK, COMMIT_LOCK, OWNER)
+# The tokenizer and chat template gen used, stored beside the data (Dataset.tokenizer_dir).
+TOKENIZER_DIR = "tokenizer"
 # Folders of files a stage stores beside the data (DatasetWriter.store_files).
-ATTACHED_DIRS = ("tokenizer",)
+ATTACHED_DIRS = (TOKENIZER_DIR,)

@@ -17,10 +17,9 @@ import orjson
 import xxhash
 import zstandard
 
-from eagle3kit import _ui
 from eagle3kit.format import dataset_dir
 from eagle3kit.format.errors import DatasetError
-from eagle3kit.format.layout import MANIFEST, MARKER, SHARD_DIR
+from eagle3kit.format.layout import MANIFEST, MARKER, SHARD_DIR, TOKENIZER_DIR
 from eagle3kit.format.sample import TokenSample
 from eagle3kit.format.shard import ShardFile
 
@@ -171,6 +170,66 @@ class TokenView:
     loss_mask: np.ndarray
 
 
+class ShardColumns:
+    """One shard's columns: read-only views of the mapped file, one entry per sample (the
+    token columns one per token). The public face of a token or hidden-state shard for
+    stages that scan whole arrays; a shard's file layout stays inside format/."""
+
+    def __init__(self, shard: Any) -> None:
+        self._shard = shard
+
+    @property
+    def ids(self) -> list[str]:
+        return self._shard.ids
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """Every sample's token ids, concatenated (sample i is `tokens[starts[i]:starts[i+1]]`)."""
+        return self._shard.tokens
+
+    @property
+    def starts(self) -> list[int]:
+        """Where each sample starts in `tokens`, and one past the last one's end."""
+        return self._shard.starts
+
+    @cached_property
+    def offsets(self) -> np.ndarray:
+        """`starts` as an int64 array."""
+        return np.asarray(self._shard.offsets, np.int64)
+
+    @cached_property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @cached_property
+    def prompt_lens(self) -> np.ndarray:
+        return np.asarray(self._shard.prompt_lens, np.int64)
+
+    @property
+    def partition_index(self) -> np.ndarray:
+        """Each sample's index into `partition_names`."""
+        return self._shard.partition_index
+
+    @property
+    def partition_names(self) -> list[str]:
+        return self._shard.partition_names
+
+    @property
+    def meta(self) -> list[dict]:
+        """Each sample's finish reason, source, server, latency, counts and metadata."""
+        return self._shard.meta
+
+    @cached_property
+    def loss_spans(self) -> np.ndarray:
+        """The [start, end) loss spans of every sample (token shards), as rows of an int64
+        array; sample i's are `loss_spans[loss_span_offsets[i]:loss_span_offsets[i+1]]`."""
+        return np.asarray(self._shard.loss_spans, np.int64).reshape(-1, 2)
+
+    @cached_property
+    def loss_span_offsets(self) -> np.ndarray:
+        return np.asarray(self._shard.loss_span_offsets, np.int64)
+
+
 def read_committed_ids(path: Path, manifest: dict) -> set[str]:
     """Every committed sample id, reading only the id array of each shard."""
     ids: set[str] = set()
@@ -225,13 +284,15 @@ class Dataset:
         self._verified: set[int] = set()
         self._verify = verify_shards
         self._open: OrderedDict[int, TokenShard] = OrderedDict()
+        self.warnings: list[str] = []
+        """What a reader should tell its user (format/ prints nothing; the stage shows them)."""
         if warn_stray and self.marker_missing:
-            _ui.warn(self.marker_warning())
+            self.warnings.append(self.marker_warning())
         if warn_stray:
             temps, orphans = self.stray_files()
             if temps or orphans:
-                _ui.warn(f"{self.path}: ignoring {len(temps) + len(orphans)} files left by an "
-                         "interrupted run (the next writer removes them)")
+                self.warnings.append(f"{self.path}: ignoring {len(temps) + len(orphans)} files "
+                                     "left by an interrupted run (the next writer removes them)")
 
     # Counts -------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -240,6 +301,16 @@ class Dataset:
     @property
     def num_tokens(self) -> int:
         return sum(s["tokens"] for s in self.shards)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Loss tokens as the manifest counts them (validate checks them against the data)."""
+        return sum(s["loss_tokens"] for s in self.shards)
+
+    @property
+    def shard_bytes(self) -> int:
+        """Bytes of the committed shards, as the manifest records them."""
+        return sum(int(s["bytes"]) for s in self.shards)
 
     def partition_stats(self) -> dict[str, dict]:
         """Samples, tokens, loss tokens and finish reasons per partition, from the manifest."""
@@ -253,6 +324,24 @@ class Dataset:
                 for reason, n in stats["finish"].items():
                     total["finish"][reason] = total["finish"].get(reason, 0) + n
         return dict(sorted(out.items()))
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        """Where the tokenizer and chat template that made the data are stored (it may not
+        exist: a dataset made by convert has none)."""
+        return self.path / TOKENIZER_DIR
+
+    def header(self) -> dict:
+        """The manifest's description of the data (format, kind, counts, config, provenance),
+        without its bookkeeping: the shard list, the runs that wrote them, hidden codecs'
+        measurements."""
+        return {k: v for k, v in self.manifest.items()
+                if k not in ("shards", "runs", "measured")}
+
+    @property
+    def manifest_xxh3(self) -> str:
+        """A hash of the manifest file's bytes: it changes with every commit."""
+        return xxhash.xxh3_128_hexdigest((self.path / MANIFEST).read_bytes())
 
     @property
     def partitions(self) -> list[str]:
@@ -330,10 +419,10 @@ class Dataset:
             del shard
             self._open.pop(k, None)
 
-    def iter_shards(self) -> Iterator[Any]:
-        """Each shard's arrays in commit order, for checks that scan whole arrays at once."""
+    def columns(self) -> Iterator[ShardColumns]:
+        """Each shard's columns in commit order, for passes that scan whole arrays at once."""
         for k in range(len(self.shards)):
-            yield self._shard(k)
+            yield ShardColumns(self._shard(k))
 
     def indices(self, partition: str | None = None) -> np.ndarray:
         """Global indices of the samples in `partition` (all when None)."""

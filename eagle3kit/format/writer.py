@@ -24,7 +24,7 @@ import orjson
 import xxhash
 import zstandard
 
-from eagle3kit import __version__, _ui
+from eagle3kit import __version__
 from eagle3kit._argv import command_line
 from eagle3kit._durable import fsync_dir
 from eagle3kit.format import dataset_dir
@@ -45,6 +45,7 @@ from eagle3kit.format.layout import (
     MARKER,
     SHARD_DIR,
     SHARD_SUFFIX,
+    TOKENIZER_DIR,
 )
 from eagle3kit.format.lock import RunLock, acquire, new_run_id
 from eagle3kit.format.reader import read_committed_ids
@@ -259,6 +260,8 @@ class DatasetWriter:
         self.removed_on_open: list[Path] = []
         self.restored_marker = False
         """The marker was missing and was written again from the manifest on opening."""
+        self.warnings: list[str] = []
+        """What the stage should tell its user about opening (format/ prints nothing)."""
         self._progress: dict | None = None
         self._check_target()
         self.run_id = run_id or new_run_id()
@@ -315,8 +318,9 @@ class DatasetWriter:
             dataset_dir.read_marker(self.path, self.kind)
             dataset_dir.restore_marker(self.path, lost)
             self.restored_marker = True
-            _ui.warn(f"{self.path}: {MARKER} was missing; restored it from {MANIFEST}, which "
-                     f"lists {len(lost['shards'])} committed shards")
+            self.warnings.append(f"{self.path}: {MARKER} was missing; restored it from "
+                                 f"{MANIFEST}, which lists {len(lost['shards'])} committed "
+                                 "shards")
         if self._mode == "overwrite" and not same_run_before and dataset_dir.has_marker(self.path):
             try:
                 old = dataset_dir.read_manifest(self.path, dataset_dir.read_marker(self.path))
@@ -360,6 +364,10 @@ class DatasetWriter:
                 "with the original settings, add --force to continue with these, or "
                 "--overwrite to start afresh."
             )
+
+    def store_tokenizer(self, files: list[Path]) -> Path:
+        """Store the tokenizer and chat template that made the data (Dataset.tokenizer_dir)."""
+        return self.store_files(TOKENIZER_DIR, files)
 
     def store_files(self, subdir: str, files: list[Path]) -> Path:
         """Copy `files` into DIR/subdir (e.g. the tokenizer and template gen used), durably.

@@ -95,7 +95,7 @@ def make_chains(convs: list[Conversation], n: int) -> list[Chain]:
 
 async def check_tokenizer(backends: list[Backend], renderer: Renderer) -> None:
     """Refuse to start when a server tokenizes a probe differently from --tokenizer."""
-    from eagle3kit.gen import clients
+    from eagle3kit.gen import servers
 
     local = renderer.tokenizer.encode(PROBE_TEXT, add_special_tokens=False)
     for backend in backends:
@@ -106,7 +106,7 @@ async def check_tokenizer(backends: list[Backend], renderer: Renderer) -> None:
         # UserError).
         try:
             problem = await backend.tokenizer_disagreement(local)
-        except clients.ServerError as exc:
+        except servers.ServerError as exc:
             raise UserError(f"{backend.name}: the tokenizer check failed: {exc} "
                             "(--no-tokenizer-check skips it)") from None
         if problem is not None:
@@ -239,8 +239,9 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
     total = sum(len(c.ids) for c in chains)
     writer = DatasetWriter(cfg.out, config=config, provenance=provenance,
                            **cfg.write.writer_options())
+    _ui.warn_all(writer.warnings)
     with writer:
-        writer.store_files("tokenizer", renderer.files())
+        writer.store_tokenizer(renderer.files())
         retried = retry_failed(chains, writer, cfg) if cfg.retry_failed else 0
         starts = starting_points(chains, writer, cfg, renderer)
         remaining = sum(len(c.ids) - t for c, t in starts)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from eagle3kit.gen import clients
+from eagle3kit.gen import servers
 from eagle3kit.gen.types import Completion, GenRequest
 
 PROBE_TEXT = "Hello, world! 12345 ünïcödé 你好 <tag> \n\tdone."
@@ -33,7 +33,7 @@ class Backend(Protocol):
 class HttpBackend:
     """One server URL with its own slots and its own connection pool."""
 
-    info: clients.ServerInfo
+    info: servers.ServerInfo
     slots: int
     api_key: str | None = field(default=None, repr=False)
     timeout: float | None = None
@@ -52,32 +52,32 @@ class HttpBackend:
 
     def client(self):
         if self._client is None:
-            self._client = clients.make_client(self.slots)
+            self._client = servers.make_client(self.slots)
         return self._client
 
     async def generate(self, request: GenRequest) -> Completion:
         if self.info.api == "openai-chat":
             extra = {"chat_template_kwargs": self.chat_template_kwargs} \
                 if self.chat_template_kwargs else None
-            return await clients.chat_generate(
+            return await servers.chat_generate(
                 self.client(), self.info, request.messages or [], request, self.chat_rebuild,
                 api_key=self.api_key, timeout=self.timeout, extra_body=extra)
-        return await clients.generate(self.client(), self.info, request, api_key=self.api_key,
+        return await servers.generate(self.client(), self.info, request, api_key=self.api_key,
                                       timeout=self.timeout)
 
     async def healthy(self) -> bool:
         # A /health behind the same key as the server answers 401 without it.
-        return await clients.health(self.client(), self.info.url, api_key=self.api_key)
+        return await servers.health(self.client(), self.info.url, api_key=self.api_key)
 
-    async def identity(self) -> clients.ServerInfo:
+    async def identity(self) -> servers.ServerInfo:
         """Probe the server again (model, API, context); UserError when it cannot be."""
-        return await clients.probe(self.client(), self.info.url, api=self.info.api,
+        return await servers.probe(self.client(), self.info.url, api=self.info.api,
                                    api_key=self.api_key)
 
     async def tokenizer_disagreement(self, local: list[int]) -> str | None:
         """Why the server's tokenization of PROBE_TEXT differs from `local`; None when it
         agrees or the server has no /tokenize. ServerError when the request fails."""
-        remote = await clients.tokenize(self.client(), self.info, PROBE_TEXT,
+        remote = await servers.tokenize(self.client(), self.info, PROBE_TEXT,
                                         api_key=self.api_key)
         if remote is None or list(remote) == list(local):
             return None
@@ -93,9 +93,9 @@ class HttpBackend:
 async def connect(url: str, api: str, slots: int, api_key: str | None,
                   timeout: float | None, **chat: Any) -> HttpBackend:
     """Probe the server once; a dead or unknown server ends the run before anything starts."""
-    client = clients.make_client(slots)
+    client = servers.make_client(slots)
     try:
-        info = await clients.probe(client, url, api=api, api_key=api_key)
+        info = await servers.probe(client, url, api=api, api_key=api_key)
     except BaseException:
         await client.aclose()
         raise

@@ -158,7 +158,7 @@ class GenConfig:
             raise UserError(f"--history must be own or dataset (got {self.history})")
 
     def _check_engine(self) -> None:
-        from eagle3kit.gen.clients import API_CHOICES
+        from eagle3kit.gen.servers import API_CHOICES
 
         if self.engine == "hf":
             if self.target is None:

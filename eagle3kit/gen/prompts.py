@@ -50,7 +50,7 @@ import orjson
 import xxhash
 
 from eagle3kit.errors import UserError
-from eagle3kit.format.sample import normalize
+from eagle3kit.format import normalize
 from eagle3kit.gen.types import Conversation
 
 FORMATS = ("auto", "messages", "sharegpt", "conversations", "prompt", "mtbench")

@@ -31,7 +31,7 @@ from eagle3kit import _ui
 from eagle3kit._argv import command_line
 from eagle3kit.errors import UserError
 from eagle3kit.format import DatasetError, DatasetWriter, TokenSample
-from eagle3kit.gen import clients
+from eagle3kit.gen import servers
 from eagle3kit.gen.backends import Backend, HttpBackend
 from eagle3kit.gen.config import GenConfig
 from eagle3kit.gen.render import Renderer
@@ -166,7 +166,7 @@ class Scheduler:
         self.wrong: dict[str, str] = {}
         """Servers paused because they now serve something else, with what is wrong."""
         self.watching: set[str] = set()
-        self.fatal_after_probe: dict[str, clients.ServerFatal] = {}
+        self.fatal_after_probe: dict[str, servers.ServerFatal] = {}
         self.answered = {b.name: 0 for b in backends}
         self.last_exchange = {b.name: time.monotonic() for b in backends}
         self.confirming = {b.name: asyncio.Lock() for b in backends}
@@ -394,20 +394,20 @@ class Scheduler:
         self.running[number] = Running(backend.name, job.request.sample_id, time.monotonic())
         try:
             completion = await backend.generate(job.request)
-        except clients.BadAnswer as exc:
+        except servers.BadAnswer as exc:
             self._bad_answer(backend, job, exc)
             if not self.stopping:
                 await self._retry(backend, job, queue, exc)
             return
-        except clients.RetryableError as exc:
+        except servers.RetryableError as exc:
             await self._retry(backend, job, queue, exc)
             return
-        except clients.RequestRejected as exc:
+        except servers.RequestRejected as exc:
             self._skip(job.chain, job.turn, job.request.prompt_ids,
                        f"skipped:{exc.reason}", str(exc))
             self._resolve()
             return
-        except clients.ServerFatal as exc:
+        except servers.ServerFatal as exc:
             if exc.reason == "not_found" and self.answered[backend.name]:
                 # It served this model a moment ago: restarted with another one? The probe
                 # tells; the same model again makes this error final.
@@ -426,7 +426,7 @@ class Scheduler:
         self.record(job, completion)
         self._resolve()
 
-    def _bad_answer(self, backend: Backend, job: Job, exc: clients.BadAnswer) -> None:
+    def _bad_answer(self, backend: Backend, job: Job, exc: servers.BadAnswer) -> None:
         """An answer whose ids cannot be stored: a violation, never data."""
         self.stats["violations"] += 1
         self.progress.add(0, violations=1, rows=(f"server:{backend.name}",))
@@ -435,7 +435,7 @@ class Scheduler:
             self.fail(self._strict_error(backend.name, job, exc.violations))
 
     async def _retry(self, backend: Backend, job: Job, queue: asyncio.Queue,
-                     exc: clients.RetryableError) -> None:
+                     exc: servers.RetryableError) -> None:
         self.stats["retries"] += 1
         self.progress.add(0, retries=1, rows=(f"server:{backend.name}",))
         if backend.name in self.down or not await backend.healthy():
@@ -535,7 +535,7 @@ class Scheduler:
                 return f"now answers as {now.api}, not {was.api}"
             if self.probe_ids is not None:
                 return await backend.tokenizer_disagreement(self.probe_ids)
-        except (UserError, clients.ServerError):
+        except (UserError, servers.ServerError):
             return ""
         return None
 

@@ -155,6 +155,15 @@ KERNELS = {
 _checked: dict[tuple[str, str, torch.dtype], Kernel] = {}
 forced: str | None = None
 """A kernel name to use everywhere (tests, benchmarks); None picks by device and dtype."""
+_set_aside: list[str] = []
+"""Why a kernel failed its self-check, until the caller takes it (model/ prints nothing)."""
+
+
+def take_warnings() -> list[str]:
+    """The kernels set aside since the last call, as warnings for the caller to show."""
+    out = list(_set_aside)
+    _set_aside.clear()
+    return out
 
 
 def kernel_for(q: torch.Tensor) -> Kernel:
@@ -203,11 +212,9 @@ def _self_check(kernel: Kernel, device: torch.device, dtype: torch.dtype,
                 raise ValueError(f"differs from the reference by "
                                  f"{(a - b).abs().max().item():.3g}")
     except (RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
-        from eagle3kit import _ui
-
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        _ui.warn(f"attention: the {kernel.name} kernel is unusable here ({reason}); "
-                 "training uses the slower chunked attention instead")
+        _set_aside.append(f"attention: the {kernel.name} kernel is unusable here ({reason}); "
+                          "training uses the slower chunked attention instead")
         return KERNELS["chunked"]
     return kernel
 

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xxhash
 
+from eagle3kit import _ui
 from eagle3kit.errors import UserError
-from eagle3kit.format import Dataset, DatasetError
-from eagle3kit.format.dataset_dir import read_marker
+from eagle3kit.format import Dataset, DatasetError, read_marker
 
 if TYPE_CHECKING:
     from eagle3kit.train.config import TrainConfig
@@ -50,33 +50,22 @@ class Source:
         return np.asarray(view.input_ids), np.asarray(view.loss_mask)
 
     def manifest_summary(self) -> dict:
-        m = self.dataset.manifest
-        keep = {k: v for k, v in m.items() if k not in ("shards", "runs", "measured")}
         return {"path": str(self.path.resolve()), "weight": self.weight, "kind": self.kind,
                 "samples": len(self.ids), "tokens": int(self.lengths.sum()),
-                "manifest_xxh3": xxhash.xxh3_128_hexdigest(
-                    (self.path / "manifest.json").read_bytes()),
-                "manifest": keep}
+                "manifest_xxh3": self.dataset.manifest_xxh3,
+                "manifest": self.dataset.header()}
 
 
 def trust_remote_code(cfg: TrainConfig) -> bool:
     """--trust-remote-code as given, or, without it, whether a dataset's maker was given it
     (gen and extract record it): the same target needs the same consent at every stage."""
-    import json
-
     from eagle3kit._hf import recorded_trust
-    from eagle3kit.format.layout import MANIFEST
+    from eagle3kit.format import own_manifest
 
     if cfg.trust_remote_code is not None:
         return cfg.trust_remote_code
-    for spec in cfg.data:
-        try:
-            manifest = json.loads((spec.path / MANIFEST).read_text())
-        except (OSError, ValueError):
-            continue  # not a dataset: open_source says so, by name
-        if isinstance(manifest, dict) and recorded_trust(manifest):
-            return True
-    return False
+    # A path that is not a dataset has no manifest here: open_source says so, by name.
+    return any(recorded_trust(own_manifest(spec.path) or {}) for spec in cfg.data)
 
 
 def open_source(path: Path, weight: float, online: bool) -> Source:
@@ -94,13 +83,14 @@ def open_source(path: Path, weight: float, online: bool) -> Source:
         raise UserError(f"{path}: a token dataset; train from it with --online, or make a "
                         "hidden-state dataset first with `eagle3kit extract`")
     ds: Dataset = (HiddenDataset(path) if kind == "hidden" else Dataset(path))
+    _ui.warn_all(ds.warnings)
     scan: Dataset = (HiddenDataset(path, verify_shards=False, warn_stray=False)
                      if kind == "hidden" else ds)
     ids: list[str] = []
     lengths: list[np.ndarray] = []
-    for shard in scan.iter_shards():
+    for shard in scan.columns():
         ids.extend(shard.ids)
-        lengths.append(np.diff(np.asarray(shard.offsets, dtype=np.int64)))
+        lengths.append(shard.lengths)
     if not ids:
         raise UserError(f"{path}: the dataset holds no samples")
     return Source(path, weight, kind, ds, scan, ids,

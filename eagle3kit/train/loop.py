@@ -23,9 +23,16 @@ import torch
 from eagle3kit import __version__, _ui
 from eagle3kit._durable import write_json_atomic
 from eagle3kit._ranks import Ranks
+from eagle3kit.checkpoints.native import drafter_weights, save_drafter
 from eagle3kit.errors import UserError
-from eagle3kit.model import DrafterConfig, DraftVocab, Eagle3Drafter, build_vocab, vocab_problems
-from eagle3kit.model.checkpoint import drafter_weights, save_drafter
+from eagle3kit.model import (
+    DrafterConfig,
+    DraftVocab,
+    Eagle3Drafter,
+    attention,
+    build_vocab,
+    vocab_problems,
+)
 from eagle3kit.target import (
     TargetInfo,
     check_layer_ids,
@@ -95,16 +102,16 @@ def _layers_of(sources: list[tdata.Source], target_id: dict) -> list[int]:
 
 
 def _load_init(path: Path, target_cfg: Any) -> Eagle3Drafter:
-    """--init-from: any EAGLE-3 layout model.layouts reads, else eagle3kit's own; without
+    """--init-from: any EAGLE-3 layout checkpoints.layouts reads, else eagle3kit's own; without
     the embedding, which comes from the target once the drafter is known to fit it."""
     try:
-        from eagle3kit.model import layouts  # type: ignore[attr-defined]
+        from eagle3kit.checkpoints import layouts
 
         def load(p: Path) -> Eagle3Drafter:
             model, _info = layouts.load_any(p, target_config=target_cfg)
             return model
     except ImportError:
-        from eagle3kit.model.checkpoint import load_drafter as load  # type: ignore[assignment]
+        from eagle3kit.checkpoints.native import load_drafter as load  # type: ignore[assignment]
     if not (path / "config.json").is_file():
         raise UserError(f"--init-from {path}: no config.json there (a drafter directory?)")
     try:
@@ -473,6 +480,7 @@ class Trainer:
             sums += s
             correct += c
             loss_total += loss.detach().double()
+        _ui.warn_all(attention.take_warnings())  # the kernel picked on first use
         if cfg.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
         else:

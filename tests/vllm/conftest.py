@@ -55,6 +55,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def vllm_env() -> Path:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Each worker would start every server configuration again, side by side.
+        pytest.fail("the vllm tier runs in one process: add -n 0", pytrace=False)
     reason = launch.missing_reason()
     if reason:
         if os.environ.get("EAGLE3KIT_REQUIRE_VLLM") == "1":

@@ -15,7 +15,8 @@ import pytest
 from fakeserver import ByteTokenizer, FakeServer, render_chat
 
 from eagle3kit.errors import UserError
-from eagle3kit.gen import clients as C
+from eagle3kit.gen import servers as C
+from eagle3kit.gen.servers import vllm
 from eagle3kit.gen.types import GenRequest
 
 TOK = ByteTokenizer()
@@ -373,7 +374,7 @@ def test_wrong_model_or_endpoint_is_fatal(servers):
     err = _error(servers["sglang"].url, _req(1), info_change={"api": "vllm"})
     assert type(err) is C.ServerFatal and err.reason == "not_found"
     with pytest.raises(C.ServerFatal, match="no token_ids"):
-        C.parse_vllm({"choices": [{"finish_reason": "stop", "text": "x"}]}, "http://old")
+        vllm.parse({"choices": [{"finish_reason": "stop", "text": "x"}]}, "http://old")
 
 
 def _failing(key, in_client):

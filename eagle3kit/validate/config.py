@@ -1,0 +1,60 @@
+"""validate's settings: one dataclass that checks itself and names the flag in its errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle3kit import _ui
+from eagle3kit.errors import UserError
+from eagle3kit.validate.checks import CHECKS
+
+
+@dataclass
+class ValidateConfig:
+    path: Path
+    """The token dataset directory to check."""
+    tokenizer: Path | None = None
+    """Tokenizer directory overriding the one stored in the dataset (DIR/tokenizer)."""
+    chat_template: Path | None = None
+    """Chat template file overriding the stored one."""
+    think_start: str | None = None
+    """Reasoning start token, overriding what the tokenizer suggests."""
+    think_end: str | None = None
+    """Reasoning end token, overriding what the tokenizer suggests."""
+    max_truncation: float = 0.05
+    """Largest share of samples finished by length that passes."""
+    min_reasoning: float = 0.5
+    """Smallest share of samples with a non-empty reasoning segment that passes."""
+    only: list[str] | None = None
+    """Run only these checks."""
+    skip: list[str] | None = None
+    """Leave out these checks."""
+    write_clean: Path | None = None
+    """Write a new dataset without the samples any check flagged."""
+    trust_remote_code: bool | None = None
+    """Run code the tokenizer ships (auto_map); None: as gen was told (the dataset records
+    it) for the stored tokenizer, else no."""
+    output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+        for flag, value in (("--max-truncation", self.max_truncation),
+                            ("--min-reasoning", self.min_reasoning)):
+            if not 0.0 <= value <= 1.0:
+                raise UserError(f"{flag} must be a share between 0 and 1 (got {value})")
+        if (self.think_start is None) != (self.think_end is None):
+            raise UserError("--think-start and --think-end go together: give both")
+        for flag, names in (("--only", self.only), ("--skip", self.skip)):
+            unknown = [n for n in names or [] if n not in CHECKS]
+            if unknown:
+                raise UserError(f"{flag}: unknown check {', '.join(unknown)} "
+                                f"(checks: {', '.join(CHECKS)})")
+        if self.write_clean is not None:
+            self.write_clean = Path(self.write_clean)
+            if self.write_clean.resolve() == self.path.resolve():
+                raise UserError("--write-clean must name a new directory, not the input")
+
+    def selected(self) -> list[str]:
+        chosen = [c for c in CHECKS if self.only is None or c in self.only]
+        return [c for c in chosen if c not in (self.skip or [])]
