@@ -774,6 +774,60 @@ def bench_server(
     _run(stage.run, config)
 
 
+@bench_app.command("parity", cls=stage_command("eagle3kit.bench.parity:ParityConfig"))
+def bench_parity(
+    prompts: BenchPrompts = None,
+    server: Annotated[str | None, typer.Option(
+        metavar="URL", help="Your SGLang or vLLM server, speculating with --drafter.")] = None,
+    target: Annotated[Path | None, typer.Option(help="The target model directory.")] = None,
+    drafter: Annotated[Path | None, typer.Option(
+        help="The drafter directory the server serves (an export).")] = None,
+    speculative_config: Annotated[str | None, typer.Option(
+        metavar="JSON", help="The --speculative-config the vLLM server was started with.")
+    ] = None,
+    tolerance: Annotated[float | None, typer.Option(
+        help="Largest engine - bench accept difference that passes, overall and per "
+             "position.")] = None,
+    api: Annotated[str | None, typer.Option(help="auto, sglang or vllm.")] = None,
+    k: Annotated[int | None, typer.Option(
+        "--k", help="Draft tokens per round, when the server does not say.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(
+        help="Tokens generated per turn.")] = None,
+    max_samples: MaxSamples = None,
+    max_turns: BenchMaxTurns = None,
+    format: BenchFormat = None,
+    chat_template: ChatTemplate = None,
+    device: Annotated[str | None, typer.Option(
+        help="bench accept's device: auto, cpu, cuda, cuda:N.")] = None,
+    dtype: Annotated[str | None, typer.Option(
+        help="bench accept's dtype: auto, float32, bfloat16, float16.")] = None,
+    api_key: ApiKey = None,
+    request_timeout: Annotated[float | None, typer.Option(
+        metavar="SECONDS", help="Limit on one request (default none).")] = None,
+    trust_remote_code: TrustRemoteCode = False,
+    json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
+    log_every: LogEvery = None,
+) -> None:
+    """The serving-parity gate: the server's acceptance against bench accept's, and why."""
+    from eagle3kit.bench import parity as stage
+
+    def config() -> stage.ParityConfig:
+        _bench_required(server=server)
+        files = _bench_prompts(prompts, None)
+        _bench_required(target=target, drafter=drafter)
+        return stage.ParityConfig(
+            server, files, target, drafter, speculative_config=speculative_config,
+            max_samples=max_samples, max_turns=max_turns, k=k, api_key=api_key,
+            request_timeout=request_timeout, chat_template=chat_template,
+            trust_remote_code=trust_remote_code,
+            output=_output(json, quiet, no_progress, log_every),
+            **_given(tolerance=tolerance, api=api, max_new_tokens=max_new_tokens,
+                     format=format, device=device, dtype=dtype))
+
+    report = _run(stage.run, config)
+    raise typer.Exit(report.exit_code)
+
+
 @app.command(rich_help_panel="Start here",
              cls=stage_command("eagle3kit.quickstart:QuickstartConfig"))
 def quickstart(

@@ -39,7 +39,8 @@ class SpecServer(FakeServer):
     def __init__(self, api: str = "sglang", *, k: int = 3,
                  accept: Sequence[float] = (0.8, 0.6, 0.4), speculative: bool = True,
                  step_s: float = 0.0, engines: int = 2, spec_seed: int = 0,
-                 **options: Any) -> None:
+                 served: dict[str, Any] | None = None, chat_tokenizer: Any = None,
+                 chat_prefix: Sequence[int] = (), **options: Any) -> None:
         options.setdefault("eos_token_id", None)  # lengths set by max_tokens: easy to predict
         super().__init__(api, speculative=speculative, **options)
         if len(accept) != k:
@@ -54,6 +55,13 @@ class SpecServer(FakeServer):
         self.counters = [{"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
                           "per_pos": [0] * k} for _ in range(engines)]
         self._rounds: dict[asyncio.Task, int] = {}
+        self.served = dict(served or {})
+        """SGLang: fields over /server_info's; vLLM: the speculative_config its dev-mode
+        /server_info shows (none when empty, as without VLLM_SERVER_DEV_MODE=1)."""
+        self.chat_tokenizer = chat_tokenizer
+        """vLLM /tokenize of messages: this transformers tokenizer's chat template (the one
+        the server was started with), with `chat_prefix` ids before it (a BOS it adds)."""
+        self.chat_prefix = list(chat_prefix)
 
     # The acceptance model ---------------------------------------------------------------
     def simulate(self, tokens: int) -> list[int]:
@@ -100,7 +108,24 @@ class SpecServer(FakeServer):
         routes = super()._routes()
         if self.api == "vllm":
             routes[("GET", "/metrics")] = self._metrics
+            if self.served:
+                routes[("GET", "/server_info")] = self._vllm_server_info
         return routes
+
+    async def _vllm_server_info(self, request: web.Request, body: Any, rec: dict
+                                ) -> web.Response:
+        return _json({"vllm_config": {"speculative_config": self.served}, "vllm_env": {}})
+
+    async def _tokenize(self, request: web.Request, body: dict, rec: dict) -> web.Response:
+        if self.chat_tokenizer is None or "messages" not in body:
+            return await super()._tokenize(request, body, rec)
+        ids = self.chat_tokenizer.apply_chat_template(body["messages"], tokenize=True,
+                                                      add_generation_prompt=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        tokens = self.chat_prefix + [int(t) for t in ids]
+        return _json({"tokens": tokens, "count": len(tokens),
+                      "max_model_len": self.context_length})
 
     async def _server_info(self, request: web.Request, body: Any, rec: dict) -> web.Response:
         spec = self.speculative
@@ -112,7 +137,7 @@ class SpecServer(FakeServer):
             "speculative_num_draft_tokens": self.k + 1 if spec else None,
             "reasoning_parser": None, "max_req_input_len": self.context_length - 1,
             "internal_states": [{}], "version": self.version,
-        })
+        } | self.served)
 
     async def _metrics(self, request: web.Request, body: Any, rec: dict) -> web.Response:
         return web.Response(text=self.metrics_text(), content_type="text/plain")

@@ -1,8 +1,8 @@
 """docs/bench.md runs: every command it shows, in order, in a fresh directory.
 
 `console` blocks run as in tests/test_docs.py (lines starting with "$ "; `# exits N` sets
-the expected status). The `bench server` examples sit in `text` blocks, which test_docs.py
-does not run (its stand-in servers do not speculate); here they run against
+the expected status). The `bench server` and `bench parity` examples sit in `text` blocks,
+which test_docs.py does not run (its stand-in servers do not speculate); here they run against
 tests/fake_spec_server.py stand-ins on the documented loopback ports.
 """
 
@@ -42,7 +42,8 @@ def doc_commands() -> list[tuple[int, str, int]]:
             if not line.startswith("$ "):
                 continue
             line = line[2:]
-            if lang == "text" and not line.startswith("eagle3kit bench server"):
+            if lang == "text" and not line.startswith(("eagle3kit bench server",
+                                                       "eagle3kit bench parity")):
                 continue
             found += [(first + offset, part, status) for part, status in split_command(line)]
     return found
@@ -85,6 +86,8 @@ def test_docs_bench_runs(tmp_path):
             assert "Traceback" not in out, f"docs/bench.md:{line}: {command}\n{out}"
             if "--json" in command:
                 assert '"acceptance_length"' in result.stdout, out
+            if "bench parity" in command:  # it fails, naming both reasons it shows
+                assert "[served-target]" in out and "differ by more than 0.05" in out, out
             if "bench accept" in command and status == 0 and "--json" not in command:
                 assert "acceptance length" in out and "chain k=3, temperature 0" in out, out
                 assert "configuration error" in out  # an untrained drafter is flagged
@@ -98,6 +101,7 @@ def test_docs_bench_runs(tmp_path):
                                     "--max-turns", "--format", "--tokenizer", "--chat-template",
                                     "--device", "--dtype", "--tie-epsilon", "--seed", "--plot",
                                     "--server", "--baseline", "--api", "--concurrency",
-                                    "--api-key", "--request-timeout"])
+                                    "--api-key", "--request-timeout", "--speculative-config",
+                                    "--tolerance"])
 def test_every_option_is_documented(option):
     assert f"`{option}" in DOC.read_text()

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from eagle3kit._options import WRITE_KEYS, OutputOptions, WriteOptions
 from eagle3kit.bench.accept import AcceptConfig
+from eagle3kit.bench.parity import ParityConfig
 from eagle3kit.bench.server import ServerBenchConfig
 from eagle3kit.cli import app
 from eagle3kit.convert import ConvertConfig
@@ -29,6 +30,7 @@ CONFIGS = {  # command -> the dataclasses its options fill, in order
     ("gen",): [GenConfig], ("plan",): [PlanConfig, GenConfig], ("extract",): [ExtractConfig],
     ("train",): [TrainConfig], ("export",): [ExportConfig],
     ("bench", "accept"): [AcceptConfig], ("bench", "server"): [ServerBenchConfig],
+    ("bench", "parity"): [ParityConfig],
     ("quickstart",): [QuickstartConfig],
 }
 RENAMED = {("export",): {"run_dir": "run"}}

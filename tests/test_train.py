@@ -348,6 +348,9 @@ def test_run_directory_is_what_export_and_bench_read(tiny, tmp_path):
     assert ev["predicted_acceptance_length"] == pytest.approx(
         predicted_acceptance_length(ev["per_position"]), abs=1e-5)
     assert ev == result.eval
+    # Docstrings hold no think markers: every held-out chain is in the answer phase.
+    assert set(ev["phases"]) == {"answer"} and ev["phases"]["answer"]["chains"] == ev["chains"]
+    assert ev["phases"]["answer"]["per_position"] == ev["per_position"]
     from safetensors.torch import load_file
 
     vocab = load_file(str(out / "vocab.safetensors"))

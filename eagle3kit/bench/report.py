@@ -28,6 +28,12 @@ def _rate(value: float | None) -> float | None:
 
 
 # bench accept -------------------------------------------------------------------------------
+def _trained_phase(report: AcceptReport, phase: str) -> float | None:
+    """Training's held-out prediction for `phase` (its eval block's `phases`), if any."""
+    phases = (report.predicted or {}).get("phases") or {}
+    return _rate((phases.get(phase) or {}).get("predicted_acceptance_length"))
+
+
 def show_accept(report: AcceptReport, cfg: AcceptConfig) -> None:
     opts = cfg.output
     if opts.json:
@@ -46,9 +52,9 @@ def show_accept(report: AcceptReport, cfg: AcceptConfig) -> None:
     if report.phases:
         _ui.table(f"per reasoning phase ({report.shape}, temperature {report.temperature:g})",
                   ["phase", "rounds", "acceptance length",
-                   *(f"accepted {i + 1}" for i in range(report.k))],
+                   *(f"accepted {i + 1}" for i in range(report.k)), "predicted by training"],
                   [[name, f["rounds"], _rate(f["acceptance_length"]),
-                    *(_rate(r) for r in f["per_position"])]
+                    *(_rate(r) for r in f["per_position"]), _trained_phase(report, name)]
                    for name, f in report.phases.items()], opts)
     parted = [p for p in report.prompts if p.status in ("near-tie", "mismatch")]
     if parted:

@@ -439,12 +439,21 @@ class Trainer:
         for group in tdata.global_batches(mine, self.cfg.batch_tokens):
             yield self._target_batch(group)
 
+    @property
+    def phase_markers(self) -> Any:
+        """The target tokenizer's think / tool-call markers (bench accept's), for the
+        held-out prediction per reasoning phase; None without a loadable tokenizer."""
+        if not hasattr(self, "_phase_markers"):
+            self._phase_markers = _markers_of(self.cfg.target, self.trust_remote_code)
+        return self._phase_markers
+
     def _evaluate(self, step: int) -> dict | None:
         if not self.pool.heldout:
             return None
         with sharding.gathered(self.model):
             result: EvalResult = evaluate(self.drafter, self.heldout_batches(),
-                                          self.cfg.eval_k, reduce=self.ranks.sum)
+                                          self.cfg.eval_k, reduce=self.ranks.sum,
+                                          markers=self.phase_markers)
         result.step = step
         return result.to_dict()
 
@@ -609,6 +618,20 @@ class Trainer:
                      f"({long.tokens_cut:,} tokens cut)")
 
 
+def _markers_of(target: Path, trust_remote_code: bool) -> Any:
+    from transformers import AutoTokenizer
+
+    from eagle3kit.bench.phases import Markers
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(target),
+                                                  trust_remote_code=trust_remote_code)
+    except Exception:  # a target without a tokenizer: the prediction goes without phases
+        return None
+    markers = Markers.of(tokenizer)
+    return markers if markers.known else None
+
+
 def _eval_gauges(ev: dict) -> dict[str, float]:
     gauges = {f"a{i + 1}": round(a, 3) for i, a in enumerate(ev["per_position"])}
     gauges["AL"] = round(ev["predicted_acceptance_length"], 3)
@@ -677,6 +700,10 @@ def _report(result: TrainResult, cfg: TrainConfig) -> None:
             rates = " ".join(f"{a:.3f}" for a in ev["per_position"])
             pairs.append((f"{name} AL (k={ev['k']})",
                           f"{ev['predicted_acceptance_length']:.3f}  per position {rates}"))
+    if result.eval and result.eval.get("phases"):
+        pairs.append(("held-out AL per phase", "  ".join(
+            f"{name} {f['predicted_acceptance_length']:.3f} ({f['chains']} chains)"
+            for name, f in result.eval["phases"].items())))
     pairs.append(("drafter", str(RunDir(result.out).drafter)))
     _ui.kv("train", pairs, opts)
 

@@ -10,6 +10,7 @@ offsets the RoPE positions by k; `Eagle3Drafter.ttt_step` does the attention.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -151,10 +152,9 @@ def chain_verdicts(drafter: Eagle3Drafter, batch: TargetBatch, k: int
     length = batch.ids.shape[1] - 1
     b = batch.ids.shape[0]
     positions = torch.arange(length, device=batch.ids.device)[None].expand(b, -1)
-    valid = positions < (batch.lengths[:, None] - 1)
+    start = chain_starts(batch)
     greedy = torch.cat([batch.ids[:, :1], batch.argmax[:, :-1]], dim=1)  # greedy[j]: token j
     follows = batch.ids == greedy
-    start = shifted(batch.loss_mask, 0, length, False) & valid
     state = TTTState()
     hidden = drafter.project(batch.aux[:, :length].to(drafter.fc.weight.dtype))
     accepted, observable = [], []
@@ -173,7 +173,35 @@ def chain_verdicts(drafter: Eagle3Drafter, batch: TargetBatch, k: int
             torch.stack(observable, -1).reshape(-1, k)[keep])
 
 
-def evaluate(drafter: Eagle3Drafter, batches, k: int = 3, reduce=None) -> EvalResult:
+def chain_starts(batch: TargetBatch) -> torch.Tensor:
+    """[B, T-1] bool: position t starts a chain (token t+1 carries loss and is real)."""
+    length = batch.ids.shape[1] - 1
+    positions = torch.arange(length, device=batch.ids.device)[None]
+    return shifted(batch.loss_mask, 0, length, False) & (positions < batch.lengths[:, None] - 1)
+
+
+def start_phases(batch: TargetBatch, markers: Any) -> torch.Tensor:
+    """[N] the reasoning phase (an index of eagle3kit.bench.phases.PHASES) of each chain
+    start, in chain_verdicts' order: the phase the context ids[:t+2] ends in, the one bench
+    accept gives the verification round drafted there. A marker sets the phase it opens;
+    a closing one returns to the answer; before any marker the phase is the answer."""
+    from eagle3kit.bench.phases import PHASES
+
+    ids = batch.ids
+    code = torch.zeros_like(ids)
+    answer = PHASES.index("answer") + 1
+    for token, phase in markers.opens.items():
+        code = torch.where(ids == token, PHASES.index(phase) + 1, code)
+    for token in markers.closes:
+        code = torch.where(ids == token, answer, code)
+    at = torch.arange(ids.shape[1], device=ids.device)[None].expand_as(ids)
+    last = torch.cummax(torch.where(code > 0, at, -1), dim=1).values
+    phase = torch.where(last >= 0, code.gather(1, last.clamp_min(0)), answer) - 1
+    return phase[:, 1:][chain_starts(batch)]
+
+
+def evaluate(drafter: Eagle3Drafter, batches, k: int = 3, reduce=None,
+             markers: Any = None) -> EvalResult:
     """Per-position conditional acceptance and the predicted acceptance length of a chain
     of `k` drafts at temperature 0 over `batches` (TargetBatch), e.g. a held-out split.
 
@@ -186,6 +214,10 @@ def evaluate(drafter: Eagle3Drafter, batches, k: int = 3, reduce=None) -> EvalRe
     tried = torch.zeros(k, dtype=torch.float64)
     chains = torch.zeros(1, dtype=torch.float64)
     hidden_pairs = torch.zeros(1, dtype=torch.float64)
+    from eagle3kit.bench.phases import PHASES
+
+    by_phase = torch.zeros(len(PHASES), 2 * k + 1, dtype=torch.float64)
+    """phase -> accepted per position, tried per position, chains."""
     for batch in batches:
         acc, obs = chain_verdicts(drafter, batch, k)
         a, t = conditional_counts(acc, obs)
@@ -193,15 +225,43 @@ def evaluate(drafter: Eagle3Drafter, batches, k: int = 3, reduce=None) -> EvalRe
         tried += t.double().cpu()
         chains += acc.shape[0]
         hidden_pairs += (~obs).sum().item()
+        if markers is not None and markers.known:
+            phase = start_phases(batch, markers)
+            for p in range(len(PHASES)):
+                mine = phase == p
+                pa, pt = conditional_counts(acc[mine], obs[mine])
+                by_phase[p] += torch.cat([pa.double().cpu(), pt.double().cpu(),
+                                          mine.sum().double().cpu()[None]])
     drafter.train(was_training)
-    totals = torch.cat([accepted, tried, chains, hidden_pairs])
+    totals = torch.cat([accepted, tried, chains, hidden_pairs, by_phase.reshape(-1)])
     if reduce is not None:
         reduce(totals)
     accepted, tried = totals[:k], totals[k:2 * k]
     n = int(totals[2 * k].item())
     rates = [float(a / t) if t > 0 else 0.0 for a, t in zip(accepted, tried, strict=True)]
+    extra = {}
+    if markers is not None and markers.known:
+        extra["phases"] = _phase_figures(totals[2 * k + 2:].reshape(len(PHASES), -1), k)
     return EvalResult(
         k=k, per_position=[round(r, 6) for r in rates],
         accepted=[int(a) for a in accepted], tried=[int(t) for t in tried],
         predicted_acceptance_length=round(predicted_acceptance_length(rates), 6), chains=n,
-        unobservable=round(float(totals[2 * k + 1].item()) / max(n * k, 1), 6))
+        unobservable=round(float(totals[2 * k + 1].item()) / max(n * k, 1), 6), extra=extra)
+
+
+def _phase_figures(counts: torch.Tensor, k: int) -> dict:
+    """phase -> chains, conditional per-position rates and the predicted acceptance length,
+    for the phases that had chain starts."""
+    from eagle3kit.bench.phases import PHASES
+
+    out = {}
+    for name, row in zip(PHASES, counts, strict=True):
+        chains = int(row[2 * k].item())
+        if not chains:
+            continue
+        rates = [float(a / t) if t > 0 else 0.0
+                 for a, t in zip(row[:k], row[k:2 * k], strict=True)]
+        out[name] = {"chains": chains, "per_position": [round(r, 6) for r in rates],
+                     "predicted_acceptance_length": round(predicted_acceptance_length(rates),
+                                                          6)}
+    return out

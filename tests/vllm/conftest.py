@@ -33,7 +33,8 @@ for path in (HERE, HERE.parent):  # launch.py here; fakeserver & co. one level u
 
 import launch  # noqa: E402
 
-MODULE_ORDER = ["test_vllm_gen", "test_vllm_extract", "test_vllm_export", "test_vllm_docs"]
+MODULE_ORDER = ["test_vllm_gen", "test_vllm_extract", "test_vllm_export", "test_vllm_parity",
+                "test_vllm_docs"]
 """Modules in the order their servers start (a later module may reuse an earlier server)."""
 TRAIN_PROMPTS = 96
 BENCH_PROMPTS = 24
@@ -189,8 +190,9 @@ def extract_server(servers: Servers, world: World) -> launch.VllmServer:
 
 
 @pytest.fixture(scope="session")
-def hidden(extract_server: launch.VllmServer, tokens: Path, world: World) -> Path:
-    """The training set's states, read from the real server by `extract --engine vllm`."""
+def hidden(tokens: Path, extract_server: launch.VllmServer, world: World) -> Path:
+    """The training set's states, read from the real server by `extract --engine vllm`
+    (`tokens` first: its gen starts the plain server, which would stop the extract one)."""
     from eagle3kit import _ui, extract
 
     out = world.root / "hidden"

@@ -82,18 +82,22 @@ def test_the_page_runs(servers, vllm_env: Path, tmp_path: Path) -> None:
                                   text=True, timeout=1200)
             assert proc.returncode == 0, f"{command}\n{proc.stderr[-3000:]}"
             ran.append((command, proc))
-    assert launched == 1 and len(ran) == 3
-    bench = ran[-1][1].stderr
+    assert launched == 1 and len(ran) == 4
+    bench = ran[-2][1].stderr
     assert "acceptance length" in bench and "vllm" in bench
+    gate = ran[-1][1].stderr  # exit 0 was asserted above: agreement within 0.05, no cause
+    assert "bench parity" in ran[-1][0] and "passed" in gate and "warning:" not in gate, gate
 
 
 def test_the_quickstart_page_shows_the_same_commands() -> None:
     """docs/quickstart.md's vLLM section (text blocks: its own doc test runs without the
-    engine) shows the lines this tier runs from docs/vllm-cpu.md."""
+    engine) shows the lines this tier runs from docs/vllm-cpu.md: the launch line, bench
+    server and the parity gate."""
     page = (REPO / "docs" / "quickstart.md").read_text()
     section = page[page.index("## Serve it in vLLM's CPU build"):page.index("## From Python")]
     shown = [body.strip() for lang, body in FENCE.findall(section) if lang == "text"]
     launch_line = next(body.strip() for lang, body in blocks() if lang == "vllm-launch")
-    bench_line = next(line[2:] for lang, body in blocks() if lang == "console"
-                      for line in body.splitlines() if line.startswith("$ eagle3kit bench"))
-    assert shown == [launch_line, bench_line]
+    bench_lines = [line[2:] for lang, body in blocks() if lang == "console"
+                   for line in body.splitlines() if line.startswith("$ eagle3kit bench")]
+    assert [b.split()[2] for b in bench_lines] == ["server", "parity"]
+    assert shown == [launch_line, *bench_lines]

@@ -110,6 +110,33 @@ def test_every_export_speculates_in_vllm_as_bench_accept_predicts(
         assert abs(engine - bench) <= TOLERANCE, (online.per_position, measured.per_position)
 
 
+def test_the_parity_gate_agrees_with_vllm_on_the_trained_drafter(
+        servers, exports: dict, world: World) -> None:
+    """`bench parity` on the last server the test above started (no new configuration): the
+    engine's figures and bench accept's within 0.05, overall and per position, and nothing
+    in what vLLM serves (model, context length, chat template via /tokenize, the
+    --speculative-config the server was started with) differs from the run."""
+    from eagle3kit.bench import parity
+
+    variant = VARIANTS[-1]
+    args = launch.eagle3_args(exports[variant], K)
+    vllm = servers.get(f"eagle3-{variant_id(variant)}", world.target, [*args, "--enforce-eager"])
+    report = parity.run(parity.ParityConfig(
+        vllm.url, [world.bench_prompts], world.target, exports[variant],
+        speculative_config=args[1], max_new_tokens=MAX_NEW_TOKENS, device="cpu",
+        output=QUIET))
+    assert report.api == "vllm" and report.served["template_checked"]
+    assert report.served["source"] == "--speculative-config"
+    assert report.findings == [] and report.agree and report.passed, report.findings
+    assert report.offline["acceptance_length"] >= 1.8
+    assert len(report.differences["per_position"]) == K
+    assert all(abs(d) <= TOLERANCE for d in report.differences["per_position"])
+    assert set(report.phases) == {"think", "answer"}
+    print(f"parity gate on vLLM: {report.to_dict()['differences']}, engine "
+          f"{report.engine['acceptance_length']:.3f}, offline "
+          f"{report.offline['acceptance_length']:.3f}, phases {report.phases}")
+
+
 def test_the_old_full_vocabulary_layout_is_refused_by_vllm_and_flagged_by_info(
         servers, exports: dict, world: World, tmp_path: Path) -> None:
     import torch

@@ -1,0 +1,224 @@
+"""Why a served drafter accepts less than it should: what the parity gate can inspect.
+
+Three sources, compared with each other:
+- the drafter directory the user serves (`eagle3kit info`'s checks against the target);
+- the run it came from (the provenance `eagle3kit export` wrote beside it, and the run's own
+  drafter checkpoint): the aux layer ids, draft vocabulary and norm flags training used;
+- what the server says it serves (`Served`): its speculative method, drafter path and chain
+  length (SGLang's /server_info; vLLM's /server_info when started with
+  VLLM_SERVER_DEV_MODE=1, else the `--speculative-config` the user passes the gate), its
+  model and context length, and the prompt its chat template makes (vLLM's /tokenize).
+
+Each finding names one cause of `CAUSES`; the docs' troubleshooting has an entry per cause.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+CAUSES = {
+    "aux-layer-ids": "aux layer ids",
+    "d2t": "d2t/t2d mapping",
+    "embed-tokens": "embed_tokens",
+    "norm": "norm flags",
+    "rope": "RoPE and context length",
+    "draft-vocab": "draft vocabulary",
+    "chat-template": "chat template and BOS",
+    "method": "speculative method",
+    "served-drafter": "the drafter served",
+    "served-target": "the target served",
+    "checkpoint": "the drafter checkpoint",
+    "unexplained": "no cause found by inspection",
+}
+"""cause -> what it is about, as the report and the docs name it."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    cause: str
+    """A key of CAUSES."""
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass
+class Served:
+    """What the server says it serves; None where it does not say."""
+
+    api: str
+    model: str | None = None
+    """The target path or name the server loaded."""
+    context_length: int | None = None
+    method: str | None = None
+    """eagle3 / eagle / ... (lower case) as the server names it."""
+    drafter: str | None = None
+    k: int | None = None
+    source: str | None = None
+    """Where the speculative fields came from (None: the server does not expose them)."""
+    template_ids: list[int] | None = None
+    """The prompt ids the server's chat template makes of the first prompt (vLLM /tokenize)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# The drafter, against the target -------------------------------------------------------------
+_PROBLEM_CAUSES = (
+    ("aux layer ids", "aux-layer-ids"), ("boundary ids", "aux-layer-ids"),
+    ("fc takes", "aux-layer-ids"), ("embed_tokens", "embed-tokens"),
+    ("norm_before_residual", "norm"), ("max_position_embeddings", "rope"),
+    ("d2t", "d2t"), ("t2d", "d2t"), ("draft vocabulary", "draft-vocab"),
+    ("lm_head", "draft-vocab"), ("vocabulary of", "draft-vocab"),
+)
+
+
+def problem_cause(problem: str) -> str:
+    """The cause an `eagle3kit info` problem line is about."""
+    for needle, cause in _PROBLEM_CAUSES:
+        if needle in problem:
+            return cause
+    return "checkpoint"
+
+
+def drafter_findings(info: Any) -> list[Finding]:
+    """`eagle3kit info`'s problems of the served drafter (inspected against the target)."""
+    return [Finding(problem_cause(p), f"{info.path}: {p}") for p in info.problems]
+
+
+def layer_rope(info: Any) -> tuple[float | None, dict | None]:
+    """(rope_theta, rope_scaling) of the checkpoint's draft layer config."""
+    from eagle3kit.model.layouts import _layer_config, target_rope
+
+    try:
+        layer = _layer_config(info.layout, info.config)
+    except Exception:  # an unreadable layout has no rope to compare
+        return None, None
+    if not any(k in layer for k in ("rope_theta", "rope_parameters", "rope_scaling")):
+        return None, None
+    return target_rope(layer)
+
+
+def rope_findings(info: Any, target: dict) -> list[Finding]:
+    from eagle3kit.model.layouts import target_rope
+
+    theta, scaling = layer_rope(info)
+    if theta is None:
+        return []
+    t_theta, t_scaling = target_rope(target)
+    if float(theta) != float(t_theta) or (scaling or None) != (t_scaling or None):
+        return [Finding("rope", f"{info.path}: the drafter's RoPE (theta {theta:g}, scaling "
+                                f"{scaling}) is not the target's (theta {t_theta:g}, scaling "
+                                f"{t_scaling}): positions are encoded differently from training")]
+    return []
+
+
+# The drafter, against its run ----------------------------------------------------------------
+def run_findings(info: Any, provenance: dict | None, run_info: Any | None) -> list[Finding]:
+    """Where the served drafter differs from what its run recorded."""
+    out: list[Finding] = []
+    where = info.path
+    recorded = ((provenance or {}).get("aux_layer_ids") or {}).get("boundary")
+    if run_info is not None and run_info.aux_layer_ids:
+        recorded = run_info.aux_layer_ids
+    if recorded and info.aux_layer_ids and list(recorded) != list(info.aux_layer_ids):
+        shifted = [i - 1 for i in recorded] == list(info.aux_layer_ids)
+        out.append(Finding("aux-layer-ids", (
+            f"{where}: aux layer ids {info.aux_layer_ids} ({info.layer_ids_source}) but the run "
+            f"trained on boundary ids {list(recorded)}"
+            + ("; these are the run's ids in the layer-output convention (one less each), "
+               "written where the boundary convention is read" if shifted else ""))))
+    vocab = ((provenance or {}).get("draft_vocab") or {}).get("size")
+    if run_info is not None and run_info.draft_vocab_size:
+        vocab = run_info.draft_vocab_size
+    if vocab and info.draft_vocab_size and int(vocab) != info.draft_vocab_size:
+        out.append(Finding("draft-vocab", f"{where}: draft vocabulary of "
+                                          f"{info.draft_vocab_size} but the run trained "
+                                          f"{vocab}"))
+    if (run_info is not None and run_info.norm_before_residual is not None
+            and info.norm_before_residual is not None
+            and run_info.norm_before_residual != info.norm_before_residual):
+        out.append(Finding("norm", (
+            f"{where}: norm_before_residual is {str(info.norm_before_residual).lower()} but the "
+            f"run trained with {str(run_info.norm_before_residual).lower()}: the engine adds "
+            f"the residual from the wrong tensor")))
+    return out
+
+
+# What the server serves ----------------------------------------------------------------------
+def _same_place(given: str, served: str, cwd: Path | None = None) -> bool:
+    a, b = Path(given), Path(served)
+    if not b.is_absolute() and cwd is not None:
+        b = cwd / b
+    if a.exists() and b.exists():
+        return a.resolve() == b.resolve()
+    return a.name == b.name or str(a) == str(b)
+
+
+def served_findings(served: Served, drafter: Path, target: Path, info: Any,
+                    target_config: dict, renderer_ids: list[int] | None,
+                    bos_id: int | None) -> list[Finding]:
+    out: list[Finding] = []
+    if served.method is not None and served.method.lower() != "eagle3":
+        out.append(Finding("method", (
+            f"the server speculates with method {served.method!r} ({served.source}): an "
+            f"EAGLE-3 drafter needs eagle3 (vLLM: \"method\": \"eagle3\"; SGLang: "
+            f"--speculative-algorithm EAGLE3); served as plain EAGLE it reads the wrong "
+            f"features and accepts almost nothing")))
+    if served.drafter and not _same_place(str(drafter), served.drafter):
+        out.append(Finding("served-drafter", (
+            f"the server serves the drafter {served.drafter} ({served.source}), not --drafter "
+            f"{drafter}: the gate measured another checkpoint offline")))
+    if served.model and not _same_place(str(target), served.model):
+        out.append(Finding("served-target", (
+            f"the server serves the model {served.model}, not --target {target}")))
+    limit = info.max_position_embeddings
+    if served.context_length and limit and served.context_length > limit:
+        out.append(Finding("rope", (
+            f"the server's context length {served.context_length} is longer than the "
+            f"drafter's max_position_embeddings {limit} (the target's is "
+            f"{target_config.get('max_position_embeddings')}): past it the drafter's positions "
+            f"are ones it never saw")))
+    if served.template_ids is not None and renderer_ids is not None \
+            and served.template_ids != renderer_ids:
+        out.append(Finding("chat-template", template_message(served.template_ids,
+                                                             renderer_ids, bos_id)))
+    return out
+
+
+def template_message(server: list[int], ours: list[int], bos_id: int | None) -> str:
+    head = "the server's chat template makes another prompt than the run's tokenizer"
+    if bos_id is not None and server[1:] == ours and server[:1] == [bos_id]:
+        return (f"{head}: it adds a BOS ({bos_id}) the run's prompts do not have; chat "
+                f"requests get a prompt the drafter was not trained on")
+    if bos_id is not None and ours[1:] == server and ours[:1] == [bos_id]:
+        return f"{head}: it leaves out the BOS ({bos_id}) the run's prompts start with"
+    at = next((i for i, (a, b) in enumerate(zip(server, ours, strict=False)) if a != b),
+              min(len(server), len(ours)))
+    return (f"{head} ({len(server)} vs {len(ours)} tokens, first difference at token {at}): "
+            f"start the server with the run's template (--chat-template) so chat requests get "
+            f"the prompts the drafter was trained on")
+
+
+# When the figures alone say something is wrong ----------------------------------------------
+def unexplained(engine: float | None, offline: float | None, near_one: bool,
+                served: Served) -> Finding:
+    seen = ("" if served.source else
+            "; the server does not say what it speculates with: start vLLM with "
+            "VLLM_SERVER_DEV_MODE=1 or pass the gate --speculative-config with the JSON the "
+            "server was started with, so it can compare")
+    if near_one:
+        return Finding("unexplained", (
+            f"the engine accepts almost nothing (acceptance length {engine:.3f}) and nothing "
+            f"inspected explains it: check the aux layer ids the engine reads (an override in "
+            f"--speculative-config, or the other convention), the method (eagle3, not eagle) "
+            f"and that the drafter was trained for this target{seen}"))
+    return Finding("unexplained", (
+        f"the engine's acceptance length {_fmt(engine)} differs from the offline "
+        f"{_fmt(offline)} and nothing inspected explains it: the engine drafts from other "
+        f"features or another drafter than --drafter{seen}"))
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"

@@ -1,0 +1,384 @@
+"""`eagle3kit bench parity`: the serving-parity gate, after export and before deployment.
+
+The same prompts go through the user's server (SGLang or vLLM, speculating with the drafter)
+and through `bench accept` (the drafter and the target in-process); the gate shows the two
+acceptance figures side by side, per draft position where the engine reports positions
+(vLLM), and fails (exit 1) when they differ by more than `--tolerance`, when the engine
+accepts almost nothing, or when inspection finds a served setting that differs from the run
+(eagle3kit.bench.diagnose names the cause). Temperature 0 only: there both sides are
+deterministic and count the same rounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3kit import _ui
+from eagle3kit.bench import diagnose
+from eagle3kit.bench.stats import likely_misconfigured
+from eagle3kit.errors import UserError
+
+TOLERANCE = 0.05
+
+
+@dataclass
+class ParityConfig:
+    server: str
+    """The speculating server's URL."""
+    prompts: list[Path]
+    target: Path
+    drafter: Path
+    """The drafter directory the server serves (an `eagle3kit export` output)."""
+    speculative_config: dict[str, Any] | str | None = None
+    """The JSON the server was started with (vLLM's --speculative-config), for servers that
+    do not expose it."""
+    tolerance: float = TOLERANCE
+    api: str = "auto"
+    k: int | None = None
+    """Draft tokens per round, when the server does not say."""
+    max_new_tokens: int = 128
+    max_samples: int | None = None
+    max_turns: int | None = None
+    format: str = "auto"
+    chat_template: Path | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    api_key: str | None = field(default=None, repr=False)
+    request_timeout: float | None = None
+    trust_remote_code: bool = False
+    output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
+
+    def __post_init__(self) -> None:
+        from eagle3kit._json import json_object
+
+        self.target, self.drafter = Path(self.target), Path(self.drafter)
+        if not self.drafter.is_dir():
+            raise UserError(f"--drafter {self.drafter}: no such checkpoint directory")
+        if not (self.target / "config.json").is_file():
+            raise UserError(f"--target {self.target}: no config.json (not a model directory)")
+        if not (0 <= self.tolerance < 1 and math.isfinite(self.tolerance)):
+            raise UserError(f"--tolerance must be in [0, 1) (got {self.tolerance})")
+        if isinstance(self.speculative_config, str):
+            self.speculative_config = json_object(self.speculative_config,
+                                                  "--speculative-config")
+
+    def server_config(self) -> Any:
+        from eagle3kit.bench.server import ServerBenchConfig
+
+        return ServerBenchConfig(
+            self.server, self.prompts, self.target, api=self.api,
+            chat_template=self.chat_template, max_new_tokens=self.max_new_tokens,
+            temperature=0.0, max_samples=self.max_samples, max_turns=self.max_turns,
+            format=self.format, k=self.k, api_key=self.api_key,
+            request_timeout=self.request_timeout, trust_remote_code=self.trust_remote_code,
+            output=_inner(self.output))
+
+    def accept_config(self, k: int) -> Any:
+        from eagle3kit.bench.accept import AcceptConfig
+
+        return AcceptConfig(
+            self.target, self.drafter, self.prompts, k=k, temperature=0.0,
+            max_new_tokens=self.max_new_tokens, max_samples=self.max_samples,
+            max_turns=self.max_turns, format=self.format, chat_template=self.chat_template,
+            device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code,
+            output=_inner(self.output))
+
+
+def _inner(opts: _ui.OutputOptions) -> _ui.OutputOptions:
+    """The measurements' own output: their progress, not their reports (the gate's is one)."""
+    return _ui.OutputOptions(quiet=True, no_progress=opts.no_progress or opts.quiet,
+                             log_every=opts.log_every)
+
+
+@dataclass
+class ParityReport:
+    server: str
+    api: str
+    version: str | None
+    drafter: str
+    target: str
+    shape: str
+    k: int
+    temperature: float
+    tolerance: float
+    passed: bool
+    agree: bool
+    """Engine and bench accept within the tolerance, overall and per position."""
+    engine: dict[str, Any]
+    """acceptance_length, per_position (vLLM; empty for SGLang), source, requests, errors."""
+    offline: dict[str, Any]
+    """bench accept: acceptance_length, per_position, lossless, predicted_acceptance_length."""
+    differences: dict[str, Any]
+    """acceptance_length and per_position: engine minus offline."""
+    phases: dict[str, dict[str, Any]]
+    """Offline acceptance per reasoning phase (a server's counters cannot be split so)."""
+    served: dict[str, Any]
+    findings: list[dict[str, str]]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# What the server serves ----------------------------------------------------------------------
+def _get_json(client: Any, url: str, api_key: str | None) -> Any:
+    try:
+        resp = client.get(url, headers=_auth(api_key))
+    except Exception:  # transport errors: the measurement already talked to it
+        return None
+    if resp.status_code != 200:
+        return None
+    try:
+        return resp.json()
+    except ValueError:
+        return None
+
+
+def _auth(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def inspect_server(cfg: ParityConfig, api: str, first_messages: list[dict] | None
+                   ) -> diagnose.Served:
+    import httpx
+
+    served = diagnose.Served(api=api)
+    with httpx.Client(timeout=30.0) as client:
+        if api == "sglang":
+            _sglang_served(served, client, cfg)
+        else:
+            _vllm_served(served, client, cfg, first_messages)
+    if served.source is None and cfg.speculative_config:
+        _from_speculative_config(served, cfg.speculative_config, "--speculative-config")
+    return served
+
+
+def _sglang_served(served: diagnose.Served, client: Any, cfg: ParityConfig) -> None:
+    info = None
+    for path in ("/server_info", "/get_server_info"):
+        info = _get_json(client, cfg.server + path, cfg.api_key)
+        if isinstance(info, dict):
+            break
+    if not isinstance(info, dict):
+        return
+    served.model = info.get("model_path")
+    served.context_length = _int(info.get("context_length"))
+    if info.get("speculative_algorithm"):
+        served.method = str(info["speculative_algorithm"]).lower()
+        served.drafter = info.get("speculative_draft_model_path")
+        served.k = _int(info.get("speculative_num_steps"))
+        served.source = "SGLang /server_info"
+
+
+def _vllm_served(served: diagnose.Served, client: Any, cfg: ParityConfig,
+                 first_messages: list[dict] | None) -> None:
+    models = _get_json(client, cfg.server + "/v1/models", cfg.api_key)
+    cards = models.get("data") if isinstance(models, dict) else None
+    card = cards[0] if isinstance(cards, list) and cards and isinstance(cards[0], dict) else {}
+    served.model = card.get("root") or card.get("id")
+    served.context_length = _int(card.get("max_model_len"))
+    dev = _get_json(client, cfg.server + "/server_info?config_format=json", cfg.api_key)
+    vllm_config = dev.get("vllm_config") if isinstance(dev, dict) else None
+    spec = vllm_config.get("speculative_config") if isinstance(vllm_config, dict) else None
+    if isinstance(spec, dict):
+        _from_speculative_config(served, spec, "vLLM /server_info")
+    if first_messages is not None:
+        body = {"messages": first_messages, "add_generation_prompt": True}
+        if served.model:
+            body["model"] = card.get("id") or served.model
+        try:
+            resp = client.post(cfg.server + "/tokenize", json=body, headers=_auth(cfg.api_key))
+            tokens = resp.json().get("tokens") if resp.status_code == 200 else None
+        except Exception:  # an older server without /tokenize: the template goes unchecked
+            tokens = None
+        if isinstance(tokens, list):
+            served.template_ids = [int(t) for t in tokens]
+
+
+def _from_speculative_config(served: diagnose.Served, spec: dict[str, Any], source: str
+                             ) -> None:
+    if spec.get("method") is not None:
+        served.method = str(spec["method"]).lower()
+    if spec.get("model") is not None:
+        served.drafter = str(spec["model"])
+    served.k = _int(spec.get("num_speculative_tokens")) or served.k
+    served.source = source
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# The run the drafter came from ---------------------------------------------------------------
+def run_checkpoint(drafter: Path) -> tuple[dict | None, Any | None]:
+    """(export provenance, `inspect` of the run's own drafter) where they can be found."""
+    from eagle3kit.model.layouts import inspect
+    from eagle3kit.train.rundir import RunDir, read_provenance
+
+    provenance = read_provenance(drafter)
+    source = (provenance or {}).get("source")
+    if not source:
+        return provenance, None
+    source_path = Path(source)
+    run = RunDir.holding(source_path) or RunDir(source_path)
+    checkpoint = run.drafter if run.exists() and run.has_drafter() else source_path
+    try:
+        return provenance, inspect(checkpoint)
+    except UserError:
+        return provenance, None
+
+
+# The gate ------------------------------------------------------------------------------------
+def run(cfg: ParityConfig) -> ParityReport:
+    from eagle3kit.bench import accept, prompts, server
+    from eagle3kit.model.layouts import inspect, target_dict
+
+    info = inspect(cfg.drafter, cfg.target)
+    target_config, _ = target_dict(cfg.target)
+    _ui.info(f"bench parity: {cfg.server} against bench accept with {cfg.drafter}", cfg.output)
+    online = server.run(cfg.server_config())
+    k = online.k or cfg.k or 3
+    offline, refused = None, None
+    try:
+        offline = accept.run(cfg.accept_config(k))
+    except UserError as exc:  # a drafter bench accept cannot run is itself a finding
+        refused = str(exc)
+
+    convs = prompts.load(cfg.prompts, cfg.format, cfg.max_samples)
+    renderer = prompts.load_renderer(cfg.target, "--target", cfg.chat_template,
+                                     cfg.trust_remote_code)
+    first = renderer.history(convs[0], 0, [])
+    served = inspect_server(cfg, online.api, first)
+    ours = renderer.render(first, convs[0].tools) if served.template_ids is not None else None
+
+    provenance, run_info = run_checkpoint(cfg.drafter)
+    findings = [*([diagnose.Finding("checkpoint", f"bench accept refused the drafter: {refused}")]
+                  if refused else []),
+                *diagnose.drafter_findings(info),
+                *diagnose.rope_findings(info, target_config),
+                *diagnose.run_findings(info, provenance, run_info),
+                *diagnose.served_findings(served, cfg.drafter, cfg.target, info, target_config,
+                                          ours, renderer.tokenizer.bos_token_id)]
+    engine_length = (online.acceptance_length_without_prefill if online.api == "sglang"
+                     else online.acceptance_length)
+    offline_figures = {
+        "acceptance_length": offline.acceptance_length if offline else None,
+        "per_position": offline.per_position if offline else [],
+        "lossless": offline.lossless if offline else None,
+        "predicted_acceptance_length": offline.predicted_acceptance_length if offline else None,
+        "rounds": offline.rounds if offline else 0}
+    differences, agree = compare(engine_length, online.per_position,
+                                 offline_figures["acceptance_length"],
+                                 offline_figures["per_position"], cfg.tolerance)
+    near_one = engine_length is not None and likely_misconfigured(engine_length)
+    if (not agree or near_one) and not findings:
+        findings.append(diagnose.unexplained(engine_length, offline_figures["acceptance_length"],
+                                             near_one, served))
+    warnings = []
+    if served.source is None:
+        warnings.append("the server does not say which drafter and method it speculates with "
+                        "(vLLM: start it with VLLM_SERVER_DEV_MODE=1, or pass "
+                        "--speculative-config): those were not checked")
+    if offline_figures["lossless"] is False:
+        warnings.append("bench accept's output differed from the target's own: see bench "
+                        "accept's mismatches")
+    report = ParityReport(
+        server=cfg.server, api=online.api, version=online.version, drafter=str(cfg.drafter),
+        target=str(cfg.target), shape=f"chain k={k}", k=k, temperature=0.0,
+        tolerance=cfg.tolerance, passed=agree and not near_one and not findings, agree=agree,
+        engine={"acceptance_length": engine_length, "per_position": online.per_position,
+                "source": online.source, "requests": online.requests, "errors": online.errors},
+        offline=offline_figures, differences=differences,
+        phases=offline.phases if offline else {},
+        served={k_: v for k_, v in asdict(served).items() if k_ not in ("template_ids", "extra")}
+        | {"template_checked": served.template_ids is not None},
+        findings=[f.to_dict() for f in findings], warnings=warnings)
+    show(report, cfg.output)
+    return report
+
+
+def compare(engine: float | None, engine_positions: list[float | None],
+            offline: float | None, offline_positions: list[float | None], tolerance: float
+            ) -> tuple[dict[str, Any], bool]:
+    """(engine minus offline, overall and per position; whether all are within tolerance).
+    Positions are compared where the engine reports them (vLLM); a missing figure disagrees."""
+    overall = None if engine is None or offline is None else engine - offline
+    positions = [None if a is None or b is None else a - b
+                 for a, b in zip(engine_positions, offline_positions, strict=False)]
+    agree = overall is not None and abs(overall) <= tolerance + 1e-9 and all(
+        d is not None and abs(d) <= tolerance + 1e-9 for d in positions)
+    if engine_positions and len(engine_positions) != len(offline_positions):
+        agree = False
+    return {"acceptance_length": overall, "per_position": positions}, agree
+
+
+# Output --------------------------------------------------------------------------------------
+def _num(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def _signed(value: float | None) -> str:
+    return "–" if value is None else f"{value:+.3f}"
+
+
+def show(report: ParityReport, opts: _ui.OutputOptions) -> None:
+    if opts.json:
+        _ui.print_json(report.to_dict())
+    verdict = "passed" if report.passed else "FAILED"
+    engine, offline = report.engine, report.offline
+    _ui.kv(f"bench parity: {report.shape}, temperature 0, tolerance {report.tolerance:g}: "
+           f"{verdict}", [
+               ("server", f"{report.server} ({report.api} {report.version or '?'})"),
+               ("drafter", report.drafter),
+               ("target", report.target),
+               ("served", _served_line(report.served)),
+               ("engine", f"{_num(engine['acceptance_length'])} ({engine['source']})"),
+               ("bench accept", f"{_num(offline['acceptance_length'])} "
+                                f"(lossless: {offline['lossless']})"),
+               ("difference", _signed(report.differences["acceptance_length"])),
+           ], opts)
+    rows = [["acceptance length", _num(engine["acceptance_length"]),
+             _num(offline["acceptance_length"]),
+             _signed(report.differences["acceptance_length"])]]
+    for i, off in enumerate(offline["per_position"]):
+        eng = engine["per_position"][i] if i < len(engine["per_position"]) else None
+        diff = (report.differences["per_position"][i]
+                if i < len(report.differences["per_position"]) else None)
+        rows.append([f"accepted {i + 1}", _num(eng), _num(off), _signed(diff)])
+    _ui.table("engine and bench accept, side by side", ["figure", "engine", "bench accept",
+                                                       "engine - bench"], rows, opts)
+    if report.phases:
+        _ui.table("bench accept per reasoning phase", [
+            "phase", "rounds", "acceptance length",
+            *(f"accepted {i + 1}" for i in range(report.k))],
+            [[name, f["rounds"], round(f["acceptance_length"], 3),
+              *(round(r, 3) for r in f["per_position"])] for name, f in report.phases.items()],
+            opts)
+    for note in report.warnings:
+        _ui.warn(note)
+    for f in report.findings:
+        _ui.warn(f"{diagnose.CAUSES[f['cause']]} [{f['cause']}]: {f['message']}")
+    if not report.passed:
+        near_one = likely_misconfigured(engine["acceptance_length"])
+        why = [text for failed, text in (
+            (not report.agree, f"the engine and bench accept differ by more than "
+                               f"{report.tolerance:g}"),
+            (near_one, "the engine accepts almost nothing"),
+            (any(f["cause"] != "unexplained" for f in report.findings),
+             "what is served differs from the run")) if failed]
+        _ui.error(f"bench parity failed: {'; '.join(why)} (the causes found are above)")
+
+
+def _served_line(served: dict[str, Any]) -> str:
+    if not served.get("source"):
+        return "speculative settings not exposed by the server"
+    drafter = served.get("drafter") or "a drafter it does not name"
+    return f"{served.get('method')} with {drafter}, k={served.get('k')} ({served['source']})"
+

@@ -1,0 +1,227 @@
+"""`eagle3kit bench parity` against the SGLang and vLLM stand-ins (tests/fake_spec_server.py):
+each cause it names, broken on purpose one at a time, ends in exit 1 naming that cause.
+
+The world: eagle3kit.tiny's target (real tokenizer, Qwen3-style template with `<think>`), a
+train-style run for it (examples/make_tiny_run.py: aux ids 2,4,5, 300-token draft vocabulary)
+and its `eagle3kit export --format vllm`. The stand-ins answer in the servers' wire formats
+with a simulated acceptance; what they say they serve (/server_info, vLLM's /tokenize) is
+what each test breaks. Agreement with a real engine is tests/vllm/test_vllm_export.py's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from fake_spec_server import SpecServer
+from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
+
+from eagle3kit import _ui, export
+from eagle3kit.bench import parity
+from eagle3kit.cli import app
+
+REPO = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("make_tiny_run",
+                                               REPO / "examples" / "make_tiny_run.py")
+make_tiny_run = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_tiny_run)
+
+QUIET = _ui.OutputOptions(quiet=True)
+NEVER = (0.0, 0.0, 0.0)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    from eagle3kit import tiny
+
+    root = tmp_path_factory.mktemp("parity")
+    target = tiny.make_target(root / "target")
+    make_tiny_run.make_run(root / "run", target, [2, 4, 5])
+    export.run(export.ExportConfig(root / "run", root / "export", format="vllm",
+                                   target=target, output=QUIET))
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"messages": m}) + "\n" for m in tiny.prompts(2)))
+    return {"root": root, "target": target, "drafter": root / "export", "prompts": prompts}
+
+
+def gate(world: dict, srv: SpecServer, drafter: Path | None = None,
+         **options) -> parity.ParityReport:
+    return parity.run(parity.ParityConfig(
+        srv.url, [world["prompts"]], world["target"], drafter or world["drafter"],
+        max_new_tokens=6, device="cpu", output=QUIET, **options))
+
+
+def sglang(world: dict, accept=NEVER, **served) -> SpecServer:
+    info = {"model_path": str(world["target"]),
+            "speculative_draft_model_path": str(world["drafter"])} | served
+    return SpecServer("sglang", accept=accept, tokenizer=world["target"],
+                      model_name=str(world["target"]), served=info)
+
+
+def causes(report: parity.ParityReport) -> list[str]:
+    return [f["cause"] for f in report.findings]
+
+
+def broken_copy(world: dict, tmp_path: Path, config_edit=None, tensors_edit=None) -> Path:
+    out = tmp_path / "broken"
+    shutil.copytree(world["drafter"], out)
+    if config_edit is not None:
+        config = json.loads((out / "config.json").read_text())
+        config_edit(config)
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+    if tensors_edit is not None:
+        tensors = load_file(str(out / "model.safetensors"))
+        tensors_edit(tensors)
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def test_a_sound_setup_names_no_setting_and_fails_only_on_acceptance_near_one(world) -> None:
+    with sglang(world) as srv:
+        report = gate(world, srv)
+    # The run's drafter is untrained: both sides accept nothing, and agree on it.
+    assert report.agree and report.engine["acceptance_length"] == pytest.approx(1.0)
+    assert report.offline["acceptance_length"] == pytest.approx(1.0)
+    assert report.served["method"] == "eagle3" and report.served["source"] == "SGLang /server_info"
+    assert causes(report) == ["unexplained"] and "almost nothing" in report.findings[0]["message"]
+    assert report.exit_code == 1
+    assert set(report.phases) <= {"think", "answer"} and report.phases
+
+
+def test_a_disagreement_beyond_the_tolerance_fails(world) -> None:
+    with sglang(world, accept=(0.9, 0.8, 0.7)) as srv:
+        report = gate(world, srv)
+    assert not report.agree and report.differences["acceptance_length"] > 0.5
+    assert causes(report) == ["unexplained"] and "differs from the offline" in \
+        report.findings[0]["message"]
+    assert report.exit_code == 1
+
+
+def _aux_other_convention(c: dict) -> None:
+    c["eagle_aux_hidden_state_layer_ids"] = [1, 3, 4]
+
+
+def _d2t_absolute(t: dict) -> None:
+    t["d2t"] = t["d2t"] + torch.arange(len(t["d2t"]))
+
+
+def _random_embedding(t: dict) -> None:
+    """A random embedding of the target's shape, where the target's copy belongs."""
+    torch.manual_seed(1)
+    t["embed_tokens.weight"] = torch.randn(len(t["t2d"]), t["fc.weight"].shape[0])
+
+
+def _norm_flag(c: dict) -> None:
+    c["norm_before_residual"] = not c["norm_before_residual"]
+
+
+def _rope(c: dict) -> None:
+    layer = c["transformer_layer_config"]
+    layer["rope_theta"] = 500000.0
+    if isinstance(layer.get("rope_parameters"), dict):
+        layer["rope_parameters"]["rope_theta"] = 500000.0
+
+
+def _draft_vocab(c: dict) -> None:
+    c["draft_vocab_size"] = 256
+
+
+BROKEN_DRAFTERS = {
+    "aux-layer-ids": (_aux_other_convention, None, "layer-output convention"),
+    "d2t": (None, _d2t_absolute, "d2t holds target ids, not offsets"),
+    "embed-tokens": (None, _random_embedding, "embed_tokens differs"),
+    "norm": (_norm_flag, None, "norm_before_residual"),
+    "rope": (_rope, None, "RoPE"),
+    "draft-vocab": (_draft_vocab, None, "draft_vocab_size"),
+}
+
+
+@pytest.mark.parametrize("cause", list(BROKEN_DRAFTERS))
+def test_each_broken_drafter_setting_is_named(world, tmp_path: Path, cause: str) -> None:
+    config_edit, tensors_edit, words = BROKEN_DRAFTERS[cause]
+    broken = broken_copy(world, tmp_path, config_edit, tensors_edit)
+    with sglang(world, speculative_draft_model_path=str(broken)) as srv:
+        report = gate(world, srv, drafter=broken)
+    assert cause in causes(report), report.findings
+    assert "unexplained" not in causes(report)
+    assert any(words in f["message"] for f in report.findings if f["cause"] == cause)
+    assert report.exit_code == 1
+
+
+SERVED = {
+    "method": ({"speculative_algorithm": "EAGLE"}, "method 'eagle'"),
+    "served-drafter": ({"speculative_draft_model_path": "/models/another-drafter"},
+                       "another-drafter"),
+    "served-target": ({"model_path": "/models/another-target"}, "another-target"),
+}
+
+
+@pytest.mark.parametrize("cause", list(SERVED))
+def test_each_broken_served_setting_is_named(world, cause: str) -> None:
+    served, words = SERVED[cause]
+    with sglang(world, **served) as srv:
+        report = gate(world, srv)
+    assert cause in causes(report) and "unexplained" not in causes(report), report.findings
+    assert any(words in f["message"] for f in report.findings)
+    assert report.exit_code == 1
+
+
+def test_vllm_without_dev_mode_is_checked_from_the_speculative_config_given(world) -> None:
+    with SpecServer("vllm", accept=NEVER, tokenizer=world["target"],
+                    model_name=str(world["target"])) as srv:
+        unseen = gate(world, srv)
+        given = gate(world, srv, speculative_config=json.dumps(
+            {"method": "eagle", "model": str(world["drafter"]), "num_speculative_tokens": 3}))
+    assert unseen.served["source"] is None and any("VLLM_SERVER_DEV_MODE" in w
+                                                   for w in unseen.warnings)
+    assert given.served["source"] == "--speculative-config" and "method" in causes(given)
+
+
+def test_the_server_chat_template_is_compared_with_the_runs(world) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(world["target"])
+    served = {"method": "eagle3", "model": str(world["drafter"]), "num_speculative_tokens": 3}
+    reports = {}
+    for name, prefix in (("same", ()), ("bos", (7,))):
+        with SpecServer("vllm", accept=NEVER, tokenizer=world["target"],
+                        model_name=str(world["target"]), served=served,
+                        chat_tokenizer=tokenizer, chat_prefix=prefix) as srv:
+            reports[name] = gate(world, srv)
+    assert reports["same"].served["template_checked"]
+    assert reports["same"].served["source"] == "vLLM /server_info"
+    assert "chat-template" not in causes(reports["same"])
+    assert "chat-template" in causes(reports["bos"])
+    assert len(reports["same"].engine["per_position"]) == 3  # vLLM: compared per position
+
+
+def test_the_command_exits_1_and_names_the_cause(world) -> None:
+    with sglang(world, speculative_algorithm="EAGLE") as srv:
+        result = CliRunner().invoke(app, [
+            "bench", "parity", str(world["prompts"]), "--server", srv.url,
+            "--target", str(world["target"]), "--drafter", str(world["drafter"]),
+            "--max-new-tokens", "6", "--device", "cpu", "--json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["passed"] is False and "method" in [f["cause"] for f in report["findings"]]
+    assert "speculative method [method]" in " ".join(result.stderr.split())
+
+
+def test_bad_input_is_one_message(world, tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, [
+        "bench", "parity", str(world["prompts"]), "--server", "http://127.0.0.1:9",
+        "--target", str(world["target"]), "--drafter", str(tmp_path / "none")])
+    assert result.exit_code == 2
+    assert "--drafter" in result.stderr and "Traceback" not in result.output
+    result = CliRunner().invoke(app, [
+        "bench", "parity", str(world["prompts"]), "--server", "http://127.0.0.1:9",
+        "--target", str(world["target"]), "--drafter", str(world["drafter"]),
+        "--speculative-config", "{not json"])
+    assert result.exit_code == 2 and "--speculative-config" in result.stderr
