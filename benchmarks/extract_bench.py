@@ -46,6 +46,7 @@ from eagle3kit import extract
 from eagle3kit._ui import OutputOptions
 from eagle3kit.format import Dataset, DatasetWriter, HiddenDataset, TokenSample
 from eagle3kit.format.hidden import CODECS, hidden_bytes_per_token
+from eagle3kit.target import TargetInfo
 from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings
 
 HIDDEN = 256
@@ -56,7 +57,7 @@ def build(root: Path, samples: int, tokens: int) -> tuple[Path, Path]:
     tokenizer = make_tokenizer(root / "tokenizer", corpus=stdlib_docstrings(100_000))
     target = make_target(root / "target", tokenizer, num_layers=8, hidden_size=HIDDEN)
     rng = np.random.default_rng(0)
-    vocab = extract.TargetInfo.load(target).vocab_size
+    vocab = TargetInfo.load(target).vocab_size
     with DatasetWriter(root / "tokens", config={"stage": "bench"}) as writer:
         writer.store_files("tokenizer", sorted(p for p in tokenizer.iterdir() if p.is_file()))
         for i in range(samples):
@@ -104,7 +105,7 @@ def run_extract(target: Path, tokens: Path, out: Path, codec: str,
     shutil.rmtree(out, ignore_errors=True)
     return extract.run(extract.ExtractConfig(
         tokens, out, target=target, codec=codec, batch_tokens=batch_tokens, dtype="float32",
-        device="cpu", output_options=OutputOptions(quiet=True)))
+        device="cpu", output=OutputOptions(quiet=True)))
 
 
 def main() -> None:

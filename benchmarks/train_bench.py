@@ -59,11 +59,11 @@ def build(work: Path, samples: int, length: int) -> None:
             ids = stream[i * length:(i + 1) * length]
             w.add(TokenSample(f"b{i}", ids[:16], ids[16:]))
     extract.run(extract.ExtractConfig(work / "tokens", work / "hidden", target=target,
-                                      device="cpu", output_options=OutputOptions(quiet=True)))
+                                      device="cpu", output=OutputOptions(quiet=True)))
 
 
 def ours(work: Path, steps: int) -> dict:
-    from eagle3kit._ui import OutputOptions
+    from eagle3kit._options import OutputOptions, WriteOptions
     from eagle3kit.train import TrainConfig, run
     from eagle3kit.train.rundir import RunDir
 
@@ -81,7 +81,8 @@ def ours(work: Path, steps: int) -> dict:
     RunDir.log = timed_log  # type: ignore[method-assign]
     run(TrainConfig([work / "hidden"], work / "run", work / "target", max_steps=steps,
                     batch_tokens=BATCH_TOKENS, eval_split=0, checkpoint_every=10**9,
-                    device="cpu", mode="overwrite", output=OutputOptions(quiet=True)))
+                    device="cpu", write=WriteOptions(mode="overwrite"),
+                    output=OutputOptions(quiet=True)))
     first, last = marks[0], marks[-1]
     tokens = last[1] - first[1]
     return {"tokens": tokens, "tokens_per_s": round(tokens / (last[2] - first[2]), 1),

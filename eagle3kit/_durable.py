@@ -1,14 +1,19 @@
-"""fsync helpers: a file written and renamed here survives a crash whole, or not at all.
+"""Crash-safe writes: a file written and renamed here survives a crash whole, or not at all.
 
-The dataset format has its own writers on top of these (`format/_io.py`, which also turns
-a full disk into a DatasetError); the training run directory, checkpoints, exports and the
+The one set of durable-write helpers. The dataset format wraps them only to name its temp
+files the way its readers skip and to turn a full disk into a DatasetError (`format/_io.py`);
+the training run directory, checkpoints, exports, hidden-state conversions and the
 quickstart's state use them directly.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
 
 
 def fsync_file(path: Path) -> None:
@@ -32,8 +37,54 @@ def replace_durably(tmp: Path, dst: Path) -> None:
     fsync_dir(dst.parent)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` through a temp file beside it (see `replace_durably`)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    replace_durably(tmp, path)
+def temp_beside(path: Path) -> Path:
+    """A hidden temp name beside `path` that no other process picks."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def open_new(path: Path) -> BinaryIO:
+    """`path` opened for writing, never through a symbolic link planted at that name (which
+    would write wherever it points)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
+    return os.fdopen(fd, "wb")
+
+
+def write_atomic(path: Path, write: Callable[[Path], Any], tmp: Path | None = None) -> None:
+    """`write(tmp)` then `replace_durably(tmp, path)`: a file under its final name is complete.
+    On any failure the temp file goes (unless it is a link someone planted: not ours)."""
+    tmp = tmp or temp_beside(path)
+    try:
+        write(tmp)
+        replace_durably(tmp, path)
+    except BaseException:
+        if not tmp.is_symlink():
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_bytes_atomic(path: Path, data: bytes, tmp: Path | None = None) -> None:
+    """Replace `path` with `data` (see `write_atomic`)."""
+    def write(to: Path) -> None:
+        with open_new(to) as f:
+            f.write(data)
+
+    write_atomic(path, write, tmp)
+
+
+def write_text_atomic(path: Path, text: str, tmp: Path | None = None) -> None:
+    """Replace `path` with `text`, UTF-8 (see `write_atomic`)."""
+    write_bytes_atomic(path, text.encode(), tmp)
+
+
+def json_bytes(obj: object) -> bytes:
+    """`obj` as indented JSON ending in a newline; numpy values as numbers, anything else
+    orjson does not know (paths) as its str."""
+    return orjson.dumps(obj, default=str, option=orjson.OPT_INDENT_2
+                        | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+                        | orjson.OPT_APPEND_NEWLINE)
+
+
+def write_json_atomic(path: Path, obj: object, tmp: Path | None = None) -> None:
+    """Replace `path` with `obj` as JSON (see `write_atomic`)."""
+    write_bytes_atomic(path, json_bytes(obj), tmp)

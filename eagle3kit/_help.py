@@ -6,6 +6,9 @@ the config's defaults apply), which leaves Typer nothing to show. A command made
 help is drawn: it imports the config (a light module, no torch), reads `dataclasses.fields`,
 and shows each option's field default; a field without a default marks its option required
 (the stage still refuses a missing one with its own message, alongside any other problem).
+The options every stage shares live in dataclasses a config embeds (eagle3kit._options:
+`output`, `write`); their fields count as the config's own, with the values of the config's
+default instance (extract's `write` commits every 256 samples, gen's every 1000).
 It also keeps Python type names out of the help (`<list[Path]>`, `<bool>` on flags) and writes
 positionals in the usage line as a user types them (`PROMPTS... OUTPUT`, `RUN OUT`).
 """
@@ -19,20 +22,33 @@ from typing import Any, ClassVar
 
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-OUTPUT_OPTIONS = "eagle3kit._ui:OutputOptions"
-"""--json, --quiet, --no-progress and --log-every: the same fields on every stage."""
 _TYPE_WORDS = {int: "INTEGER", float: "NUMBER", str: "TEXT", Path: "PATH"}
 _NOTHING = object()
 
 
-def config_fields(*configs: str) -> dict[str, dataclasses.Field]:
-    """Field name -> field over the named dataclasses ("module:Class"), the first one winning."""
+def config_fields(*configs: str | type) -> dict[str, dataclasses.Field]:
+    """Field name -> field over the dataclasses (a class or "module:Class"), the first one
+    winning; an embedded options dataclass gives its fields, defaulted as the config's own
+    default instance of it has them."""
     fields: dict[str, dataclasses.Field] = {}
-    for name in configs:
-        module, _, cls = name.partition(":")
-        for f in dataclasses.fields(getattr(importlib.import_module(module), cls)):
+    for config in configs:
+        if isinstance(config, str):
+            module, _, cls = config.partition(":")
+            config = getattr(importlib.import_module(module), cls)
+        for f in dataclasses.fields(config):
             fields.setdefault(f.name, f)
+            value = field_default(f)
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                for sub in dataclasses.fields(value):
+                    fields.setdefault(sub.name, _defaulted(sub, getattr(value, sub.name)))
     return fields
+
+
+def _defaulted(f: dataclasses.Field, value: Any) -> dataclasses.Field:
+    """A copy of `f` whose default is `value`."""
+    copy = dataclasses.field(default=value)
+    copy.name, copy.type = f.name, f.type
+    return copy
 
 
 def field_default(f: dataclasses.Field) -> Any:
@@ -72,7 +88,7 @@ class StageCommand(TyperCommand):
 
     def describe(self, ctx: Any) -> None:
         """Put the configs' defaults, required marks and plain type words on the parameters."""
-        fields = config_fields(*self.configs, OUTPUT_OPTIONS)
+        fields = config_fields(*self.configs)
         for param in self.get_params(ctx):
             f = fields.get(self.fields_of.get(param.name or "", param.name or ""))
             if isinstance(param, TyperOption):

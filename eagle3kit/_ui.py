@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from eagle3kit.errors import UserError
+from eagle3kit._options import OutputOptions
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -25,20 +25,6 @@ _ALWAYS_SHOWN = ("errors",)
 # While a live display runs, everything drawn must go through its console: rich lets a second
 # console write straight to the terminal, through the bar, instead of above it.
 _live_console: Console | None = None
-
-
-@dataclass
-class OutputOptions:
-    """The shared output flags; cli.py builds one and every stage config carries it."""
-
-    json: bool = False  # machine output on stdout
-    quiet: bool = False  # only warnings and errors on stderr
-    no_progress: bool = False  # no live display; plain status lines still appear
-    log_every: float = 30.0  # seconds between plain status lines
-
-    def __post_init__(self) -> None:
-        if not self.log_every > 0:  # written this way so NaN is refused too
-            raise UserError(f"--log-every must be > 0 seconds (got {self.log_every})")
 
 
 def is_terminal() -> bool:

@@ -63,31 +63,20 @@ def _given(**options: Any) -> dict[str, Any]:
     return {k: v for k, v in options.items() if v is not None}
 
 
-def _output(json: bool, quiet: bool, no_progress: bool, log_every: float | None):
-    from eagle3kit._ui import OutputOptions
+def _output(json: bool, quiet: bool, no_progress: bool, log_every: float | None) -> Any:
+    from eagle3kit._options import OutputOptions
 
     return OutputOptions(json=json, quiet=quiet, no_progress=no_progress,
                          **_given(log_every=log_every))
 
 
-def _open_mode(resume: bool, overwrite: bool) -> str:
-    if resume and overwrite:
-        raise UserError("--resume and --overwrite exclude each other")
-    return "resume" if resume else "overwrite" if overwrite else "auto"
+def _write(config: type, resume: bool, overwrite: bool, force: bool = False,
+           commit_every: int | None = None, commit_interval: float | None = None) -> Any:
+    """--resume/--overwrite/--force and the commit flags given, over `config`'s defaults."""
+    from eagle3kit._options import WriteOptions
 
-
-def _json_object(text: str | None, flag: str) -> dict:
-    import json
-
-    if text is None:
-        return {}
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise UserError(f"{flag}: not valid JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise UserError(f"{flag}: expected a JSON object like '{{\"enable_thinking\": false}}'")
-    return value
+    return WriteOptions.for_stage(config, resume, overwrite, force, **_given(
+        commit_every=commit_every, commit_interval=commit_interval))
 
 
 def _fail(exc: UserError) -> NoReturn:
@@ -173,9 +162,9 @@ def convert(
     _run(stage.run, lambda: stage.ConvertConfig(
         src, dst, tokenizer=tokenizer, partition=partition, skip_bad_lines=skip_bad_lines,
         to=to, target=target, layers=layers, trust_remote_code=trust_remote_code,
-        mode=_open_mode(resume, overwrite), force=force,
+        write=_write(stage.ConvertConfig, resume, overwrite, force, commit_every,
+                     commit_interval),
         output=_output(json, quiet, no_progress, log_every),
-        **_given(commit_every=commit_every, commit_interval=commit_interval),
     ))
 
 
@@ -392,28 +381,24 @@ _GEN_PASSED_ON = (
     "shuffle_seed", "concurrency", "max_tokens", "max_seq_len", "long_threshold",
     "short_concurrency", "long_concurrency", "short_max_tokens", "long_max_tokens",
     "min_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n", "sampling_seed",
-    "request_timeout", "max_attempts", "retry_for", "stall_after", "grace", "commit_every",
-    "commit_interval",
+    "request_timeout", "max_attempts", "retry_for", "stall_after", "grace",
 )
 """gen options handed to GenConfig only when given (its defaults apply otherwise)."""
 
 
 def _gen_config(o: dict[str, Any]) -> Any:
     """gen's options, keyed by its parameter names, as a GenConfig (plan builds one too)."""
-    from eagle3kit import gen as stage
+    from eagle3kit.gen.config import GenConfig
 
-    prompts = o["prompts"]
-    if len(prompts) < 2 and not (o["dataset"] and prompts):
-        raise UserError("give the prompt files, then the output directory last")
-    *inputs, output = prompts
-    return stage.GenConfig(
-        inputs, output, servers=[stage.parse_server(s) for s in o["server"] or []],
-        chat_template_kwargs=_json_object(o["chat_template_kwargs"], "--chat-template-kwargs"),
+    return GenConfig.from_paths(
+        o["prompts"], servers=o["server"] or [],
+        chat_template_kwargs=o["chat_template_kwargs"] or {},
         trust_remote_code=o["trust_remote_code"], skip_bad_lines=o["skip_bad_lines"],
         tokenizer_check=not o["no_tokenizer_check"], strict=o["strict"],
         retry_failed=not o["keep_failed"],
-        mode=_open_mode(o["resume"], o["overwrite"]), force=o["force"],
-        output_options=_output(o["json"], o["quiet"], o["no_progress"], o["log_every"]),
+        write=_write(GenConfig, o["resume"], o["overwrite"], o["force"], o["commit_every"],
+                     o["commit_interval"]),
+        output=_output(o["json"], o["quiet"], o["no_progress"], o["log_every"]),
         **_given(**{name: o[name] for name in _GEN_PASSED_ON}),
     )
 
@@ -452,9 +437,8 @@ def plan(**options: Any) -> None:
     """Forecast a gen run's hours, tokens and disk from a pilot that gen then skips."""
     from eagle3kit import plan as stage
 
-    own = {name: options.pop(name) for name in inspect.signature(_plan_options).parameters}
-    _run(stage.run, lambda: stage.PlanConfig(
-        _gen_config(options), layers=own.pop("layers"), **_given(**own)))
+    own = stage.PlanConfig.own_options(options)
+    _run(stage.run, lambda: stage.PlanConfig(_gen_config(options), **_given(**own)))
 
 
 # plan's signature is gen's plus its own options: one definition of gen's flags serves both.
@@ -469,7 +453,7 @@ app.command(rich_help_panel="Stages", cls=stage_command(
 def extract(
     tokens: Annotated[Path, typer.Argument(
         metavar="TOKENS", help="The token dataset (from gen or convert).")],
-    output: Annotated[Path, typer.Argument(
+    out: Annotated[Path, typer.Argument(
         metavar="OUTPUT", help="The hidden-state dataset to write.")],
     target: Annotated[Path | None, typer.Option(help="The target model directory.")] = None,
     layers: Annotated[str | None, typer.Option(
@@ -512,14 +496,14 @@ def extract(
     from eagle3kit import extract as stage
 
     _run(stage.run, lambda: stage.ExtractConfig(
-        tokens, output, target=target, layers=layers, tokenizer=tokenizer, server=server,
+        tokens, out, target=target, layers=layers, tokenizer=tokenizer, server=server,
         model=model, device_map=device_map, trust_remote_code=trust_remote_code or None,
         ignore_disk_check=ignore_disk_check, dry_run=dry_run,
-        mode=_open_mode(resume, overwrite), force=force,
-        output_options=_output(json, quiet, no_progress, log_every),
+        write=_write(stage.ExtractConfig, resume, overwrite, force, commit_every,
+                     commit_interval),
+        output=_output(json, quiet, no_progress, log_every),
         **_given(engine=engine, concurrency=concurrency, request_timeout=request_timeout,
-                 device=device, dtype=dtype, batch_tokens=batch_tokens, codec=codec,
-                 commit_every=commit_every, commit_interval=commit_interval),
+                 device=device, dtype=dtype, batch_tokens=batch_tokens, codec=codec),
     ))
 
 
@@ -608,23 +592,11 @@ def train(
     from eagle3kit import train as stage
 
     def config() -> stage.TrainConfig:
-        if len(paths) < 2:
-            raise UserError("give the datasets, then the run directory last")
-        if target is None:
-            raise UserError("--target is required: the target model directory")
-        ids = None
-        if layers is not None:
-            try:
-                ids = [int(x) for x in layers.split(",") if x.strip()]
-            except ValueError:
-                raise UserError(f"--layers {layers!r}: expected integers like 2,18,33"
-                                ) from None
-        *data, out = paths
-        return stage.TrainConfig(
-            [stage.DataSpec.parse(d) for d in data], Path(out), target, online=online,
-            layers=ids, servers=list(server or []), model=model, init_from=init_from,
-            fsdp=fsdp, mode=_open_mode(resume, overwrite),
-            force=force, trust_remote_code=trust_remote_code or None,
+        return stage.TrainConfig.from_paths(
+            paths, target=target, online=online, layers=layers, servers=list(server or []),
+            model=model, init_from=init_from,
+            fsdp=fsdp, write=_write(stage.TrainConfig, resume, overwrite, force),
+            trust_remote_code=trust_remote_code or None,
             output=_output(json, quiet, no_progress, log_every),
             **_given(draft_vocab=draft_vocab, ttt_steps=ttt_steps, ttt_decay=ttt_decay,
                      max_len=max_len, long_samples=long_samples, lr=lr, min_lr=min_lr,
@@ -670,17 +642,9 @@ def export(
     """Write a trained drafter as the checkpoints vLLM and SGLang load."""
     from eagle3kit import export as stage
 
-    def ids(text: str | None) -> list[int] | None:
-        if text is None:
-            return None
-        try:
-            return [int(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise UserError(f"--layers {text!r}: expected integers like 2,18,33") from None
-
     _run(stage.run, lambda: stage.ExportConfig(
         run_dir, out, verifier=verifier, target=target, with_embedding=with_embedding,
-        layers=ids(layers), overwrite=overwrite, trust_remote_code=trust_remote_code or None,
+        layers=layers, overwrite=overwrite, trust_remote_code=trust_remote_code or None,
         output=_output(json, quiet, no_progress, log_every),
         **_given(format=format, num_speculative_tokens=num_speculative_tokens, dtype=dtype)))
 
@@ -850,7 +814,8 @@ def quickstart(
     from eagle3kit import quickstart as stage
 
     _run(stage.run, lambda: stage.QuickstartConfig(
-        overwrite=overwrite, output=_output(json, quiet, no_progress, log_every),
+        write=_write(stage.QuickstartConfig, False, overwrite),
+        output=_output(json, quiet, no_progress, log_every),
         **_given(out=out, prompts=prompts, bench_prompts=bench_prompts,
                  target_steps=target_steps, train_steps=train_steps, max_tokens=max_tokens,
                  threads=threads)))

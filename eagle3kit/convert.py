@@ -21,8 +21,11 @@ from pathlib import Path
 import orjson
 
 from eagle3kit import _ui
+from eagle3kit._durable import replace_durably
+from eagle3kit._options import WriteOptions
 from eagle3kit.errors import UserError
-from eagle3kit.format import Dataset, DatasetWriter, OpenMode, TokenSample, is_dataset
+from eagle3kit.format import Dataset, DatasetWriter, TokenSample, is_dataset
+from eagle3kit.target import parse_layer_ids
 
 REQUIRED = ("sample_id", "prompt_ids", "completion_ids")
 OPTIONAL = ("finish_reason", "partition", "metadata", "loss_mask", "source", "server",
@@ -42,12 +45,8 @@ class ConvertConfig:
     """Export: only this partition."""
     skip_bad_lines: bool = False
     """Import: skip and count malformed lines instead of stopping at the first."""
-    commit_every: int = 1000
-    """Import: commit after this many samples..."""
-    commit_interval: float = 60.0
-    """Import: ...or after this many seconds, whichever comes first."""
-    mode: OpenMode = "auto"
-    force: bool = False
+    write: WriteOptions = field(default_factory=WriteOptions)
+    """Import: --resume/--overwrite/--force and the commit cadence."""
     trust_remote_code: bool = False
     """Export: run code the --tokenizer directory ships (auto_map)."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
@@ -56,7 +55,7 @@ class ConvertConfig:
     target: Path | None = None
     """Hidden states: the target model (its final norm for --to specforge; identity and
     default layers for an import)."""
-    layers: str | None = None
+    layers: list[int] | str | None = None
     """Hidden-state import: the aux layer ids, boundary convention."""
     hidden: str | None = field(default=None, init=False)
     """"export" or "import" when the conversion is of hidden states, else None."""
@@ -65,17 +64,14 @@ class ConvertConfig:
         self.src, self.dst = Path(self.src), Path(self.dst)
         if not self.src.exists():
             raise UserError(f"{self.src}: no such file or directory")
-        if self.commit_every < 1:
-            raise UserError(f"--commit-every must be at least 1 (got {self.commit_every})")
-        if not self.commit_interval > 0:
-            raise UserError(f"--commit-interval must be > 0 seconds (got {self.commit_interval})")
+        self.layers = parse_layer_ids(self.layers)
         from eagle3kit import hidden_convert
 
         self.hidden = hidden_convert.check_config(self)
         if self.hidden:
             return
         if self.exporting:
-            if self.skip_bad_lines or self.mode != "auto" or self.force:
+            if self.skip_bad_lines or self.write.mode != "auto" or self.write.force:
                 raise UserError("--skip-bad-lines, --resume, --overwrite and --force apply to "
                                 "import only")
             if str(self.dst) == "-" and self.output.json:
@@ -154,7 +150,7 @@ def export_jsonl(cfg: ConvertConfig) -> ConvertResult:
         if not to_stdout:
             os.fsync(out.fileno())
             out.close()
-            os.replace(tmp, cfg.dst)
+            replace_durably(tmp, cfg.dst)
     except BaseException as exc:
         if not to_stdout:
             # close() flushes, which fails again on a full disk: the temp file must go anyway.
@@ -281,13 +277,12 @@ def import_jsonl(cfg: ConvertConfig) -> ConvertResult:
     total = _count_lines(cfg.src)
     result = ConvertResult("import", 0, dst=str(cfg.dst))
     writer = DatasetWriter(
-        cfg.dst, mode=cfg.mode, force=cfg.force,
+        cfg.dst, **cfg.write.writer_options(),
         # The file name, not its path: the same file moved or copied continues the import.
         config={"stage": "convert", "source": cfg.src.name},
         provenance={"source": str(cfg.src.resolve())},
-        commit_every=cfg.commit_every, commit_interval=cfg.commit_interval,
     )
-    first_commit = min(cfg.commit_every, FIRST_COMMIT)
+    first_commit = min(cfg.write.commit_every, FIRST_COMMIT)
     with writer, open(cfg.src, "rb") as f:
         hasher = xxhash.xxh3_128()
         start = _resume_point(f, SourceMark.from_json(cfg.src.name, writer.progress_at_open),

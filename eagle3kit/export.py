@@ -22,6 +22,8 @@ from typing import Any
 from eagle3kit import __version__, _ui
 from eagle3kit._durable import fsync_dir, fsync_file
 from eagle3kit.errors import UserError
+from eagle3kit.target import COMPARED, check_layer_ids, config_dict, parse_layer_ids
+from eagle3kit.train.rundir import PROVENANCE, RunDir, read_provenance
 
 FORMATS = ("vllm", "sglang", "both")
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
@@ -49,7 +51,7 @@ class ExportConfig:
     """The target model directory; default: the path the run recorded, when it exists."""
     with_embedding: bool = False
     """vLLM export: add a bit-exact copy of the target's input embedding."""
-    layers: list[int] | None = None
+    layers: list[int] | str | None = None
     """Boundary aux layer ids for a source checkpoint that records none."""
     trust_remote_code: bool | None = None
     """Run code the target directory ships (auto_map); None: as train was told (run.json)."""
@@ -70,9 +72,9 @@ class ExportConfig:
         if self.with_embedding and self.format == "sglang":
             raise UserError("--with-embedding: the SGLang layout never has an embedding "
                             "(SGLang always uses the target's)")
-        if self.layers is not None and (not self.layers or min(self.layers) < 0
-                                        or len(set(self.layers)) != len(self.layers)):
-            raise UserError(f"--layers {self.layers}: expected distinct ids >= 0, like 2,18,33")
+        self.layers = parse_layer_ids(self.layers)
+        if self.layers is not None:
+            check_layer_ids(self.layers)
         if self.verifier is not None and not self.verifier.strip():
             raise UserError("--verifier: empty")
         if self.run.resolve() == self.out.resolve():
@@ -134,25 +136,16 @@ class Source:
     warnings: list[str]
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not readable JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a JSON object")
-    return data
-
-
 def load_source(cfg: ExportConfig) -> Source:
     from eagle3kit.model.layouts import inspect, load_inspected
 
     run_dir = cfg.run
     run: dict = {}
-    if (run_dir / "run.json").is_file():
-        run = _read_json(run_dir / "run.json")
-        checkpoint = run_dir / "drafter"
-        if not (checkpoint / "config.json").is_file():
+    rd = RunDir(run_dir)
+    if rd.exists():
+        run = rd.load()
+        checkpoint = rd.drafter
+        if not rd.has_drafter():
             raise UserError(f"{checkpoint}: the run has no drafter yet (train writes it there)")
     elif (run_dir / "config.json").is_file():
         checkpoint = run_dir
@@ -183,14 +176,11 @@ def load_source(cfg: ExportConfig) -> Source:
 
 
 def _identity(run: dict, info: Any) -> dict:
-    from eagle3kit.model.layouts import PROVENANCE
-
     recorded = run.get("target")
     if not isinstance(recorded, dict) and info.layout == "eagle3kit":
         recorded = info.config["eagle3kit"].get("target")
-    provenance = Path(info.path) / PROVENANCE
-    if not isinstance(recorded, dict) and provenance.is_file():  # an earlier export
-        recorded = _read_json(provenance).get("target")
+    if not isinstance(recorded, dict):  # an earlier export
+        recorded = (read_provenance(Path(info.path)) or {}).get("target")
     if isinstance(recorded, dict):
         return dict(recorded)
     if info.layout == "speculators":
@@ -209,21 +199,19 @@ def _checked_target(target_dir: Path | None, identity: dict, explicit: bool,
     """The target's raw config, refused when it is not the target the run trained against."""
     if target_dir is None:
         return None
-    from eagle3kit import _hf
-    from eagle3kit.model import config_fingerprint
     from eagle3kit.model.layouts import target_dict
+    from eagle3kit.target import TargetInfo, identity_mismatch
 
     raw, _ = target_dict(target_dir)
-    recorded = identity.get("fingerprint")
-    if recorded:
+    if any(identity.get(key) is not None for key in COMPARED):
         flag = "--target" if explicit else "the recorded target"
-        config = _hf.load_config(target_dir, trust_remote_code, flag)
-        actual = config_fingerprint(config.get_text_config()
-                                    if hasattr(config, "get_text_config") else config)
-        if actual != recorded:
+        actual = TargetInfo.load(target_dir, trust_remote_code, flag).identity
+        mismatch = identity_mismatch(identity, actual)
+        if mismatch:
+            key, recorded, found = mismatch
             flag = "--target" if explicit else "the recorded target path"
             raise UserError(f"{flag} {target_dir}: not the target the run was trained against "
-                            f"(config fingerprint {actual}, the run recorded {recorded})")
+                            f"({key} {found}, the run recorded {recorded})")
     return raw
 
 
@@ -401,8 +389,6 @@ def _full_vocabulary(tensors: dict) -> None:
 def _write_checkpoint(directory: Path, config: dict, tensors: dict, provenance: dict) -> None:
     from safetensors.torch import save_file
 
-    from eagle3kit.model.layouts import PROVENANCE
-
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(directory / WEIGHTS), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -487,7 +473,7 @@ def _verifier(cfg: ExportConfig, src: Source) -> tuple[str, list[str]]:
         raise UserError(f"{src.checkpoint}: records no target; give --verifier NAME_OR_PATH")
     local = _existing_dir(name)
     if local is not None:
-        return name, list(_read_json(local / "config.json").get("architectures") or [])
+        return name, list(config_dict(local).get("architectures") or [])
     archs = src.identity.get("architectures") or (src.target_raw or {}).get("architectures")
     return name, list(archs or [])
 

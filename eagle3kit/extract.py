@@ -13,13 +13,11 @@ rerunning the same command, with any number of ranks, continues where a run stop
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +25,29 @@ import orjson
 import xxhash
 
 from eagle3kit import _hf, _ui
+from eagle3kit._options import OutputOptions, WriteOptions
+from eagle3kit._ranks import Ranks, resolve_device
 from eagle3kit._urls import server_url
 from eagle3kit.errors import UserError
-from eagle3kit.format import Dataset, HiddenSample, HiddenWriter, OpenMode, hidden_bytes_per_token
+from eagle3kit.format import (
+    Dataset,
+    HiddenDataset,
+    HiddenSample,
+    HiddenWriter,
+    hidden_bytes_per_token,
+    is_dataset,
+)
 from eagle3kit.format.hidden import CODECS, committed_ids
-from eagle3kit.format.lock import new_run_id
+from eagle3kit.target import (
+    TargetInfo,
+    check_layer_ids,
+    identity_mismatch,
+    parse_layer_ids,
+    resolve_layer_ids,
+)
 
 ENGINES = ("hf", "vllm")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-MIN_DEFAULT_DEPTH = 7
-"""Below this many layers EAGLE-3's default ids (2, N//2, N-3) are not distinct."""
 DISK_MARGIN = 1.05
 """Free space asked for beyond the estimate: shard headers, ids, a commit in flight."""
 
@@ -45,7 +56,7 @@ DISK_MARGIN = 1.05
 class ExtractConfig:
     tokens: Path
     """The token dataset to extract states for (written by gen or convert)."""
-    output: Path
+    out: Path
     """The hidden-state dataset to write or continue."""
     target: Path | None
     """The target model directory (HF); with --engine vllm its config.json and tokenizer.
@@ -81,23 +92,24 @@ class ExtractConfig:
     """Start even when the free disk is short of the estimate."""
     dry_run: bool = False
     """Print the estimate and exit; nothing is written."""
-    commit_every: int = 256
-    """Commit after this many samples..."""
-    commit_interval: float = 60.0
-    """...or after this many seconds, whichever comes first."""
-    mode: OpenMode = "auto"
-    force: bool = False
-    output_options: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
+    write: WriteOptions = field(default_factory=lambda: WriteOptions(commit_every=256))
+    """--resume/--overwrite/--force and the commit cadence (256 samples: states are big)."""
+    output: OutputOptions = field(default_factory=OutputOptions)
 
     def __post_init__(self) -> None:
-        self.tokens, self.output = Path(self.tokens), Path(self.output)
+        self.tokens, self.out = Path(self.tokens), Path(self.out)
         problems = self._problems()
         if problems:
             raise UserError("; ".join(problems))
-        self.layers = parse_layers(self.layers)
 
     def _problems(self) -> list[str]:
         found = []
+        try:
+            self.layers = parse_layer_ids(self.layers)
+            if self.layers is not None:
+                check_layer_ids(self.layers)
+        except UserError as exc:
+            found.append(str(exc))
         if self.target is None:
             found.append("--target is required (the target model directory)")
         elif not Path(self.target).is_dir():
@@ -118,29 +130,12 @@ class ExtractConfig:
         if self.dtype not in DTYPES:
             found.append(f"--dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
         for flag, value in (("--batch-tokens", self.batch_tokens),
-                            ("--commit-every", self.commit_every),
                             ("--concurrency", self.concurrency)):
             if value < 1:
                 found.append(f"{flag} must be at least 1 (got {value})")
-        for flag, seconds in (("--commit-interval", self.commit_interval),
-                              ("--request-timeout", self.request_timeout)):
-            if not seconds > 0:
-                found.append(f"{flag} must be > 0 seconds (got {seconds})")
+        if not self.request_timeout > 0:
+            found.append(f"--request-timeout must be > 0 seconds (got {self.request_timeout})")
         return found
-
-
-def parse_layers(value: list[int] | str | None) -> list[int] | None:
-    """"2,18,33" -> [2, 18, 33]; the depth check comes once the target is known."""
-    if value is None or isinstance(value, list):
-        return value
-    try:
-        ids = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise UserError(f"--layers {value}: expected comma-separated integers, "
-                        "e.g. --layers 2,18,33") from None
-    if not ids:
-        raise UserError("--layers: give at least one layer id, e.g. --layers 2,18,33")
-    return ids
 
 
 @dataclass
@@ -165,70 +160,6 @@ class ExtractResult:
     dry_run: bool = False
     rank: int = 0
     world: int = 1
-
-
-# The target -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TargetInfo:
-    path: Path
-    num_layers: int
-    hidden_size: int
-    vocab_size: int
-    max_positions: int | None
-    identity: dict
-
-    @classmethod
-    def load(cls, path: Path, trust_remote_code: bool = False) -> TargetInfo:
-        config = _hf.load_config(path, trust_remote_code)
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        try:
-            n, h, v = text.num_hidden_layers, text.hidden_size, text.vocab_size
-        except AttributeError as exc:
-            raise UserError(f"--target {path}: config lacks {exc.name}") from None
-        identity = {
-            "model_type": text.model_type, "num_layers": n, "hidden_size": h, "vocab_size": v,
-            "config_xxh3": _config_hash(Path(path) / "config.json"),
-            "weights_xxh3": _weights_fingerprint(Path(path)),
-        }
-        return cls(Path(path), n, h, v, getattr(text, "max_position_embeddings", None), identity)
-
-
-def _config_hash(path: Path) -> str | None:
-    """The config's content, keys sorted, so a reformatted copy hashes the same."""
-    try:
-        return xxhash.xxh3_128_hexdigest(orjson.dumps(orjson.loads(path.read_bytes()),
-                                                      option=orjson.OPT_SORT_KEYS))
-    except (OSError, orjson.JSONDecodeError):
-        return None
-
-
-def _weights_fingerprint(path: Path) -> str | None:
-    """Weight file names and sizes: cheap for a 1T model, and tells apart most fine-tunes;
-    None where the directory holds no weights (a config-only copy for --engine vllm)."""
-    files = sorted(p for p in path.glob("*.safetensors") if p.is_file())
-    files = files or sorted(p for p in path.glob("*.bin") if p.is_file())
-    if not files:
-        return None
-    return xxhash.xxh3_128_hexdigest(orjson.dumps([[p.name, p.stat().st_size] for p in files]))
-
-
-def resolve_layers(layers: list[int] | None, num_layers: int) -> list[int]:
-    """The auxiliary ids: given ones checked against the depth, or EAGLE-3's defaults."""
-    n = num_layers
-    if layers is None:
-        if n < MIN_DEFAULT_DEPTH:
-            raise UserError(f"the target has {n} layers, too few for distinct default layer "
-                            f"ids (2, N//2, N-3); choose them with --layers, e.g. --layers "
-                            f"{','.join(str(i) for i in sorted({1, max(n // 2, 1), n}))}")
-        return [2, n // 2, n - 3]
-    text = ",".join(map(str, layers))
-    if any(i < 0 or i > n for i in layers):
-        raise UserError(f"--layers {text}: ids must lie in 0..{n} for this {n}-layer target "
-                        "(boundary convention: id k is the input of layer k, id N the last "
-                        "layer's output)")
-    if any(a >= b for a, b in pairwise(layers)):
-        raise UserError(f"--layers {text}: ids must be distinct and increasing (low, mid, high)")
-    return list(layers)
 
 
 # The token dataset ------------------------------------------------------------------------
@@ -367,60 +298,43 @@ def check_disk(cfg: ExtractConfig, need: int, free: int, bytes_per_token: float,
     _ui.info(f"extract: {p.total - p.done_before:,} of {p.total:,} samples to do "
              f"({p.remaining_tokens:,} tokens); about {_size(need)} at "
              f"{bytes_per_token:,.0f} bytes/token ({cfg.codec}); {_size(free)} free at "
-             f"{cfg.output}", cfg.output_options)
+             f"{cfg.out}", cfg.output)
     if need > free and not (cfg.ignore_disk_check or cfg.dry_run):
-        raise UserError(f"{cfg.output}: about {_size(need)} needed, only {_size(free)} free. "
+        raise UserError(f"{cfg.out}: about {_size(need)} needed, only {_size(free)} free. "
                         "Free some space, pick --codec fp8 (about half the size), write "
                         "elsewhere, or pass --ignore-disk-check to start anyway (a full disk "
                         "stops the run; what was committed stays intact).")
 
 
 # Running ----------------------------------------------------------------------------------
-@dataclass
-class Ranks:
-    """This process's place in a torchrun job (rank 0 of 1 without one)."""
-
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-    run_id: str | None = None
-    owns_group: bool = False
-
-    @classmethod
-    def start(cls) -> Ranks:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world == 1:
-            return cls()
-        import torch
-        import torch.distributed as dist
-
-        owns = not dist.is_initialized()
-        if owns:
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        rank = dist.get_rank()
-        # Every rank must join one run: rank 0 draws its id and the others take it.
-        shared: list[str | None] = [new_run_id() if rank == 0 else None]
-        dist.broadcast_object_list(shared, src=0)
-        return cls(rank, world, int(os.environ.get("LOCAL_RANK", "0")), shared[0], owns)
-
-    def close(self) -> None:
-        if self.owns_group:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
-
-
-def _layout(layers: list[int], target: TargetInfo, tokenizer: dict, tokens: Dataset) -> dict:
+def _layout(layers: list[int], target: TargetInfo, tokenizer: dict, tokens: Dataset,
+            target_record: dict) -> dict:
     """What the states mean: fixed for the dataset's life (paths go to provenance)."""
     manifest = tokens.manifest
     return {
         "layer_ids": layers, "layer_convention": "boundary", "num_layers": target.num_layers,
         "hidden_size": target.hidden_size, "last_state": "pre_norm", "dtype": "bfloat16",
-        "target": target.identity, "tokenizer": tokenizer,
+        "target": target_record, "tokenizer": tokenizer,
         "tokens": {"created": manifest.get("created"), "written_by": manifest.get("written_by"),
                    "config_xxh3": xxhash.xxh3_128_hexdigest(orjson.dumps(
                        manifest.get("config", {}), option=orjson.OPT_SORT_KEYS))},
     }
+
+
+def _target_record(cfg: ExtractConfig, identity: dict) -> dict:
+    """The target identity the dataset records. A dataset an older eagle3kit started carries
+    fewer keys; when they name this same target that record stays, so the run continues
+    (the writer refuses any change to the layout)."""
+    if cfg.write.mode == "overwrite" or not is_dataset(cfg.out):
+        return identity
+    try:
+        recorded = HiddenDataset(cfg.out).layout.get("target")
+    except UserError:
+        return identity
+    if (isinstance(recorded, dict) and set(recorded) < set(identity)
+            and identity_mismatch(recorded, identity) is None):
+        return recorded
+    return identity
 
 
 def _settings(cfg: ExtractConfig) -> dict:
@@ -433,7 +347,7 @@ def run(cfg: ExtractConfig) -> ExtractResult:
     ranks = Ranks.start()
     try:
         if ranks.rank:  # one voice: the other ranks only warn and fail
-            cfg = replace(cfg, output_options=replace(cfg.output_options, quiet=True,
+            cfg = replace(cfg, output=replace(cfg.output, quiet=True,
                                                       json=False))
         result = _extract(cfg, ranks)
     finally:
@@ -447,25 +361,25 @@ def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
     if cfg.trust_remote_code is None:  # as gen was told, for the same model's code
         cfg.trust_remote_code = _hf.recorded_trust(tokens.manifest)
     target = TargetInfo.load(Path(str(cfg.target)), cfg.trust_remote_code)
-    layers = resolve_layers(cfg.layers, target.num_layers)  # type: ignore[arg-type]
+    layers = resolve_layer_ids(cfg.layers, target.num_layers)  # type: ignore[arg-type]
     items, top_id = scan(tokens)
     tokenizer = check_match(cfg, tokens, top_id, target)
-    work = plan(items, committed_ids(cfg.output), ranks.rank, ranks.world, target.max_positions)
+    work = plan(items, committed_ids(cfg.out), ranks.rank, ranks.world, target.max_positions)
     per_token = hidden_bytes_per_token(target.hidden_size, len(layers), cfg.codec)
-    need, free = int(work.remaining_tokens * per_token * DISK_MARGIN), free_bytes(cfg.output)
+    need, free = int(work.remaining_tokens * per_token * DISK_MARGIN), free_bytes(cfg.out)
     check_disk(cfg, need, free, per_token, work)
-    result = ExtractResult(str(cfg.output), work.total, work.done_before, 0, {}, 0, 0.0, 0.0,
+    result = ExtractResult(str(cfg.out), work.total, work.done_before, 0, {}, 0, 0.0, 0.0,
                            0.0, need, free, cfg.codec, layers, cfg.dry_run, ranks.rank, ranks.world)
     if cfg.dry_run:
         return result
     engine = _engine(cfg, target, layers, ranks)
     writer = HiddenWriter(
-        cfg.output, layout=_layout(layers, target, tokenizer, tokens), codec=cfg.codec,
-        mode=cfg.mode, config=_settings(cfg), force=cfg.force,
+        cfg.out, layout=_layout(layers, target, tokenizer, tokens,
+                                    _target_record(cfg, target.identity)), codec=cfg.codec,
+        config=_settings(cfg), **cfg.write.writer_options(),
         provenance={"target": str(target.path.absolute()),
                     "tokens": str(cfg.tokens.absolute()), "server": cfg.server,
                     "trust_remote_code": cfg.trust_remote_code},
-        commit_every=cfg.commit_every, commit_interval=cfg.commit_interval,
         run_id=ranks.run_id, rank=ranks.rank)
     started, cpu = time.monotonic(), time.process_time()
     with writer, _closing(engine):
@@ -473,7 +387,7 @@ def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
         todo = [it for it in work.todo if it.sample_id not in writer.done_ids]
         # One process shows the whole dataset; a rank shows its own share.
         total = work.total if ranks.world == 1 else len(todo)
-        with _ui.Progress("extract", total, cfg.output_options,
+        with _ui.Progress("extract", total, cfg.output,
                           initial=total - len(todo)) as progress:
             for sample_id, why in work.skipped.items():
                 writer.note_skipped(sample_id, why)
@@ -560,9 +474,7 @@ class HfEngine:
              ranks: Ranks) -> HfEngine:
         import torch
 
-        device = cfg.device
-        if device == "auto":
-            device = f"cuda:{ranks.local_rank}" if torch.cuda.is_available() else "cpu"
+        device = resolve_device(cfg.device, ranks.local_rank)
         dtype = cfg.dtype
         if dtype == "auto":
             dtype = "float32" if device == "cpu" and not cfg.device_map else "bfloat16"
@@ -604,7 +516,7 @@ class HfEngine:
 
 
 def _report(result: ExtractResult, cfg: ExtractConfig) -> None:
-    opts = cfg.output_options
+    opts = cfg.output
     if opts.json:
         _ui.print_json(asdict(result))
     if result.dry_run:

@@ -41,8 +41,17 @@ import numpy as np
 import orjson
 
 from eagle3kit import _ui
+from eagle3kit._durable import write_atomic
 from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, HiddenDataset, HiddenSample, HiddenWriter, is_dataset
+from eagle3kit.target import (
+    TargetInfo,
+    check_layer_ids,
+    identity_mismatch,
+    parse_layer_ids,
+    read_config,
+    resolve_layer_ids,
+)
 
 if TYPE_CHECKING:
     from eagle3kit.convert import ConvertConfig, ConvertResult
@@ -114,7 +123,7 @@ def check_config(cfg: ConvertConfig) -> str | None:
     if cfg.to is None:
         raise UserError(f"{cfg.src} is a hidden-state dataset: give --to speculators or "
                         "--to specforge to export it")
-    if cfg.skip_bad_lines or cfg.mode != "auto" or cfg.force:
+    if cfg.skip_bad_lines or cfg.write.mode != "auto" or cfg.write.force:
         raise UserError("--skip-bad-lines, --resume, --overwrite and --force apply to import "
                         "only (rerunning an export continues it)")
     if cfg.layers:
@@ -152,38 +161,20 @@ def _result(direction: str, dst: Path, written: int, skipped: int = 0, bad: int 
                          dst=str(dst))
 
 
-def _write_atomic(path: Path, write: Any) -> None:
-    """write(tmp) then rename: a file under its final name is complete, as both tools'
-    resume logic (skip what exists) assumes."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _bf16(x: np.ndarray) -> Any:
     import torch
 
     return torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(torch.bfloat16)
 
 
-def _target_identity(path: Path) -> dict:
-    from eagle3kit.extract import TargetInfo
-
-    return TargetInfo.load(path).identity
-
-
 def _check_target(ds: HiddenDataset, target: Path) -> dict:
     """--target is the model the states came from, as far as the dataset recorded it."""
-    ours = _target_identity(target)
-    theirs = ds.target
-    for key in ("model_type", "num_layers", "hidden_size", "config_xxh3"):
-        if theirs.get(key) is not None and theirs[key] != ours.get(key):
-            raise UserError(f"--target {target}: not the model {ds.path} was extracted from "
-                            f"({key} {ours.get(key)!r}, the dataset records {theirs[key]!r})")
+    ours = TargetInfo.load(target).identity
+    mismatch = identity_mismatch(ds.target, ours)
+    if mismatch:
+        key, theirs, actual = mismatch
+        raise UserError(f"--target {target}: not the model {ds.path} was extracted from "
+                        f"({key} {actual!r}, the dataset records {theirs!r})")
     return ours
 
 
@@ -207,7 +198,7 @@ class _Export:
         self._save({**self.header, "complete": False})
 
     def _save(self, body: dict) -> None:
-        _write_atomic(self.dst / SIDECAR, lambda tmp: tmp.write_bytes(
+        write_atomic(self.dst / SIDECAR, lambda tmp: tmp.write_bytes(
             orjson.dumps(body, option=orjson.OPT_INDENT_2)))
 
     def finish(self, samples: list[dict]) -> None:
@@ -269,7 +260,7 @@ def export_speculators(cfg: ConvertConfig) -> ConvertResult:
         states = np.concatenate([s.aux.reshape(n, -1, h), s.last.reshape(n, 1, h)], axis=1)
         tensors = {"hidden_states": _bf16(states),
                    "token_ids": torch.from_numpy(np.asarray(s.input_ids, np.int64))}
-        _write_atomic(path, lambda tmp, t=tensors: save_file(t, str(tmp)))
+        write_atomic(path, lambda tmp, t=tensors: save_file(t, str(tmp)))
         written += 1
     _save_token_data(datasets, cfg.dst, ids, masks)
     out.finish(records)
@@ -338,7 +329,7 @@ def export_specforge(cfg: ConvertConfig) -> ConvertResult:
             "aux_hidden_state": _bf16(s.aux)[None],
             "hidden_state": last.to(torch.bfloat16)[None],
         }
-        _write_atomic(path, lambda tmp, r=record: torch.save(r, str(tmp)))
+        write_atomic(path, lambda tmp, r=record: torch.save(r, str(tmp)))
         written += 1
     out.finish(records)
     _ui.info(f"{cfg.dst}: {len(ds):,} samples for SpecForge ({written:,} written, {kept:,} "
@@ -350,7 +341,7 @@ def _final_norm(target: Path) -> Any:
     """The target's own final-norm module with its weights (fp32), whatever its kind."""
     import torch
 
-    from eagle3kit.train.target import TargetHead, read_config
+    from eagle3kit.train.target import TargetHead
 
     head = TargetHead.load(target, read_config(target))
     return head.norm.to(torch.float32).eval()
@@ -474,9 +465,7 @@ def _read_specforge(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
 
 def _layers(cfg: ConvertConfig, tool: str, n_aux: int, sidecar: dict | None,
             num_layers: int | None) -> list[int]:
-    from eagle3kit.extract import parse_layers, resolve_layers
-
-    given = parse_layers(cfg.layers)
+    given = parse_layer_ids(cfg.layers)
     if given is None and sidecar is not None:
         given = list(sidecar["layout"].get("layer_ids") or []) or None
     if given is None and num_layers is None:
@@ -485,7 +474,8 @@ def _layers(cfg: ConvertConfig, tool: str, n_aux: int, sidecar: dict | None,
         raise UserError(f"{cfg.src}: {NAMES[tool]}'s files do not record which layers they "
                         f"hold; give --layers in the boundary convention{hint}, or --target for "
                         "EAGLE-3's defaults (2, N//2, N-3)")
-    layers = resolve_layers(given, num_layers) if num_layers is not None else list(given or [])
+    layers = (resolve_layer_ids(given, num_layers) if num_layers is not None
+              else check_layer_ids(given or []))
     if len(layers) != n_aux:
         raise UserError(f"--layers {','.join(map(str, layers))}: {len(layers)} ids, but the "
                         f"files hold {n_aux} auxiliary states per token")
@@ -522,10 +512,9 @@ def import_hidden(cfg: ConvertConfig) -> ConvertResult:
     known = {r["index"]: r for r in _sidecar_samples(sidecar)}
     result = _result("import", cfg.dst, 0)
     writer = HiddenWriter(
-        cfg.dst, layout=layout, codec="raw", mode=cfg.mode, force=cfg.force,
+        cfg.dst, layout=layout, codec="raw", **cfg.write.writer_options(),
         config={"stage": "convert", "source": cfg.src.name, "from": tool},
-        provenance={"source": str(cfg.src.resolve()), "target": target_path},
-        commit_every=cfg.commit_every, commit_interval=cfg.commit_interval)
+        provenance={"source": str(cfg.src.resolve()), "target": target_path})
     with writer, _ui.Progress("convert", len(items), cfg.output, unit="samples") as progress:
         for item in items:
             try:
@@ -605,7 +594,7 @@ def _import_layout(cfg: ConvertConfig, tool: str, sidecar: dict | None, h: int, 
     num_layers = old.get("num_layers")
     target_path = None
     if cfg.target is not None:
-        target = _target_identity(Path(cfg.target))
+        target = TargetInfo.load(Path(cfg.target)).identity
         num_layers, target_path = target["num_layers"], str(Path(cfg.target).absolute())
         if target["hidden_size"] != h:
             raise UserError(f"--target {cfg.target}: hidden size {target['hidden_size']}, the "

@@ -154,13 +154,14 @@ class CheckpointReport:
 def checkpoint_dirs(path: Path) -> list[Path]:
     """The checkpoints `path` holds: itself, a run's drafter/, or an export's vllm/, sglang/."""
     from eagle3kit.format.layout import MANIFEST, MARKER
+    from eagle3kit.train.rundir import RunDir
 
     if (path / MANIFEST).is_file() or (path / MARKER).is_file():
         return []  # a dataset
     if (path / "config.json").is_file():
         return [path]
-    if (path / "run.json").is_file():
-        return [path / "drafter"]
+    if RunDir(path).exists():
+        return [RunDir(path).drafter]
     return [path / sub for sub in ("vllm", "sglang") if (path / sub / "config.json").is_file()]
 
 

@@ -23,12 +23,11 @@ and finish reason) plan forecasts the rest of the run:
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import random
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from eagle3kit.format import Dataset
 from eagle3kit.format.hidden import CODECS, hidden_bytes_per_token
 from eagle3kit.gen import GenConfig
 from eagle3kit.gen.scheduler import Chain, resume_point
+from eagle3kit.target import check_layer_ids, config_dict, parse_layer_ids
 
 PILOT_SHARE = 0.01
 PILOT_MIN = 200
@@ -83,6 +83,12 @@ class PlanConfig:
     """Chooses the pilot's prompts and the bootstrap's draws."""
     replicates: int = REPLICATES
 
+    @classmethod
+    def own_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Take plan's own options out of the command line's (the rest are gen's)."""
+        own = {f.name for f in fields(cls)} - {"gen"}
+        return {name: options.pop(name) for name in list(options) if name in own}
+
     def __post_init__(self) -> None:
         self.pilot = parse_pilot(self.pilot)
         for flag, value in (("--hidden-size", self.hidden_size),
@@ -93,19 +99,11 @@ class PlanConfig:
                            ("--extract-tokens-per-s", self.extract_tokens_per_s)):
             if rate is not None and not rate > 0:
                 raise UserError(f"{flag} must be > 0 (got {rate})")
-        if isinstance(self.layers, str):
-            self.layers = parse_layers(self.layers)
-        if self.layers is not None and (not self.layers or min(self.layers) < 0):
-            raise UserError("--layers: give layer ids >= 0, e.g. 2,18,33")
+        self.layers = parse_layer_ids(self.layers)
+        if self.layers is not None:
+            check_layer_ids(self.layers)
         if self.replicates < 20:
             raise UserError(f"replicates must be at least 20 (got {self.replicates})")
-
-
-def parse_layers(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"--layers {text!r}: expected layer ids like 2,18,33") from None
 
 
 def parse_pilot(value: str | float | None) -> float | None:
@@ -263,9 +261,9 @@ def run_pilot(cfg: PlanConfig) -> Pilot:
         return seen["chosen"]
 
     # The pilot's own summary stays off stdout: --json there is plan's.
-    quiet_json = replace(cfg.gen.output_options, json=False)
+    quiet_json = replace(cfg.gen.output, json=False)
     started = time.monotonic()
-    result = gen.run(replace(cfg.gen, output_options=quiet_json), select=select)
+    result = gen.run(replace(cfg.gen, output=quiet_json), select=select)
     wall = time.monotonic() - started
     if result.stopped:
         raise PilotStopped("the pilot was stopped before it finished; what it generated is "
@@ -463,18 +461,14 @@ def target_shape(cfg: PlanConfig) -> tuple[int | None, int | None]:
     hidden, layers = cfg.hidden_size, None
     target = cfg.gen.target
     if target is not None and hidden is None:
-        path = Path(target) / "config.json"
-        try:
-            config = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise UserError(f"--target {target}: cannot read its config.json ({exc})") from None
+        config = config_dict(Path(target), missing=f"--target {target}: cannot read its "
+                                                    "config.json (there is none)")
         config = config.get("text_config", config)
         hidden, layers = config.get("hidden_size"), config.get("num_hidden_layers")
         if not isinstance(hidden, int):
-            raise UserError(f"{path}: no hidden_size; give --hidden-size")
-    if cfg.layers is not None and isinstance(layers, int) and max(cfg.layers) > layers:
-        raise UserError(f"--layers {','.join(map(str, cfg.layers))}: the target has {layers} "
-                        f"layers (ids 0..{layers})")
+            raise UserError(f"{Path(target) / 'config.json'}: no hidden_size; give --hidden-size")
+    if cfg.layers is not None and isinstance(layers, int):
+        check_layer_ids(cfg.layers, layers)
     n_aux = len(cfg.layers) if cfg.layers is not None else 3  # EAGLE-3: low, middle, high
     return hidden, (n_aux if hidden is not None else None)
 
@@ -483,7 +477,7 @@ def run(cfg: PlanConfig) -> PlanResult:
     hidden_size, n_aux = target_shape(cfg)
     pilot = run_pilot(cfg)
     pilot_ids = {sid for chain in pilot.chosen for sid in chain.ids}
-    committed = read_committed(cfg.gen.output, pilot_ids)
+    committed = read_committed(cfg.gen.out, pilot_ids)
     names = list(dict.fromkeys(chain.conv.partition for chain in pilot.chains))
     slots = slot_count(cfg.gen)
     costs = overheads(pilot, committed, slots)
@@ -498,7 +492,7 @@ def run(cfg: PlanConfig) -> PlanResult:
                          cfg.seed)
     result = _result(cfg, pilot, committed, names, pools, remaining, full, slots, outcomes,
                      costs, (hidden_size, n_aux))
-    report(result, cfg.gen.output_options)
+    report(result, cfg.gen.output)
     return result
 
 
@@ -554,7 +548,7 @@ def _result(cfg: PlanConfig, pilot: Pilot, committed: Committed, names: list[str
     truncated = np.concatenate([p.truncated for p in pools.values()])
     rate = 1 / pilot.generating if pilot.written and pilot.generating > 0 else None
     return PlanResult(
-        output=str(cfg.gen.output), samples=len(full.parts),
+        output=str(cfg.gen.out), samples=len(full.parts),
         done=len(full.parts) - len(remaining.parts), remaining=len(remaining.parts),
         slots=slots, pilot_requests=pilot.requests, pilot_elapsed_s=round(pilot.elapsed, 3),
         pilot_req_per_s=pilot.requests * rate if rate else None,

@@ -15,18 +15,19 @@ its own resume mode, so a kill loses at most the uncommitted part of one stage.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from eagle3kit import _ui
 from eagle3kit._durable import write_text_atomic
+from eagle3kit._options import OutputOptions, WriteOptions
 from eagle3kit.errors import UserError
+from eagle3kit.train.rundir import RunDir
 
 STATE = "quickstart.json"
 STATE_VERSION = 1
@@ -51,9 +52,11 @@ class QuickstartConfig:
     threads: int = 1
     """torch threads: matrices this small gain little from more, and lose a lot on a busy
     machine where threads spin waiting for each other."""
-    overwrite: bool = False
-    """Start afresh, removing what an earlier quickstart left in `out`."""
-    output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
+    write: WriteOptions = field(default_factory=lambda: WriteOptions(
+        commit_every=16, commit_interval=10.0))
+    """--overwrite: start afresh, removing what an earlier quickstart left in `out`; the
+    commit cadence gen uses (small: the quickstart's datasets are small)."""
+    output: OutputOptions = field(default_factory=OutputOptions)
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -112,7 +115,7 @@ class Layout:
                 "prompts": str(self.train_prompts), "bench_prompts": str(self.bench_prompts),
                 "tokens": str(self.tokens), "validate_report": str(self.root / "validate.json"),
                 "hidden": str(self.hidden), "run": str(self.run),
-                "drafter": str(self.run / "drafter"), "vllm": str(self.export / "vllm"),
+                "drafter": str(RunDir(self.run).drafter), "vllm": str(self.export / "vllm"),
                 "sglang": str(self.export / "sglang"), "state": str(self.root / STATE)}
 
 
@@ -158,7 +161,7 @@ def _load_state(cfg: QuickstartConfig) -> dict[str, Any]:
             raise UserError(f"{cfg.out}: not empty and not a quickstart directory; name a new "
                             "or empty DIR")
         return fresh
-    if cfg.overwrite:
+    if cfg.write.mode == "overwrite":
         _clear(cfg.out)
         return fresh
     try:
@@ -181,7 +184,7 @@ def _still_there(stages: dict[str, dict], lay: Layout) -> dict[str, dict]:
     every later one run again."""
     outputs = {"target": lay.target / "tiny_training.json", "prompts": lay.bench_prompts,
                "gen": lay.tokens, "validate": lay.root / "validate.json", "extract": lay.hidden,
-               "train": lay.run / "drafter", "export": lay.export / "vllm"}
+               "train": RunDir(lay.run).drafter, "export": lay.export / "vllm"}
     kept = {}
     for name, _, _ in STAGES:
         if name not in stages or (name in outputs and not outputs[name].exists()):
@@ -210,13 +213,13 @@ def _save_state(root: Path, state: dict[str, Any]) -> None:
 # still reports).
 
 
-def _stage_output(cfg: QuickstartConfig) -> _ui.OutputOptions:
+def _stage_output(cfg: QuickstartConfig) -> OutputOptions:
     # JSON is the quickstart's to print: the stages speak to the person on stderr only.
     o = cfg.output
-    return _ui.OutputOptions(quiet=o.quiet, no_progress=o.no_progress, log_every=o.log_every)
+    return OutputOptions(quiet=o.quiet, no_progress=o.no_progress, log_every=o.log_every)
 
 
-def stage_target(cfg: QuickstartConfig, lay: Layout, out: _ui.OutputOptions) -> dict:
+def stage_target(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
     from eagle3kit import tiny
 
     # Unfinished (no training log, written last): a minute or two to redo, so start over.
@@ -249,32 +252,30 @@ def _prompts(cfg: QuickstartConfig) -> list[list[dict[str, str]]]:
                         ) from None
 
 
-def stage_prompts(cfg: QuickstartConfig, lay: Layout, out: _ui.OutputOptions) -> dict:
+def stage_prompts(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
     chats = _prompts(cfg)
     for path, part in ((lay.train_prompts, chats[:cfg.prompts]),
                        (lay.bench_prompts, chats[cfg.prompts:])):
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps({"messages": m}) + "\n" for m in part))
-        os.replace(tmp, path)
+        write_text_atomic(path, "".join(json.dumps({"messages": m}) + "\n" for m in part))
     _ui.info(f"prompts: {cfg.prompts} for gen, {cfg.bench_prompts} held out for bench "
              "(docstrings the target was not trained on)", out)
     return {}
 
 
-def stage_gen(cfg: QuickstartConfig, lay: Layout, out: _ui.OutputOptions) -> dict:
+def stage_gen(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
     from eagle3kit import gen
 
     result = gen.run(gen.GenConfig(
         [lay.train_prompts], lay.tokens, engine="hf", target=lay.target,
-        temperature=0.0, max_tokens=cfg.max_tokens, commit_every=16, commit_interval=10.0,
-        output_options=out))
+        temperature=0.0, max_tokens=cfg.max_tokens, output=out,
+        write=replace(cfg.write, mode="auto")))
     if result.stopped:
         raise KeyboardInterrupt
     return {"samples": result.total, "continued_from": result.previously_done}
 
 
-def stage_validate(cfg: QuickstartConfig, lay: Layout, out: _ui.OutputOptions) -> dict:
+def stage_validate(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
     from eagle3kit import validate
 
     report = validate.run(validate.ValidateConfig(lay.tokens, output=out))
@@ -289,12 +290,12 @@ def stage_validate(cfg: QuickstartConfig, lay: Layout, out: _ui.OutputOptions) -
             "truncation_rate": report.check("truncation").rate or 0.0}
 
 
-def stage_extract(cfg: QuickstartConfig, lay: Layout, out: _ui.OutputOptions) -> dict:
+def stage_extract(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
     from eagle3kit import extract
 
     # Returns only when every sample is done (an interruption raises).
     result = extract.run(extract.ExtractConfig(lay.tokens, lay.hidden, target=lay.target,
-                                               device="cpu", output_options=out))
+                                               device="cpu", output=out))
     return {"layers": result.layer_ids}
 
 
@@ -305,7 +306,7 @@ def train_options(cfg: QuickstartConfig) -> dict[str, Any]:
             "eval_every": 0, "checkpoint_every": 20, "device": "cpu"}
 
 
-def stage_train(cfg: QuickstartConfig, lay: Layout, out: _ui.OutputOptions) -> dict:
+def stage_train(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
     from eagle3kit import train
 
     result = train.run(train.TrainConfig([lay.hidden], lay.run, lay.target, output=out,
@@ -317,7 +318,7 @@ def stage_train(cfg: QuickstartConfig, lay: Layout, out: _ui.OutputOptions) -> d
             "continued_from": result.resumed_from or 0}
 
 
-def stage_export(cfg: QuickstartConfig, lay: Layout, out: _ui.OutputOptions) -> dict:
+def stage_export(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
     from eagle3kit import export
 
     # Seconds to redo; overwriting also replaces what a killed export left half-written.
@@ -326,7 +327,7 @@ def stage_export(cfg: QuickstartConfig, lay: Layout, out: _ui.OutputOptions) -> 
     return {}
 
 
-def stage_bench(cfg: QuickstartConfig, lay: Layout, out: _ui.OutputOptions) -> dict:
+def stage_bench(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
     from eagle3kit.bench import accept
 
     report = accept.run(accept.AcceptConfig(
@@ -336,7 +337,7 @@ def stage_bench(cfg: QuickstartConfig, lay: Layout, out: _ui.OutputOptions) -> d
             "lossless": report.lossless}
 
 
-STAGES: list[tuple[str, str, Callable[[QuickstartConfig, Layout, _ui.OutputOptions], dict]]] = [
+STAGES: list[tuple[str, str, Callable[[QuickstartConfig, Layout, OutputOptions], dict]]] = [
     ("target", "a tiny reasoning target, trained on stdlib docstrings", stage_target),
     ("prompts", "prompt files", stage_prompts),
     ("gen", "the target answers the prompts (in-process engine, temperature 0)", stage_gen),
@@ -431,7 +432,7 @@ PATH_LABELS = {
     "state": "quickstart record"}
 
 
-def show(r: QuickstartResult, opts: _ui.OutputOptions) -> None:
+def show(r: QuickstartResult, opts: OutputOptions) -> None:
     measured = _fmt(r.measured_acceptance_length, ".2f")
     if r.lossless is not None:
         measured += "  (lossless)" if r.lossless else "  (NOT lossless: see bench above)"

@@ -38,8 +38,9 @@ def make_run(run: Path, target: Path, layers: list[int], draft_vocab: int = 300,
     import torch
     from transformers import AutoConfig
 
-    from eagle3kit.model import DrafterConfig, Eagle3Drafter, build_vocab, config_fingerprint
+    from eagle3kit.model import DrafterConfig, Eagle3Drafter, build_vocab
     from eagle3kit.model.checkpoint import save_drafter
+    from eagle3kit.target import TargetInfo, location
 
     target_config = AutoConfig.from_pretrained(target)
     config = DrafterConfig.from_target(target_config, draft_vocab_size=draft_vocab,
@@ -51,9 +52,7 @@ def make_run(run: Path, target: Path, layers: list[int], draft_vocab: int = 300,
     counts = np.random.default_rng(seed).integers(0, 50, target_config.vocab_size)
     vocab = build_vocab(counts, draft_vocab)
     model.set_vocab(torch.from_numpy(vocab.d2t), torch.from_numpy(vocab.t2d))
-    identity = {"path": str(target), "name_or_path": str(target),
-                "architectures": target_config.architectures,
-                "fingerprint": config_fingerprint(target_config)}
+    identity = {**location(target), **TargetInfo.load(target).identity}
     save_drafter(model, run / "drafter", extra={
         "target": identity, "layer_ids": layers, "vocab": {"coverage": vocab.coverage}})
     (run / "run.json").write_text(json.dumps(

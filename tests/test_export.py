@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -169,6 +170,25 @@ def test_target_settings_are_copied_from_the_target(tiny, tmp_path):
         assert layer["rope_parameters"] == {"rope_theta": 10000.0, "rope_type": "default"}
 
 
+def test_a_run_recording_the_older_target_keys_is_checked_on_its_fingerprint(tiny, tmp_path):
+    """Runs train wrote before the one identity record carry a fingerprint but no config
+    hash: export compares what they carry."""
+    old = tmp_path / "old-run"
+    shutil.copytree(tiny["run"], old)
+    record = json.loads((old / "run.json").read_text())
+    keys = ("path", "name_or_path", "architectures", "model_type", "num_layers", "hidden_size",
+            "vocab_size", "fingerprint")
+    record["target"] = {k: record["target"][k] for k in keys}
+    (old / "run.json").write_text(json.dumps(record))
+    run(ExportConfig(old, tmp_path / "ok", target=tiny["target"]))
+    assert (tmp_path / "ok" / "config.json").is_file()
+    record["target"]["fingerprint"] = "0123456789abcdef"
+    (old / "run.json").write_text(json.dumps(record))
+    with pytest.raises(UserError, match=r"not the target the run was trained against "
+                                        r"\(fingerprint [0-9a-f]+, the run recorded 0123"):
+        run(ExportConfig(old, tmp_path / "bad", target=tiny["target"]))
+
+
 def _mismatched_target(tiny, tmp_path):
     other = tmp_path / "other-target"
     make_tiny_run.make_target(other)
@@ -224,8 +244,8 @@ def test_overwrite_is_explicit_and_atomic(tiny, tmp_path):
     (["--dtype", "int8"], "--dtype 'int8': expected bf16, fp16 or fp32"),
     (["--num-speculative-tokens", "0"], "--num-speculative-tokens must be >= 1"),
     (["--format", "sglang", "--with-embedding"], "--with-embedding: the SGLang layout"),
-    (["--layers", "2,x"], "--layers '2,x': expected integers"),
-    (["--layers", "2,2,5"], "expected distinct ids"),
+    (["--layers", "2,x"], "--layers 2,x: expected comma-separated integers"),
+    (["--layers", "2,2,5"], "--layers 2,2,5: ids must be distinct and increasing"),
     (["--target", "/nonexistent"], "--target /nonexistent: not a model directory"),
 ])
 def test_bad_options_end_in_one_message(tiny, tmp_path, args, message):
@@ -245,7 +265,7 @@ def test_bad_sources_end_in_one_message(tiny, tmp_path):
     assert result.exit_code == 2 and "the run has no drafter yet" in result.stderr
     (empty_run / "run.json").write_text("{not json")
     result = cli("export", empty_run, tmp_path / "o")
-    assert result.exit_code == 2 and "run.json: not readable JSON" in result.stderr
+    assert result.exit_code == 2 and "run.json: not valid JSON" in result.stderr
     result = cli("export", tiny["target"], tmp_path / "o")  # a model, not a drafter
     assert result.exit_code == 2 and "not a checkpoint layout" in result.stderr
     assert "Traceback" not in result.stderr

@@ -24,6 +24,8 @@ import torch
 from typer.testing import CliRunner
 
 from eagle3kit import extract
+from eagle3kit._options import WRITE_KEYS, WriteOptions
+from eagle3kit._ranks import Ranks
 from eagle3kit._ui import OutputOptions
 from eagle3kit.cli import app
 from eagle3kit.errors import UserError
@@ -38,6 +40,7 @@ from eagle3kit.format import (
 )
 from eagle3kit.format.hidden import to_bf16
 from eagle3kit.format.layout import SHARD_DIR
+from eagle3kit.target import TargetInfo, resolve_layer_ids
 from eagle3kit.tiny import make_target, make_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -95,8 +98,10 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
 
 def config(tiny: Tiny, out: Path, **options) -> extract.ExtractConfig:
     options.setdefault("target", tiny.llama)
-    options.setdefault("output_options", QUIET)
+    options.setdefault("output", QUIET)
     options.setdefault("batch_tokens", 200)
+    write = {k: options.pop(k) for k in WRITE_KEYS if k in options}
+    options["write"] = WriteOptions(**{"commit_every": 256, **write})
     return extract.ExtractConfig(options.pop("tokens", tiny.tokens), out, **options)
 
 
@@ -129,11 +134,11 @@ def reference(model, ids: np.ndarray) -> tuple:
 def test_states_equal_hf_output_hidden_states_and_give_the_logits(tiny: Tiny, arch: str,
                                                                  tmp_path: Path) -> None:
     model_dir = getattr(tiny, arch)
-    info = extract.TargetInfo.load(model_dir)
-    layers = extract.resolve_layers(None, info.num_layers)
+    info = TargetInfo.load(model_dir)
+    layers = resolve_layer_ids(None, info.num_layers)
     assert layers == [2, 4, 5]
     engine = extract.HfEngine.load(config(tiny, tmp_path / "x", target=model_dir), info,
-                                   layers, extract.Ranks())
+                                   layers, Ranks())
     from eagle3kit.format import Dataset
 
     tokens = Dataset(tiny.tokens)
@@ -228,6 +233,25 @@ def test_codecs_round_trip(tmp_path: Path, codec: str) -> None:
         assert view.prompt_len == want.prompt_len
 
 
+def test_an_older_datasets_target_record_is_kept_when_it_names_this_target(
+        tiny: Tiny, tmp_path: Path) -> None:
+    """extract writes the one identity record; a dataset an older eagle3kit started records
+    fewer keys of it, and rerunning on it continues instead of refusing a changed layout."""
+    out = tmp_path / "hidden"
+    extract.run(config(tiny, out))
+    assert {k: v for k, v in HiddenDataset(out).target.items() if k != "path"} == (
+        TargetInfo.load(tiny.llama).identity)
+    manifest_path = out / "manifest.json"
+    manifest = orjson.loads(manifest_path.read_bytes())
+    old = {k: manifest["hidden"]["target"][k] for k in (
+        "model_type", "num_layers", "hidden_size", "vocab_size", "config_xxh3", "weights_xxh3")}
+    manifest["hidden"]["target"] = old
+    manifest_path.write_bytes(orjson.dumps(manifest))
+    again = extract.run(config(tiny, out))
+    assert (again.previously_done, again.written) == (N_SAMPLES, 0)
+    assert HiddenDataset(out).layout["target"] == old
+
+
 # Bad input: one message, before any work ---------------------------------------------------
 def test_bad_layers_and_a_shallow_target_are_refused(tiny: Tiny, tmp_path: Path) -> None:
     out = tmp_path / "hidden"
@@ -238,8 +262,8 @@ def test_bad_layers_and_a_shallow_target_are_refused(tiny: Tiny, tmp_path: Path)
     assert "--target is required" in refused("extract", tiny.tokens, out)
     assert "--codec" in refused(*args, "--codec", "gzip")
     with pytest.raises(UserError, match=r"too few for distinct default layer ids.*--layers"):
-        extract.resolve_layers(None, 6)
-    assert extract.resolve_layers(None, 7) == [2, 3, 4]
+        resolve_layer_ids(None, 6)
+    assert resolve_layer_ids(None, 7) == [2, 3, 4]
     assert not out.exists()
 
 
@@ -262,7 +286,7 @@ def test_short_disk_is_refused_and_dry_run_only_estimates(tiny: Tiny, tmp_path: 
     with pytest.raises(UserError, match=r"only 900 B free.*--ignore-disk-check"):
         extract.run(config(tiny, out))
     assert not out.exists()
-    result = extract.run(config(tiny, out, dry_run=True, output_options=OutputOptions()))
+    result = extract.run(config(tiny, out, dry_run=True, output=OutputOptions()))
     assert result.dry_run and result.estimate_bytes > 900 and not out.exists()
     assert "bytes/token (raw)" in capsys.readouterr().err
     assert extract.run(config(tiny, out, ignore_disk_check=True)).written == N_SAMPLES

@@ -15,6 +15,7 @@ from fake_vllm_hidden import FakeVllmHidden
 from test_extract import QUIET, Tiny, build_tiny
 
 from eagle3kit import extract
+from eagle3kit._options import WRITE_KEYS, WriteOptions
 from eagle3kit.extract_vllm import ServerError
 from eagle3kit.format import HiddenDataset
 from eagle3kit.format.hidden import to_bf16
@@ -26,8 +27,10 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
 
 
 def vllm_config(tiny: Tiny, out: Path, url: str, **options) -> extract.ExtractConfig:
+    write = WriteOptions(**{k: options.pop(k) for k in WRITE_KEYS if k in options})
     return extract.ExtractConfig(tiny.tokens, out, target=tiny.llama, engine="vllm",
-                                 server=url, output_options=QUIET, concurrency=4, **options)
+                                 server=url, output=QUIET, concurrency=4, write=write,
+                                 **options)
 
 
 def test_server_states_equal_the_transformers_path(tiny: Tiny, tmp_path: Path) -> None:
@@ -44,7 +47,7 @@ def test_server_states_equal_the_transformers_path(tiny: Tiny, tmp_path: Path) -
     assert list(storage.iterdir()) == []  # every file read, then deleted
 
     extract.run(extract.ExtractConfig(tiny.tokens, tmp_path / "local", target=tiny.llama,
-                                      batch_tokens=1, dtype="float32", output_options=QUIET))
+                                      batch_tokens=1, dtype="float32", output=QUIET))
     local = {s.sample_id: s for s in HiddenDataset(tmp_path / "local")}
     served = HiddenDataset(tmp_path / "served")
     assert served.verify() == [] and served.layer_ids == [2, 4, 5]

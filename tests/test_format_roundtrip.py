@@ -33,6 +33,7 @@ from safetensors import safe_open
 from safetensors.numpy import load_file
 
 from eagle3kit import convert
+from eagle3kit._options import WriteOptions
 from eagle3kit._ui import OutputOptions
 from eagle3kit.format import Dataset, DatasetWriter, TokenSample
 from eagle3kit.format.layout import SHARD_DIR
@@ -251,7 +252,8 @@ def test_convert_export_import_export_is_byte_identical(
         convert.run(convert.ConvertConfig(d / "a", d / "a.jsonl", output=_quiet()))
         imported = convert.run(
             convert.ConvertConfig(
-                d / "a.jsonl", d / "b", commit_every=commit_every, output=_quiet()
+                d / "a.jsonl", d / "b", write=WriteOptions(commit_every=commit_every),
+                output=_quiet(),
             )
         )
         assert (imported.written, imported.bad_lines) == (len(samples), 0)

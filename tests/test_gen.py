@@ -13,6 +13,7 @@ from fakeserver import FakeServer
 from real_tokenizers import qwen3_tokenizer_dir
 
 from eagle3kit import gen
+from eagle3kit._options import WRITE_KEYS, WriteOptions
 from eagle3kit._ui import OutputOptions
 from eagle3kit.format import Dataset
 from eagle3kit.gen.config import ServerSpec
@@ -37,8 +38,9 @@ def small_prompts(tmp_path: Path, n: int = 12, source: Path = MT_BENCH) -> Path:
 def config(prompts: Path, out: Path, server: FakeServer, tokenizer: Path, **kw) -> gen.GenConfig:
     kw.setdefault("max_tokens", 64)
     kw.setdefault("commit_every", 5)
+    write = WriteOptions(**{k: kw.pop(k) for k in WRITE_KEYS if k in kw})
     return gen.GenConfig([prompts], out, servers=[ServerSpec(server.url)], tokenizer=tokenizer,
-                         output_options=OutputOptions(quiet=True), **kw)
+                         output=OutputOptions(quiet=True), write=write, **kw)
 
 
 def check_exact(out: Path, server: FakeServer) -> Dataset:

@@ -23,6 +23,7 @@ from fakeserver import FakeServer, HFTokenizer, load_tokenizer
 from real_tokenizers import qwen3_tokenizer_dir
 
 from eagle3kit import gen
+from eagle3kit._options import WRITE_KEYS, WriteOptions
 from eagle3kit._ui import OutputOptions
 from eagle3kit.format import Dataset, TokenSample
 from eagle3kit.gen.config import ServerSpec
@@ -79,8 +80,9 @@ def run_gen(prompts: Path, out: Path, srv: FakeServer | list[ServerSpec], tokeni
     kw.setdefault("max_tokens", 48)
     kw.setdefault("commit_every", 4)
     specs = srv if isinstance(srv, list) else servers(srv)
+    write = WriteOptions(**{k: kw.pop(k) for k in WRITE_KEYS if k in kw})
     return gen.run(gen.GenConfig([prompts], out, servers=specs, tokenizer=tokenizer,
-                                 output_options=OutputOptions(quiet=True), **kw))
+                                 output=OutputOptions(quiet=True), write=write, **kw))
 
 
 def ints(ids) -> list[int]:

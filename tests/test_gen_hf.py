@@ -18,6 +18,7 @@ from real_tokenizers import qwen3_tokenizer_dir
 from test_gen_faults import MT_BENCH, QA, cli, ints, prompt_file
 
 from eagle3kit import convert, gen
+from eagle3kit._options import WRITE_KEYS, WriteOptions
 from eagle3kit._ui import OutputOptions
 from eagle3kit.format import Dataset
 
@@ -64,8 +65,9 @@ def target(tmp_path_factory) -> Path:
 def run_hf(prompts: list[Path], out: Path, target: Path, **kw) -> gen.GenResult:
     kw.setdefault("max_tokens", MAX_TOKENS)
     kw.setdefault("commit_every", 3)
+    write = WriteOptions(**{k: kw.pop(k) for k in WRITE_KEYS if k in kw})
     return gen.run(gen.GenConfig(prompts, out, engine="hf", target=target,
-                                 output_options=OutputOptions(quiet=True), **kw))
+                                 output=OutputOptions(quiet=True), write=write, **kw))
 
 
 def test_greedy_gen_stores_exactly_what_generate_gives(tmp_path, target):

@@ -10,7 +10,7 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from eagle3kit import _ui
+from eagle3kit._options import WRITE_KEYS, OutputOptions, WriteOptions
 from eagle3kit.bench.accept import AcceptConfig
 from eagle3kit.bench.server import ServerBenchConfig
 from eagle3kit.cli import app
@@ -63,10 +63,18 @@ def option_rows(text: str) -> dict[str, tuple[bool, str]]:
 
 
 def fields_of(path: tuple[str, ...]) -> dict[str, dataclasses.Field]:
+    """The configs' fields, and those of the shared options each embeds (`output`, `write`),
+    defaulted as the config's own default instance holds them."""
     found: dict[str, dataclasses.Field] = {}
-    for cls in [*CONFIGS[path], _ui.OutputOptions]:
+    for cls in CONFIGS[path]:
         for f in dataclasses.fields(cls):
             found.setdefault(f.name, f)
+            embedded = _expected(f)
+            if dataclasses.is_dataclass(embedded):
+                for sub in dataclasses.fields(embedded):
+                    copy = dataclasses.field(default=getattr(embedded, sub.name))
+                    copy.name = sub.name
+                    found.setdefault(sub.name, copy)
     return found
 
 
@@ -131,7 +139,21 @@ def test_help_shows_each_configs_own_default_and_marks_required(path):
 
 def test_extract_commit_every_shows_256_not_the_old_1000():
     _, body = option_rows(help_text(("extract",)))["--commit-every"]
-    assert DEFAULT.findall(body) == ["256"] == [str(ExtractConfig.commit_every)]
+    write = {f.name: f for f in dataclasses.fields(ExtractConfig)}["write"]
+    assert DEFAULT.findall(body) == ["256"] == [str(_expected(write).commit_every)]
+    _, body = option_rows(help_text(("gen",)))["--commit-every"]
+    assert DEFAULT.findall(body) == ["1000"]
+
+
+def test_every_stage_embeds_the_shared_options_under_one_name():
+    for configs in CONFIGS.values():  # plan's come with the gen config it embeds
+        names = {f.name: f for f in dataclasses.fields(configs[-1])}
+        assert _expected(names["output"]) == OutputOptions(), configs[-1]
+        for f in names.values():  # no stage re-declares a shared option as its own field
+            assert f.name not in {*WRITE_KEYS, "json", "quiet", "no_progress", "log_every"}
+    for cls in (ConvertConfig, GenConfig, ExtractConfig, TrainConfig, QuickstartConfig):
+        assert isinstance(_expected({f.name: f for f in dataclasses.fields(cls)}["write"]),
+                          WriteOptions), cls
 
 
 @pytest.mark.parametrize(("path", "usage"), [

@@ -66,7 +66,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
             writer.add(TokenSample(f"s{i}", ids[:2], ids[2:], partition=("a", "b")[i % 2]))
     hidden = root / "hidden"
     extract.run(extract.ExtractConfig(root / "tokens", hidden, target=target,
-                                      output_options=QUIET))
+                                      output=QUIET))
     w = World(root, target, root / "tokens", hidden, root / "sp", root / "sf")
     conv(hidden, w.speculators, to="speculators")
     conv(hidden, w.specforge, to="specforge", target=target)
@@ -191,7 +191,8 @@ def test_train_gets_the_same_lm_head_input_from_either_form(world: World, tmp_pa
                                                             ) -> None:
     """train's OfflineTarget applies the final norm to a pre-norm dataset and nothing to a
     post-norm one: both give the same lm_head input and the same greedy targets."""
-    from eagle3kit.train.target import OfflineTarget, TargetHead, read_config
+    from eagle3kit.target import read_config
+    from eagle3kit.train.target import OfflineTarget, TargetHead
 
     conv(world.specforge, tmp_path / "from-sf")
     head = TargetHead.load(world.target, read_config(world.target))

@@ -74,7 +74,7 @@ def write_prompts(where: Path, trial: int, chat: int = CHAT, essay: int = ESSAY)
 def gen_config(files: list[Path], out: Path, server, tokenizer: Path, **kw) -> gen.GenConfig:
     return gen.GenConfig(files, out, servers=[ServerSpec(server.url)], tokenizer=tokenizer,
                          concurrency=SLOTS, max_tokens=MAX_TOKENS,
-                         output_options=OutputOptions(quiet=True), **kw)
+                         output=OutputOptions(quiet=True), **kw)
 
 
 def sent_prompts(server) -> list[tuple[int, ...]]:
@@ -95,7 +95,7 @@ def run_trial(trial: int, tmp_path: Path, server, tokenizer: Path):
     # The gen that follows sends only what the pilot did not: no pilot prompt twice.
     assert len(pilot_sent) == PILOT and len(after) == CHAT + ESSAY - PILOT == result.remaining
     assert not set(pilot_sent) & set(after)
-    return result, measured, Dataset(cfg.output).num_tokens
+    return result, measured, Dataset(cfg.out).num_tokens
 
 
 def check_trials(results: list[tuple[plan.PlanResult, float, int]], tolerance: float = 0.15,
@@ -178,7 +178,7 @@ def test_hidden_disk_forecast_is_what_extract_writes(tmp_path, server, tokenizer
     assert forecast.remaining == 0 and forecast.hidden["hidden_size"] == 64
     extract.run(extract.ExtractConfig(tmp_path / "ds", tmp_path / "hidden", target=tiny_target,
                                       codec=codec, device="cpu",
-                                      output_options=OutputOptions(quiet=True)))
+                                      output=OutputOptions(quiet=True)))
     written = sum(f.stat().st_size for f in (tmp_path / "hidden" / "shards").iterdir())
     assert abs(forecast.hidden["bytes"][codec]["value"] / written - 1) < 0.05
 
@@ -238,7 +238,7 @@ def invoke(*args: str):
     (["--pilot", "2.5"], "--pilot 2.5: give a number of prompts"),
     (["--pilot", "many"], "--pilot many: give a number of prompts"),
     (["--hidden-size", "0"], "--hidden-size must be at least 1"),
-    (["--layers", "2,x"], "--layers '2,x': expected layer ids"),
+    (["--layers", "2,x"], "--layers 2,x: expected comma-separated integers"),
     (["--batch-tokens", "0"], "--batch-tokens must be at least 1"),
     (["--train-tokens-per-s", "-1"], "--train-tokens-per-s must be > 0"),
     (["--extract-tokens-per-s", "0"], "--extract-tokens-per-s must be > 0"),
@@ -270,7 +270,7 @@ def test_target_shape_comes_from_its_config(tmp_path, tokenizer):
                         tokenizer=tokenizer, target=tmp_path)
     assert plan.target_shape(plan.PlanConfig(cfg)) == (7168, 3)
     assert plan.target_shape(plan.PlanConfig(cfg, layers="2,30,58,60")) == (7168, 4)
-    with pytest.raises(plan.UserError, match="the target has 61 layers"):
+    with pytest.raises(plan.UserError, match=r"must lie in 0\.\.61 for this 61-layer target"):
         plan.target_shape(plan.PlanConfig(cfg, layers="2,30,62"))
     assert plan.target_shape(plan.PlanConfig(cfg, hidden_size=512)) == (512, 3)
 

@@ -21,6 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from eagle3kit import _ui, quickstart
+from eagle3kit._options import WriteOptions
 from eagle3kit.cli import app
 from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset
@@ -241,13 +242,14 @@ def test_overwrite_clears_only_a_quickstart_directory(tmp_path: Path) -> None:
     (tmp_path / quickstart.STATE).write_text("{half")
     (tmp_path / "tokens").mkdir()
     (tmp_path / "tokens" / "x").write_text("old")
-    state = quickstart._load_state(quickstart.QuickstartConfig(tmp_path, overwrite=True))
+    afresh = WriteOptions(mode="overwrite")
+    state = quickstart._load_state(quickstart.QuickstartConfig(tmp_path, write=afresh))
     assert state["stages"] == {} and list(tmp_path.iterdir()) == []
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "mine.txt").write_text("keep me")
     with pytest.raises(UserError, match="not a quickstart directory"):
-        quickstart._load_state(quickstart.QuickstartConfig(foreign, overwrite=True))
+        quickstart._load_state(quickstart.QuickstartConfig(foreign, write=afresh))
     assert (foreign / "mine.txt").exists()
 
 

@@ -78,7 +78,7 @@ def test_credentials_in_a_url_point_to_the_api_key_and_are_never_shown(inputs, t
 
 def test_bench_server_and_extract_check_their_urls(inputs, tmp_path):
     prompts, tokenizer = inputs
-    bench = eagle3kit("bench", "server", "--prompts", str(prompts), "--tokenizer",
+    bench = eagle3kit("bench", "server", str(prompts), "--tokenizer",
                       str(tokenizer), "--server", "http://127.0.0.1:8000",
                       "--baseline", "http://127.0.0.1:3000o")
     assert one_error_line(bench) == (

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+from eagle3kit._options import WRITE_KEYS, WriteOptions
 from eagle3kit._ui import OutputOptions
 from eagle3kit.errors import UserError
 from eagle3kit.format import DatasetWriter, TokenSample
@@ -57,7 +58,7 @@ def extract(tokens: Path, out: Path, target: Path) -> Path:
     from eagle3kit import extract as stage
 
     stage.run(stage.ExtractConfig(tokens, out, target=target, device="cpu",
-                                  output_options=QUIET))
+                                  output=QUIET))
     return out
 
 
@@ -85,6 +86,7 @@ def config(tiny, data, out, **kw) -> TrainConfig:
                    eval_every=2, checkpoint_every=2, lr=3e-3, warmup=1, device="cpu",
                    output=QUIET)
     options.update(kw)
+    options["write"] = WriteOptions(**{k: options.pop(k) for k in WRITE_KEYS if k in options})
     return TrainConfig([data], out, tiny["target"], **options)
 
 
@@ -170,7 +172,7 @@ def test_global_batches_split_into_equal_parts():
 
 # Online and offline agree -------------------------------------------------------------------------
 def first_step(tiny, data, out, **kw) -> Trainer:
-    from eagle3kit.train.loop import Ranks
+    from eagle3kit._ranks import Ranks
 
     trainer = Trainer(config(tiny, data, out, max_steps=1, eval_split=0, **kw),
                       Ranks.start("cpu"))
@@ -334,6 +336,12 @@ def test_run_directory_is_what_export_and_bench_read(tiny, tmp_path):
     drafter = json.loads((out / "drafter" / "config.json").read_text())["eagle3kit"]
     assert drafter["layer_ids"] == [2, 4, 5]
     assert drafter["target"]["fingerprint"] == info["target"]["fingerprint"]
+    from eagle3kit.format import HiddenDataset
+
+    # One identity record: train's is extract's, plus where the target was.
+    recorded = {k: v for k, v in info["target"].items() if k not in ("path", "name_or_path")}
+    assert recorded == {k: v for k, v in HiddenDataset(tiny["hidden"]).target.items()
+                        if k != "path"}
     ev = drafter["eval"]
     assert ev["k"] == 3 and ev["temperature"] == 0 and ev["step"] == 3
     assert len(ev["per_position"]) == 3
@@ -403,7 +411,7 @@ def test_both_exports_round_trip_through_init_from(tiny, tmp_path, fmt):
     ({"lr": -1.0}, "--lr must be > 0"),
     ({"min_lr": 1.0}, "--min-lr"),
     ({"layers": [2, 4, 5]}, "--layers applies to --online"),
-    ({"online": True, "layers": [2, 4]}, "--layers takes three ids"),
+    ({"online": True, "layers": [2, 4]}, "--layers 2,4: give 3 ids"),
     ({"device": "tpu"}, "--device must be"),
     ({"precision": "fp16"}, "--precision must be one of"),
 ])
@@ -430,6 +438,25 @@ def test_bad_inputs_name_the_file(tiny, tmp_path):
         config(tiny, f"{tiny['hidden']}:0", tmp_path / "r")
 
 
+def test_a_dataset_recording_the_older_target_keys_still_trains(tiny, tmp_path):
+    """Datasets extract wrote before the one identity record carry config and weights
+    hashes but no fingerprint: compared on those keys, the same target trains on them and
+    another is refused."""
+    old = tmp_path / "old-hidden"
+    shutil.copytree(tiny["hidden"], old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    target = manifest["hidden"]["target"]
+    manifest["hidden"]["target"] = {k: target[k] for k in (
+        "model_type", "num_layers", "hidden_size", "vocab_size", "config_xxh3", "weights_xxh3")}
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    assert run(config(tiny, old, tmp_path / "r", max_steps=1, eval_split=0)).steps == 1
+    manifest["hidden"]["target"]["num_layers"] = 9
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match="extracted from a target with num_layers 9, --target "
+                                        "has 8"):
+        run(config(tiny, old, tmp_path / "r2", max_steps=1, eval_split=0))
+
+
 def test_init_from_another_target_is_refused(tiny, tmp_path):
     from transformers import AutoConfig
 
@@ -451,6 +478,20 @@ def test_cli_errors_are_one_line(tiny, tmp_path):
         capture_output=True, text=True, env=env(), timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: --ttt-steps must be >= 1 (got 0)"
+
+
+def test_every_problem_of_a_command_line_is_named_at_once(tiny, tmp_path):
+    """TrainConfig checks everything and raises once (torchtune's config validation): the
+    command-line checks that lived in cli.py included."""
+    with pytest.raises(UserError) as caught:
+        TrainConfig.from_paths([str(tiny["hidden"]), str(tmp_path / "r")], target=None,
+                               lr=-1.0, keep=0, layers="2,x", online=True)
+    message = str(caught.value)
+    for part in ("--keep must be >= 1", "--lr must be > 0", "--layers 2,x: expected",
+                 "--target is required"):
+        assert part in message, message
+    with pytest.raises(UserError, match="give the datasets, then the run directory last"):
+        TrainConfig.from_paths([str(tiny["hidden"])], target=tiny["target"])
 
 
 # Processes ---------------------------------------------------------------------------------------

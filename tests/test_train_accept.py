@@ -82,7 +82,7 @@ def trained(tmp_path_factory):
     target = train_target(root)
     tokens = greedy_dataset(root, target)
     extract.run(extract.ExtractConfig(tokens, root / "hidden", target=target, device="cpu",
-                                      output_options=QUIET))
+                                      output=QUIET))
     return {"root": root, "target": target, "tokens": tokens, "hidden": root / "hidden"}
 
 

@@ -45,7 +45,7 @@ def served(tiny, tmp_path_factory):
     hidden = root / "hidden"
     extract.run(extract.ExtractConfig(tiny["tokens"], hidden, target=tiny["target"],
                                       engine="vllm", server=server.url, concurrency=4,
-                                      output_options=QUIET))
+                                      output=QUIET))
     server.requests.clear()
     yield {"server": server, "storage": root / "storage", "hidden": hidden}
     server.stop()

@@ -77,11 +77,11 @@ def chain(custom, tmp_path_factory) -> dict[str, Path]:
              "run": root / "run", "export": root / "export"}
     with pytest.raises(UserError, match=re.escape(f"--target {custom}: it {REFUSAL}")):
         gen.run(gen.GenConfig([prompts], paths["tokens"], engine="hf", target=custom,
-                              max_tokens=8, output_options=QUIET))
+                              max_tokens=8, output=QUIET))
     gen.run(gen.GenConfig([prompts], paths["tokens"], engine="hf", target=custom, max_tokens=8,
-                          temperature=0.0, trust_remote_code=True, output_options=QUIET))
+                          temperature=0.0, trust_remote_code=True, output=QUIET))
     extract.run(extract.ExtractConfig(paths["tokens"], paths["hidden"], target=custom,
-                                      device="cpu", output_options=QUIET))
+                                      device="cpu", output=QUIET))
     train.run(train.TrainConfig([paths["hidden"]], paths["run"], custom, max_steps=2,
                                 batch_tokens=256, draft_vocab=64, eval_split=0,
                                 device="cpu", output=QUIET))
@@ -105,7 +105,7 @@ def test_each_stage_told_no_refuses_by_name(custom, chain, tmp_path):
     with pytest.raises(UserError, match=re.escape(f"--target {custom}: it {REFUSAL}")):
         extract.run(extract.ExtractConfig(chain["tokens"], tmp_path / "h", target=custom,
                                           device="cpu", trust_remote_code=False,
-                                          output_options=QUIET))
+                                          output=QUIET))
     with pytest.raises(UserError, match=re.escape(f"--target {custom}: it {REFUSAL}")):
         train.run(train.TrainConfig([chain["hidden"]], tmp_path / "r", custom, max_steps=1,
                                     trust_remote_code=False, device="cpu", output=QUIET))

@@ -8,11 +8,10 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
 
 import orjson
 
-from eagle3kit._durable import fsync_dir
+from eagle3kit import _durable
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import TMP_SUFFIX
 
@@ -31,34 +30,18 @@ def disk_error(path: Path, exc: OSError) -> DatasetError:
     return DatasetError(f"{path}: cannot write: {exc.strerror or exc}")
 
 
-def open_new(path: Path) -> BinaryIO:
-    """`path` opened for writing, never through a symbolic link planted at that name (which
-    would write wherever it points)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o644)
-    return os.fdopen(fd, "wb")
-
-
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so that a crash leaves either the old or the new file."""
-    tmp = tmp_path(path)
+    """`_durable.write_bytes_atomic` under a temp name readers skip; a full disk becomes a
+    DatasetError naming the file."""
     try:
-        with open_new(tmp) as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        _durable.write_bytes_atomic(path, data, tmp_path(path))
     except OSError as exc:
-        if not tmp.is_symlink():
-            tmp.unlink(missing_ok=True)
         raise disk_error(path, exc) from None
 
 
 def write_json_atomic(path: Path, obj: object) -> None:
     """Replace `path` with `obj` as JSON so that a crash leaves either the old or the new file."""
-    write_bytes_atomic(path, orjson.dumps(
-        obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    write_bytes_atomic(path, _durable.json_bytes(obj))
 
 
 def read_json(path: Path) -> dict:

@@ -20,7 +20,8 @@ import numpy as np
 import orjson
 import xxhash
 
-from eagle3kit.format._io import disk_error, open_new
+from eagle3kit._durable import open_new
+from eagle3kit.format._io import disk_error
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import TMP_SUFFIX
 

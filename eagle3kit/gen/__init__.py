@@ -142,7 +142,7 @@ def retry_failed(chains: list[Chain], writer: DatasetWriter, cfg: GenConfig) -> 
     """Take the samples an earlier run recorded as skipped:failed out of the dataset, with the
     later turns skipped because of them, so that this run generates them again; returns how
     many failed samples that is. Only shards whose manifest counts show a failure are read."""
-    failed = Dataset(cfg.output, warn_stray=False).ids_with_finish("skipped:failed")
+    failed = Dataset(cfg.out, warn_stray=False).ids_with_finish("skipped:failed")
     if not failed:
         return 0
     again: set[str] = set()
@@ -156,12 +156,12 @@ def retry_failed(chains: list[Chain], writer: DatasetWriter, cfg: GenConfig) -> 
     if retried:
         writer.drop(again)
         _ui.info(f"retrying {retried:,} sample(s) an earlier run recorded as failed "
-                 "(--keep-failed leaves them)", cfg.output_options)
+                 "(--keep-failed leaves them)", cfg.output)
     return retried
 
 
 def _committed_completions(cfg: GenConfig, needed: set[str]) -> dict[str, tuple[str, list]]:
-    ds = Dataset(cfg.output, warn_stray=False)
+    ds = Dataset(cfg.out, warn_stray=False)
     found = {}
     for index, sample_id in enumerate(ds.sample_ids()):
         if sample_id in needed:
@@ -237,28 +237,27 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
                   # Later stages (validate, extract, train) run the same shipped code.
                   "trust_remote_code": cfg.trust_remote_code, **where}
     total = sum(len(c.ids) for c in chains)
-    writer = DatasetWriter(cfg.output, mode=cfg.mode, config=config, force=cfg.force,
-                           provenance=provenance, commit_every=cfg.commit_every,
-                           commit_interval=cfg.commit_interval)
+    writer = DatasetWriter(cfg.out, config=config, provenance=provenance,
+                           **cfg.write.writer_options())
     with writer:
         writer.store_files("tokenizer", renderer.files())
         retried = retry_failed(chains, writer, cfg) if cfg.retry_failed else 0
         starts = starting_points(chains, writer, cfg, renderer)
         remaining = sum(len(c.ids) - t for c, t in starts)
         done_before = total - remaining
-        with _ui.Progress("gen", total, cfg.output_options, initial=done_before) as progress:
+        with _ui.Progress("gen", total, cfg.output, initial=done_before) as progress:
             _partition_totals(progress, chains, starts)
             scheduler = Scheduler(cfg, renderer, backends, writer, progress,
                                   _context_len(cfg, backends), probe_ids)
             await scheduler.run(starts)
-        _ui.table("gen", progress.columns, progress.summary_rows(), cfg.output_options)
+        _ui.table("gen", progress.columns, progress.summary_rows(), cfg.output)
         if scheduler.failure is not None:
             raise final_error(scheduler.failure)
         written = progress.done - done_before
     stats = scheduler.stats
     stopped = scheduler.signals > 0 and done_before + written < total
     return GenResult(
-        output=str(cfg.output), total=total, previously_done=done_before, written=written,
+        output=str(cfg.out), total=total, previously_done=done_before, written=written,
         truncated=stats["truncated"], skipped=int(progress.counters.get("skipped", 0)),
         failed=stats["failed"], retries=stats["retries"], violations=stats["violations"],
         duplicates=duplicates, stopped=stopped, elapsed=round(time.monotonic() - started, 3),
@@ -321,7 +320,7 @@ def run(cfg: GenConfig, *, select: Callable[[list[Chain]], list[Chain]] | None =
 
 
 def _report(result: GenResult, cfg: GenConfig) -> None:
-    opts = cfg.output_options
+    opts = cfg.output
     if opts.json:
         _ui.print_json(asdict(result))
     _ui.kv("gen", [

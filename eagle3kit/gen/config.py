@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from eagle3kit._ui import OutputOptions
+from eagle3kit import _json
+from eagle3kit._options import OutputOptions, WriteOptions
 from eagle3kit.errors import UserError
-from eagle3kit.format import OpenMode
 
 _SLOTS = re.compile(r"^(?P<url>.*?)@(?P<slots>\d+)$")
 
@@ -36,6 +36,13 @@ class ServerSpec:
     """Slots for this server; None takes --concurrency."""
 
 
+def json_object(value: dict | str, flag: str) -> dict:
+    """A JSON object given as text on the command line (a dict passes through)."""
+    if isinstance(value, dict):
+        return value
+    return _json.json_object(value, flag, example="'{\"enable_thinking\": false}'")
+
+
 def parse_server(text: str) -> ServerSpec:
     """'http://host:30000' or 'http://host:30000@128' (that server's own concurrency)."""
     from eagle3kit._urls import server_url
@@ -51,7 +58,7 @@ def parse_server(text: str) -> ServerSpec:
 class GenConfig:
     prompts: list[Path]
     """Prompt files: JSONL, JSON or parquet."""
-    output: Path
+    out: Path
     """The token dataset to write (created, or continued when it exists)."""
     dataset: str | None = None
     """An HF dataset name or path, read with the `hf` extra."""
@@ -72,12 +79,12 @@ class GenConfig:
     """Run code the tokenizer or target directory ships (auto_map); recorded in the dataset,
     so later stages run it without being told again."""
     chat_template: Path | None = None
-    chat_template_kwargs: dict = field(default_factory=dict)
+    chat_template_kwargs: dict | str = field(default_factory=dict)
     system: str | None = None
     """A system prompt for conversations that have none."""
     history: Literal["own", "dataset"] = "own"
     """Later turns see the model's own earlier answers, or the dataset's."""
-    servers: list[ServerSpec] = field(default_factory=list)
+    servers: list[ServerSpec | str] = field(default_factory=list)
     api: str = "auto"
     engine: Literal["server", "hf"] = "server"
     target: Path | None = None
@@ -116,15 +123,25 @@ class GenConfig:
     strict: bool = False
     grace: float = 30.0
     """Seconds in-flight requests get to finish after SIGINT/SIGTERM."""
-    commit_every: int = 1000
-    commit_interval: float = 60.0
-    mode: OpenMode = "auto"
-    force: bool = False
-    output_options: OutputOptions = field(default_factory=OutputOptions)
+    write: WriteOptions = field(default_factory=WriteOptions)
+    """--resume/--overwrite/--force and the commit cadence."""
+    output: OutputOptions = field(default_factory=OutputOptions)
+
+    @classmethod
+    def from_paths(cls, paths: list[Path], **options: Any) -> GenConfig:
+        """PROMPTS... OUTPUT as the command line gives them: the output directory last."""
+        if len(paths) < 2 and not (options.get("dataset") and paths):
+            raise UserError("give the prompt files, then the output directory last")
+        *inputs, out = paths
+        return cls(inputs, out, **options)
 
     def __post_init__(self) -> None:
         self.prompts = [Path(p) for p in self.prompts]
-        self.output = Path(self.output)
+        self.out = Path(self.out)
+        self.servers = [s if isinstance(s, ServerSpec) else parse_server(s)
+                        for s in self.servers]
+        self.chat_template_kwargs = json_object(self.chat_template_kwargs,
+                                                "--chat-template-kwargs")
         self.retry_for = parse_duration(self.retry_for, "--retry-for")
         self.stall_after = parse_duration(self.stall_after, "--stall-after")
         self._check_inputs()
@@ -168,7 +185,7 @@ class GenConfig:
         at_least_one = {
             "--concurrency": self.concurrency, "--max-tokens": self.max_tokens,
             "--n": self.n, "--max-attempts": self.max_attempts,
-            "--commit-every": self.commit_every, "--max-seq-len": self.max_seq_len,
+            "--max-seq-len": self.max_seq_len,
             "--long-threshold": self.long_threshold, "--max-samples": self.max_samples,
             "--short-concurrency": self.short_concurrency,
             "--long-concurrency": self.long_concurrency,
@@ -184,8 +201,7 @@ class GenConfig:
             raise UserError(f"--top-p must be in (0, 1] (got {self.top_p})")
         if self.min_completion_tokens < 0:
             raise UserError("--min-completion-tokens must be >= 0")
-        for flag, value in (("--commit-interval", self.commit_interval),
-                            ("--grace", self.grace), ("--request-timeout", self.request_timeout),
+        for flag, value in (("--grace", self.grace), ("--request-timeout", self.request_timeout),
                             ("--retry-for", self.retry_for), ("--stall-after", self.stall_after)):
             if value is not None and not value > 0:
                 raise UserError(f"{flag} must be > 0 seconds (got {value})")

@@ -549,7 +549,7 @@ class Scheduler:
             del self.wrong[name]
             _ui.warn(f"{name}: serves {backend.info.model!r} again; resuming")
         elif name in self.down:
-            _ui.info(f"{name}: back; resuming", self.cfg.output_options)
+            _ui.info(f"{name}: back; resuming", self.cfg.output)
         self.down.discard(name)
         self.up[name].set()
 

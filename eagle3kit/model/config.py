@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from eagle3kit.target import config_fingerprint, default_layer_ids
 
-def default_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's low, middle and high states in the boundary convention: 2, N//2, N-3."""
-    return [2, num_layers // 2, num_layers - 3]
+__all__ = ["DrafterConfig", "config_fingerprint", "default_layer_ids", "rope_of"]
 
 
 def rope_of(target_config: Any) -> tuple[float, dict | None]:
@@ -99,11 +96,3 @@ class DrafterConfig:
     def from_dict(cls, data: dict) -> DrafterConfig:
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in known})
-
-
-def config_fingerprint(target_config: Any) -> str:
-    """A short hash of the target config fields that decide what its hidden states mean."""
-    fields = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size",
-              "intermediate_size", "num_attention_heads", "num_key_value_heads")
-    data = {k: getattr(target_config, k, None) for k in fields}
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

@@ -22,8 +22,10 @@ from typing import Any
 import numpy as np
 
 from eagle3kit.errors import UserError
-from eagle3kit.model.config import DrafterConfig, default_layer_ids, rope_of
+from eagle3kit.model.config import DrafterConfig, rope_of
 from eagle3kit.model.vocab import vocab_problems
+from eagle3kit.target import config_dict, default_layer_ids
+from eagle3kit.train.rundir import RunDir, read_provenance
 
 LAYOUTS = {
     "eagle3kit": "eagle3kit (speculators weights, an eagle3kit config block)",
@@ -38,8 +40,6 @@ LAYOUTS = {
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
-PROVENANCE = "eagle3kit-export.json"
-"""What `eagle3kit export` writes beside an export's config: source run, target, coverage."""
 # Tensors of EAGLE-3.1 variants (norm_before_fc, fc_norm) the drafter has no place for.
 _V31_PREFIXES = ("input_norm.", "fc_norm.")
 
@@ -145,19 +145,6 @@ def _weight_files(directory: Path) -> list[Path]:
     if len(loose) == 1:
         return loose
     raise UserError(f"{directory}: no weights found (expected one of {', '.join(WEIGHT_FILES)})")
-
-
-def read_config(directory: Path) -> dict:
-    path = directory / "config.json"
-    if not path.is_file():
-        raise UserError(f"{directory}: not a checkpoint directory (no config.json)")
-    try:
-        config = json.loads(path.read_text())
-    except ValueError as exc:
-        raise UserError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{path}: expected a JSON object")
-    return config
 
 
 def target_dict(target: Any) -> tuple[dict | None, Path | None]:
@@ -296,7 +283,7 @@ def inspect(path: str | Path, target_config: Any = None) -> CheckpointInfo:
     directory = Path(path)
     if not directory.is_dir():
         raise UserError(f"{directory}: no such checkpoint directory")
-    config = read_config(directory)
+    config = config_dict(directory, f"{directory}: not a checkpoint directory (no config.json)")
     weights = Weights(directory)
     shapes = {n: weights.shape(n) for n in weights.names}
     try:
@@ -352,7 +339,8 @@ def _read_eagle3kit(directory: Path, layout: str, config: dict, weights: Weights
     target = block.get("target") or {}
     info.verifier = target.get("name_or_path") or target.get("path") or drafter.target_name_or_path
     info.target_layers = target.get("num_hidden_layers")
-    info.coverage = _coverage(block) or _coverage(_run_record(directory))
+    run = RunDir.holding(directory)
+    info.coverage = _coverage(block) or _coverage(run.record() if run else None)
     info.config = config
     return info
 
@@ -379,19 +367,6 @@ def _coverage(record: dict | None) -> float | None:
         if isinstance(holder, dict) and isinstance(holder.get("coverage"), int | float):
             return float(holder["coverage"])
     return None
-
-
-def _run_record(directory: Path) -> dict | None:
-    """The run.json beside a run's drafter/ directory, if this is one."""
-    return _json(directory.parent / "run.json")
-
-
-def _json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text()) if path.is_file() else None
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _read_third_party(directory: Path, layout: str, config: dict, weights: Weights,
@@ -422,7 +397,7 @@ def _read_third_party(directory: Path, layout: str, config: dict, weights: Weigh
     if layout == "speculators":
         verifier = (config.get("speculators_config") or {}).get("verifier") or {}
         info.verifier = verifier.get("name_or_path")
-    info.coverage = _coverage((_json(directory / PROVENANCE) or {}).get("draft_vocab"))
+    info.coverage = _coverage((read_provenance(directory) or {}).get("draft_vocab"))
     info.aux_layer_ids, info.layer_ids_source = _ids_of(layout, config)
     return info
 
@@ -751,12 +726,12 @@ def _complete_vocab(weights: dict, config: DrafterConfig) -> None:
 
 def training_prediction(checkpoint: Path) -> dict | None:
     """The `eval` block train wrote into the drafter's config.json, or an earlier export's."""
-    for path, block in ((checkpoint / "config.json", "eagle3kit"), (checkpoint / PROVENANCE, None)):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        data = data.get(block) if block and isinstance(data, dict) else data
+    try:
+        config = json.loads((checkpoint / "config.json").read_text())
+    except (OSError, ValueError):
+        config = None
+    block = config.get("eagle3kit") if isinstance(config, dict) else None
+    for data in (block, read_provenance(checkpoint)):
         evaluation = data.get("eval") if isinstance(data, dict) else None
         if isinstance(evaluation, dict):
             return evaluation

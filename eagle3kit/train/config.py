@@ -11,8 +11,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3kit import _ui
+from eagle3kit._options import OutputOptions, WriteOptions
 from eagle3kit.errors import UserError
+from eagle3kit.target import check_layer_ids, parse_layer_ids
 
 LONG_POLICIES = ("drop", "truncate")
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -63,8 +64,9 @@ class TrainConfig:
     """Hidden-state datasets (offline), or token datasets with --online; `DIR:W` weights one."""
     out: Path
     """The run directory (created, or continued when it holds a run)."""
-    target: Path
-    """The target model directory (HF layout)."""
+    target: Path | None
+    """The target model directory (HF layout). Required: None is refused by name, with any
+    other problems of the command line."""
     online: bool = False
     """Run the frozen target in the loop on token datasets instead of reading stored states."""
     servers: list[str] = field(default_factory=list)
@@ -79,7 +81,7 @@ class TrainConfig:
     """--server: seconds one request may take before the server counts as stalled."""
     model: str | None = None
     """--server: the served model name (default: each server's first)."""
-    layers: list[int] | None = None
+    layers: list[int] | str | None = None
     """Aux layer ids (boundary convention) for --online; offline they come from the data."""
     draft_vocab: int = 32000
     """Draft vocabulary size: the most frequent loss-carrying tokens (capped at the target's)."""
@@ -133,90 +135,107 @@ class TrainConfig:
     trust_remote_code: bool | None = None
     """Run code the target directory ships (auto_map); None: as the datasets' makers were
     told (gen and extract record --trust-remote-code), else no."""
-    mode: str = "auto"
-    """auto continues a run when there is one; resume requires one; overwrite starts afresh."""
-    force: bool = False
-    """Continue a run whose settings differ."""
-    output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
+    write: WriteOptions = field(default_factory=WriteOptions)
+    """--resume/--overwrite/--force: whether a run continues (auto), must (resume) or starts
+    afresh, and whether one started with other settings may (force)."""
+    output: OutputOptions = field(default_factory=OutputOptions)
+
+    @classmethod
+    def from_paths(cls, paths: list[str], **options: Any) -> TrainConfig:
+        """DATA[:WEIGHT]... RUN as the command line gives them: the run directory last."""
+        if len(paths) < 2:
+            raise UserError("give the datasets, then the run directory last")
+        *data, out = paths
+        return cls([DataSpec.parse(d) for d in data], Path(out), options.pop("target", None),
+                   **options)
 
     def __post_init__(self) -> None:
         self.data = [DataSpec.parse(d) for d in self.data]
-        self.out, self.target = Path(self.out), Path(self.target)
+        self.out = Path(self.out)
+        self.target = None if self.target is None else Path(self.target)
         if self.init_from is not None:
             self.init_from = Path(self.init_from)
         if not self.data:
             raise UserError("give at least one dataset, then the run directory last")
-        self._check_ranges()
-        self._check_choices()
-        self._check_servers()
-        self._check_paths()
+        # Every problem of the command line at once (torchtune's config validation).
+        found: list[str] = []
+        self._check_ranges(found)
+        self._check_choices(found)
+        self._check_servers(found)
+        self._check_paths(found)
+        if found:
+            raise UserError("; ".join(found))
 
-    def _check_ranges(self) -> None:
+    def _check_ranges(self, found: list[str]) -> None:
         positive = {"--draft-vocab": self.draft_vocab, "--ttt-steps": self.ttt_steps,
                     "--batch-tokens": self.batch_tokens,
                     "--grad-accum": self.grad_accum, "--eval-k": self.eval_k,
                     "--checkpoint-every": self.checkpoint_every, "--keep": self.keep}
         for flag, value in positive.items():
             if not value >= 1:
-                raise UserError(f"{flag} must be >= 1 (got {value})")
+                found.append(f"{flag} must be >= 1 (got {value})")
         if self.max_len is not None and self.max_len < 3:
-            raise UserError(f"--max-len must be >= 3 tokens (got {self.max_len})")
+            found.append(f"--max-len must be >= 3 tokens (got {self.max_len})")
         for flag, value in (("--lr", self.lr), ("--ttt-decay", self.ttt_decay)):
             if not (value > 0 and math.isfinite(value)):
-                raise UserError(f"{flag} must be > 0 (got {value})")
+                found.append(f"{flag} must be > 0 (got {value})")
         for flag, value in (("--min-lr", self.min_lr), ("--warmup", self.warmup),
                             ("--weight-decay", self.weight_decay),
                             ("--grad-clip", self.grad_clip), ("--eval-split", self.eval_split),
                             ("--checkpoint-interval", self.checkpoint_interval),
                             ("--eval-every", self.eval_every)):
             if not (value >= 0 and math.isfinite(value)):
-                raise UserError(f"{flag} must be >= 0 (got {value})")
+                found.append(f"{flag} must be >= 0 (got {value})")
         if self.min_lr > self.lr:
-            raise UserError(f"--min-lr ({self.min_lr}) must not exceed --lr ({self.lr})")
+            found.append(f"--min-lr ({self.min_lr}) must not exceed --lr ({self.lr})")
         if self.eval_split >= 1 and not float(self.eval_split).is_integer():
-            raise UserError(f"--eval-split is a share below 1 or a whole count "
-                            f"(got {self.eval_split})")
+            found.append(f"--eval-split is a share below 1 or a whole count "
+                         f"(got {self.eval_split})")
         if self.epochs is not None and not (self.epochs > 0 and math.isfinite(self.epochs)):
-            raise UserError(f"--epochs must be > 0 (got {self.epochs})")
+            found.append(f"--epochs must be > 0 (got {self.epochs})")
         if self.max_steps is not None and self.max_steps < 1:
-            raise UserError(f"--max-steps must be >= 1 (got {self.max_steps})")
+            found.append(f"--max-steps must be >= 1 (got {self.max_steps})")
 
-    def _check_choices(self) -> None:
+    def _check_choices(self, found: list[str]) -> None:
         if self.long_samples not in LONG_POLICIES:
-            raise UserError(f"--long-samples must be drop or truncate (got {self.long_samples})")
+            found.append(f"--long-samples must be drop or truncate (got {self.long_samples})")
         if self.precision not in PRECISIONS:
-            raise UserError(f"--precision must be one of {', '.join(PRECISIONS)} "
-                            f"(got {self.precision})")
-        if self.mode not in ("auto", "resume", "overwrite"):
-            raise UserError(f"unknown mode {self.mode!r}")
-        if self.layers is not None:
-            if len(self.layers) != 3 or any(i < 0 for i in self.layers):
-                raise UserError(f"--layers takes three ids >= 0, like 2,16,29 (got "
-                                f"{','.join(map(str, self.layers))})")
-            if not self.online:
-                raise UserError("--layers applies to --online training; offline, the layer "
-                                "ids are those the hidden-state dataset was extracted at")
+            found.append(f"--precision must be one of {', '.join(PRECISIONS)} "
+                         f"(got {self.precision})")
+        try:
+            self.layers = parse_layer_ids(self.layers)
+            if self.layers is not None:
+                check_layer_ids(self.layers, count=3)
+        except UserError as exc:
+            found.append(str(exc))
+        if self.layers is not None and not self.online:
+            found.append("--layers applies to --online training; offline, the layer ids are "
+                         "those the hidden-state dataset was extracted at")
         if not self.device or not (self.device in ("auto", "cpu")
                                    or self.device.startswith("cuda")):
-            raise UserError(f"--device must be auto, cpu, cuda or cuda:N (got {self.device})")
+            found.append(f"--device must be auto, cpu, cuda or cuda:N (got {self.device})")
 
-    def _check_servers(self) -> None:
+    def _check_servers(self, found: list[str]) -> None:
         from eagle3kit.gen.config import parse_server
 
+        for flag, value in (("--concurrency", self.concurrency), ("--prefetch", self.prefetch)):
+            if value is not None and not value >= 1:
+                found.append(f"{flag} must be >= 1 (got {value})")
+        if not (self.request_timeout > 0 and math.isfinite(self.request_timeout)):
+            found.append(f"--request-timeout must be > 0 seconds (got {self.request_timeout})")
         if not self.servers:
             return
         if not self.online:
-            raise UserError("--server applies to --online training (the states come from the "
-                            "servers instead of the target in this process): add --online")
-        specs = [parse_server(s) for s in self.servers]
-        self.servers = [f"{s.url}@{s.concurrency or self.concurrency}" for s in specs]
+            found.append("--server applies to --online training (the states come from the "
+                         "servers instead of the target in this process): add --online")
+        try:
+            specs = [parse_server(s) for s in self.servers]
+        except UserError as exc:
+            found.append(str(exc))
+            return
         if len({s.url for s in specs}) < len(specs):
-            raise UserError("--server: the same server is given twice")
-        for flag, value in (("--concurrency", self.concurrency), ("--prefetch", self.prefetch)):
-            if value is not None and value < 1:
-                raise UserError(f"{flag} must be >= 1 (got {value})")
-        if not (self.request_timeout > 0 and math.isfinite(self.request_timeout)):
-            raise UserError(f"--request-timeout must be > 0 seconds (got {self.request_timeout})")
+            found.append("--server: the same server is given twice")
+        self.servers = [f"{s.url}@{s.concurrency or self.concurrency}" for s in specs]
 
     @property
     def server_slots(self) -> list[tuple[str, int]]:
@@ -231,17 +250,18 @@ class TrainConfig:
     def prefetch_depth(self) -> int:
         return self.prefetch or max(64, 2 * sum(n for _, n in self.server_slots))
 
-    def _check_paths(self) -> None:
+    def _check_paths(self, found: list[str]) -> None:
         # Here, not in the stage: a mistyped path is refused in a second, before torch loads.
-        found = [f"{d.path}: no such dataset directory" for d in self.data if not d.path.is_dir()]
-        if not self.target.is_dir():
+        found += [f"{d.path}: no such dataset directory" for d in self.data
+                  if not d.path.is_dir()]
+        if self.target is None:
+            found.append("--target is required: the target model directory")
+        elif not self.target.is_dir():
             found.append(f"--target {self.target}: no such directory")
         elif not (self.target / "config.json").is_file():
             found.append(f"--target {self.target}: no config.json there (an HF model directory?)")
         if self.init_from is not None and not self.init_from.is_dir():
             found.append(f"--init-from {self.init_from}: no such directory")
-        if found:
-            raise UserError("; ".join(found))
 
     @property
     def eval_count(self) -> int | None:

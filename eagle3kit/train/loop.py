@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -21,9 +21,18 @@ from typing import Any
 import torch
 
 from eagle3kit import __version__, _ui
+from eagle3kit._durable import write_json_atomic
+from eagle3kit._ranks import Ranks
 from eagle3kit.errors import UserError
 from eagle3kit.model import DrafterConfig, DraftVocab, Eagle3Drafter, build_vocab, vocab_problems
 from eagle3kit.model.checkpoint import drafter_weights, save_drafter
+from eagle3kit.target import (
+    TargetInfo,
+    check_layer_ids,
+    identity_mismatch,
+    location,
+    resolve_layer_ids,
+)
 from eagle3kit.train import data as tdata
 from eagle3kit.train import sharding
 from eagle3kit.train.config import TrainConfig, TrainResult
@@ -36,7 +45,6 @@ from eagle3kit.train.rundir import (
     load_tensors,
     save_rng_state,
     settings_diff,
-    write_json_atomic,
 )
 from eagle3kit.train.stopping import EXIT_CODES, STOP_SIGNALS, CheckpointClock, StopRequests
 from eagle3kit.train.target import (
@@ -44,60 +52,8 @@ from eagle3kit.train.target import (
     OnlineTarget,
     TargetBatch,
     TargetHead,
-    identity,
-    read_config,
 )
 from eagle3kit.train.ttt import EvalResult, TTTLoss, evaluate, step_counts
-
-
-# Processes ------------------------------------------------------------------------------------
-@dataclass
-class Ranks:
-    rank: int
-    world: int
-    device: torch.device
-    owns_group: bool
-
-    @classmethod
-    def start(cls, device: str) -> Ranks:
-        import torch.distributed as dist
-
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        if device == "auto":
-            device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
-        elif device == "cuda":
-            device = f"cuda:{local}"
-        dev = torch.device(device)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise UserError(f"--device {device}: no CUDA device here")
-        owns = False
-        if world > 1 and not dist.is_initialized():
-            dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-            owns = True
-        rank = dist.get_rank() if world > 1 else 0
-        if dev.type == "cuda":
-            torch.cuda.set_device(dev)
-        return cls(rank, world, dev, owns)
-
-    def sum(self, t: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(t)
-        return t
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
-
-    def close(self) -> None:
-        if self.owns_group:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
 
 
 def run(cfg: TrainConfig) -> TrainResult:
@@ -126,11 +82,11 @@ def _layers_of(sources: list[tdata.Source], target_id: dict) -> list[int]:
         if ds.hidden_size != target_id["hidden_size"]:
             raise UserError(f"{s.path}: states of width {ds.hidden_size}, but --target has "
                             f"hidden size {target_id['hidden_size']}: another model's states")
-        theirs = ds.target
-        for key in ("model_type", "num_layers", "vocab_size"):
-            if theirs.get(key) is not None and theirs[key] != target_id[key]:
-                raise UserError(f"{s.path}: extracted from a target with {key} "
-                                f"{theirs[key]}, --target has {target_id[key]}")
+        mismatch = identity_mismatch(ds.target, target_id)
+        if mismatch:
+            key, theirs, ours = mismatch
+            raise UserError(f"{s.path}: extracted from a target with {key} {theirs}, "
+                            f"--target has {ours}")
         if ds.last_state not in ("pre_norm", "post_norm"):
             raise UserError(f"{s.path}: unknown last_state {ds.last_state!r}")
     if len({s.dataset.last_state for s in sources}) > 1:  # type: ignore[attr-defined]
@@ -199,8 +155,9 @@ class Trainer:
     def run(self) -> TrainResult:
         cfg = self.cfg
         self.trust_remote_code = tdata.trust_remote_code(cfg)
-        self.target_cfg = read_config(cfg.target, self.trust_remote_code)
-        self.target_id = identity(cfg.target, self.target_cfg)
+        target = TargetInfo.load(cfg.target, self.trust_remote_code)
+        self.target_cfg = target.config
+        self.target_id = {**location(cfg.target), **target.identity}
         self.sources = [tdata.open_source(d.path, d.weight, cfg.online) for d in cfg.data]
         continuing = self._open_run_dir()
         self.layers = self._resolve_layers(continuing)
@@ -232,7 +189,7 @@ class Trainer:
 
     def _open_run_dir(self) -> bool:
         cfg, rd = self.cfg, self.run_dir
-        continuing = rd.check_usable(cfg.mode)
+        continuing = rd.check_usable(cfg.write.mode)
         if continuing:
             before = rd.read()
             now = self.cfg.settings()
@@ -242,14 +199,15 @@ class Trainer:
             if parts != self.ranks.world * cfg.grad_accum:
                 diff.append(f"ranks x --grad-accum: {parts} -> "
                             f"{self.ranks.world * cfg.grad_accum}")
-            if diff and not cfg.force:
+            if diff and not cfg.write.force:
                 raise UserError(f"{rd.path}: this run was started with other settings ("
                                 + "; ".join(diff) + "); rerun with them, pass --force to "
                                 "continue anyway, or --overwrite to start afresh")
-            if before.get("target", {}).get("fingerprint") != self.target_id["fingerprint"] \
-                    and not cfg.force:
+            mismatch = identity_mismatch(before.get("target", {}), self.target_id)
+            if mismatch and not cfg.write.force:
                 raise UserError(f"{rd.path}: started with another target config than "
-                                f"--target {cfg.target}")
+                                f"--target {cfg.target} ({mismatch[0]} {mismatch[1]!r} there, "
+                                f"{mismatch[2]!r} here); pass --force to continue anyway")
             self.previous = before
         elif self.ranks.rank == 0:
             if rd.path.exists():
@@ -259,14 +217,13 @@ class Trainer:
         return continuing
 
     def _resolve_layers(self, continuing: bool) -> list[int]:
-        from eagle3kit.model import default_layer_ids
-
         if not self.cfg.online:
             return _layers_of(self.sources, self.target_id)
         if continuing:
             return list(self.previous["layer_ids"])
+        n = self.target_cfg.num_hidden_layers
         if self.cfg.layers is not None:
-            return list(self.cfg.layers)
+            return check_layer_ids(self.cfg.layers, n, count=3)
         if self.cfg.init_from is not None:
             import json
 
@@ -278,7 +235,7 @@ class Trainer:
                    or raw.get("eagle_aux_hidden_state_layer_ids"))
             if ids:
                 return list(ids)
-        return default_layer_ids(self.target_cfg.num_hidden_layers)
+        return resolve_layer_ids(None, n)
 
     def _load_target(self) -> None:
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
@@ -764,6 +721,6 @@ def _report(result: TrainResult, cfg: TrainConfig) -> None:
             rates = " ".join(f"{a:.3f}" for a in ev["per_position"])
             pairs.append((f"{name} AL (k={ev['k']})",
                           f"{ev['predicted_acceptance_length']:.3f}  per position {rates}"))
-    pairs.append(("drafter", str(result.out / "drafter")))
+    pairs.append(("drafter", str(RunDir(result.out).drafter)))
     _ui.kv("train", pairs, opts)
 

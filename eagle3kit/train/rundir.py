@@ -1,5 +1,9 @@
 """The run directory: run.json, metrics.jsonl, vocab.safetensors, checkpoints/, drafter/.
 
+The one module that knows this layout: train writes it, and export, info, quickstart and
+the checkpoint readers find a run's record and drafter through `RunDir` (and an export's
+provenance file through `read_provenance`). Importing it loads no torch.
+
 Checkpoints are written whole or not at all: into a hidden temp directory, every file
 fsynced, then renamed to checkpoints/step-XXXXXXXX and the parent fsynced. A run killed at
 any moment resumes from the newest complete one.
@@ -15,42 +19,80 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 from eagle3kit import __version__
 from eagle3kit._durable import fsync_dir, fsync_file, write_text_atomic
+from eagle3kit._json import json_object
 from eagle3kit.errors import UserError
 
 RUN_FORMAT = "eagle3kit-run"
 RUN_VERSION = 1
+RUN_JSON = "run.json"
+DRAFTER = "drafter"
+"""The run's latest drafter, a checkpoint any EAGLE-3 reader loads (eagle3kit's layout)."""
+CHECKPOINTS = "checkpoints"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
-OUR_FILES = ("run.json", "metrics.jsonl", "vocab.safetensors", "checkpoints", "drafter")
+OUR_FILES = (RUN_JSON, "metrics.jsonl", "vocab.safetensors", CHECKPOINTS, DRAFTER)
+PROVENANCE = "eagle3kit-export.json"
+"""What `eagle3kit export` writes beside an export's config: source run, target, coverage."""
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+def _json_object(path: Path) -> dict | None:
+    """`path` as a JSON object; None when it is missing, unreadable or something else."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_provenance(checkpoint: Path) -> dict | None:
+    """The provenance an export wrote beside a checkpoint; None where there is none."""
+    return _json_object(Path(checkpoint) / PROVENANCE)
 
 
 class RunDir:
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self.run_json = path / "run.json"
-        self.metrics = path / "metrics.jsonl"
-        self.vocab = path / "vocab.safetensors"
-        self.checkpoints = path / "checkpoints"
-        self.drafter = path / "drafter"
+        self.path = Path(path)
+        self.run_json = self.path / RUN_JSON
+        self.metrics = self.path / "metrics.jsonl"
+        self.vocab = self.path / "vocab.safetensors"
+        self.checkpoints = self.path / CHECKPOINTS
+        self.drafter = self.path / DRAFTER
+
+    @classmethod
+    def holding(cls, checkpoint: Path) -> RunDir | None:
+        """The run whose drafter/ `checkpoint` is, if it is one."""
+        checkpoint = Path(checkpoint)
+        run = cls(checkpoint.parent)
+        return run if checkpoint.name == DRAFTER and run.exists() else None
 
     # Opening ----------------------------------------------------------------------------------
     def exists(self) -> bool:
         return self.run_json.is_file()
 
-    def read(self) -> dict:
+    def has_drafter(self) -> bool:
+        return (self.drafter / "config.json").is_file()
+
+    def record(self) -> dict | None:
+        """run.json as it is, for a reader that only looks (None when unreadable)."""
+        return _json_object(self.run_json)
+
+    def load(self, fix: str = "") -> dict:
+        """run.json's record for a stage that reads what it can of it (export): a JSON
+        object, else one message naming the file (and `fix`)."""
         try:
-            data = json.loads(self.run_json.read_text())
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{self.run_json}: unreadable ({exc}); rerun with --overwrite to "
-                            "start afresh") from None
+            text = self.run_json.read_text()
+        except OSError as exc:
+            raise UserError(f"{self.run_json}: unreadable ({exc.strerror}){fix}") from None
+        try:
+            return json_object(text, str(self.run_json))
+        except UserError as exc:
+            raise UserError(f"{exc}{fix}") from None
+
+    def read(self) -> dict:
+        """run.json for continuing the run: refused when it is not a run this eagle3kit
+        writes."""
+        data = self.load("; rerun with --overwrite to start afresh")
         if data.get("format") != RUN_FORMAT:
             raise UserError(f"{self.run_json}: not an eagle3kit run")
         if data.get("version", 0) > RUN_VERSION:
@@ -150,6 +192,8 @@ def save_rng_state(path: Path) -> None:
     """This process's torch, CUDA, numpy and Python random states, as a safetensors file:
     tensors and strings only, so loading it back runs nothing (a pickle would run whatever a
     planted file asks for)."""
+    import numpy as np
+    import torch
     from safetensors.torch import save_file
 
     _, keys, pos, has_gauss, cached = np.random.get_state()
@@ -168,6 +212,8 @@ def save_rng_state(path: Path) -> None:
 
 def load_rng_state(path: Path) -> None:
     """Set this process's random states from `save_rng_state`'s file."""
+    import numpy as np
+    import torch
     from safetensors import safe_open
 
     try:

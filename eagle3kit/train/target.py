@@ -51,28 +51,6 @@ class TargetBatch:
                                                     self.aux, self.normed, self.argmax)))
 
 
-def read_config(path: Path, trust_remote_code: bool = False) -> Any:
-    from eagle3kit import _hf
-
-    if not (path / "config.json").is_file():
-        raise UserError(f"--target {path}: no config.json there (an HF model directory?)")
-    config = _hf.load_config(path, trust_remote_code)
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
-def identity(path: Path, config: Any) -> dict:
-    """How the run names its target: what export writes as the verifier, and what a resumed
-    run or a warm start is checked against."""
-    from eagle3kit.model import config_fingerprint
-
-    raw = json.loads((path / "config.json").read_text())
-    return {"path": str(path.resolve()), "name_or_path": str(path.resolve()),
-            "architectures": list(raw.get("architectures") or []),
-            "model_type": config.model_type, "num_layers": config.num_hidden_layers,
-            "hidden_size": config.hidden_size, "vocab_size": config.vocab_size,
-            "fingerprint": config_fingerprint(config)}
-
-
 def _meta_model(config: Any, trust_remote_code: bool = False) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
@@ -229,9 +207,6 @@ class OnlineTarget:
             raise UserError(f"--target: {type(model).__name__} has no `layers` list of "
                             "decoder layers; --online knows Llama-, Qwen- and Mistral-style "
                             "models")
-        if max(layers) > len(blocks):
-            raise UserError(f"--layers {','.join(map(str, layers))}: the target has only "
-                            f"{len(blocks)} layers (ids go up to {len(blocks)})")
         self.n_layers = len(blocks)
         self.head = TargetHead.of(model)
         self.captured: dict[int, torch.Tensor] = {}

@@ -164,7 +164,7 @@ def tokens(plain_server: launch.VllmServer, world: World) -> Path:
     result = gen.run(gen.GenConfig(
         [world.train_prompts], out, servers=[ServerSpec(plain_server.url)], api="vllm",
         tokenizer=world.target, temperature=0.0, max_tokens=MAX_TOKENS, concurrency=16,
-        output_options=_ui.OutputOptions(quiet=True)))
+        output=_ui.OutputOptions(quiet=True)))
     assert result.total == TRAIN_PROMPTS
     return out
 
@@ -190,7 +190,7 @@ def hidden(extract_server: launch.VllmServer, tokens: Path, world: World) -> Pat
     extract.run(extract.ExtractConfig(tokens, out, target=world.target, engine="vllm",
                                       server=extract_server.url, layers=LAYERS,
                                       concurrency=4,
-                                      output_options=_ui.OutputOptions(quiet=True)))
+                                      output=_ui.OutputOptions(quiet=True)))
     return out
 
 

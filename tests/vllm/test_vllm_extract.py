@@ -38,7 +38,7 @@ def test_served_states_equal_the_transformers_path(hidden: Path, tokens: Path, w
     assert served.manifest["provenance"]["server"] == extract_server.url
     assert list((world.root / "hs").glob("*.safetensors")) == []  # each file read, deleted
     extract.run(extract.ExtractConfig(tokens, tmp_path / "local", target=world.target,
-                                      layers=LAYERS, dtype="float32", output_options=QUIET))
+                                      layers=LAYERS, dtype="float32", output=QUIET))
     local = {s.sample_id: s for s in HiddenDataset(tmp_path / "local")}
     assert len(served) == len(local) == 96
     differing = total = 0
@@ -62,7 +62,7 @@ def _refused(server, world: World, tokens: Path, out: Path) -> str:
     with pytest.raises(ServerError) as caught:
         extract.run(extract.ExtractConfig(tokens, out, target=world.target, engine="vllm",
                                           server=server.url, layers=LAYERS,
-                                          output_options=QUIET))
+                                          output=QUIET))
     assert len(HiddenDataset(out)) == 0 if (out / "manifest.json").is_file() else True
     return str(caught.value)
 

@@ -37,7 +37,7 @@ def test_gen_on_vllm_is_token_exact_against_transformers(plain_server, world: Wo
     from transformers import AutoTokenizer
 
     prompts = [world.single_turn, world.multi_turn]
-    common = dict(temperature=0.0, max_tokens=MAX_TOKENS, output_options=QUIET)
+    common = dict(temperature=0.0, max_tokens=MAX_TOKENS, output=QUIET)
     gen.run(gen.GenConfig(prompts, tmp_path / "vllm", servers=[ServerSpec(
         plain_server.url)], api="vllm", tokenizer=world.target, **common))
     gen.run(gen.GenConfig(prompts, tmp_path / "hf", engine="hf", target=world.target,
