@@ -72,6 +72,8 @@ class Stats:
     """Trainer time spent waiting for a sample that was not fetched yet."""
     held_bytes: int = 0
     peak_bytes: int = 0
+    bound_bytes: int = 0
+    """What `peak_bytes` cannot exceed: the longest `depth` samples' states, in bf16."""
     started: float = field(default_factory=time.monotonic)
 
     def to_dict(self) -> dict:
@@ -79,7 +81,8 @@ class Stats:
         return {"fetched": self.fetched, "fetched_tokens": self.fetched_tokens,
                 "served_tokens_per_s": round(self.fetched_tokens / elapsed, 1),
                 "nonfinite": self.nonfinite, "pauses": self.pauses,
-                "waited_s": round(self.waited_s, 3), "peak_bytes": self.peak_bytes}
+                "waited_s": round(self.waited_s, 3), "peak_bytes": self.peak_bytes,
+                "bound_bytes": self.bound_bytes}
 
 
 def bytes_per_token(hidden_size: int, n_aux: int) -> int:
@@ -105,7 +108,7 @@ class ServedStates:
         self._failure: BaseException | None = None
         self._closed = False
         self._cond = threading.Condition()
-        self.stats = Stats()
+        self.stats = Stats(bound_bytes=bound_bytes)
         self._threads = [threading.Thread(target=self._worker, args=(slot,), daemon=True,
                                           name=f"eagle3kit-fetch-{n}")
                          for slot, count in zip(self.servers, slots, strict=True)
