@@ -9,6 +9,7 @@ server: the states are the same numbers, so the steps must be too.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -244,3 +245,55 @@ def test_an_unreachable_server_is_one_line_from_the_cli(tiny, tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "cannot list its models" in proc.stderr and "Traceback" not in proc.stderr
     assert Dataset(tiny["tokens"]).verify() == []  # the input is untouched
+
+
+def test_a_stalled_server_pauses_training_and_it_continues(tiny, served, tmp_path, capfd):
+    """Requests hang past --request-timeout for 3 s (the engine is stuck; /health still
+    answers): the server is paused and retried, the run ends as an uninterrupted one does."""
+    storage = tmp_path / "storage"
+    server = FakeVllmHidden(tiny["target"], storage, SERVED_IDS).start()
+
+    def stall() -> None:
+        while len(server.requests) < 10:
+            time.sleep(0.01)
+        server.stall_until = time.monotonic() + 3.0
+
+    thread = threading.Thread(target=stall, daemon=True)
+    thread.start()
+    try:
+        began = time.monotonic()
+        result = run(online(tiny, [server.url], tmp_path / "r", prefetch=2,
+                            request_timeout=1.0))
+        took = time.monotonic() - began
+    finally:
+        thread.join(timeout=30)
+        server.stop()
+    assert result.metrics["served"]["pauses"] >= 1 and took >= 3.0
+    assert "not answering" in capfd.readouterr().err
+    run(online(tiny, [served["server"].url], tmp_path / "ref", prefetch=2))
+    assert losses(tmp_path / "r") == losses(tmp_path / "ref")
+    assert list(storage.glob("*.safetensors")) == []
+
+
+def test_the_status_line_shows_the_server_side_and_the_trainer_side(tiny, served, tmp_path):
+    """Off a terminal, status lines carry the trainer's tok/s beside the servers' served
+    tok/s and the share of time the trainer waited: which side is slower (here the server,
+    one request at a time with a slow write: the trainer waits)."""
+    server = served["server"]
+    server.write_delay_s = 0.05  # a slow server: the trainer waits for it
+    try:
+        proc = subprocess.run(cmd(tiny, tmp_path / "r", server.url, "--max-steps", "6",
+                                  "--log-every", "0.2", "--concurrency", "1"),
+                              capture_output=True, text=True, env=env(), timeout=300)
+    finally:
+        server.write_delay_s = 0.0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if "served tok/s" in ln]
+    assert lines, proc.stderr[-3000:]
+    last = lines[-1]
+    trainer = re.search(r"steps/s ([0-9.]+) tok/s", last)
+    server_side = re.search(r"served tok/s ([0-9.]+)", last)
+    waiting = re.search(r"waiting % ([0-9.]+)", last)
+    assert trainer and server_side and waiting, last
+    assert float(trainer[1]) > 0 and float(server_side[1]) > 0 and float(waiting[1]) > 0
+    assert "states from 1 server(s), 1 requests in flight" in proc.stderr
