@@ -68,17 +68,19 @@ def requested(server: FakeVllmHidden) -> Counter:
     return Counter(tuple(r["prompt"]) for r in server.requests)
 
 
-def plan_samples(tiny, **kw) -> list[list[tuple[int, ...]]]:
-    """Per step, the token ids of its samples (as trained: truncated), from the plan."""
+def plan_samples(tiny, parts: int = 1, **kw) -> list[list[tuple[int, ...]]]:
+    """Per step, the token ids of its samples (as trained: truncated), from the plan of
+    `parts` micro-batches a step (ranks x --grad-accum)."""
     cfg = online(tiny, ["http://127.0.0.1:9"], Path("unused"), **kw)
     sources = [tdata.open_source(tiny["tokens"], 1.0, True)]
     pool = tdata.build_pool(sources, tdata.held_out(sources, cfg.eval_split), None,
                             cfg.long_samples)
-    plan = tdata.make_plan(pool, [1.0], cfg.seed, cfg.batch_tokens, 1, cfg.epochs,
+    plan = tdata.make_plan(pool, [1.0], cfg.seed, cfg.batch_tokens, parts, cfg.epochs,
                            cfg.max_steps)
     out = []
     for step in range(plan.total_steps):
-        items = tdata.split_parts(plan.step(step)[1], 1)[0]  # as one rank takes them
+        # as the ranks take them, one after the other
+        items = [it for part in tdata.split_parts(plan.step(step)[1], parts) for it in part]
         out.append([tuple(sources[0].tokens(it.index)[0][:it.length].tolist())
                     for it in items])
     return out
@@ -297,3 +299,26 @@ def test_the_status_line_shows_the_server_side_and_the_trainer_side(tiny, served
     assert trainer and server_side and waiting, last
     assert float(trainer[1]) > 0 and float(server_side[1]) > 0 and float(waiting[1]) > 0
     assert "states from 1 server(s), 1 requests in flight" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # torchrun with 2 gloo processes, on busy cores
+def test_under_torchrun_each_rank_fetches_its_own_share(tiny, served, tmp_path):
+    """Two ranks on one server: every training sample of the plan is asked for exactly once
+    over both ranks, and the steps equal one process with --grad-accum 2."""
+    import random
+
+    server = served["server"]
+    server.requests.clear()
+    port = 29500 + random.Random().randint(0, 20000)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_port", str(port), *cmd(tiny, tmp_path / "two", server.url,
+                                             "--max-steps", "6")[1:]]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env(), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    asked = requested(server)
+    plan = Counter(ids for step in plan_samples(tiny, parts=2, eval_split=0, max_steps=6)
+                   for ids in step)
+    assert asked == plan and max(asked.values()) == 1
+    run(online(tiny, [server.url], tmp_path / "one", eval_split=0, grad_accum=2))
+    np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-5)
