@@ -249,6 +249,7 @@ def test_an_unreachable_server_is_one_line_from_the_cli(tiny, tmp_path):
     assert Dataset(tiny["tokens"]).verify() == []  # the input is untouched
 
 
+@pytest.mark.slow  # a subprocess or a 3 s stall: kept out of the default run
 def test_a_stalled_server_pauses_training_and_it_continues(tiny, served, tmp_path, capfd):
     """Requests hang past --request-timeout for 3 s (the engine is stuck; /health still
     answers): the server is paused and retried, the run ends as an uninterrupted one does."""
@@ -277,6 +278,7 @@ def test_a_stalled_server_pauses_training_and_it_continues(tiny, served, tmp_pat
     assert list(storage.glob("*.safetensors")) == []
 
 
+@pytest.mark.slow  # a subprocess or a 3 s stall: kept out of the default run
 def test_the_status_line_shows_the_server_side_and_the_trainer_side(tiny, served, tmp_path):
     """Off a terminal, status lines carry the trainer's tok/s beside the servers' served
     tok/s and the share of time the trainer waited: which side is slower (here the server,
