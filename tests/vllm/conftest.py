@@ -54,6 +54,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def vllm_env() -> Path:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Each worker would start every server configuration again, side by side.
+        pytest.fail("the vllm tier runs in one process: add -n 0", pytrace=False)
     reason = launch.missing_reason()
     if reason:
         if os.environ.get("EAGLE3KIT_REQUIRE_VLLM") == "1":
@@ -150,8 +153,9 @@ def world(vllm_env: Path, tmp_path_factory: pytest.TempPathFactory) -> World:
 
 @pytest.fixture(scope="session")
 def plain_server(servers: Servers, world: World) -> launch.VllmServer:
-    """The target served as users serve it (compiled, prefix caching on: vLLM's defaults)."""
-    return servers.get("plain", world.target, [])
+    """The target served with vLLM's defaults (prefix caching on), eager: the compile
+    warm-up adds minutes to a start on 2 cores, and the docs test starts a compiled server."""
+    return servers.get("plain", world.target, PLAIN_ARGS)
 
 
 @pytest.fixture(scope="session")
@@ -168,6 +172,9 @@ def tokens(plain_server: launch.VllmServer, world: World) -> Path:
     assert result.total == TRAIN_PROMPTS
     return out
 
+
+PLAIN_ARGS = ["--enforce-eager"]
+"""Flags of the plain server (gen, bench server, and extract's prefix-caching refusal)."""
 
 LAYERS = [2, 4, 5]
 """The default aux ids of an 8-layer target (2, N//2, N-3), boundary convention; N = 8."""

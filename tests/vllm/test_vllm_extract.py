@@ -13,7 +13,7 @@ from pathlib import Path
 import launch
 import numpy as np
 import pytest
-from conftest import LAYERS, World
+from conftest import LAYERS, PLAIN_ARGS, World
 
 from eagle3kit import _ui, extract
 from eagle3kit.extract_vllm import ServerError
@@ -29,6 +29,15 @@ def bf16_step(x: np.ndarray) -> np.ndarray:
     """The gap between consecutive bf16 values at each |x| (8 significant bits)."""
     exponent = np.floor(np.log2(np.maximum(np.abs(x), 2.0**-126)))
     return 2.0 ** (exponent - 7)
+
+
+def test_a_server_with_prefix_caching_on_is_refused(servers, world: World, tokens: Path,
+                                                    tmp_path: Path) -> None:
+    # vLLM's default is prefix caching on: the plain server has it, and the refusal comes from
+    # its /metrics before any request (first in this module, while that server still runs).
+    server = servers.get("plain", world.target, PLAIN_ARGS)
+    message = _refused(server, world, tokens, tmp_path / "out")
+    assert "prefix caching is on" in message and "--no-enable-prefix-caching" in message
 
 
 def test_served_states_equal_the_transformers_path(hidden: Path, tokens: Path, world: World,
@@ -76,13 +85,3 @@ def test_a_server_launched_without_n_is_refused(servers, world: World, tokens: P
     # message saying so": the shape it found, and the ids to launch with.
     assert "the file holds states of shape [" in message
     assert "eagle_aux_hidden_state_layer_ids = [2, 4, 5, '<N>']" in message
-
-
-def test_a_server_with_prefix_caching_on_is_refused(servers, world: World, tokens: Path,
-                                                    tmp_path: Path) -> None:
-    server = servers.get("extract-prefix-caching", world.target, [
-        *launch.hidden_states_args([*LAYERS, 8], tmp_path / "hs", prefix_caching=True),
-        "--enforce-eager"])
-    message = _refused(server, world, tokens, tmp_path / "out")
-    assert "prefix caching is on" in message and "--no-enable-prefix-caching" in message
-    assert list((tmp_path / "hs").glob("*")) == []  # refused before any request
