@@ -519,6 +519,20 @@ def train(
     layers: Annotated[str | None, typer.Option(
         metavar="2,18,33", help="--online: aux layer ids, boundary convention "
                                 "(default 2,N//2,N-3).")] = None,
+    server: Annotated[list[str] | None, typer.Option(
+        "--server", metavar="URL[@N]",
+        help="--online: a vLLM server running extract_hidden_states gives the states "
+             "instead of the target in this process; repeat for several; @N: its requests "
+             "in flight.")] = None,
+    prefetch: Annotated[int | None, typer.Option(
+        metavar="SAMPLES", help="--server: samples fetched ahead of the step (the queue's "
+                                "depth; default max(64, 2 x slots)).")] = None,
+    concurrency: Annotated[int | None, typer.Option(
+        help="--server: requests in flight per server (and rank).")] = None,
+    request_timeout: Annotated[float | None, typer.Option(
+        metavar="SECONDS", help="--server: seconds one request may take.")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="--server: the served model name (default: the server's first).")] = None,
     draft_vocab: Annotated[int | None, typer.Option(
         metavar="N", help="Draft vocabulary size (at most the target's).")] = None,
     init_from: Annotated[Path | None, typer.Option(
@@ -579,7 +593,8 @@ def train(
 
     def config() -> stage.TrainConfig:
         return stage.TrainConfig.from_paths(
-            paths, target=target, online=online, layers=layers, init_from=init_from,
+            paths, target=target, online=online, layers=layers, servers=list(server or []),
+            model=model, init_from=init_from,
             fsdp=fsdp, write=_write(stage.TrainConfig, resume, overwrite, force),
             trust_remote_code=trust_remote_code or None,
             output=_output(json, quiet, no_progress, log_every),
@@ -590,7 +605,8 @@ def train(
                      max_steps=max_steps, seed=seed, device=device, precision=precision,
                      eval_split=eval_split, eval_every=eval_every, eval_k=eval_k,
                      checkpoint_every=checkpoint_every,
-                     checkpoint_interval=checkpoint_interval, keep=keep))
+                     checkpoint_interval=checkpoint_interval, keep=keep, prefetch=prefetch,
+                     concurrency=concurrency, request_timeout=request_timeout))
 
     result = _run(stage.run, config)
     if result.exit_code:  # stopped by a signal, after its checkpoint

@@ -35,6 +35,16 @@ class ServerError(UserError):
     """The server cannot give what extract needs: one message naming the server and the fix."""
 
 
+class ServerUnreachable(ServerError):
+    """Connection errors or 5xx answers on every attempt: the server is down, restarting or
+    stalled. extract stops on it; `train --online --server` pauses that server instead."""
+
+
+class BadFile(ServerError):
+    """The named file is not a readable hidden-state file: written by a server that died
+    mid-write, or not vLLM's format."""
+
+
 def wait_for_file(path: Path, deadline: float) -> None:
     """Until the connector has finished writing `path`: its lock file is gone or lockable."""
     lock = Path(f"{path}.lock")
@@ -70,24 +80,53 @@ class VllmEngine:
     client: Any
     pool: ThreadPoolExecutor
     timeout: float
+    attempts: int = ATTEMPTS
+    """Tries per request before ServerUnreachable (train pauses the server at the first)."""
 
     @classmethod
     def connect(cls, cfg: Any, target: Any, layers: list[int]) -> VllmEngine:
+        return cls.open(str(cfg.server), cfg.model, layers, target.hidden_size,
+                        cfg.concurrency, cfg.request_timeout)
+
+    @classmethod
+    def open(cls, url: str, model: str | None, layers: list[int], hidden_size: int,
+             concurrency: int, timeout: float, attempts: int = ATTEMPTS) -> VllmEngine:
+        """Connect to one server: its model named (or asked for), prefix caching refused."""
         import httpx
 
-        url = str(cfg.server).rstrip("/")
-        client = httpx.Client(timeout=cfg.request_timeout)
-        model = cfg.model or _served_model(client, url)
+        url = url.rstrip("/")
+        client = httpx.Client(timeout=timeout)
+        model = model or _served_model(client, url)
         _refuse_prefix_caching(client, url)
-        return cls(url, model, layers, target.hidden_size, client,
-                   ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="eagle3kit-vllm"),
-                   cfg.request_timeout)
+        return cls(url, model, layers, hidden_size, client,
+                   ThreadPoolExecutor(concurrency, thread_name_prefix="eagle3kit-vllm"), timeout,
+                   attempts)
 
     def states(self, ids: list[np.ndarray]) -> Iterator[tuple[np.ndarray, np.ndarray] | None]:
         """Per sample (aux [T, n*H], last [T, H]) as float32, in order; None when not finite."""
-        yield from self.pool.map(self._one, ids)
+        yield from self.pool.map(self.fetch, ids)
 
-    def _one(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    def healthy(self) -> bool:
+        """GET /health answers 200 (vLLM: 503 once the engine is dead)."""
+        import httpx
+
+        try:
+            return self.client.get(f"{self.url}/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def recheck(self) -> None:
+        """After a restart: the same model is served, and prefix caching is still off
+        (a ServerError saying what changed, else nothing)."""
+        now = _served_model(self.client, self.url)
+        if now != self.model:
+            raise ServerError(f"--server {self.url}: now serves {now!r}, not {self.model!r} "
+                              "(the model this run started with)")
+        _refuse_prefix_caching(self.client, self.url)
+
+    def fetch(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """One sample's (aux [T, n*H], last [T, H]) float32; None when not finite. The file
+        is deleted once read, whatever happens."""
         body = {"model": self.model, "prompt": ids.tolist(), "max_tokens": 1,
                 "temperature": 0.0}
         answer = self._post(body)
@@ -112,7 +151,7 @@ class VllmEngine:
             tensors = load_file(str(path))
             states, echoed = tensors["hidden_states"], tensors["token_ids"]
         except (SafetensorError, KeyError, OSError) as exc:
-            raise ServerError(f"{path}: not a vLLM hidden-state file ({exc})") from None
+            raise BadFile(f"{path}: not a vLLM hidden-state file ({exc})") from None
         n, want = len(ids), len(self.layers) + 1
         if states.ndim != 3 or states.shape[1] != want or states.shape[2] != self.hidden_size:
             raise ServerError(
@@ -132,7 +171,7 @@ class VllmEngine:
     def _post(self, body: dict) -> dict:
         import httpx
 
-        for attempt in range(ATTEMPTS):
+        for attempt in range(self.attempts):
             try:
                 response = self.client.post(f"{self.url}/v1/completions", json=body)
             except httpx.TransportError as exc:
@@ -143,7 +182,10 @@ class VllmEngine:
                 failure = f"HTTP {response.status_code}: {response.text[:300]}"
                 if response.status_code < 500:
                     break
-            time.sleep(min(2.0**attempt * 0.5, 10.0))
+            if attempt + 1 < self.attempts:
+                time.sleep(min(2.0**attempt * 0.5, 10.0))
+        else:
+            raise ServerUnreachable(f"--server {self.url}: {failure}")
         raise ServerError(f"--server {self.url}: {failure}")
 
     def close(self) -> None:

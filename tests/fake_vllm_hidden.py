@@ -6,7 +6,9 @@ It answers `GET /v1/models` and `POST /v1/completions` as vLLM does with the met
 final norm) go to `<storage>/<request id>.safetensors` (`hidden_states [T, L, H]`,
 `token_ids [T]`), written while the connector holds an flock on `<path>.lock`; the answer's
 `kv_transfer_params.hidden_states_path` names the file. The states come from a real
-transformers model, one prompt per forward pass, in its own dtype.
+transformers model, one prompt per forward pass, in its own dtype. `GET /health` answers
+200; a restart is `stop()`, then a new instance on the same `port`; a stall is
+`stall_until`.
 
     server = FakeVllmHidden(model_dir, storage, layer_ids=[2, 4, 5, 8]).start()
     ... server.url ...
@@ -19,6 +21,7 @@ import fcntl
 import json
 import os
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -28,7 +31,7 @@ import torch
 
 class FakeVllmHidden:
     def __init__(self, model_dir: Path, storage: Path, layer_ids: list[int],
-                 name: str = "tiny-target", write_delay_s: float = 0.0) -> None:
+                 name: str = "tiny-target", write_delay_s: float = 0.0, port: int = 0) -> None:
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
@@ -36,8 +39,11 @@ class FakeVllmHidden:
         self.write_delay_s = write_delay_s
         self.storage.mkdir(parents=True, exist_ok=True)
         self.requests: list[dict] = []
+        self.stall_until = 0.0
+        """Until this time.monotonic(), a request hangs and is dropped unanswered with no file
+        written (a stalled engine; vLLM aborts a request whose client went away)."""
         self._forward = threading.Lock()  # one forward pass at a time, as one engine step
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
@@ -106,7 +112,9 @@ class FakeVllmHidden:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:
-                if self.path == "/v1/models":
+                if self.path == "/health":
+                    self._send(200, {})
+                elif self.path == "/v1/models":
                     self._send(200, {"object": "list", "data": [
                         {"id": server.name, "object": "model", "max_model_len": 2048}]})
                 else:
@@ -115,6 +123,11 @@ class FakeVllmHidden:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append(body)
+                stalled = server.stall_until - time.monotonic()
+                if stalled > 0:
+                    time.sleep(stalled)
+                    self.close_connection = True
+                    return
                 if self.path != "/v1/completions" or body.get("model") != server.name:
                     self._send(404, {"error": {"message": "The model does not exist."}})
                     return

@@ -69,6 +69,18 @@ class TrainConfig:
     other problems of the command line."""
     online: bool = False
     """Run the frozen target in the loop on token datasets instead of reading stored states."""
+    servers: list[str] = field(default_factory=list)
+    """--online --server: vLLM servers running extract_hidden_states (`URL` or `URL@SLOTS`)
+    give the states; no target weights but the final norm, lm_head and embedding load."""
+    prefetch: int | None = None
+    """--server: samples fetched ahead of the training step and held (the queue's depth);
+    default max(64, 2 x all servers' slots)."""
+    concurrency: int = 8
+    """--server: requests in flight per server (and rank) unless URL@SLOTS says."""
+    request_timeout: float = 600.0
+    """--server: seconds one request may take before the server counts as stalled."""
+    model: str | None = None
+    """--server: the served model name (default: each server's first)."""
     layers: list[int] | str | None = None
     """Aux layer ids (boundary convention) for --online; offline they come from the data."""
     draft_vocab: int = 32000
@@ -149,6 +161,7 @@ class TrainConfig:
         found: list[str] = []
         self._check_ranges(found)
         self._check_choices(found)
+        self._check_servers(found)
         self._check_paths(found)
         if found:
             raise UserError("; ".join(found))
@@ -201,6 +214,41 @@ class TrainConfig:
         if not self.device or not (self.device in ("auto", "cpu")
                                    or self.device.startswith("cuda")):
             found.append(f"--device must be auto, cpu, cuda or cuda:N (got {self.device})")
+
+    def _check_servers(self, found: list[str]) -> None:
+        from eagle3kit.gen.config import parse_server
+
+        for flag, value in (("--concurrency", self.concurrency), ("--prefetch", self.prefetch)):
+            if value is not None and not value >= 1:
+                found.append(f"{flag} must be >= 1 (got {value})")
+        if not (self.request_timeout > 0 and math.isfinite(self.request_timeout)):
+            found.append(f"--request-timeout must be > 0 seconds (got {self.request_timeout})")
+        if not self.servers:
+            return
+        if not self.online:
+            found.append("--server applies to --online training (the states come from the "
+                         "servers instead of the target in this process): add --online")
+        try:
+            specs = [parse_server(s) for s in self.servers]
+        except UserError as exc:
+            found.append(str(exc))
+            return
+        if len({s.url for s in specs}) < len(specs):
+            found.append("--server: the same server is given twice")
+        self.servers = [f"{s.url}@{s.concurrency or self.concurrency}" for s in specs]
+
+    @property
+    def server_slots(self) -> list[tuple[str, int]]:
+        """(url, slots) per --server, once checked."""
+        out = []
+        for s in self.servers:
+            url, _, slots = s.rpartition("@")
+            out.append((url, int(slots)))
+        return out
+
+    @property
+    def prefetch_depth(self) -> int:
+        return self.prefetch or max(64, 2 * sum(n for _, n in self.server_slots))
 
     def _check_paths(self, found: list[str]) -> None:
         # Here, not in the stage: a mistyped path is refused in a second, before torch loads.

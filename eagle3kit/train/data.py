@@ -171,7 +171,12 @@ def build_pool(sources: list[Source], masks: list[np.ndarray], max_len: int | No
     on (< 3 tokens: a prediction needs a state, the next token and a target after it)."""
     pool = Pool([[] for _ in sources], [], LongStats(max_len=max_len))
     for s, (src, mask) in enumerate(zip(sources, masks, strict=True)):
-        for i, n in enumerate(src.lengths.tolist()):
+        lengths = src.lengths.tolist()
+        # In sample-id order, not file order: the plan is then the same for the same samples
+        # however a writer ordered them (extract stores longest first, gen as answered), so
+        # a token dataset and its hidden states train alike (train --online --server).
+        for i in sorted(range(len(lengths)), key=src.ids.__getitem__):
+            n = lengths[i]
             pool.long.tokens += n
             if max_len is not None and n > max_len:
                 if policy == "drop":

@@ -43,6 +43,7 @@ from eagle3kit.target import (
 from eagle3kit.train import data as tdata
 from eagle3kit.train import sharding
 from eagle3kit.train.config import TrainConfig, TrainResult
+from eagle3kit.train.online_server import Interrupted as StepAbandoned
 from eagle3kit.train.rundir import (
     RUN_FORMAT,
     RUN_VERSION,
@@ -181,7 +182,17 @@ class Trainer:
             self._write_run_json(continuing)
             self.run_dir.cut_metrics(start)
         self.ranks.barrier()
-        return self._train(start)
+        if not cfg.servers:
+            return self._train(start)
+        from eagle3kit.train import online_server
+
+        self.served = online_server.open_for(self, start)
+        try:
+            result = self._train(start)
+        finally:
+            self.served.close()
+        result.metrics["served"] = self.served.stats.to_dict()
+        return result
 
     def _open_run_dir(self) -> bool:
         cfg, rd = self.cfg, self.run_dir
@@ -235,7 +246,7 @@ class Trainer:
 
     def _load_target(self) -> None:
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
-        if self.cfg.online:
+        if self.cfg.online and not self.cfg.servers:
             self.online = OnlineTarget.load(self.cfg.target, self.layers, self.device,
                                             self.trust_remote_code)
             self.head = self.online.head
@@ -243,7 +254,9 @@ class Trainer:
             self.head = TargetHead.load(self.cfg.target, self.target_cfg,
                                         self.trust_remote_code).to_device(
                 self.device, dtype)
-            last = self.sources[0].dataset.last_state  # type: ignore[attr-defined]
+            # --server: vLLM's id N is the last layer's output before the norm, as extract's
+            last = ("pre_norm" if self.cfg.online else
+                    self.sources[0].dataset.last_state)  # type: ignore[attr-defined]
             self.offline = OfflineTarget(self.head, last, self.device)
 
     def _vocab(self, continuing: bool) -> DraftVocab:
@@ -401,7 +414,9 @@ class Trainer:
             "settings": self.cfg.settings(), "settings_history": history,
             "config": {k: (str(v) if isinstance(v, Path) else v)
                        for k, v in _resolved(self.cfg).items()},
-            "world_size": self.ranks.world, "mode": "online" if self.cfg.online else "offline",
+            "world_size": self.ranks.world, "mode": ("online-server" if self.cfg.servers else
+                                              "online" if self.cfg.online else "offline"),
+            "servers": [u for u, _ in self.cfg.server_slots],
             "parallel": self._parallel(),
             "target": self.target_id, "trust_remote_code": self.trust_remote_code,
             "layer_ids": self.layers, "layer_convention": "boundary",
@@ -416,9 +431,12 @@ class Trainer:
         })
 
     # Batches -----------------------------------------------------------------------------
-    def _target_batch(self, items: list[tdata.Item]) -> TargetBatch | None:
+    def _target_batch(self, items: list[tdata.Item], heldout: bool = False
+                      ) -> TargetBatch | None:
         if not items:
             return None
+        if self.cfg.servers:
+            return self._served_batch(items, heldout)
         if self.cfg.online:
             samples = []
             for it in items:
@@ -437,7 +455,30 @@ class Trainer:
         items = sorted(self.pool.heldout, key=lambda it: (it.length, it.source, it.index))
         mine = items[self.ranks.rank::self.ranks.world]
         for group in tdata.global_batches(mine, self.cfg.batch_tokens):
-            yield self._target_batch(group)
+            batch = self._target_batch(group, heldout=True)
+            if batch is not None:  # None: --server states all non-finite
+                yield batch
+
+    def _served_batch(self, items: list[tdata.Item], heldout: bool) -> TargetBatch | None:
+        """The states of `items` from the servers: held-out ones fetched now, training ones
+        taken from the prefetch queue, in its order. A sample whose states are not finite is
+        left out (and counted)."""
+        samples = [self.sources[it.source].tokens(it.index) for it in items]
+        samples = [(ids[:it.length], mask[:it.length]) for it, (ids, mask) in
+                   zip(items, samples, strict=True)]
+        if heldout:
+            states = self.served.fetch_now([ids for ids, _ in samples])
+        else:
+            progress = getattr(self, "progress", None)
+            tick = None if progress is None else (
+                lambda: progress.set(**self.served.gauges()))
+            # One process may stop while it waits (nothing to agree on with other ranks).
+            give_up = (lambda: self.stop.received is not None) if self.ranks.world == 1 \
+                else None
+            states = [self.served.take(tick, give_up) for _ in items]
+        rows = [(ids, mask, *s) for (ids, mask), s in zip(samples, states, strict=True)
+                if s is not None]
+        return self.offline.batch(rows) if rows else None
 
     @property
     def phase_markers(self) -> Any:
@@ -543,6 +584,7 @@ class Trainer:
         began = time.monotonic()
         done = start
         with _ui.Progress("train", total, cfg.output, unit="steps", initial=start) as progress:
+            self.progress = progress
             if start > 0 and self.last_eval:
                 progress.set(**_eval_gauges(self.last_eval))  # a resumed run's last one
             elif self.pool.heldout:
@@ -551,12 +593,20 @@ class Trainer:
                 progress.set(AL=None)
             for step in range(start, total):
                 epoch, batch = self.plan.step(step)
-                record = self._step(batch)
+                try:
+                    record = self._step(batch)
+                except StepAbandoned:  # --server: stopped while waiting for states
+                    self.stop_signal = self.stop.received
+                    if done > start:
+                        self._checkpoint(done, epoch, self.tokens, False)
+                    return done, True
                 self.tokens += record["tokens"]
                 self.last_loss = record["loss"]
                 done = step + 1
                 progress.add(1, tokens=record["tokens"])
                 progress.set(loss=round(self.last_loss, 4), lr=record["lr"])
+                if cfg.servers:
+                    progress.set(**self.served.gauges())
                 run_tokens += record["tokens"]
                 log = {"step": done, "epoch": epoch, **record, "tokens_total": self.tokens,
                        "tokens_per_s": round(run_tokens / max(time.monotonic() - began, 1e-9),
@@ -599,7 +649,9 @@ class Trainer:
         opts = self.cfg.output
         long = self.pool.long
         cov = self.vocab.coverage
-        _ui.info(f"train: {'online' if self.cfg.online else 'offline'}, layers "
+        mode = ("online from --server" if self.cfg.servers else
+                "online" if self.cfg.online else "offline")
+        _ui.info(f"train: {mode}, layers "
                  f"{','.join(map(str, self.layers))}, draft vocabulary {self.vocab.size:,}"
                  + (f" covering {100 * cov:.2f}% of the training tokens" if cov is not None
                     else "") + f" ({self.vocab_source})", opts)
