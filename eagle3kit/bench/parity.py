@@ -219,7 +219,7 @@ def _int(value: Any) -> int | None:
 # The run the drafter came from ---------------------------------------------------------------
 def run_checkpoint(drafter: Path) -> tuple[dict | None, Any | None]:
     """(export provenance, `inspect` of the run's own drafter) where they can be found."""
-    from eagle3kit.model.layouts import inspect
+    from eagle3kit.checkpoints.layouts import inspect
     from eagle3kit.train.rundir import RunDir, read_provenance
 
     provenance = read_provenance(drafter)
@@ -238,7 +238,7 @@ def run_checkpoint(drafter: Path) -> tuple[dict | None, Any | None]:
 # The gate ------------------------------------------------------------------------------------
 def run(cfg: ParityConfig) -> ParityReport:
     from eagle3kit.bench import accept, prompts, server
-    from eagle3kit.model.layouts import inspect, target_dict
+    from eagle3kit.checkpoints.layouts import inspect, target_dict
 
     info = inspect(cfg.drafter, cfg.target)
     target_config, _ = target_dict(cfg.target)
