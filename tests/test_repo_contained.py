@@ -94,11 +94,16 @@ def test_the_scan_leaves_paths_inside_alone():
     assert _escapes(ast.parse(source)) == []
 
 
-def test_reading_beside_the_checkout_is_refused_and_recorded():
-    target = os.path.join(conftest.BESIDE, "testdata", "SOURCES.md")
+def test_reading_beside_the_checkout_is_refused_and_recorded(tmp_path, monkeypatch):
+    # The guard's mechanism, on a fenced folder of this test's own (never the real BESIDE).
+    beside = tmp_path / "shared"
+    (beside / "testdata").mkdir(parents=True)
+    (beside / "testdata" / "SOURCES.md").write_text("x")
+    monkeypatch.setattr(conftest, "fenced", [*conftest.fenced, str(beside)])
+    target = str(beside / "testdata" / "SOURCES.md")
     with pytest.raises(PermissionError, match="tests may read only what the repository holds"):
         open(target)  # noqa: SIM115
     with pytest.raises(PermissionError):
-        os.listdir(conftest.BESIDE)
-    assert conftest.outside_reads == [target, conftest.BESIDE]
+        os.listdir(beside)
+    assert conftest.outside_reads == [target, str(beside)]
     conftest.outside_reads.clear()  # this test provoked them: the autouse check must not fail it
