@@ -33,7 +33,7 @@ for path in (HERE, HERE.parent):  # launch.py here; fakeserver & co. one level u
 
 import launch  # noqa: E402
 
-MODULE_ORDER = ["test_vllm_gen", "test_vllm_train_online", "test_vllm_extract",
+MODULE_ORDER = ["test_vllm_gen", "test_vllm_extract", "test_vllm_train_online",
                 "test_vllm_export", "test_vllm_parity", "test_vllm_docs"]
 """Modules in the order their servers start (a later module may reuse an earlier server)."""
 TRAIN_PROMPTS = 96
@@ -152,22 +152,41 @@ def world(vllm_env: Path, tmp_path_factory: pytest.TempPathFactory) -> World:
         multi_turn=_write_jsonl(root / "multi.jsonl", multi))
 
 
-@pytest.fixture(scope="session")
-def plain_server(servers: Servers, world: World) -> launch.VllmServer:
+def _plain(servers: Servers, world: World) -> launch.VllmServer:
     """The target served with vLLM's defaults (prefix caching on), eager: the compile
     warm-up adds minutes to a start on 2 cores, and the docs test starts a compiled server."""
     return servers.get("plain", world.target, PLAIN_ARGS)
 
 
+def _extract(servers: Servers, world: World) -> launch.VllmServer:
+    """extract_hidden_states at the aux ids plus N, prefix caching and chunked prefill off,
+    through the CPU-safe connector; eager (no compile warm-up: a minute less to start)."""
+    return servers.get("extract", world.target, [
+        *launch.hidden_states_args([*LAYERS, 8], world.root / "hs"), "--enforce-eager"])
+
+
+# Per test, not per session: only one server runs at a time, so a server fixture asks the
+# registry again each time (the running one if it is still this configuration, else a start).
+@pytest.fixture
+def plain_server(servers: Servers, world: World) -> launch.VllmServer:
+    return _plain(servers, world)
+
+
+@pytest.fixture
+def extract_server(servers: Servers, world: World) -> launch.VllmServer:
+    return _extract(servers, world)
+
+
 @pytest.fixture(scope="session")
-def tokens(plain_server: launch.VllmServer, world: World) -> Path:
+def tokens(servers: Servers, world: World) -> Path:
     """The drafter's training data: gen through the real server, temperature 0."""
     from eagle3kit import _ui, gen
     from eagle3kit.gen.config import ServerSpec
 
     out = world.root / "tokens"
     result = gen.run(gen.GenConfig(
-        [world.train_prompts], out, servers=[ServerSpec(plain_server.url)], api="vllm",
+        [world.train_prompts], out, servers=[ServerSpec(_plain(servers, world).url)],
+        api="vllm",
         tokenizer=world.target, temperature=0.0, max_tokens=MAX_TOKENS, concurrency=16,
         output=_ui.OutputOptions(quiet=True)))
     assert result.total == TRAIN_PROMPTS
@@ -182,23 +201,15 @@ LAYERS = [2, 4, 5]
 
 
 @pytest.fixture(scope="session")
-def extract_server(servers: Servers, world: World) -> launch.VllmServer:
-    """extract_hidden_states at the aux ids plus N, prefix caching and chunked prefill off,
-    through the CPU-safe connector; eager (no compile warm-up: a minute less to start)."""
-    return servers.get("extract", world.target, [
-        *launch.hidden_states_args([*LAYERS, 8], world.root / "hs"), "--enforce-eager"])
-
-
-@pytest.fixture(scope="session")
-def hidden(tokens: Path, extract_server: launch.VllmServer, world: World) -> Path:
+def hidden(tokens: Path, servers: Servers, world: World) -> Path:
     """The training set's states, read from the real server by `extract --engine vllm`
     (`tokens` first: its gen starts the plain server, which would stop the extract one)."""
     from eagle3kit import _ui, extract
 
     out = world.root / "hidden"
     extract.run(extract.ExtractConfig(tokens, out, target=world.target, engine="vllm",
-                                      server=extract_server.url, layers=LAYERS,
-                                      concurrency=4,
+                                      server=_extract(servers, world).url,
+                                      layers=LAYERS, concurrency=4,
                                       output=_ui.OutputOptions(quiet=True)))
     return out
 

@@ -40,6 +40,27 @@ def test_a_server_with_prefix_caching_on_is_refused(servers, world: World, token
     assert "prefix caching is on" in message and "--no-enable-prefix-caching" in message
 
 
+def _refused(server, world: World, tokens: Path, out: Path) -> str:
+    with pytest.raises(ServerError) as caught:
+        extract.run(extract.ExtractConfig(tokens, out, target=world.target, engine="vllm",
+                                          server=server.url, layers=LAYERS,
+                                          output=QUIET))
+    assert len(HiddenDataset(out)) == 0 if (out / "manifest.json").is_file() else True
+    return str(caught.value)
+
+
+def test_a_server_launched_without_n_is_refused(servers, world: World, tokens: Path,
+                                                tmp_path: Path) -> None:
+    server = servers.get("extract-without-n", world.target, [
+        *launch.hidden_states_args(LAYERS, tmp_path / "hs"), "--enforce-eager"])
+    message = _refused(server, world, tokens, tmp_path / "out")
+    # docs/extract.md: "A server launched without N among its ids ... is refused with a
+    # message saying so": the shape it found, and the ids to launch with.
+    assert "the file holds states of shape [" in message
+    assert "eagle_aux_hidden_state_layer_ids = [2, 4, 5, '<N>']" in message
+
+
+# Last in this module: the extract server it starts stays up for test_vllm_train_online.
 def test_served_states_equal_the_transformers_path(hidden: Path, tokens: Path, world: World,
                                                    extract_server, tmp_path: Path) -> None:
     served = HiddenDataset(hidden)
@@ -65,23 +86,3 @@ def test_served_states_equal_the_transformers_path(hidden: Path, tokens: Path, w
             differing += int((to_bf16(mine) != to_bf16(theirs)).sum())
             total += mine.size
     assert differing < total * 0.01  # nearly all bit-equal after rounding
-
-
-def _refused(server, world: World, tokens: Path, out: Path) -> str:
-    with pytest.raises(ServerError) as caught:
-        extract.run(extract.ExtractConfig(tokens, out, target=world.target, engine="vllm",
-                                          server=server.url, layers=LAYERS,
-                                          output=QUIET))
-    assert len(HiddenDataset(out)) == 0 if (out / "manifest.json").is_file() else True
-    return str(caught.value)
-
-
-def test_a_server_launched_without_n_is_refused(servers, world: World, tokens: Path,
-                                                tmp_path: Path) -> None:
-    server = servers.get("extract-without-n", world.target, [
-        *launch.hidden_states_args(LAYERS, tmp_path / "hs"), "--enforce-eager"])
-    message = _refused(server, world, tokens, tmp_path / "out")
-    # docs/extract.md: "A server launched without N among its ids ... is refused with a
-    # message saying so": the shape it found, and the ids to launch with.
-    assert "the file holds states of shape [" in message
-    assert "eagle_aux_hidden_state_layer_ids = [2, 4, 5, '<N>']" in message

@@ -5,7 +5,8 @@ trained on `extract --engine vllm` output of the same server: the same seed and 
 states (bf16, as extract stores them), so the same losses and the same held-out predicted
 acceptance length. Both read the server one request at a time, so that vLLM computes every
 sample alone and the two reads give the same numbers. No hidden-state file is left behind.
-Runs on the extract tier's server (MODULE_ORDER puts it right before test_vllm_extract).
+Runs on the extract tier's server (MODULE_ORDER puts it right after test_vllm_extract, whose
+last test starts it).
 """
 
 from __future__ import annotations
