@@ -116,13 +116,26 @@ async def check_tokenizer(backends: list[Backend], renderer: Renderer) -> None:
 
 def starting_points(chains: list[Chain], writer: DatasetWriter, cfg: GenConfig,
                     renderer: Renderer) -> list[tuple[Chain, int]]:
-    """Where each chain continues; earlier own answers come back from the dataset."""
+    """Where each chain continues (its first turn not in the dataset); earlier own answers
+    come back from the dataset.
+
+    A later turn stored while an earlier one is not (a run that lost a commit stored it) was
+    built on an answer the dataset no longer holds: it is taken out and generated again
+    after the turn before it, never taken as the end of its chain."""
     done = writer.done_ids
-    # Turns are stored in order, so a chain whose last turn is in is finished: on a resume of
-    # a million samples this one set lookup per chain is most of the work before the first
-    # request goes out.
-    open_chains = [chain for chain in chains if chain.ids[-1] not in done]
-    starts = [(chain, resume_point(chain, done)) for chain in open_chains]
+    starts: list[tuple[Chain, int]] = []
+    stale: set[str] = set()
+    for chain in chains:
+        turn = resume_point(chain, done)
+        if turn == len(chain.ids):
+            continue
+        starts.append((chain, turn))
+        later = [sample_id for sample_id in chain.ids[turn + 1:] if sample_id in done]
+        stale.update(later)
+    if stale:
+        writer.drop(stale)
+        _ui.warn(f"{len(stale):,} later turn(s) were stored without the turn before them "
+                 "(an earlier run lost that commit): they are generated again after it")
     needed = {c.ids[t] for c, turn in starts for t in range(turn)}
     if not needed:
         return starts
