@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 from eagle3kit import _ui
 from eagle3kit._argv import command_line
-from eagle3kit.errors import UserError
+from eagle3kit.errors import CheckFailed, UserError
 from eagle3kit.format import Dataset, DatasetWriter, make_sample_id
 from eagle3kit.gen import prompts
 from eagle3kit.gen.backends import PROBE_TEXT, Backend, HttpBackend, connect
@@ -270,6 +270,8 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
         written = progress.done - done_before
     stats = scheduler.stats
     stopped = scheduler.signals > 0 and done_before + written < total
+    if not scheduler.signals:
+        check_complete(cfg, chains, total)
     return GenResult(
         output=str(cfg.out), total=total, previously_done=done_before, written=written,
         truncated=stats["truncated"], skipped=int(progress.counters.get("skipped", 0)),
@@ -279,6 +281,19 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
         generating_s=round(progress.elapsed, 3), retried_failed=retried,
         reprobes=stats["reprobes"],
     )
+
+
+def check_complete(cfg: GenConfig, chains: list[Chain], total: int) -> None:
+    """A run that ended by itself must leave every sample in the dataset (a sample that
+    could not be generated is stored too, with its skipped: reason). Read back from the
+    committed shards, so a loss anywhere on the way is found now, not by a later stage."""
+    held = set(Dataset(cfg.out, warn_stray=False).sample_ids())
+    missing = sum(sample_id not in held for chain in chains for sample_id in chain.ids)
+    if missing:
+        raise CheckFailed(
+            f"{cfg.out}: the run ended with {missing:,} of the {total:,} samples the prompts "
+            "call for not in the dataset (please report it); what is stored is intact. "
+            f"Rerun to generate them: {command_line()}")
 
 
 def _served_model(backends: list[Backend]) -> str | None:
