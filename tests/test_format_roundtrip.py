@@ -429,6 +429,37 @@ def test_add_snapshots_the_sample(tmp_path: Path):
     assert got.metadata == {"turn": 1} and got.prompt_ids.tolist() == [1, 2, 3]
 
 
+def test_after_a_failed_commit_no_later_sample_is_committed(tmp_path: Path):
+    """A background commit's error surfaces in whichever call commits next; gen's committer
+    met it, and before the run was torn down another slot's add() committed the samples that
+    came after, so the soak stored turn 1 of two conversations whose turn 0 was lost. Once a
+    commit failed, every later commit, add and close fails the same way."""
+    from eagle3kit.format import DatasetError
+    from eagle3kit.format._io import tmp_path as temp_name
+    from eagle3kit.format.layout import MANIFEST
+
+    out = tmp_path / "ds"
+    writer = DatasetWriter(out, commit_every=100)
+    blocker = temp_name(out / MANIFEST)  # the manifest's next version cannot be written
+    blocker.mkdir()
+    writer.add(TokenSample("turn0", [1, 2], [3]))
+    writer.commit(wait=False)
+    with pytest.raises(DatasetError, match="manifest"):
+        writer.commit()
+    blocker.rmdir()  # the disk has room again
+    with pytest.raises(DatasetError, match="an earlier commit failed") as later:
+        writer.add(TokenSample("turn1", [1, 2, 3, 4], [5]))
+    assert "manifest" in str(later.value)
+    for again in (writer.commit, writer.close):
+        with pytest.raises(DatasetError, match="an earlier commit failed"):
+            again()
+    assert len(Dataset(out)) == 0
+    with DatasetWriter(out) as rerun:  # the lock is free; nothing is held as done
+        assert rerun.done_ids == set()
+        assert rerun.add(TokenSample("turn0", [1, 2], [3]))
+    assert list(Dataset(out).sample_ids()) == ["turn0"]
+
+
 def test_printable_ids_and_partitions_survive_the_cli(tmp_path: Path):
     """A quick end-to-end check through the same functions the CLI calls, with the ids a
     user most often has (printable ASCII incl. quotes and backslashes)."""

@@ -257,6 +257,8 @@ class DatasetWriter:
         self._seq = 0
         self._pool: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
+        self._failed: BaseException | None = None
+        """The error of a commit that failed: after it no later sample may be committed."""
         self.removed_on_open: list[Path] = []
         self.restored_marker = False
         """The marker was missing and was written again from the manifest on opening."""
@@ -403,6 +405,7 @@ class DatasetWriter:
     def add(self, sample: TokenSample) -> bool:
         """Queue `sample`; False when its id is already in the dataset or queued."""
         check_sample_id(sample.sample_id)
+        self._refuse_after_failure()
         if sample.sample_id in self.done_ids:
             return False
         self._buffer.add(sample)
@@ -438,10 +441,13 @@ class DatasetWriter:
         With `wait=False` (what `maybe_commit` does) the writing and fsyncing run on a
         worker thread while samples keep arriving: disk flushes then overlap the work
         instead of stalling it. At most one commit is in flight, so shards commit in order;
-        an error in it is raised by the next commit, add or close.
+        an error in it is raised by the next commit, add or close, and by every one after:
+        samples added after the lost ones (a conversation's later turn, a later stretch of
+        a converted file) must not be committed without them.
         """
         self._last_commit = self._clock()
         self._finish_pending()
+        self._refuse_after_failure()
         buffer = self._buffer
         if len(buffer):
             self._buffer = self._new_buffer()
@@ -456,7 +462,16 @@ class DatasetWriter:
     def _finish_pending(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
-            pending.result()
+            try:
+                pending.result()
+            except BaseException as exc:
+                self._failed = exc
+                raise
+
+    def _refuse_after_failure(self) -> None:
+        if self._failed is not None:
+            raise DatasetError(f"{self.path}: nothing more is committed by this run: an "
+                               f"earlier commit failed ({self._failed})")
 
     def _commit_buffer(self, buffer: _Buffer, seq: int, progress: dict | None) -> None:
         entry = self._seal(buffer, seq)

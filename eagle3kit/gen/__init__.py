@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 from eagle3kit import _ui
 from eagle3kit._argv import command_line
-from eagle3kit.errors import UserError
+from eagle3kit.errors import CheckFailed, UserError
 from eagle3kit.format import Dataset, DatasetWriter, make_sample_id
 from eagle3kit.gen import prompts
 from eagle3kit.gen.backends import PROBE_TEXT, Backend, HttpBackend, connect
@@ -116,13 +116,26 @@ async def check_tokenizer(backends: list[Backend], renderer: Renderer) -> None:
 
 def starting_points(chains: list[Chain], writer: DatasetWriter, cfg: GenConfig,
                     renderer: Renderer) -> list[tuple[Chain, int]]:
-    """Where each chain continues; earlier own answers come back from the dataset."""
+    """Where each chain continues (its first turn not in the dataset); earlier own answers
+    come back from the dataset.
+
+    A later turn stored while an earlier one is not (a run that lost a commit stored it) was
+    built on an answer the dataset no longer holds: it is taken out and generated again
+    after the turn before it, never taken as the end of its chain."""
     done = writer.done_ids
-    # Turns are stored in order, so a chain whose last turn is in is finished: on a resume of
-    # a million samples this one set lookup per chain is most of the work before the first
-    # request goes out.
-    open_chains = [chain for chain in chains if chain.ids[-1] not in done]
-    starts = [(chain, resume_point(chain, done)) for chain in open_chains]
+    starts: list[tuple[Chain, int]] = []
+    stale: set[str] = set()
+    for chain in chains:
+        turn = resume_point(chain, done)
+        if turn == len(chain.ids):
+            continue
+        starts.append((chain, turn))
+        later = [sample_id for sample_id in chain.ids[turn + 1:] if sample_id in done]
+        stale.update(later)
+    if stale:
+        writer.drop(stale)
+        _ui.warn(f"{len(stale):,} later turn(s) were stored without the turn before them "
+                 "(an earlier run lost that commit): they are generated again after it")
     needed = {c.ids[t] for c, turn in starts for t in range(turn)}
     if not needed:
         return starts
@@ -257,6 +270,8 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
         written = progress.done - done_before
     stats = scheduler.stats
     stopped = scheduler.signals > 0 and done_before + written < total
+    if not scheduler.signals:
+        check_complete(cfg, chains, total)
     return GenResult(
         output=str(cfg.out), total=total, previously_done=done_before, written=written,
         truncated=stats["truncated"], skipped=int(progress.counters.get("skipped", 0)),
@@ -266,6 +281,19 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
         generating_s=round(progress.elapsed, 3), retried_failed=retried,
         reprobes=stats["reprobes"],
     )
+
+
+def check_complete(cfg: GenConfig, chains: list[Chain], total: int) -> None:
+    """A run that ended by itself must leave every sample in the dataset (a sample that
+    could not be generated is stored too, with its skipped: reason). Read back from the
+    committed shards, so a loss anywhere on the way is found now, not by a later stage."""
+    held = set(Dataset(cfg.out, warn_stray=False).sample_ids())
+    missing = sum(sample_id not in held for chain in chains for sample_id in chain.ids)
+    if missing:
+        raise CheckFailed(
+            f"{cfg.out}: the run ended with {missing:,} of the {total:,} samples the prompts "
+            "call for not in the dataset (please report it); what is stored is intact. "
+            f"Rerun to generate them: {command_line()}")
 
 
 def _served_model(backends: list[Backend]) -> str | None:
