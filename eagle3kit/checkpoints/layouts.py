@@ -544,6 +544,14 @@ def _check_variant(info: CheckpointInfo, shapes: dict) -> None:
     if variant["embed_requires_grad"] and not info.has_embedding:
         problems.append("embed_requires_grad is true but the checkpoint has no "
                         "embed_tokens.weight: the drafter's own embedding is missing")
+    layer = info.config.get("transformer_layer_config") if info.layout == "speculators" \
+        else info.config
+    types = layer.get("layer_types") if isinstance(layer, dict) else None
+    window = _int(layer.get("sliding_window")) if isinstance(layer, dict) else None
+    if isinstance(types, list) and "sliding_attention" in types and window:
+        info.warnings.append(f"the draft layers use sliding-window attention (window {window}) "
+                             f"where vLLM serves them; eagle3kit's drafter sees the whole "
+                             f"context, so its figures differ on contexts past {window} tokens")
     if any(n.startswith(_V31_PREFIXES) for n in names) or variant["norm_output"]:
         info.warnings.append("EAGLE-3.1 variant (" + ", ".join(
             k for k in ("norm_before_fc", "fc_norm", "norm_output") if variant[k])
