@@ -175,7 +175,8 @@ def test_a_variant_drafter_benches_alike_from_its_checkpoint_and_its_export(pair
     fit_drafter(pair["model"], drafter, pair["sequences"], steps=80)
     save_drafter(drafter, tmp_path / "variant")
     export(ExportConfig(tmp_path / "variant", tmp_path / "export", dtype="fp32",
-                        target=pair["target"], verifier=str(pair["target"]), output=accept._ui.OutputOptions(quiet=True)))
+                        target=pair["target"], verifier=str(pair["target"]),
+                        output=accept._ui.OutputOptions(quiet=True)))
     reports = [bench({**pair, "v": tmp_path / where}, "v") for where in ("variant", "export")]
     for report in reports:
         assert report.lossless is True and report.mismatches == 0
