@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from eagle3kit.errors import UserError
-from eagle3kit.model.config import VARIANTS, DrafterConfig, rope_of
+from eagle3kit.model.config import VARIANT_FIELDS, VARIANTS, DrafterConfig, rope_of
 from eagle3kit.model.vocab import vocab_problems
 from eagle3kit.target import config_dict, default_layer_ids
 from eagle3kit.train.rundir import RunDir, read_provenance
@@ -43,7 +43,7 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
                 "pytorch_model.bin.index.json")
 # Tensors of the EAGLE-3.1 variants (norm_before_fc, fc_norm).
 _V31_PREFIXES = ("input_norm.", "fc_norm.")
-_PLAIN = VARIANTS["eagle3"]
+_PLAIN = {name: VARIANTS["eagle3"][name] for name in VARIANT_FIELDS}
 
 
 # Reading the files --------------------------------------------------------------------------
@@ -317,9 +317,8 @@ def _base(directory: Path, layout: str, weights: Weights, shapes: dict) -> Check
         weights_files=[f.name for f in weights.files], aux_layer_ids=None,
         layer_ids_source="none", num_aux=None, hidden_size=fc[0] if fc else None,
         target_hidden_size=None, vocab_size=None, draft_vocab_size=None, coverage=None,
-        norm_before_residual=None, variant={k: v for k, v in _PLAIN.items()
-                                             if k != "norm_before_residual"},
-        max_position_embeddings=None, target_layers=None,
+        norm_before_residual=None, variant=dict(_PLAIN), max_position_embeddings=None,
+        target_layers=None,
         verifier=None, has_embedding="embed_tokens.weight" in shapes,
         dtype=weights.meta["fc.weight"][1] if fc else None, weights=weights)
 
@@ -544,18 +543,25 @@ def _check_variant(info: CheckpointInfo, shapes: dict) -> None:
     if variant["embed_requires_grad"] and not info.has_embedding:
         problems.append("embed_requires_grad is true but the checkpoint has no "
                         "embed_tokens.weight: the drafter's own embedding is missing")
-    layer = info.config.get("transformer_layer_config") if info.layout == "speculators" \
-        else info.config
-    types = layer.get("layer_types") if isinstance(layer, dict) else None
-    window = _int(layer.get("sliding_window")) if isinstance(layer, dict) else None
-    if isinstance(types, list) and "sliding_attention" in types and window:
-        info.warnings.append(f"the draft layers use sliding-window attention (window {window}) "
-                             f"where vLLM serves them; eagle3kit's drafter sees the whole "
-                             f"context, so its figures differ on contexts past {window} tokens")
     if any(n.startswith(_V31_PREFIXES) for n in names) or variant["norm_output"]:
         info.warnings.append("EAGLE-3.1 variant (" + ", ".join(
             k for k in ("norm_before_fc", "fc_norm", "norm_output") if variant[k])
             + "): read only by recent engines (vLLM's llama_eagle3.py; SGLang reads none)")
+    _check_sliding_window(info)
+
+
+def _check_sliding_window(info: CheckpointInfo) -> None:
+    """speculators' trainer writes `layer_types: sliding_attention` by default, which vLLM
+    serves with the window; eagle3kit's drafter attends to the whole context."""
+    layer = info.config.get("transformer_layer_config") if info.layout == "speculators" \
+        else info.config
+    if not isinstance(layer, dict):
+        return
+    types, window = layer.get("layer_types"), _int(layer.get("sliding_window"))
+    if isinstance(types, list) and "sliding_attention" in types and window:
+        info.warnings.append(f"the draft layers use sliding-window attention (window {window}) "
+                             f"where vLLM serves them; eagle3kit's drafter sees the whole "
+                             f"context, so its figures differ on contexts past {window} tokens")
 
 
 def _check_conventions(info: CheckpointInfo, config: dict) -> None:
