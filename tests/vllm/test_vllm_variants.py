@@ -50,6 +50,7 @@ def speculators_layout(hidden: Path, world: World) -> tuple[Path, dict]:
     return out, result.eval
 
 
+@pytest.mark.timeout(2400)  # run alone, its fixtures start three servers and train a drafter
 def test_a_speculators_layout_export_speculates_in_vllm_as_bench_accept_predicts(
         servers, speculators_layout: tuple[Path, dict], world: World) -> None:
     import torch
