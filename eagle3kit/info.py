@@ -200,6 +200,8 @@ def run_checkpoint(cfg: InfoConfig) -> CheckpointReport:
 
 
 def _show_checkpoint(info, opts: _ui.OutputOptions) -> None:
+    from eagle3kit.model.config import describe_variant
+
     ids = (f"{info.aux_layer_ids} boundary / {info.aux_layer_ids_output} layer-output"
            if info.aux_layer_ids else "none")
     vocab = "?"
@@ -216,6 +218,7 @@ def _show_checkpoint(info, opts: _ui.OutputOptions) -> None:
         ("draft vocab", vocab),
         ("hidden size", size),
         ("norm_before_residual", info.norm_before_residual),
+        ("variant", describe_variant(info.variant)),
         ("max positions", info.max_position_embeddings),
         ("verifier", info.verifier),
         ("embedding", "included" if info.has_embedding else "none (the engine uses the target's)"),

@@ -118,7 +118,7 @@ def pair(tmp_path_factory):
     save_drafter(fitted, root / "fitted", extra={"eval": EVAL})
     prompts = subset(root / "subset.jsonl", PROMPT_SETS)
     return {"root": root, "target": target, "model": model, "random": root / "random",
-            "fitted": root / "fitted", "prompts": prompts}
+            "fitted": root / "fitted", "prompts": prompts, "sequences": sequences}
 
 
 def bench(pair, drafter: str = "fitted", prompts: list[Path] | None = None, **options):
@@ -154,6 +154,35 @@ def test_fitted_drafter_is_lossless_and_accepts(pair):
              if ph == "think"]
     assert report.phases["think"]["acceptance_length"] == pytest.approx(
         1 + sum(think) / len(think))
+
+
+def test_a_variant_drafter_benches_alike_from_its_checkpoint_and_its_export(pair, tmp_path):
+    """A drafter of speculators' layout (norm_before_fc, norm_before_residual, norm_output)
+    with two decoder layers, fitted like the plain one: bench accept measures it lossless and
+    above 1, and the same from eagle3kit's checkpoint and from its vLLM export."""
+    from transformers import AutoConfig
+
+    from eagle3kit.export import ExportConfig
+    from eagle3kit.export import run as export
+    from eagle3kit.model import VARIANTS
+
+    config = DrafterConfig.from_target(AutoConfig.from_pretrained(pair["target"]))
+    for name, value in {**VARIANTS["speculators"], "num_hidden_layers": 2}.items():
+        setattr(config, name, value)
+    torch.manual_seed(2)
+    drafter = Eagle3Drafter(config)
+    drafter.load_target_embedding(pair["model"].get_input_embeddings().weight)
+    fit_drafter(pair["model"], drafter, pair["sequences"], steps=80)
+    save_drafter(drafter, tmp_path / "variant")
+    export(ExportConfig(tmp_path / "variant", tmp_path / "export", dtype="fp32",
+                        target=pair["target"], verifier=str(pair["target"]),
+                        output=accept._ui.OutputOptions(quiet=True)))
+    reports = [bench({**pair, "v": tmp_path / where}, "v") for where in ("variant", "export")]
+    for report in reports:
+        assert report.lossless is True and report.mismatches == 0
+        assert report.acceptance_length > 1.2
+    assert reports[0].per_position == reports[1].per_position
+    assert reports[0].acceptance_length == reports[1].acceptance_length
 
 
 def test_random_drafter_accepts_nothing_and_output_is_identical(pair):

@@ -184,6 +184,44 @@ def test_vllm_without_dev_mode_is_checked_from_the_speculative_config_given(worl
     assert given.served["source"] == "--speculative-config" and "method" in causes(given)
 
 
+def test_a_variant_export_is_gated_and_a_lost_layout_flag_is_named(world, tmp_path) -> None:
+    """A drafter of speculators' layout (norm_before_fc, norm_before_residual, norm_output)
+    exported for vLLM: the gate measures it and agrees; served from a copy whose config lost
+    norm_output, the gate names the norm flags."""
+    run_dir = tmp_path / "run"
+    make_tiny_run.make_run(run_dir, world["target"], [2, 4, 5])
+    drafter = run_dir / "drafter"
+    config = json.loads((drafter / "config.json").read_text())
+    config["eagle3kit"]["drafter"].update(norm_before_residual=True, norm_before_fc=True,
+                                          norm_output=True)
+    (drafter / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(drafter / "model.safetensors"))
+    torch.manual_seed(3)
+    tensors["input_norm.weight"] = 1 + 0.3 * torch.randn(tensors["fc.weight"].shape[1])
+    save_file(tensors, str(drafter / "model.safetensors"), metadata={"format": "pt"})
+    export.run(export.ExportConfig(run_dir, tmp_path / "export", format="vllm",
+                                   target=world["target"], output=QUIET))
+    sound = {**world, "drafter": tmp_path / "export"}
+    lost = broken_copy(sound, tmp_path, lambda c: c.update(norm_output=False))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(world["target"])
+    reports = {}
+    for name, served in (("sound", sound["drafter"]), ("lost", lost)):
+        spec = {"method": "eagle3", "model": str(served), "num_speculative_tokens": 3}
+        with SpecServer("vllm", accept=NEVER, tokenizer=world["target"],
+                        model_name=str(world["target"]), served=spec,
+                        chat_tokenizer=tokenizer) as srv:
+            reports[name] = gate(world, srv, drafter=served)
+    sound_causes = causes(reports["sound"])
+    assert reports["sound"].agree and "norm" not in sound_causes, reports["sound"].findings
+    assert "checkpoint" not in sound_causes and "served-drafter" not in sound_causes
+    assert reports["sound"].offline["acceptance_length"] == pytest.approx(1.0)
+    assert "norm" in causes(reports["lost"]) and "unexplained" not in causes(reports["lost"])
+    assert any("norm_output is false but the run trained with true" in f["message"]
+               for f in reports["lost"].findings)
+
+
 def test_the_server_chat_template_is_compared_with_the_runs(world) -> None:
     from transformers import AutoTokenizer
 

@@ -3,7 +3,8 @@
 Three sources, compared with each other:
 - the drafter directory the user serves (`eagle3kit info`'s checks against the target);
 - the run it came from (the provenance `eagle3kit export` wrote beside it, and the run's own
-  drafter checkpoint): the aux layer ids, draft vocabulary and norm flags training used;
+  drafter checkpoint): the aux layer ids, draft vocabulary, norm flags and layout (the
+  EAGLE-3.1 norms, the layer count, an own embedding) training used;
 - what the server says it serves (`Served`): its speculative method, drafter path and chain
   length (SGLang's /server_info; vLLM's /server_info when started with
   VLLM_SERVER_DEV_MODE=1, else the `--speculative-config` the user passes the gate), its
@@ -68,7 +69,8 @@ class Served:
 _PROBLEM_CAUSES = (
     ("aux layer ids", "aux-layer-ids"), ("boundary ids", "aux-layer-ids"),
     ("fc takes", "aux-layer-ids"), ("embed_tokens", "embed-tokens"),
-    ("norm_before_residual", "norm"), ("max_position_embeddings", "rope"),
+    ("norm_before_residual", "norm"), ("norm_before_fc", "norm"), ("fc_norm", "norm"),
+    ("max_position_embeddings", "rope"),
     ("d2t", "d2t"), ("t2d", "d2t"), ("draft vocabulary", "draft-vocab"),
     ("lm_head", "draft-vocab"), ("vocabulary of", "draft-vocab"),
 )
@@ -143,7 +145,18 @@ def run_findings(info: Any, provenance: dict | None, run_info: Any | None) -> li
             f"{where}: norm_before_residual is {str(info.norm_before_residual).lower()} but the "
             f"run trained with {str(run_info.norm_before_residual).lower()}: the engine adds "
             f"the residual from the wrong tensor")))
+    trained, served = getattr(run_info, "variant", None), getattr(info, "variant", None)
+    for name in (trained or {}) if served else ():
+        if trained[name] != served.get(name):
+            out.append(Finding("norm" if "norm" in name else "checkpoint", (
+                f"{where}: {name} is {_flag(served.get(name))} but the run trained with "
+                f"{_flag(trained[name])}: the engine computes another drafter than the one "
+                f"trained")))
     return out
+
+
+def _flag(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 # What the server serves ----------------------------------------------------------------------
