@@ -281,7 +281,7 @@ def _decoder_fields(drafter: Any, target: dict | None, warnings: list[str]) -> d
         "num_attention_heads": drafter.num_attention_heads,
         "num_key_value_heads": drafter.num_key_value_heads,
         "head_dim": drafter.head_dim,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": drafter.num_hidden_layers,
         "hidden_act": drafter.hidden_act,
         "rms_norm_eps": drafter.rms_norm_eps,
         "attention_bias": False,
@@ -312,10 +312,10 @@ def vllm_config(drafter: Any, verifier: str, architectures: list[str], tokens: i
         "target_hidden_size": drafter.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": list(drafter.aux_layer_ids),
         "norm_before_residual": drafter.norm_before_residual,
-        "norm_before_fc": False,
-        "fc_norm": False,
-        "norm_output": False,
-        "embed_requires_grad": False,
+        "norm_before_fc": drafter.norm_before_fc,
+        "fc_norm": drafter.fc_norm,
+        "norm_output": drafter.norm_output,
+        "embed_requires_grad": drafter.embed_requires_grad,
         "tie_word_embeddings": False,
         "transformer_layer_config": layer,
         "speculators_config": {
@@ -365,7 +365,7 @@ def weights_for(model: Any, fmt: str, dtype: str, embedding: Any = None) -> dict
     if fmt == "sglang":
         return {("midlayer." + n.removeprefix("layers.0.") if n.startswith("layers.0.") else n): t
                 for n, t in tensors.items()}
-    if embedding is not None:
+    if embedding is not None and not model.config.embed_requires_grad:
         tensors["embed_tokens.weight"] = embedding.detach().contiguous()  # bit-exact, its dtype
     return tensors
 
@@ -487,7 +487,10 @@ def run(cfg: ExportConfig) -> ExportResult:
     warnings = list(src.warnings)
     verifier, architectures = _verifier(cfg, src)
     embedding = None
-    if cfg.with_embedding:
+    if cfg.with_embedding and drafter.embed_requires_grad:
+        warnings.append("--with-embedding: the drafter trained its own embedding, which the "
+                        "export carries instead of the target's")
+    elif cfg.with_embedding:
         embedding = target_embedding(src.target_dir) if src.target_dir else None
         if embedding is None:
             raise UserError("--with-embedding needs the target's weights: give --target")
@@ -531,6 +534,13 @@ LAYOUT_NAMES = {"vllm": "speculators / vLLM", "sglang": "SGLang / SpecForge"}
 
 
 def _sglang_warnings(drafter: Any) -> list[str]:
+    from eagle3kit.model.config import VARIANTS, describe_variant
+
+    plain = VARIANTS["eagle3"]
+    if any(getattr(drafter, k) != plain[k] for k in drafter.variant):
+        raise UserError(f"--format sglang: SGLang's LlamaForCausalLMEagle3 builds one plain "
+                        f"decoder layer over the target's embedding, and this drafter is "
+                        f"{describe_variant(drafter.variant)}; use --format vllm")
     if min(drafter.aux_layer_ids) < 1:
         raise UserError(f"layer id 0 (the embedding output) has no layer-output id: the SGLang "
                         f"layout cannot name it ({drafter.aux_layer_ids}); use --format vllm")

@@ -8,6 +8,12 @@ pull a CUDA torch) and transformers<=5.19. It is built once under
 In it, `SpeculatorModel.from_pretrained` loads each export with the verifier given as a local
 path and attention set to sdpa on the CPU. Every tensor in the file must land in the model
 unchanged, and the loaded model's training-time-test drafts must equal eagle3kit's.
+
+The other way round, speculators' own trainer code (`TrainConfig` with its CLI defaults and
+`build_draft_model`) builds drafters of the variants it trains (norm_before_fc,
+norm_before_residual, norm_output; two layers with fc_norm and a trained embedding) and saves
+them; eagle3kit must read each with no problem, draft and score as speculators' forward does,
+and `bench accept` must evaluate them.
 """
 
 from __future__ import annotations
@@ -158,3 +164,113 @@ def test_vllm_export_loads_with_speculators(venv, tmp_path):
                 ours.append(model.logits(h).argmax(-1)[0].tolist())
         assert ours == report["drafts"], path
         assert len({tuple(d) for d in ours}) > 1  # the steps differ: the check has teeth
+
+
+BUILDER = r'''
+import argparse, json, sys
+import torch
+from speculators.models.eagle3 import Eagle3DraftModel
+from speculators.train.cli import build_draft_model
+from speculators.train.config.schema import TrainConfig
+
+target, root, cases = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+reports = {}
+for name, flags in cases.items():
+    # the trainer's own configuration and model builder: its CLI defaults, plus `flags`
+    cfg = TrainConfig.from_flat({"verifier_name_or_path": target, "draft_attn_impl": "sdpa",
+                                 **flags})
+    args = argparse.Namespace(**cfg.flatten())
+    torch.manual_seed(0)
+    vocab = int(args.draft_vocab_size)
+    ids = torch.sort(torch.randperm(cfg_vocab := json.load(open(f"{target}/config.json"))
+                                    ["vocab_size"])[:vocab]).values
+    t2d = torch.zeros(cfg_vocab, dtype=torch.bool)
+    t2d[ids] = True
+    model = build_draft_model(args, Eagle3DraftModel, t2d, ids - torch.arange(vocab), vocab)
+    with torch.no_grad():  # norms start at 1: perturb every weight so a swapped norm shows
+        for n, p in model.named_parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.3)
+    out = f"{root}/{name}"
+    model.save_pretrained(out)
+    c = model.config
+    report = {"flags": {k: getattr(c, k) for k in (
+        "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
+        "embed_requires_grad")}, "layers": c.transformer_layer_config.num_hidden_layers,
+        "layer_types": getattr(c.transformer_layer_config, "layer_types", None)}
+    logits = []
+    model.lm_head.register_forward_hook(lambda m, i, o: logits.append(o[0].tolist()))
+    torch.manual_seed(1)
+    t = 9
+    hidden = torch.randn(1, t, len(c.eagle_aux_hidden_state_layer_ids) * model.hidden_size)
+    tokens = torch.randint(0, cfg_vocab, (1, t))
+    with torch.no_grad():
+        drafts = model.float().eval()(hidden, tokens, torch.zeros(1, t, dtype=torch.long),
+                                      position_ids=torch.arange(t)[None], ttt_steps=3)
+    report.update(hidden=hidden.tolist(), ids_in=tokens.tolist(),
+                  drafts=[x[0].tolist() for x in drafts], logits=logits)
+    reports[out] = report
+print(json.dumps(reports))
+'''
+
+SPECULATORS_CASES = {
+    "cli-defaults": {"draft_vocab_size": 300},
+    # more layers, the per-state norms and a trained embedding, through the same builder
+    "two-layers-fc-norm": {"draft_vocab_size": 300, "num_layers": 2, "norm_before_fc": False,
+                           "fc_norm": True, "embed_requires_grad": True},
+}
+
+
+def test_a_drafter_speculators_builds_is_read_and_benched(venv, tmp_path):
+    """speculators 0.9.0's trainer builds drafters with its CLI defaults (norm_before_fc,
+    norm_before_residual, norm_output) and with two layers and fc_norm; eagle3kit loads each
+    with no problem, its training-time-test drafts and logits equal speculators' own forward,
+    and `bench accept` evaluates them."""
+    from typer.testing import CliRunner
+
+    from eagle3kit.checkpoints.layouts import inspect, load_any, target_embedding
+    from eagle3kit.cli import app
+    from eagle3kit.model import TTTState
+    from eagle3kit.tiny import make_target, make_tokenizer
+
+    make_tokenizer(tmp_path / "tok")
+    target = make_target(tmp_path / "target", tmp_path / "tok", hidden_size=64)
+    proc = subprocess.run([str(venv), "-c", BUILDER, str(target), str(tmp_path),
+                           json.dumps(SPECULATORS_CASES)],
+                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reports = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert reports[str(tmp_path / "cli-defaults")]["flags"] == {
+        "norm_before_residual": True, "norm_before_fc": True, "fc_norm": False,
+        "norm_output": True, "embed_requires_grad": False}
+    embedding = target_embedding(target)
+    prompts = REPO / "tests" / "data" / "prompts" / "eagle" / "mt_bench" / "question.jsonl"
+    for path, report in reports.items():
+        info = inspect(path, target)
+        assert info.layout == "speculators" and info.problems == [], info.problems
+        assert any("sliding-window attention (window 2048)" in w for w in info.warnings)
+        assert info.variant["num_hidden_layers"] == report["layers"]
+        assert {k: report["flags"][k] for k in info.variant if k in report["flags"]} == {
+            k: v for k, v in info.variant.items() if k in report["flags"]}
+        assert info.norm_before_residual is report["flags"]["norm_before_residual"]
+        model = load_any(path, embedding=embedding)[0].eval()
+        hidden, ids = torch.tensor(report["hidden"]), torch.tensor(report["ids_in"])
+        t = ids.shape[1]
+        padded = torch.cat([ids, torch.zeros(1, 3, dtype=torch.long)], 1)
+        h, state, ours = model.project(hidden), TTTState(), []
+        with torch.no_grad():
+            for k in range(3):
+                h = model.ttt_step(h, padded[:, k:k + t], torch.arange(t)[None] + k, state)
+                logits = model.logits(h)[0]
+                torch.testing.assert_close(logits, torch.tensor(report["logits"][k]),
+                                           rtol=1e-4, atol=1e-4)
+                ours.append(logits.argmax(-1).tolist())
+        assert ours == report["drafts"], path
+        assert len({tuple(d) for d in ours}) > 1  # the steps differ: the check has teeth
+        result = CliRunner().invoke(app, [
+            "bench", "accept", "--target", str(target), "--drafter", path, str(prompts),
+            "--max-samples", "2", "--max-new-tokens", "8", "--device", "cpu", "--json"])
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.output[result.output.index("{"):result.output.rindex("}") + 1])
+        assert data["lossless"] is True and data["acceptance_length"] >= 1.0
+        assert len(data["per_position"]) == 3

@@ -39,7 +39,8 @@ def quadratic_step(drafter: Eagle3Drafter, hidden: torch.Tensor, ids: torch.Tens
                    positions: torch.Tensor, state: TTTState,
                    valid: torch.Tensor | None = None) -> torch.Tensor:
     return drafter.layer(hidden, ids, positions,
-                         lambda q, k, v: quadratic_attention(q, k, v, state, valid))
+                         lambda index, q, k, v: quadratic_attention(q, k, v, state.layer(index),
+                                                                    valid))
 
 
 def quadratic_loss(drafter: Eagle3Drafter, head: TargetHead, batch: TargetBatch,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from eagle3kit.errors import UserError
-from eagle3kit.model.config import DrafterConfig, rope_of
+from eagle3kit.model.config import VARIANTS, DrafterConfig, rope_of
 from eagle3kit.model.vocab import vocab_problems
 from eagle3kit.target import config_dict, default_layer_ids
 from eagle3kit.train.rundir import RunDir, read_provenance
@@ -40,8 +41,9 @@ LAYOUTS = {
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
-# Tensors of EAGLE-3.1 variants (norm_before_fc, fc_norm) the drafter has no place for.
+# Tensors of the EAGLE-3.1 variants (norm_before_fc, fc_norm).
 _V31_PREFIXES = ("input_norm.", "fc_norm.")
+_PLAIN = VARIANTS["eagle3"]
 
 
 # Reading the files --------------------------------------------------------------------------
@@ -195,6 +197,10 @@ class CheckpointInfo:
     """Share of the training tokens the draft vocabulary covers, when recorded."""
     norm_before_residual: bool | None
     """As the layout implies when the config does not say (speculators: true; others: false)."""
+    variant: dict
+    """norm_before_fc, fc_norm, norm_output, num_hidden_layers, embed_requires_grad, as the
+    config states them (model.config.VARIANT_FIELDS); the engines' defaults where it is
+    silent."""
     max_position_embeddings: int | None
     target_layers: int | None
     """N, the target's decoder layers, when known."""
@@ -223,7 +229,7 @@ class CheckpointInfo:
         keys = ("path", "layout", "description", "weights_files", "aux_layer_ids",
                 "layer_ids_source", "num_aux", "hidden_size", "target_hidden_size",
                 "vocab_size", "draft_vocab_size", "coverage", "norm_before_residual",
-                "max_position_embeddings", "target_layers", "verifier", "has_embedding",
+                "variant", "max_position_embeddings", "target_layers", "verifier", "has_embedding",
                 "dtype", "tensors", "problems", "warnings")
         out = {k: getattr(self, k) for k in keys}
         out["aux_layer_ids_output"] = self.aux_layer_ids_output
@@ -311,7 +317,9 @@ def _base(directory: Path, layout: str, weights: Weights, shapes: dict) -> Check
         weights_files=[f.name for f in weights.files], aux_layer_ids=None,
         layer_ids_source="none", num_aux=None, hidden_size=fc[0] if fc else None,
         target_hidden_size=None, vocab_size=None, draft_vocab_size=None, coverage=None,
-        norm_before_residual=None, max_position_embeddings=None, target_layers=None,
+        norm_before_residual=None, variant={k: v for k, v in _PLAIN.items()
+                                             if k != "norm_before_residual"},
+        max_position_embeddings=None, target_layers=None,
         verifier=None, has_embedding="embed_tokens.weight" in shapes,
         dtype=weights.meta["fc.weight"][1] if fc else None, weights=weights)
 
@@ -331,7 +339,7 @@ def _read_eagle3kit(directory: Path, layout: str, config: dict, weights: Weights
     block = config["eagle3kit"]
     try:
         drafter = DrafterConfig.from_dict(block["drafter"])
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{directory}/config.json: eagle3kit block without a valid drafter "
                         f"config ({exc})") from None
     info = _from_drafter_config(directory, "eagle3kit", weights, shapes, drafter)
@@ -356,6 +364,7 @@ def _from_drafter_config(directory: Path, layout: str, weights: Weights, shapes:
     info.vocab_size = drafter.vocab_size
     info.draft_vocab_size = drafter.draft_vocab_size
     info.norm_before_residual = drafter.norm_before_residual
+    info.variant = drafter.variant
     info.max_position_embeddings = drafter.max_position_embeddings
     return info
 
@@ -399,7 +408,44 @@ def _read_third_party(directory: Path, layout: str, config: dict, weights: Weigh
         info.verifier = verifier.get("name_or_path")
     info.coverage = _coverage((read_provenance(directory) or {}).get("draft_vocab"))
     info.aux_layer_ids, info.layer_ids_source = _ids_of(layout, config)
+    info.variant = _variant_of(layout, config, layer, info)
     return info
+
+
+def _variant_of(layout: str, config: dict, layer: dict, info: CheckpointInfo) -> dict:
+    """The variant fields where vLLM reads them: the top level (speculators, and the HF
+    config of the other layouts), norm_before_fc also from `eagle_config`, the layer count
+    from the decoder config; unset means off, as vLLM takes it."""
+    nested = config.get("eagle_config")
+    if isinstance(nested, str):
+        try:
+            nested = json.loads(nested)
+        except ValueError:
+            nested = None
+    nested = nested if isinstance(nested, dict) else {}
+
+    def flag(name: str) -> bool:
+        value = config.get(name, nested.get(name))
+        return bool(value) if isinstance(value, bool | int) else False
+
+    stated = _int(layer.get("num_hidden_layers"))
+    held = _decoder_layers(info)
+    return {"norm_before_fc": flag("norm_before_fc"), "fc_norm": flag("fc_norm"),
+            "norm_output": flag("norm_output"),
+            # a layout other than speculators may state the target's count (or none): the
+            # weights decide there, and _check_variant compares them with a speculators config
+            "num_hidden_layers": (stated or 1) if layout == "speculators" else max(held, 1),
+            "embed_requires_grad": layout == "speculators" and flag("embed_requires_grad")}
+
+
+def _decoder_layers(info: CheckpointInfo) -> int:
+    """How many decoder layers the weights hold (layers.i.*, SGLang's midlayer.* as 0)."""
+    found = set()
+    for name in info.weights.names:
+        match = re.match(r"layers\.(\d+)\.", info.rename(name))
+        if match:
+            found.add(int(match.group(1)))
+    return len(found)
 
 
 def _ids_of(layout: str, config: dict) -> tuple[list[int] | None, str]:
@@ -445,7 +491,7 @@ def _check(info: CheckpointInfo, config: dict, weights: Weights, shapes: dict,
     target, target_dir = target_dict(target_config if given else _implicit_target(info))
     if target is not None:
         info.target_layers = _int(target.get("num_hidden_layers")) or info.target_layers
-    problems, warnings = info.problems, info.warnings
+    problems = info.problems
     if info.num_aux is not None and info.num_aux != 3:
         problems.append(f"fc takes {info.num_aux} aux states (fc.weight "
                         f"{list(shapes['fc.weight'])}); engines before vLLM PR #54598 "
@@ -464,15 +510,52 @@ def _check(info: CheckpointInfo, config: dict, weights: Weights, shapes: dict,
     _check_vocab(info, config, weights, shapes)
     if info.layout == "speculators":
         _check_speculators(info, config)
-    for name in shapes:
-        if name.startswith(_V31_PREFIXES):
-            warnings.append(f"EAGLE-3.1 tensor {name}: read only by recent engines (and not by "
-                            f"eagle3kit's drafter)")
-            break
+    _check_variant(info, shapes)
     if _use_cache_null(config, info.layout):
         problems.append("use_cache is null: vLLM's strict config validation rejects it")
     if target is not None:
         _check_against_target(info, target, target_dir, weights, explicit=given)
+
+
+def _check_variant(info: CheckpointInfo, shapes: dict) -> None:
+    """The variant the config states against the tensors the weights hold."""
+    variant, problems = info.variant, info.problems
+    names = [info.rename(n) for n in shapes]
+    if variant["norm_before_fc"] and variant["fc_norm"]:
+        problems.append("norm_before_fc and fc_norm are both set: they exclude each other "
+                        "(speculators refuses the config)")
+    if "input_norm.weight" in names and not variant["norm_before_fc"]:
+        problems.append("input_norm.weight present but norm_before_fc is not set: vLLM drops "
+                        "the norm and serves another function than the one trained (set "
+                        "\"norm_before_fc\": true in config.json)")
+    elif variant["norm_before_fc"] and "input_norm.weight" not in names:
+        info.warnings.append("norm_before_fc is set but the weights hold no input_norm.weight: "
+                             "the engines use a norm of weight 1, and so does eagle3kit")
+    has_fc_norm = any(n.startswith("fc_norm.") for n in names)
+    if has_fc_norm and not variant["fc_norm"]:
+        problems.append("fc_norm.* tensors present but fc_norm is not set: vLLM refuses them "
+                        "(set \"fc_norm\": true in config.json)")
+    elif variant["fc_norm"] and not has_fc_norm:
+        problems.append("fc_norm is set but the weights hold no fc_norm.* tensors")
+    held = _decoder_layers(info)
+    if held != variant["num_hidden_layers"]:
+        problems.append(f"num_hidden_layers is {variant['num_hidden_layers']} but the weights "
+                        f"hold {held} decoder layers: the engine builds the config's count")
+    if variant["embed_requires_grad"] and not info.has_embedding:
+        problems.append("embed_requires_grad is true but the checkpoint has no "
+                        "embed_tokens.weight: the drafter's own embedding is missing")
+    layer = info.config.get("transformer_layer_config") if info.layout == "speculators" \
+        else info.config
+    types = layer.get("layer_types") if isinstance(layer, dict) else None
+    window = _int(layer.get("sliding_window")) if isinstance(layer, dict) else None
+    if isinstance(types, list) and "sliding_attention" in types and window:
+        info.warnings.append(f"the draft layers use sliding-window attention (window {window}) "
+                             f"where vLLM serves them; eagle3kit's drafter sees the whole "
+                             f"context, so its figures differ on contexts past {window} tokens")
+    if any(n.startswith(_V31_PREFIXES) for n in names) or variant["norm_output"]:
+        info.warnings.append("EAGLE-3.1 variant (" + ", ".join(
+            k for k in ("norm_before_fc", "fc_norm", "norm_output") if variant[k])
+            + "): read only by recent engines (vLLM's llama_eagle3.py; SGLang reads none)")
 
 
 def _check_conventions(info: CheckpointInfo, config: dict) -> None:
@@ -596,7 +679,7 @@ def _check_against_target(info: CheckpointInfo, target: dict, target_dir: Path |
     v = _int(target.get("vocab_size"))
     if v and info.vocab_size and v != info.vocab_size:
         info.problems.append(f"vocabulary of {info.vocab_size} ids, {where} has {v}")
-    if info.has_embedding and target_dir is not None:
+    if info.has_embedding and target_dir is not None and not info.variant["embed_requires_grad"]:
         mine = weights.get("embed_tokens.weight")
         theirs = target_embedding(target_dir)
         if theirs is not None and (mine.shape != theirs.shape
@@ -635,6 +718,14 @@ def drafter_config_of(info: CheckpointInfo) -> DrafterConfig:
                         f"vocab_size")
     theta, scaling = target_rope(layer)
     verifier = (info.config.get("speculators_config") or {}).get("verifier") or {}
+    try:
+        return _drafter_config(info, layer, hidden, heads, theta, scaling, verifier)
+    except ValueError as exc:
+        raise UserError(f"{info.path}/config.json: {exc}") from None
+
+
+def _drafter_config(info: CheckpointInfo, layer: dict, hidden: int, heads: int, theta: float,
+                    scaling: dict | None, verifier: dict) -> DrafterConfig:
     return DrafterConfig(
         hidden_size=hidden,
         intermediate_size=_int(layer.get("intermediate_size")) or 0,
@@ -647,6 +738,7 @@ def drafter_config_of(info: CheckpointInfo) -> DrafterConfig:
         rope_scaling=scaling,
         max_position_embeddings=info.max_position_embeddings or 2048,
         norm_before_residual=bool(info.norm_before_residual),
+        **info.variant,
         hidden_act=layer.get("hidden_act") or "silu",
         target_architectures=list(verifier.get("architectures") or []),
         target_name_or_path=info.verifier or "",
@@ -674,13 +766,8 @@ def load_inspected(info: CheckpointInfo, embedding: Any = None):
     if fatal:
         raise UserError(f"{info.path}: cannot load: {'; '.join(fatal)}")
     weights = {info.rename(n): t for n, t in info.weights.all().items()}
-    extra = sorted(n for n in weights if n.startswith(_V31_PREFIXES) or (
-        n.startswith("layers.") and not n.startswith("layers.0.")))
-    if extra:
-        raise UserError(f"{info.path}: EAGLE-3.1 or multi-layer tensors eagle3kit's drafter has "
-                        f"no place for: {', '.join(extra[:4])}")
     _complete_vocab(weights, config)
-    if embedding is not None:
+    if embedding is not None and not config.embed_requires_grad:  # its own embedding stays
         weights["embed_tokens.weight"] = torch.as_tensor(embedding)
     model = Eagle3Drafter(config)
     expected = model.state_dict()
@@ -689,7 +776,8 @@ def load_inspected(info: CheckpointInfo, embedding: Any = None):
     if wrong:
         raise UserError(f"{info.path}: tensors do not fit the config: {', '.join(wrong[:4])}")
     missing, unexpected = model.load_state_dict(weights, strict=False)
-    missing = [m for m in missing if m != "embed_tokens.weight"]
+    # a norm the weights leave out keeps weight 1, as the engines build it
+    missing = [m for m in missing if m not in ("embed_tokens.weight", "input_norm.weight")]
     if missing or unexpected:
         raise UserError(f"{info.path}: weights do not fit the {info.layout} layout "
                         f"(missing {missing}, unexpected {unexpected})")
@@ -698,7 +786,10 @@ def load_inspected(info: CheckpointInfo, embedding: Any = None):
 
 def _unloadable(problem: str) -> bool:
     """Problems that make the tensors mean something else, as opposed to serving hazards."""
-    return problem.startswith(("d2t", "t2d", "lm_head has", "no d2t", "not an EAGLE-3")) or (
+    return problem.startswith(("d2t", "t2d", "lm_head has", "no d2t", "not an EAGLE-3",
+                               "input_norm.weight present", "fc_norm", "num_hidden_layers is",
+                               "embed_requires_grad is true",
+                               "norm_before_fc and fc_norm")) or (
         "aux layer ids but fc takes" in problem)
 
 

@@ -3,7 +3,8 @@
 The layout is the speculators/vLLM one (EAGLE3.md, CHECKPOINTS.md §1): `config.json` with the
 speculators fields plus an `eagle3kit` block holding the full DrafterConfig and training
 provenance, and `model.safetensors` with `layers.0.*` names, `d2t` and `t2d`. The frozen
-embedding is left out (engines share the target's); loading takes it from the target.
+embedding is left out (engines share the target's); loading takes it from the target. A
+drafter with its own embedding (`embed_requires_grad`) keeps it in every checkpoint.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def drafter_weights(model: Eagle3Drafter, with_embedding: bool = False,
                     state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The tensors a checkpoint stores: floats in `dtype`, d2t int64, t2d bool. `state`:
     the model's full state dict when its own holds shards (FSDP)."""
+    with_embedding = with_embedding or model.config.embed_requires_grad
     weights = {}
     for name, tensor in (model.state_dict() if state is None else state).items():
         if name == "embed_tokens.weight" and not with_embedding:
@@ -63,7 +65,7 @@ def load_drafter(path: str | Path, embedding: torch.Tensor | None = None) -> Eag
                                      ["drafter"])
     model = Eagle3Drafter(config)
     weights = load_file(str(path / WEIGHTS))
-    if embedding is not None:
+    if embedding is not None and not config.embed_requires_grad:
         weights["embed_tokens.weight"] = embedding
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [m for m in missing if m != "embed_tokens.weight" or embedding is not None]

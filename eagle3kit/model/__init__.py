@@ -12,13 +12,16 @@ from eagle3kit._lazy import attribute_loader
 
 _HOMES = {
     "DrafterConfig": "config", "config_fingerprint": "config", "default_layer_ids": "config",
-    "rope_of": "config",
+    "rope_of": "config", "VARIANTS": "config", "VARIANT_FIELDS": "config",
+    "describe_variant": "config",
     "DraftCache": "drafter", "Eagle3Drafter": "drafter", "TTTState": "drafter",
     "DraftVocab": "vocab", "build_vocab": "vocab", "count_tokens": "vocab",
     "vocab_problems": "vocab",
 }
 
 __all__ = [
+    "VARIANTS",
+    "VARIANT_FIELDS",
     "DraftCache",
     "DraftVocab",
     "DrafterConfig",
@@ -28,12 +31,21 @@ __all__ = [
     "config_fingerprint",
     "count_tokens",
     "default_layer_ids",
+    "describe_variant",
     "rope_of",
     "vocab_problems",
 ]
 
 if TYPE_CHECKING:
-    from eagle3kit.model.config import DrafterConfig, config_fingerprint, default_layer_ids, rope_of
+    from eagle3kit.model.config import (
+        VARIANT_FIELDS,
+        VARIANTS,
+        DrafterConfig,
+        config_fingerprint,
+        default_layer_ids,
+        describe_variant,
+        rope_of,
+    )
     from eagle3kit.model.drafter import DraftCache, Eagle3Drafter, TTTState
     from eagle3kit.model.vocab import DraftVocab, build_vocab, count_tokens, vocab_problems
 

@@ -7,7 +7,37 @@ from typing import Any
 
 from eagle3kit.target import config_fingerprint, default_layer_ids
 
-__all__ = ["DrafterConfig", "config_fingerprint", "default_layer_ids", "rope_of"]
+__all__ = ["VARIANTS", "VARIANT_FIELDS", "DrafterConfig", "config_fingerprint",
+           "default_layer_ids", "describe_variant", "rope_of"]
+
+VARIANT_FIELDS = ("norm_before_fc", "fc_norm", "norm_output", "num_hidden_layers",
+                  "embed_requires_grad")
+"""The DrafterConfig fields that change the drafter's function beyond norm_before_residual,
+named as speculators' config and vLLM's llama_eagle3.py read them."""
+
+VARIANTS = {
+    "eagle3": {"norm_before_residual": False, "norm_before_fc": False, "fc_norm": False,
+               "norm_output": False, "num_hidden_layers": 1, "embed_requires_grad": False},
+    "speculators": {"norm_before_residual": True, "norm_before_fc": True, "fc_norm": False,
+                    "norm_output": True, "num_hidden_layers": 1, "embed_requires_grad": False},
+    "eagle3.1": {"norm_before_residual": False, "norm_before_fc": False, "fc_norm": True,
+                 "norm_output": True, "num_hidden_layers": 1, "embed_requires_grad": False},
+}
+"""Named layouts for `train --variant`: eagle3 is the reference EAGLE-3 drafter (eagle3kit's
+default), speculators the one speculators 0.9.0's trainer builds with its CLI defaults,
+eagle3.1 the EAGLE-3.1 paper's per-state norms and post-norm feedback."""
+
+
+def describe_variant(fields: dict) -> str:
+    """'norm_before_fc, norm_output, 2 decoder layers, own embedding'; the plain EAGLE-3
+    drafter says so."""
+    parts = [name for name in ("norm_before_fc", "fc_norm", "norm_output") if fields.get(name)]
+    layers = fields.get("num_hidden_layers") or 1
+    if layers > 1:
+        parts.append(f"{layers} decoder layers")
+    if fields.get("embed_requires_grad"):
+        parts.append("own embedding")
+    return ", ".join(parts) or "plain EAGLE-3 (1 decoder layer, the target's embedding)"
 
 
 def rope_of(target_config: Any) -> tuple[float, dict | None]:
@@ -45,6 +75,19 @@ class DrafterConfig:
     max_position_embeddings: int = 2048
     norm_before_residual: bool = False
     """Residual taken after hidden_norm (speculators) or from the raw hidden input (reference)."""
+    norm_before_fc: bool = False
+    """One RMSNorm (`input_norm`) over the concatenated aux states before `fc` (EAGLE-3.1,
+    gpt-oss style; speculators' and vLLM's name)."""
+    fc_norm: bool = False
+    """One RMSNorm per aux state (`fc_norm.i`) before `fc`; excludes norm_before_fc."""
+    norm_output: bool = False
+    """The next step's hidden input is the final norm's output, not its input (EAGLE-3.1);
+    the logits then read it without a second norm."""
+    num_hidden_layers: int = 1
+    """Decoder layers; the first reads [embedding, hidden] (2H), the others H."""
+    embed_requires_grad: bool = False
+    """The drafter trains its own input embedding (from the target's) and every checkpoint
+    stores it; False: it shares the target's, which loaders take from the target."""
     hidden_act: str = "silu"
     target_model_type: str = "llama"
     target_architectures: list[str] = field(default_factory=list)
@@ -52,6 +95,14 @@ class DrafterConfig:
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.norm_before_fc and self.fc_norm:
+            raise ValueError("norm_before_fc and fc_norm exclude each other (both normalise "
+                             "the aux states before fc)")
+        if not isinstance(self.num_hidden_layers, int) or self.num_hidden_layers < 1:
+            raise ValueError(f"num_hidden_layers must be an integer >= 1 "
+                             f"(got {self.num_hidden_layers!r})")
 
     @property
     def aux_width(self) -> int:
@@ -88,6 +139,10 @@ class DrafterConfig:
             eos_token_id=getattr(target_config, "eos_token_id", None),
             pad_token_id=getattr(target_config, "pad_token_id", None),
         )
+
+    @property
+    def variant(self) -> dict:
+        return {name: getattr(self, name) for name in VARIANT_FIELDS}
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,5 +1,12 @@
-"""The EAGLE-3 draft model: one decoder layer over the fused target states and the token
-embedding (EAGLE3.md §1.2).
+"""The EAGLE-3 draft model: decoder layers over the fused target states and the token
+embedding (EAGLE3.md §1.2), with the variants vLLM's `llama_eagle3.py` and speculators serve.
+
+The variants (DrafterConfig): `norm_before_fc` (one RMSNorm `input_norm` over the concatenated
+aux states before `fc`), `fc_norm` (one RMSNorm per aux state), `norm_before_residual` (the
+first layer's residual is the normed hidden input), `norm_output` (the hidden state fed to the
+next step is the final norm's output, and the logits read it as is), `num_hidden_layers` > 1
+(further plain Llama layers over H; only the first reads the embedding) and
+`embed_requires_grad` (the drafter's own, trained embedding).
 
 Parameter names are the speculators/vLLM names (`fc`, `layers.0.*`, `norm`, `lm_head`,
 `embed_tokens`, buffers `d2t`/`t2d`), so a state dict is a vLLM checkpoint's weights.
@@ -73,14 +80,14 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor)
 
 
 class Attention(nn.Module):
-    def __init__(self, config: DrafterConfig) -> None:
+    def __init__(self, config: DrafterConfig, width: int) -> None:
         super().__init__()
         h, d = config.hidden_size, config.head_dim
         self.heads, self.kv_heads, self.head_dim = (
             config.num_attention_heads, config.num_key_value_heads, d)
-        self.q_proj = nn.Linear(2 * h, self.heads * d, bias=False)
-        self.k_proj = nn.Linear(2 * h, self.kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(2 * h, self.kv_heads * d, bias=False)
+        self.q_proj = nn.Linear(width, self.heads * d, bias=False)
+        self.k_proj = nn.Linear(width, self.kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(width, self.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.heads * d, h, bias=False)
 
     def qkv(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
@@ -115,37 +122,58 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: DrafterConfig) -> None:
+    """The first layer reads [input_layernorm(embedding), hidden_norm(hidden)] (2H); a later
+    one is a plain Llama layer over H, as speculators builds it (no hidden_norm)."""
+
+    def __init__(self, config: DrafterConfig, first: bool = True) -> None:
         super().__init__()
-        self.self_attn = Attention(config)
+        h = config.hidden_size
+        self.self_attn = Attention(config, 2 * h if first else h)
         self.mlp = MLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = RMSNorm(h, config.rms_norm_eps)
+        if first:
+            self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps)
         self.norm_before_residual = config.norm_before_residual
 
 
 @dataclass
 class TTTState:
-    """Keys and values of the earlier training-time-test steps."""
+    """Keys and values of the earlier training-time-test steps, of the first layer; those of
+    layer i > 0 in `deeper[i - 1]`."""
 
     keys: list[torch.Tensor] = field(default_factory=list)
     values: list[torch.Tensor] = field(default_factory=list)
+    deeper: list[TTTState] = field(default_factory=list)
+
+    def layer(self, index: int) -> TTTState:
+        while len(self.deeper) < index:
+            self.deeper.append(TTTState())
+        return self if index == 0 else self.deeper[index - 1]
 
 
 class DraftCache:
-    """The drafter's key/value cache for decoding: [B, heads, L, D] each."""
+    """The drafter's key/value cache for decoding: [B, heads, L, D] each, of the first
+    layer; those of layer i > 0 in `deeper[i - 1]`."""
 
     def __init__(self) -> None:
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
+        self.deeper: list[DraftCache] = []
 
     def __len__(self) -> int:
         return 0 if self.keys is None else self.keys.shape[2]
 
+    def layer(self, index: int) -> DraftCache:
+        while len(self.deeper) < index:
+            self.deeper.append(DraftCache())
+        return self if index == 0 else self.deeper[index - 1]
+
     def crop(self, length: int) -> None:
         if self.keys is not None:
             self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
+        for deeper in self.deeper:
+            deeper.crop(length)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                mask: torch.Tensor | None) -> torch.Tensor:
@@ -171,9 +199,16 @@ class Eagle3Drafter(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.embed_tokens.weight.requires_grad_(False)
+        self.embed_tokens.weight.requires_grad_(config.embed_requires_grad)
+        if config.norm_before_fc:
+            self.input_norm = RMSNorm(config.aux_width, config.rms_norm_eps)
+        if config.fc_norm:
+            width = config.target_hidden_size or config.hidden_size
+            self.fc_norm = nn.ModuleList([RMSNorm(width, config.rms_norm_eps)
+                                          for _ in config.aux_layer_ids])
         self.fc = nn.Linear(config.aux_width, config.hidden_size, bias=False)
-        self.layers = nn.ModuleList([DecoderLayer(config)])
+        self.layers = nn.ModuleList([DecoderLayer(config, first=i == 0)
+                                     for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
@@ -191,13 +226,20 @@ class Eagle3Drafter(nn.Module):
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:
         """Fuse the concatenated [low, mid, high] target states into the drafter's width."""
+        if self.config.norm_before_fc:
+            aux = self.input_norm(aux)
+        if self.config.fc_norm:
+            chunks = aux.chunk(len(self.fc_norm), dim=-1)
+            aux = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)],
+                            dim=-1)
         return self.fc(aux)
 
     def layer(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
               attend) -> torch.Tensor:
-        """One decoder step: the pre-norm output, fed back as the next step's hidden input.
+        """One drafting step: the output fed back as the next step's hidden input (the
+        pre-norm state, or with norm_output the final norm's output).
 
-        `attend(q, k, v) -> [B, heads, T, D]` decides what each position sees.
+        `attend(layer, q, k, v) -> [B, heads, T, D]` decides what each position sees.
         """
         block = self.layers[0]
         emb = block.input_layernorm(self.embed_tokens(input_ids).to(hidden.dtype))
@@ -205,12 +247,23 @@ class Eagle3Drafter(nn.Module):
         residual = normed if block.norm_before_residual else hidden
         q, k, v = block.self_attn.qkv(torch.cat([emb, normed], dim=-1), positions,
                                       self.inv_freq)
-        h = residual + block.self_attn.out(attend(q, k, v))
-        return h + block.mlp(block.post_attention_layernorm(h))
+        h = residual + block.self_attn.out(attend(0, q, k, v))
+        h = h + block.mlp(block.post_attention_layernorm(h))
+        for index in range(1, len(self.layers)):
+            block = self.layers[index]
+            q, k, v = block.self_attn.qkv(block.input_layernorm(h), positions, self.inv_freq)
+            h = h + block.self_attn.out(attend(index, q, k, v))
+            h = h + block.mlp(block.post_attention_layernorm(h))
+        return self.norm(h) if self.config.norm_output else h
+
+    def head_input(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What lm_head reads of a step's output: its final norm (norm_output: the output
+        already is)."""
+        return hidden if self.config.norm_output else self.norm(hidden)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary (index with `d2t` to get target ids)."""
-        return self.lm_head(self.norm(hidden))
+        return self.lm_head(self.head_input(hidden))
 
     def top_draft(self, hidden: torch.Tensor, block_bytes: int = 32 << 20) -> torch.Tensor:
         """argmax of `logits(hidden)` [B, T] (draft ids), in blocks of positions so a
@@ -225,17 +278,19 @@ class Eagle3Drafter(nn.Module):
                  state: TTTState) -> torch.Tensor:
         """Training-time-test step len(state.keys), over whole sequences [B, T], right-padded
         (causal attention keeps every real position from seeing the padding after it)."""
-        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            state.keys.append(k)
-            state.values.append(v)
-            return ttt_attention(q, state.keys, state.values)
+        def attend(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                   ) -> torch.Tensor:
+            mine = state.layer(index)
+            mine.keys.append(k)
+            mine.values.append(v)
+            return ttt_attention(q, mine.keys, mine.values)
         return self.layer(hidden, input_ids, positions, attend)
 
     def decode(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
                cache: DraftCache, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Append positions to `cache` and return their pre-norm outputs."""
         return self.layer(hidden, input_ids, positions,
-                          lambda q, k, v: cache.attend(q, k, v, mask))
+                          lambda index, q, k, v: cache.layer(index).attend(q, k, v, mask))
 
     @torch.no_grad()
     def load_target_embedding(self, weight: torch.Tensor) -> None:

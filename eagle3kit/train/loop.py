@@ -283,7 +283,8 @@ class Trainer:
         if cfg.init_from is not None and not (continuing and self.run_dir.steps()):
             drafter = _load_init(cfg.init_from, self.target_cfg)
             _check_init(drafter, self.target_cfg, self.layers, cfg.init_from)
-            drafter.load_target_embedding(embedding)
+            if not drafter.config.embed_requires_grad:  # its own embedding stays its own
+                drafter.load_target_embedding(embedding)
             vocab = DraftVocab.from_d2t(drafter.d2t.numpy(), self.target_cfg.vocab_size)
             vocab.coverage = self._coverage(vocab)
             self.vocab_source = f"init-from {cfg.init_from}"
@@ -300,7 +301,7 @@ class Trainer:
                     rows = self.head.lm_head.detach().float().cpu()[torch.from_numpy(
                         vocab.draft_ids)]
                     drafter.lm_head.weight.copy_(rows)
-        drafter.embed_tokens.weight.requires_grad_(False)
+        drafter.embed_tokens.weight.requires_grad_(drafter.config.embed_requires_grad)
         drafter.lm_head.weight.requires_grad_(cfg.lm_head != "frozen")
         self.vocab = vocab
         self.drafter = drafter.to(self.device)

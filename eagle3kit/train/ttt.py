@@ -88,7 +88,7 @@ class TTTLoss(nn.Module):
                 n = length - k  # positions whose target lies inside the padded batch
                 if n > 0:
                     coef = (self.decay ** k) / counts[k].clamp_min(1).float()
-                    steps.append(Step(k, self.drafter.norm(hidden[:, :n]), masks[k][:, :n],
+                    steps.append(Step(k, self.drafter.head_input(hidden[:, :n]), masks[k][:, :n],
                                       coef))
             total, sums, correct = soft_cross_entropy(self.drafter.lm_head.weight, probs,
                                                       best, steps)
