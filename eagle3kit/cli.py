@@ -538,6 +538,27 @@ def train(
     init_from: Annotated[Path | None, typer.Option(
         metavar="DIR", help="Warm-start from an EAGLE-3 checkpoint (keeps its vocabulary).")
     ] = None,
+    variant: Annotated[str | None, typer.Option(
+        metavar="NAME", help="A new drafter's layout: eagle3 (the reference, default), "
+                             "speculators (speculators 0.9.0's defaults) or eagle3.1.")] = None,
+    norm_before_residual: Annotated[bool | None, typer.Option(
+        "--norm-before-residual/--no-norm-before-residual",
+        help="Layout: the residual is the normed hidden input.", show_default=False)] = None,
+    norm_before_fc: Annotated[bool | None, typer.Option(
+        "--norm-before-fc/--no-norm-before-fc",
+        help="Layout: one RMSNorm over the aux states before fc.", show_default=False)] = None,
+    fc_norm: Annotated[bool | None, typer.Option(
+        "--fc-norm/--no-fc-norm", help="Layout: one RMSNorm per aux state before fc.",
+        show_default=False)] = None,
+    norm_output: Annotated[bool | None, typer.Option(
+        "--norm-output/--no-norm-output",
+        help="Layout: the next step reads the final norm's output.", show_default=False)
+    ] = None,
+    num_hidden_layers: Annotated[int | None, typer.Option(
+        metavar="N", help="Layout: decoder layers.")] = None,
+    embed_requires_grad: Annotated[bool | None, typer.Option(
+        "--embed-requires-grad/--no-embed-requires-grad",
+        help="Layout: train the drafter's own embedding.", show_default=False)] = None,
     ttt_steps: Annotated[int | None, typer.Option(help="Training-time-test steps.")] = None,
     ttt_decay: Annotated[float | None, typer.Option(
         help="Step k's loss weight is decay^k.")] = None,
@@ -605,7 +626,12 @@ def train(
             fsdp=fsdp, write=_write(stage.TrainConfig, resume, overwrite, force),
             trust_remote_code=trust_remote_code or None,
             output=_output(json, quiet, no_progress, log_every),
-            **_given(draft_vocab=draft_vocab, ttt_steps=ttt_steps, ttt_decay=ttt_decay,
+            **_given(draft_vocab=draft_vocab, variant=variant,
+                     norm_before_residual=norm_before_residual, norm_before_fc=norm_before_fc,
+                     fc_norm=fc_norm, norm_output=norm_output,
+                     num_hidden_layers=num_hidden_layers,
+                     embed_requires_grad=embed_requires_grad, ttt_steps=ttt_steps,
+                     ttt_decay=ttt_decay,
                      max_len=max_len, long_samples=long_samples, lr=lr, min_lr=min_lr,
                      schedule=schedule, lm_head=lm_head, data_order=data_order,
                      warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip,

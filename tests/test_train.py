@@ -602,3 +602,92 @@ def test_status_shows_no_acceptance_length_before_the_first_evaluation(tiny, tmp
     after = [x for x, s in zip(lines, steps, strict=True) if s > 3]  # after step 3 evaluated
     assert before and all(" AL – " in x for x in before), before
     assert after and all(re.search(r" AL \d", x) for x in after), after
+
+
+# Drafter layouts (--variant and the field flags) ----------------------------------------------
+def test_a_variant_trains_resumes_and_exports_as_itself(tiny, tmp_path, monkeypatch):
+    from eagle3kit.checkpoints.layouts import inspect
+    from eagle3kit.export import ExportConfig
+    from eagle3kit.export import run as export
+
+    layout = {"variant": "speculators", "num_hidden_layers": 2}
+    whole = run(config(tiny, tiny["hidden"], tmp_path / "whole", **layout))
+    assert whole.metrics["variant"] == {
+        "norm_before_residual": True, "norm_before_fc": True, "fc_norm": False,
+        "norm_output": True, "num_hidden_layers": 2, "embed_requires_grad": False}
+    calls = {"n": 0}
+    original = Trainer._step
+
+    def dies_at_step_3(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return original(self, batch)
+
+    monkeypatch.setattr(Trainer, "_step", dies_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        run(config(tiny, tiny["hidden"], tmp_path / "cut", **layout))
+    monkeypatch.setattr(Trainer, "_step", original)
+    # the command without the layout flags is another setting, named
+    with pytest.raises(UserError, match=r"--variant: .*norm_before_fc.* -> None.*--force"):
+        run(config(tiny, tiny["hidden"], tmp_path / "cut"))
+    resumed = run(config(tiny, tiny["hidden"], tmp_path / "cut", **layout))
+    assert resumed.resumed_from == 2
+    a, b = weights(tmp_path / "whole"), weights(tmp_path / "cut")
+    assert a.keys() == b.keys() and "input_norm.weight" in a and "layers.1.mlp.up_proj.weight" in a
+    assert all(torch.equal(a[n], b[n]) for n in a)  # the layout survived the resume
+    recorded = json.loads((tmp_path / "cut" / "run.json").read_text())
+    assert recorded["settings"]["variant"]["norm_output"] is True
+    assert recorded["drafter"]["num_hidden_layers"] == 2
+    export(ExportConfig(tmp_path / "cut", tmp_path / "out", dtype="fp32", output=QUIET))
+    info = inspect(tmp_path / "out", tiny["target"])
+    assert info.problems == [] and info.norm_before_residual is True
+    assert info.variant == {"norm_before_fc": True, "fc_norm": False, "norm_output": True,
+                            "num_hidden_layers": 2, "embed_requires_grad": False}
+
+
+def test_init_from_a_variant_keeps_its_layout_and_starts_where_it_ended(tiny, tmp_path):
+    from eagle3kit.export import ExportConfig
+    from eagle3kit.export import run as export
+
+    first = run(config(tiny, tiny["hidden"], tmp_path / "a", max_steps=2, variant="eagle3.1",
+                       embed_requires_grad=True))
+    export(ExportConfig(tmp_path / "a", tmp_path / "out", dtype="fp32", output=QUIET))
+    warm = run(config(tiny, tiny["hidden"], tmp_path / "b", max_steps=1,
+                      init_from=tmp_path / "out"))
+    assert warm.metrics["variant"]["fc_norm"] and warm.metrics["variant"]["embed_requires_grad"]
+    before_any_step = next(m for m in metrics(tmp_path / "b") if m["step"] == 0 and "eval" in m)
+    assert before_any_step["eval"]["per_position"] == pytest.approx(
+        first.eval["per_position"], abs=1e-6)  # its own trained embedding came along
+    with pytest.raises(UserError, match=r"--init-from .*fc_norm True \(asked False\)"):
+        run(config(tiny, tiny["hidden"], tmp_path / "c", max_steps=1, variant="speculators",
+                   init_from=tmp_path / "out"))
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"variant": "eagle4"}, "--variant must be one of eagle3, speculators, eagle3.1"),
+    ({"variant": "speculators", "fc_norm": True},
+     "--fc-norm and --norm-before-fc exclude each other (both normalise the aux states "
+     "before fc); --variant speculators has norm_before_fc"),
+    ({"num_hidden_layers": 0}, "--num-hidden-layers must be >= 1"),
+])
+def test_bad_layout_options(tiny, tmp_path, options, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        config(tiny, tiny["hidden"], tmp_path / "r", **options)
+
+
+def test_the_cli_takes_the_layout_flags(tiny, tmp_path):
+    from typer.testing import CliRunner
+
+    from eagle3kit.cli import app
+
+    result = CliRunner().invoke(app, [
+        "train", str(tiny["hidden"]), str(tmp_path / "r"), "--target", str(tiny["target"]),
+        "--variant", "speculators", "--no-norm-output", "--num-hidden-layers", "2",
+        "--max-steps", "1", "--batch-tokens", "256", "--draft-vocab", "200",
+        "--eval-split", "0", "--device", "cpu", "--quiet"])
+    assert result.exit_code == 0, result.output
+    drafter = json.loads((tmp_path / "r" / "drafter" / "config.json").read_text())
+    fields = drafter["eagle3kit"]["drafter"]
+    assert (fields["norm_before_fc"], fields["norm_output"], fields["num_hidden_layers"],
+            fields["norm_before_residual"]) == (True, False, 2, True)

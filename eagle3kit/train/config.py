@@ -90,6 +90,21 @@ class TrainConfig:
     """Draft vocabulary size: the most frequent loss-carrying tokens (capped at the target's)."""
     init_from: Path | None = None
     """Warm-start from an EAGLE-3 checkpoint, keeping its draft vocabulary."""
+    variant: str | None = None
+    """The layout of a new drafter: eagle3 (the reference EAGLE-3 drafter), speculators
+    (speculators 0.9.0's CLI defaults) or eagle3.1; None: eagle3, or --init-from's own."""
+    norm_before_residual: bool | None = None
+    """Override the variant: the first layer's residual is the normed hidden input."""
+    norm_before_fc: bool | None = None
+    """Override the variant: one RMSNorm over the concatenated aux states before fc."""
+    fc_norm: bool | None = None
+    """Override the variant: one RMSNorm per aux state before fc."""
+    norm_output: bool | None = None
+    """Override the variant: feed the final norm's output to the next step."""
+    num_hidden_layers: int | None = None
+    """Override the variant: decoder layers."""
+    embed_requires_grad: bool | None = None
+    """Override the variant: train the drafter's own embedding (stored in its checkpoints)."""
     ttt_steps: int = 7
     """Training-time-test steps."""
     ttt_decay: float = 0.8
@@ -208,7 +223,44 @@ class TrainConfig:
         if self.max_steps is not None and self.max_steps < 1:
             found.append(f"--max-steps must be >= 1 (got {self.max_steps})")
 
+    def _check_variant(self, found: list[str]) -> None:
+        from eagle3kit.model.config import VARIANTS
+
+        if self.variant is not None and self.variant not in VARIANTS:
+            found.append(f"--variant must be one of {', '.join(VARIANTS)} (got {self.variant})")
+            return
+        if self.num_hidden_layers is not None and not self.num_hidden_layers >= 1:
+            found.append(f"--num-hidden-layers must be >= 1 (got {self.num_hidden_layers})")
+        fields = self.drafter_variant()
+        if fields["norm_before_fc"] and fields["fc_norm"]:
+            found.append("--fc-norm and --norm-before-fc exclude each other (both normalise "
+                         "the aux states before fc)"
+                         + (f"; --variant {self.variant} has norm_before_fc"
+                            if self.variant and VARIANTS[self.variant]["norm_before_fc"]
+                            else "")
+                         + (f"; --variant {self.variant} has fc_norm"
+                            if self.variant and VARIANTS[self.variant]["fc_norm"] else ""))
+
+    def drafter_variant(self) -> dict[str, Any]:
+        """The layout fields of a new drafter: --variant's, then the field flags given."""
+        from eagle3kit.model.config import VARIANTS
+
+        fields = dict(VARIANTS.get(self.variant or "eagle3", VARIANTS["eagle3"]))
+        for name in fields:
+            if getattr(self, name) is not None:
+                fields[name] = getattr(self, name)
+        return fields
+
+    @property
+    def variant_given(self) -> bool:
+        """Whether --variant or a field flag was given."""
+        from eagle3kit.model.config import VARIANTS
+
+        return self.variant is not None or any(
+            getattr(self, name) is not None for name in VARIANTS["eagle3"])
+
     def _check_choices(self, found: list[str]) -> None:
+        self._check_variant(found)
         if self.long_samples not in LONG_POLICIES:
             found.append(f"--long-samples must be drop or truncate (got {self.long_samples})")
         for flag, value, allowed in (("--schedule", self.schedule, SCHEDULES),
@@ -286,7 +338,11 @@ class TrainConfig:
         return int(self.eval_split) if self.eval_split >= 1 else None
 
     def settings(self) -> dict[str, Any]:
-        """The trajectory-deciding options, as JSON (what run.json records and resume checks)."""
+        """The trajectory-deciding options, as JSON (what run.json records and resume checks).
+        The drafter's layout is among them when it is not the plain EAGLE-3 one (so runs of
+        the default layout record what they always did)."""
+        from eagle3kit.model.config import VARIANTS
+
         raw = asdict(self)
         out: dict[str, Any] = {}
         for name in SETTINGS:
@@ -296,6 +352,8 @@ class TrainConfig:
             elif isinstance(value, Path):
                 value = str(value.resolve())
             out[name] = value
+        if self.drafter_variant() != VARIANTS["eagle3"]:
+            out["variant"] = self.drafter_variant()
         return out
 
 

@@ -26,11 +26,13 @@ from eagle3kit._ranks import Ranks
 from eagle3kit.checkpoints.native import drafter_weights, save_drafter
 from eagle3kit.errors import UserError
 from eagle3kit.model import (
+    VARIANTS,
     DrafterConfig,
     DraftVocab,
     Eagle3Drafter,
     attention,
     build_vocab,
+    describe_variant,
     vocab_problems,
 )
 from eagle3kit.target import (
@@ -139,6 +141,21 @@ def _check_init(model: Eagle3Drafter, target_cfg: Any, layers: list[int], path: 
                               c.draft_vocab_size)
     if problems:
         raise UserError(f"{where}: its draft vocabulary is unusable: {problems[0]}")
+
+
+def _check_init_variant(model: Eagle3Drafter, cfg: Any) -> None:
+    """--init-from keeps the checkpoint's layout: --variant or a field flag that asks for
+    another one is refused by name."""
+    if not cfg.variant_given:
+        return
+    wanted = cfg.drafter_variant()
+    has = {name: getattr(model.config, name) for name in wanted}
+    differ = [f"{name} {has[name]} (asked {wanted[name]})" for name in wanted
+              if has[name] != wanted[name]]
+    if differ:
+        raise UserError(f"--init-from {cfg.init_from}: a {describe_variant(has)} drafter, "
+                        f"and the weights keep their layout: {', '.join(differ)}; leave "
+                        f"--variant and the layout flags out")
 
 
 def _lr_lambda(total: int, warmup: int, floor: float, schedule: str = "cosine"):
@@ -283,6 +300,7 @@ class Trainer:
         if cfg.init_from is not None and not (continuing and self.run_dir.steps()):
             drafter = _load_init(cfg.init_from, self.target_cfg)
             _check_init(drafter, self.target_cfg, self.layers, cfg.init_from)
+            _check_init_variant(drafter, cfg)
             if not drafter.config.embed_requires_grad:  # its own embedding stays its own
                 drafter.load_target_embedding(embedding)
             vocab = DraftVocab.from_d2t(drafter.d2t.numpy(), self.target_cfg.vocab_size)
@@ -293,6 +311,8 @@ class Trainer:
             config = DrafterConfig.from_target(
                 self.target_cfg, draft_vocab_size=vocab.size, aux_layer_ids=self.layers,
                 target_name_or_path=self.target_id["name_or_path"])
+            for name, value in self._variant(continuing).items():
+                setattr(config, name, value)
             drafter = Eagle3Drafter(config)
             drafter.set_vocab(torch.from_numpy(vocab.d2t), torch.from_numpy(vocab.t2d))
             drafter.load_target_embedding(embedding)
@@ -310,6 +330,19 @@ class Trainer:
             _ui.info("train: --fsdp: one process, nothing to shard", cfg.output)
         self.model = sharding.wrap(self.loss, self.ranks.world, self.device, cfg.fsdp)
         self.param_names = [n for n, p in self.loss.named_parameters() if p.requires_grad]
+
+    def _variant(self, continuing: bool) -> dict:
+        """The new drafter's layout: a continued run keeps the one it recorded (its weights
+        have that shape), a fresh one takes --variant and the field flags."""
+        if not continuing:
+            return self.cfg.drafter_variant()
+        recorded = self.previous.get("drafter") or {}
+        plain = dict(VARIANTS["eagle3"])
+        kept = {name: recorded.get(name, plain[name]) for name in plain}
+        if self.cfg.variant_given and kept != self.cfg.drafter_variant() and self.ranks.rank == 0:
+            _ui.warn(f"train: the run's drafter is {describe_variant(kept)}; it keeps that "
+                     f"layout (--variant and its flags apply to a new run)")
+        return kept
 
     def _parallel(self) -> str:
         """none (one process), ddp or fsdp: how the drafter is spread over the ranks."""
@@ -581,7 +614,10 @@ class Trainer:
             metrics={"long_samples": self.pool.long.to_dict(),
                      "train_samples": sum(len(t) for t in self.pool.train),
                      "heldout_samples": len(self.pool.heldout), "layer_ids": self.layers,
-                     "draft_vocab": self.vocab.size})
+                     "draft_vocab": self.vocab.size,
+                     "variant": {"norm_before_residual":
+                                 self.drafter.config.norm_before_residual,
+                                 **self.drafter.config.variant}})
         if stopped:
             result.stopped = self.stop_signal.name
             result.exit_code = EXIT_CODES[self.stop_signal]
@@ -767,6 +803,10 @@ def _report(result: TrainResult, cfg: TrainConfig) -> None:
         pairs.append(("held-out AL per phase", "  ".join(
             f"{name} {f['predicted_acceptance_length']:.3f} ({f['chains']} chains)"
             for name, f in result.eval["phases"].items())))
+    variant = result.metrics.get("variant")
+    if variant and variant != VARIANTS["eagle3"]:
+        pairs.append(("layout", describe_variant(variant) + (
+            ", norm_before_residual" if variant["norm_before_residual"] else "")))
     pairs.append(("drafter", str(RunDir(result.out).drafter)))
     _ui.kv("train", pairs, opts)
 
