@@ -183,6 +183,17 @@ def test_schedules_decay_as_named():
     assert {constant(n) for n in range(12)} == {1.0}
 
 
+def test_schedule_reaches_the_optimizer(tiny, tmp_path):
+    rates = {}
+    for schedule in ("cosine", "constant"):
+        run(config(tiny, tiny["hidden"], tmp_path / schedule, max_steps=4, eval_split=0,
+                   schedule=schedule))
+        rates[schedule] = [m["lr"] for m in metrics(tmp_path / schedule) if "lr" in m]
+    assert len(set(rates["constant"][1:])) == 1  # after the one warm-up step
+    assert rates["cosine"][1:] == sorted(rates["cosine"][1:], reverse=True)
+    assert rates["cosine"][-1] < rates["constant"][-1]
+
+
 def test_lm_head_from_the_target_and_frozen(tiny, tmp_path):
     from safetensors.torch import load_file
 

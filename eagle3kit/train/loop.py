@@ -364,7 +364,7 @@ class Trainer:
         warmup = int(cfg.warmup) if cfg.warmup >= 1 else math.ceil(cfg.warmup * total)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, _lr_lambda(total, max(warmup, 1) if cfg.warmup else 0,
-                                       cfg.min_lr / cfg.lr))
+                                       cfg.min_lr / cfg.lr, cfg.schedule))
 
     # Checkpoints ---------------------------------------------------------------------------
     def _resume(self) -> int:
