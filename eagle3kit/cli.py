@@ -569,7 +569,14 @@ def train(
         help="Samples longer than --max-len: truncate or drop.")] = None,
     lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
     min_lr: Annotated[float | None, typer.Option(
-        help="Learning rate at the end of the cosine.")] = None,
+        help="Learning rate at the end of the decay.")] = None,
+    schedule: Annotated[str | None, typer.Option(
+        help="After the warm-up: cosine, linear or constant.")] = None,
+    lm_head: Annotated[str | None, typer.Option(
+        help="train (fresh), target (starts as the target's rows) or frozen (the target's "
+             "rows, untrained).")] = None,
+    data_order: Annotated[str | None, typer.Option(
+        help="shuffle (anew each epoch) or fixed (one seeded order).")] = None,
     warmup: Annotated[float | None, typer.Option(
         help="Linear warm-up: a share of the steps (< 1) or a number of steps.")] = None,
     weight_decay: Annotated[float | None, typer.Option(help="AdamW weight decay.")] = None,
@@ -626,6 +633,7 @@ def train(
                      embed_requires_grad=embed_requires_grad, ttt_steps=ttt_steps,
                      ttt_decay=ttt_decay,
                      max_len=max_len, long_samples=long_samples, lr=lr, min_lr=min_lr,
+                     schedule=schedule, lm_head=lm_head, data_order=data_order,
                      warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
                      batch_tokens=batch_tokens, grad_accum=grad_accum, epochs=epochs,
                      max_steps=max_steps, seed=seed, device=device, precision=precision,

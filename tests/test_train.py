@@ -170,6 +170,59 @@ def test_global_batches_split_into_equal_parts():
     assert abs(sum(it.length for it in parts[0]) - sum(it.length for it in parts[1])) <= 9
 
 
+# Recipe options (docs/train.md, "Why these defaults") ---------------------------------------------
+def test_schedules_decay_as_named():
+    from eagle3kit.train.loop import _lr_lambda
+
+    cosine, linear, constant = (_lr_lambda(11, 1, 0.1, s) for s in ("cosine", "linear",
+                                                                    "constant"))
+    assert [f(0) for f in (cosine, linear, constant)] == [1.0, 1.0, 1.0]  # the warm-up's end
+    assert linear(6) == pytest.approx(0.1 + 0.9 * 0.5) == cosine(6)  # halfway
+    assert linear(3) == pytest.approx(0.1 + 0.9 * 0.8) and cosine(3) > linear(3)
+    assert linear(11) == pytest.approx(0.1) == cosine(11)
+    assert {constant(n) for n in range(12)} == {1.0}
+
+
+def test_schedule_reaches_the_optimizer(tiny, tmp_path):
+    rates = {}
+    for schedule in ("cosine", "constant"):
+        run(config(tiny, tiny["hidden"], tmp_path / schedule, max_steps=4, eval_split=0,
+                   schedule=schedule))
+        rates[schedule] = [m["lr"] for m in metrics(tmp_path / schedule) if "lr" in m]
+    assert len(set(rates["constant"][1:])) == 1  # after the one warm-up step
+    assert rates["cosine"][1:] == sorted(rates["cosine"][1:], reverse=True)
+    assert rates["cosine"][-1] < rates["constant"][-1]
+
+
+def test_lm_head_from_the_target_and_frozen(tiny, tmp_path):
+    from safetensors.torch import load_file
+
+    target = load_file(str(tiny["target"] / "model.safetensors"))["lm_head.weight"]
+    heads = {}
+    for mode in ("train", "target", "frozen"):
+        run(config(tiny, tiny["hidden"], tmp_path / mode, max_steps=2, eval_split=0,
+                   lm_head=mode))
+        d2t = load_file(str(tmp_path / mode / "vocab.safetensors"))["d2t"]
+        rows = target[d2t + torch.arange(len(d2t))]
+        heads[mode] = (weights(tmp_path / mode)["lm_head.weight"], rows)
+    head, rows = heads["frozen"]
+    assert torch.equal(head, rows)  # copied, then never trained
+    head, rows = heads["target"]
+    assert not torch.equal(head, rows) and torch.allclose(head, rows, atol=0.05)  # trained from it
+    head, rows = heads["train"]
+    assert not torch.allclose(head, rows, atol=0.05)
+
+
+def test_fixed_data_order_repeats_each_epoch(tiny):
+    src = tdata.open_source(tiny["hidden"], 1.0, online=False)
+    pool = tdata.build_pool([src], tdata.held_out([src], 0), None, "truncate")
+    shuffled = [[it.index for it in tdata.epoch_items(pool, [1.0], 0, e)] for e in range(3)]
+    fixed = [[it.index for it in tdata.epoch_items(pool, [1.0], 0, e, True)]
+             for e in range(3)]
+    assert fixed[0] == fixed[1] == fixed[2] == shuffled[0]
+    assert shuffled[1] != shuffled[0] and sorted(shuffled[1]) == sorted(shuffled[0])
+
+
 # Online and offline agree -------------------------------------------------------------------------
 def first_step(tiny, data, out, **kw) -> Trainer:
     from eagle3kit._ranks import Ranks
@@ -417,6 +470,9 @@ def test_both_exports_round_trip_through_init_from(tiny, tmp_path, fmt):
     ({"online": True, "layers": [2, 4]}, "--layers 2,4: give 3 ids"),
     ({"device": "tpu"}, "--device must be"),
     ({"precision": "fp16"}, "--precision must be one of"),
+    ({"schedule": "step"}, "--schedule must be one of cosine, linear, constant"),
+    ({"lm_head": "copy"}, "--lm-head must be one of train, target, frozen"),
+    ({"data_order": "sorted"}, "--data-order must be one of shuffle, fixed"),
 ])
 def test_bad_options(tiny, tmp_path, options, message):
     with pytest.raises(UserError, match=message):

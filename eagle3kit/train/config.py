@@ -17,12 +17,15 @@ from eagle3kit.target import check_layer_ids, parse_layer_ids
 
 LONG_POLICIES = ("drop", "truncate")
 PRECISIONS = ("auto", "bf16", "fp32")
+SCHEDULES = ("cosine", "linear", "constant")
+LM_HEADS = ("train", "target", "frozen")
+DATA_ORDERS = ("shuffle", "fixed")
 
 SETTINGS = (
     "data", "target", "online", "layers", "draft_vocab", "init_from", "ttt_steps",
     "ttt_decay", "max_len", "long_samples", "lr", "min_lr", "warmup", "weight_decay",
     "grad_clip", "batch_tokens", "grad_accum", "epochs", "max_steps", "seed", "eval_split",
-    "eval_k", "precision",
+    "eval_k", "precision", "schedule", "lm_head", "data_order",
 )
 """The options that decide a run's trajectory: continuing a run with any of them changed
 needs --force. Logging, checkpoint cadence, --device, --fsdp and --eval-every may change
@@ -113,7 +116,16 @@ class TrainConfig:
     """What happens to longer samples: truncate or drop."""
     lr: float = 1e-4
     min_lr: float = 0.0
-    """Learning rate the cosine decay ends at."""
+    """Learning rate the decay ends at."""
+    schedule: str = "cosine"
+    """After the warm-up: cosine or linear decay to --min-lr, or constant (docs/train.md,
+    "Why these defaults")."""
+    lm_head: str = "train"
+    """The drafter's lm_head: train (fresh, trained), target (starts as the target's rows
+    of the draft vocabulary, trained) or frozen (the target's rows, never trained, as
+    speculators 0.9.0 does)."""
+    data_order: str = "shuffle"
+    """shuffle: a fresh seeded order each epoch; fixed: one seeded order for every epoch."""
     warmup: float = 0.015
     """Linear warm-up: a share of the steps when < 1, else a number of steps."""
     weight_decay: float = 0.0
@@ -251,6 +263,11 @@ class TrainConfig:
         self._check_variant(found)
         if self.long_samples not in LONG_POLICIES:
             found.append(f"--long-samples must be drop or truncate (got {self.long_samples})")
+        for flag, value, allowed in (("--schedule", self.schedule, SCHEDULES),
+                                     ("--lm-head", self.lm_head, LM_HEADS),
+                                     ("--data-order", self.data_order, DATA_ORDERS)):
+            if value not in allowed:
+                found.append(f"{flag} must be one of {', '.join(allowed)} (got {value})")
         if self.precision not in PRECISIONS:
             found.append(f"--precision must be one of {', '.join(PRECISIONS)} "
                          f"(got {self.precision})")

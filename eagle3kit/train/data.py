@@ -193,9 +193,11 @@ def build_pool(sources: list[Source], masks: list[np.ndarray], max_len: int | No
     return pool
 
 
-def epoch_items(pool: Pool, weights: list[float], seed: int, epoch: int) -> list[Item]:
+def epoch_items(pool: Pool, weights: list[float], seed: int, epoch: int,
+                fixed_order: bool = False) -> list[Item]:
     """One epoch's samples in training order. Weight w: each sample floor(w) times, plus a
-    seeded random share frac(w) of the dataset, drawn anew each epoch."""
+    seeded random share frac(w) of the dataset, drawn anew each epoch. `fixed_order`: the
+    same seeded permutation every epoch (--data-order fixed)."""
     chosen: list[Item] = []
     for s, (items, w) in enumerate(zip(pool.train, weights, strict=True)):
         rng = np.random.default_rng([seed, epoch, s, 1])
@@ -204,7 +206,8 @@ def epoch_items(pool: Pool, weights: list[float], seed: int, epoch: int) -> list
         extra = round(frac * len(items))
         if extra:
             chosen += [items[i] for i in sorted(rng.choice(len(items), extra, replace=False))]
-    order = np.random.default_rng([seed, epoch, 0]).permutation(len(chosen))
+    order = np.random.default_rng([seed, 0 if fixed_order else epoch, 0]).permutation(
+        len(chosen))
     return [chosen[i] for i in order]
 
 
@@ -260,7 +263,7 @@ class Plan:
 
 
 def make_plan(pool: Pool, weights: list[float], seed: int, budget: int, parts: int,
-              epochs: float | None, max_steps: int | None) -> Plan:
+              epochs: float | None, max_steps: int | None, fixed_order: bool = False) -> Plan:
     """Global batches of `budget` x `parts` tokens; --epochs (a fraction cuts the last one),
     or as many epochs as --max-steps needs."""
     if not any(pool.train):
@@ -275,7 +278,8 @@ def make_plan(pool: Pool, weights: list[float], seed: int, budget: int, parts: i
             break
         if max_steps is not None and steps >= max_steps:
             break
-        batches = global_batches(epoch_items(pool, weights, seed, e), budget * parts)
+        batches = global_batches(epoch_items(pool, weights, seed, e, fixed_order),
+                                 budget * parts)
         if want_epochs is not None and want_epochs - e < 1:
             batches = batches[:max(1, round(len(batches) * (want_epochs - e)))]
         if max_steps is not None:

@@ -158,12 +158,15 @@ def _check_init_variant(model: Eagle3Drafter, cfg: Any) -> None:
                         f"--variant and the layout flags out")
 
 
-def _lr_lambda(total: int, warmup: int, floor: float):
+def _lr_lambda(total: int, warmup: int, floor: float, schedule: str = "cosine"):
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if schedule == "constant":
+            return 1.0
+        shape = 1 - progress if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+        return floor + (1 - floor) * shape
     return factor
 
 
@@ -190,7 +193,8 @@ class Trainer:
         self.pool = tdata.build_pool(self.sources, masks, self.max_len, cfg.long_samples)
         self.plan = tdata.make_plan(
             self.pool, [d.weight for d in cfg.data], cfg.seed, cfg.batch_tokens,
-            self.ranks.world * cfg.grad_accum, cfg.epochs, cfg.max_steps)
+            self.ranks.world * cfg.grad_accum, cfg.epochs, cfg.max_steps,
+            cfg.data_order == "fixed")
         self._load_target()
         self._build_drafter(continuing)
         self._build_optimizer()
@@ -312,7 +316,13 @@ class Trainer:
             drafter = Eagle3Drafter(config)
             drafter.set_vocab(torch.from_numpy(vocab.d2t), torch.from_numpy(vocab.t2d))
             drafter.load_target_embedding(embedding)
+            if cfg.lm_head != "train":
+                with torch.no_grad():
+                    rows = self.head.lm_head.detach().float().cpu()[torch.from_numpy(
+                        vocab.draft_ids)]
+                    drafter.lm_head.weight.copy_(rows)
         drafter.embed_tokens.weight.requires_grad_(drafter.config.embed_requires_grad)
+        drafter.lm_head.weight.requires_grad_(cfg.lm_head != "frozen")
         self.vocab = vocab
         self.drafter = drafter.to(self.device)
         self.loss = TTTLoss(self.drafter, self.head, cfg.ttt_steps, cfg.ttt_decay)
@@ -354,7 +364,7 @@ class Trainer:
         warmup = int(cfg.warmup) if cfg.warmup >= 1 else math.ceil(cfg.warmup * total)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, _lr_lambda(total, max(warmup, 1) if cfg.warmup else 0,
-                                       cfg.min_lr / cfg.lr))
+                                       cfg.min_lr / cfg.lr, cfg.schedule))
 
     # Checkpoints ---------------------------------------------------------------------------
     def _resume(self) -> int:
