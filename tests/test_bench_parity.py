@@ -98,7 +98,8 @@ def test_a_sound_setup_names_no_setting_and_fails_only_on_acceptance_near_one(wo
 def test_a_disagreement_beyond_the_tolerance_fails(world) -> None:
     with sglang(world, accept=(0.9, 0.8, 0.7)) as srv:
         report = gate(world, srv)
-    assert not report.agree and report.differences["acceptance_length"] > 0.5
+    # the stand-in's rates are far above what the tiny drafter reaches offline
+    assert not report.agree and report.differences["acceptance_length"] > 4 * report.tolerance
     assert causes(report) == ["unexplained"] and "differs from the offline" in \
         report.findings[0]["message"]
     assert report.exit_code == 1
