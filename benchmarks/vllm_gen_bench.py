@@ -133,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     # a file, not argv: 512 prompts of ids pass the kernel's limit on one argument
     (work / "engine.json").write_text(json.dumps(engine_cfg))
     _, out = timed([str(python), str(work / "engine.py"), str(work / "engine.json")])
-    engine = json.loads(out.strip().splitlines()[-1])
+    # vLLM logs to stdout too: the figure is the one line that starts with it
+    engine = json.loads(next(line for line in reversed(out.splitlines())
+                             if line.startswith('{"seconds"')))
     engine_rps = args.prompts / engine["seconds"]
 
     server = launch.VllmServer(target, [], name="bench", log_dir=work).start()
