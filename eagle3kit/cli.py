@@ -573,8 +573,8 @@ def train(
     schedule: Annotated[str | None, typer.Option(
         help="After the warm-up: cosine, linear or constant.")] = None,
     lm_head: Annotated[str | None, typer.Option(
-        help="train (fresh), target (starts as the target's rows) or frozen (the target's "
-             "rows, untrained).")] = None,
+        help="target (starts as the target's rows, then trains; the default), train (a fresh "
+             "one) or frozen (the target's rows, untrained).")] = None,
     data_order: Annotated[str | None, typer.Option(
         help="shuffle (anew each epoch) or fixed (one seeded order).")] = None,
     warmup: Annotated[float | None, typer.Option(

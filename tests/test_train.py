@@ -199,18 +199,19 @@ def test_lm_head_from_the_target_and_frozen(tiny, tmp_path):
 
     target = load_file(str(tiny["target"] / "model.safetensors"))["lm_head.weight"]
     heads = {}
-    for mode in ("train", "target", "frozen"):
-        run(config(tiny, tiny["hidden"], tmp_path / mode, max_steps=2, eval_split=0,
-                   lm_head=mode))
-        d2t = load_file(str(tmp_path / mode / "vocab.safetensors"))["d2t"]
+    for mode in ("train", "target", "frozen", None):  # None: the default, the target's rows
+        run(config(tiny, tiny["hidden"], tmp_path / str(mode), max_steps=2, eval_split=0,
+                   **({} if mode is None else {"lm_head": mode})))
+        d2t = load_file(str(tmp_path / str(mode) / "vocab.safetensors"))["d2t"]
         rows = target[d2t + torch.arange(len(d2t))]
-        heads[mode] = (weights(tmp_path / mode)["lm_head.weight"], rows)
+        heads[mode] = (weights(tmp_path / str(mode))["lm_head.weight"], rows)
     head, rows = heads["frozen"]
     assert torch.equal(head, rows)  # copied, then never trained
     head, rows = heads["target"]
     assert not torch.equal(head, rows) and torch.allclose(head, rows, atol=0.05)  # trained from it
     head, rows = heads["train"]
     assert not torch.allclose(head, rows, atol=0.05)
+    assert torch.equal(heads[None][0], heads["target"][0])
 
 
 def test_fixed_data_order_repeats_each_epoch(tiny):

@@ -120,10 +120,10 @@ class TrainConfig:
     schedule: str = "cosine"
     """After the warm-up: cosine or linear decay to --min-lr, or constant (docs/train.md,
     "Why these defaults")."""
-    lm_head: str = "train"
-    """The drafter's lm_head: train (fresh, trained), target (starts as the target's rows
-    of the draft vocabulary, trained) or frozen (the target's rows, never trained, as
-    speculators 0.9.0 does)."""
+    lm_head: str = "target"
+    """The drafter's lm_head: target (starts as the target's rows of the draft vocabulary,
+    trained; the default, docs/train.md "Why these defaults"), train (fresh) or frozen (the
+    target's rows, never trained, as speculators 0.9.0 does)."""
     data_order: str = "shuffle"
     """shuffle: a fresh seeded order each epoch; fixed: one seeded order for every epoch."""
     warmup: float = 0.015
