@@ -201,7 +201,7 @@ def edited(src: Path, tmp: Path, config_edit=None, tensor_edit=None) -> Path:
     from safetensors import safe_open
 
     out = tmp / "edited"
-    out.mkdir()
+    out.mkdir(parents=True)
     config = json.loads((src / "config.json").read_text())
     if config_edit:
         config_edit(config)
@@ -279,6 +279,28 @@ def test_a_target_copy_of_the_embedding_is_no_problem(exports, target, tmp_path)
         t["embed_tokens.weight"] = target_embedding(target)
 
     assert checkpoint_problems(edited(exports / "vllm", tmp_path, None, exact), target) == []
+
+
+def test_the_embedding_rounded_to_bf16_is_the_target_s(exports, target, tmp_path):
+    """speculators saves its drafter in bf16 with the (fp32) target's embedding rounded to it:
+    that is the target's embedding, while a one-ulp change in bf16 is not."""
+    from eagle3kit.checkpoints.layouts import target_embedding
+
+    theirs = target_embedding(target)
+    assert theirs.dtype == torch.float32
+
+    def rounded(t: dict) -> None:
+        t["embed_tokens.weight"] = theirs.to(torch.bfloat16)
+
+    def nudged(t: dict) -> None:
+        e = theirs.to(torch.bfloat16)
+        e[3, 5] = torch.nextafter(e[3, 5], torch.tensor(1.0, dtype=torch.bfloat16))
+        t["embed_tokens.weight"] = e
+
+    assert checkpoint_problems(edited(exports / "vllm", tmp_path / "a", None, rounded),
+                               target) == []
+    problems = checkpoint_problems(edited(exports / "vllm", tmp_path / "b", None, nudged), target)
+    assert any("embed_tokens differs from the target" in p for p in problems), problems
 
 
 # eagle3kit info CKPT ----------------------------------------------------------------------------
