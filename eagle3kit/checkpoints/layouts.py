@@ -688,13 +688,17 @@ def _check_against_target(info: CheckpointInfo, target: dict, target_dir: Path |
     if info.has_embedding and target_dir is not None and not info.variant["embed_requires_grad"]:
         mine = weights.get("embed_tokens.weight")
         theirs = target_embedding(target_dir)
-        # A checkpoint saved in a narrower dtype than the target (speculators writes bf16)
-        # holds the target's embedding rounded to it: compared at the narrower one.
-        narrow = mine.dtype if mine.element_size() <= theirs.element_size() else theirs.dtype
         if theirs is not None and (mine.shape != theirs.shape
-                                   or not (mine.to(narrow) == theirs.to(narrow)).all()):
+                                   or not _same_when_rounded(mine, theirs)):
             info.problems.append(f"embed_tokens differs from {where}'s embedding: vLLM keeps a "
                                  f"differing draft embedding (PR #28549) and acceptance drops")
+
+
+def _same_when_rounded(a, b) -> bool:
+    """a == b at the narrower of their dtypes: a checkpoint saved in bf16 beside an fp32 target
+    (speculators writes its drafters so) holds the target's embedding rounded to bf16."""
+    narrow = a.dtype if a.element_size() <= b.element_size() else b.dtype
+    return bool((a.to(narrow) == b.to(narrow)).all())
 
 
 def target_embedding(target_dir: Path):

@@ -218,8 +218,8 @@ def start_phases(batch: TargetBatch, markers: Any, starts: torch.Tensor | None =
     """[N] the reasoning phase (an index of eagle3kit.bench.phases.PHASES) of each chain
     start (or of each of `starts`, [B, T-1] bool), in chain_verdicts' order: the phase the
     context ids[:t+2] ends in, the one bench accept gives the verification round drafted
-    there. A marker sets the phase it opens;
-    a closing one returns to the answer; before any marker the phase is the answer."""
+    there. A marker sets the phase it opens; a closing one returns to the answer; before any
+    marker the phase is the answer."""
     from eagle3kit.bench.phases import PHASES
 
     ids = batch.ids
