@@ -261,8 +261,11 @@ def test_a_server_restarted_with_another_model_is_paused(tmp_path, tok, stops, c
     restarted this way went on answering with the other model."""
     prompts = prompt_file(tmp_path, 30, QA)
     out = tmp_path / "ds"
-    opts = {"tokenizer": served(tok), "decode_tps": 300, "mean_tokens": 30}
-    with FakeServer("sglang", **opts) as sg, FakeServer("vllm", **opts) as vl:
+    opts = {"tokenizer": served(tok), "mean_tokens": 30}
+    # The SGLang server is the slower one, so the run still has work for it when the
+    # restarted vLLM server answers again and the watcher finds the other model.
+    with FakeServer("sglang", decode_tps=100, **opts) as sg, \
+            FakeServer("vllm", decode_tps=300, **opts) as vl:
         restart_when(vl, 5, model_name="other/model")
         code, _, stderr = cli(capfd, monkeypatch, "gen", str(prompts), str(out), "--server",
                               f"{sg.url}@2", "--server", f"{vl.url}@2", "--tokenizer",
