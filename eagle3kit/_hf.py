@@ -4,6 +4,8 @@
   (`auto_map`) needs `trust_remote_code=True`. Given None, transformers *asks* on a terminal
   (an `input()` with a 15 s alarm) and fails elsewhere; eagle3kit always passes a bool and
   turns the refusal into one line naming the flag, the directory and the files that would run.
+  The bool is the command's own --trust-remote-code, never a value read from a dataset,
+  run.json or any other file: consent to run code comes from the person at the keyboard.
 - Progress: transformers draws "Loading weights" bars that look finished while the stage goes
   on; the stages draw their own progress (`_ui`), so transformers' bars are switched off.
 
@@ -32,14 +34,30 @@ def quiet() -> None:
     dynamic_module_utils.TIME_OUT_REMOTE_CODE = 0
 
 
+class CustomCodeRefused(UserError):
+    """A directory needs its own code to load, and --trust-remote-code was not given."""
+
+    def __init__(self, message: str, path: Path) -> None:
+        super().__init__(message)
+        self.path = Path(path)
+
+
+AUTO_MAP_FILES = ("config.json", "tokenizer_config.json")
+
+
+def _auto_map(file: Path) -> dict:
+    try:
+        auto_map = json.loads(file.read_text()).get("auto_map") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return auto_map if isinstance(auto_map, dict) else {}
+
+
 def own_code_files(path: Path) -> list[str]:
     """The Python files a model or tokenizer directory's `auto_map` entries name."""
     files: list[str] = []
-    for name in ("config.json", "tokenizer_config.json"):
-        try:
-            auto_map = json.loads((Path(path) / name).read_text()).get("auto_map") or {}
-        except (OSError, ValueError, AttributeError):
-            continue
+    for name in AUTO_MAP_FILES:
+        auto_map = _auto_map(Path(path) / name)
         for value in auto_map.values():
             for ref in value if isinstance(value, list) else [value]:
                 if isinstance(ref, str) and "." in ref:
@@ -57,11 +75,17 @@ def _where(flag: str, path: Path) -> str:
     return f"{flag} {path}" if flag else str(path)
 
 
-def custom_code_error(flag: str, path: Path) -> UserError:
+def custom_code_error(flag: str, path: Path) -> CustomCodeRefused:
+    """The refusal, naming the flag and directory, or, for a directory no flag named (a
+    dataset's stored tokenizer), the file whose `auto_map` asks for the code."""
     files = own_code_files(path)
     what = f" ({', '.join(files)})" if files else ""
-    return UserError(f"{_where(flag, path)}: it ships its own code{what}; pass {TRUST_FLAG} to "
-                     "run it")
+    mapping = next((Path(path) / n for n in AUTO_MAP_FILES if _auto_map(Path(path) / n)), None)
+    if not flag and mapping is not None:
+        return CustomCodeRefused(f"{mapping}: its auto_map names code of its own{what}; pass "
+                                 f"{TRUST_FLAG} to run it", path)
+    return CustomCodeRefused(f"{_where(flag, path)}: it ships its own code{what}; pass "
+                             f"{TRUST_FLAG} to run it", path)
 
 
 def _reason(exc: BaseException) -> str:
@@ -112,7 +136,3 @@ def load_causal_lm(path: Path, trust_remote_code: bool, flag: str = "--target",
         raise UserError(f"{_where(flag, path)}: cannot load a transformers model "
                         f"({_reason(exc)})") from None
 
-
-def recorded_trust(manifest: dict) -> bool:
-    """Whether the stage that made a dataset was given --trust-remote-code (gen, extract)."""
-    return bool((manifest.get("provenance") or {}).get("trust_remote_code"))

@@ -56,7 +56,8 @@ ApiKey = Annotated[str | None, typer.Option(
     show_envvar=True)]
 TrustRemoteCode = Annotated[bool, typer.Option(
     "--trust-remote-code", help="Run the Python code a model or tokenizer directory ships "
-    "(auto_map in its config); gen and extract record it, so later stages need it no more.")]
+    "(auto_map in its config). Only this flag allows it: what a dataset or run records "
+    "never does.")]
 
 
 def _given(**options: Any) -> dict[str, Any]:
@@ -201,7 +202,7 @@ def validate(
     report = _run(stage.run, lambda: stage.ValidateConfig(
         path, tokenizer=tokenizer, chat_template=chat_template, think_start=think_start,
         think_end=think_end, only=names(only), skip=names(skip), write_clean=write_clean,
-        trust_remote_code=trust_remote_code or None,
+        trust_remote_code=trust_remote_code,
         output=_output(json, quiet, no_progress, log_every),
         **_given(max_truncation=max_truncation, min_reasoning=min_reasoning)))
     raise typer.Exit(report.exit_code)
@@ -497,7 +498,7 @@ def extract(
 
     _run(stage.run, lambda: stage.ExtractConfig(
         tokens, out, target=target, layers=layers, tokenizer=tokenizer, server=server,
-        model=model, device_map=device_map, trust_remote_code=trust_remote_code or None,
+        model=model, device_map=device_map, trust_remote_code=trust_remote_code,
         ignore_disk_check=ignore_disk_check, dry_run=dry_run,
         write=_write(stage.ExtractConfig, resume, overwrite, force, commit_every,
                      commit_interval),
@@ -624,7 +625,7 @@ def train(
             paths, target=target, online=online, layers=layers, servers=list(server or []),
             model=model, init_from=init_from,
             fsdp=fsdp, write=_write(stage.TrainConfig, resume, overwrite, force),
-            trust_remote_code=trust_remote_code or None,
+            trust_remote_code=trust_remote_code,
             output=_output(json, quiet, no_progress, log_every),
             **_given(draft_vocab=draft_vocab, variant=variant,
                      norm_before_residual=norm_before_residual, norm_before_fc=norm_before_fc,
@@ -678,7 +679,7 @@ def export(
 
     _run(stage.run, lambda: stage.ExportConfig(
         run_dir, out, verifier=verifier, target=target, with_embedding=with_embedding,
-        layers=layers, overwrite=overwrite, trust_remote_code=trust_remote_code or None,
+        layers=layers, overwrite=overwrite, trust_remote_code=trust_remote_code,
         output=_output(json, quiet, no_progress, log_every),
         **_given(format=format, num_speculative_tokens=num_speculative_tokens, dtype=dtype)))
 

@@ -53,8 +53,9 @@ class ExportConfig:
     """vLLM export: add a bit-exact copy of the target's input embedding."""
     layers: list[int] | str | None = None
     """Boundary aux layer ids for a source checkpoint that records none."""
-    trust_remote_code: bool | None = None
-    """Run code the target directory ships (auto_map); None: as train was told (run.json)."""
+    trust_remote_code: bool = False
+    """Run code the target directory ships (auto_map); only ever from the flag, never from
+    run.json."""
     overwrite: bool = False
     """Replace a non-empty OUT."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
@@ -155,11 +156,8 @@ def load_source(cfg: ExportConfig) -> Source:
     info = inspect(checkpoint)
     identity = _identity(run, info)
     target_dir = cfg.target or _existing_dir(identity.get("path"))
-    trust = cfg.trust_remote_code
-    if trust is None:  # as train was told (run.json), for the target it trained against
-        trust = bool(run.get("trust_remote_code"))
     target_raw = _checked_target(target_dir, identity, explicit=cfg.target is not None,
-                                 trust_remote_code=trust)
+                                 trust_remote_code=cfg.trust_remote_code)
     if target_raw is not None and info.target_layers is None:
         info.target_layers = target_raw.get("num_hidden_layers")
     _settle_layer_ids(cfg, info, run)

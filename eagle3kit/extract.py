@@ -86,9 +86,9 @@ class ExtractConfig:
     """Tokens per forward pass, padding included; a longer sample runs alone."""
     codec: str = "raw"
     """raw (bf16), fp8 (e4m3, a scale per token and state) or zstd (bf16 byte planes)."""
-    trust_remote_code: bool | None = None
-    """Run code the target directory ships (auto_map); None: as gen was told (the token
-    dataset records it), else no."""
+    trust_remote_code: bool = False
+    """Run code the target directory or the dataset's stored tokenizer ships (auto_map);
+    only ever from the flag, never from what the token dataset records."""
     ignore_disk_check: bool = False
     """Start even when the free disk is short of the estimate."""
     dry_run: bool = False
@@ -360,8 +360,6 @@ def run(cfg: ExtractConfig) -> ExtractResult:
 def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
     tokens = Dataset(cfg.tokens)
     _ui.warn_all(tokens.warnings)
-    if cfg.trust_remote_code is None:  # as gen was told, for the same model's code
-        cfg.trust_remote_code = _hf.recorded_trust(tokens.manifest)
     target = TargetInfo.load(Path(str(cfg.target)), cfg.trust_remote_code)
     layers = resolve_layer_ids(cfg.layers, target.num_layers)  # type: ignore[arg-type]
     items, top_id = scan(tokens)

@@ -159,9 +159,9 @@ class TrainConfig:
     of a whole copy per rank (DDP)."""
     keep: int = 2
     """How many checkpoints to keep."""
-    trust_remote_code: bool | None = None
-    """Run code the target directory ships (auto_map); None: as the datasets' makers were
-    told (gen and extract record --trust-remote-code), else no."""
+    trust_remote_code: bool = False
+    """Run code the target directory ships (auto_map); only ever from the flag, never from
+    what a dataset records."""
     write: WriteOptions = field(default_factory=WriteOptions)
     """--resume/--overwrite/--force: whether a run continues (auto), must (resume) or starts
     afresh, and whether one started with other settings may (force)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
@@ -17,9 +16,6 @@ import xxhash
 from eagle3kit import _ui
 from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, DatasetError, read_marker
-
-if TYPE_CHECKING:
-    from eagle3kit.train.config import TrainConfig
 
 SPLIT_SALT = "eagle3kit-eval-split"
 """Mixed into the sample-id hash, so the split does not correlate with other id-hash uses
@@ -54,18 +50,6 @@ class Source:
                 "samples": len(self.ids), "tokens": int(self.lengths.sum()),
                 "manifest_xxh3": self.dataset.manifest_xxh3,
                 "manifest": self.dataset.header()}
-
-
-def trust_remote_code(cfg: TrainConfig) -> bool:
-    """--trust-remote-code as given, or, without it, whether a dataset's maker was given it
-    (gen and extract record it): the same target needs the same consent at every stage."""
-    from eagle3kit._hf import recorded_trust
-    from eagle3kit.format import own_manifest
-
-    if cfg.trust_remote_code is not None:
-        return cfg.trust_remote_code
-    # A path that is not a dataset has no manifest here: open_source says so, by name.
-    return any(recorded_trust(own_manifest(spec.path) or {}) for spec in cfg.data)
 
 
 def open_source(path: Path, weight: float, online: bool) -> Source:

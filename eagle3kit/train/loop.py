@@ -181,7 +181,7 @@ class Trainer:
     # The whole run ------------------------------------------------------------------------
     def run(self) -> TrainResult:
         cfg = self.cfg
-        self.trust_remote_code = tdata.trust_remote_code(cfg)
+        self.trust_remote_code = cfg.trust_remote_code  # the flag only, never a dataset's record
         target = TargetInfo.load(cfg.target, self.trust_remote_code)
         self.target_cfg = target.config
         self.target_id = {**location(cfg.target), **target.identity}

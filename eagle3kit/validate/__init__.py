@@ -27,7 +27,16 @@ __all__ = ["CHECKS", "CheckResult", "ValidateConfig", "ValidateReport", "run", "
 
 
 def load_profile(cfg: ValidateConfig, ds: Dataset) -> Profile:
-    renderer = _load_renderer(cfg, ds)
+    try:
+        renderer = _load_renderer(cfg, ds)
+    except _hf.CustomCodeRefused as exc:
+        if cfg.tokenizer is not None:  # the user named it: their mistake, said by its flag
+            raise
+        # The dataset's own copy, maybe from elsewhere: its code is not run, the checks that
+        # read the data alone still are.
+        why = str(_hf.custom_code_error("", exc.path))
+        _ui.warn(f"{why}; the checks that need the tokenizer are skipped")
+        return Profile(why_none=why)
     if renderer is None:
         return Profile(why_none="no tokenizer stored in the dataset; pass --tokenizer")
     think = (cfg.think_start, cfg.think_end) if cfg.think_start is not None else None
@@ -46,12 +55,10 @@ def _load_renderer(cfg: ValidateConfig, ds: Dataset) -> Renderer | None:
         name = ds.manifest.get("provenance", {}).get("chat_template_file")
         if name and (stored / Path(name).name).is_file():
             template = stored / Path(name).name
-    trust = cfg.trust_remote_code
-    if trust is None:  # the dataset's own tokenizer: gen's consent to its code goes with it
-        trust = cfg.tokenizer is None and _hf.recorded_trust(ds.manifest)
     return load_renderer(Path(tok_dir), chat_template=template,
                          chat_template_kwargs=recorded.get("chat_template_kwargs") or None,
-                         system=recorded.get("system"), trust_remote_code=trust)
+                         system=recorded.get("system"),
+                         trust_remote_code=cfg.trust_remote_code)
 
 
 def _damaged_report(cfg: ValidateConfig, ds: Dataset, problems: list[str]) -> ValidateReport:

@@ -32,9 +32,9 @@ class ValidateConfig:
     """Leave out these checks."""
     write_clean: Path | None = None
     """Write a new dataset without the samples any check flagged."""
-    trust_remote_code: bool | None = None
-    """Run code the tokenizer ships (auto_map); None: as gen was told (the dataset records
-    it) for the stored tokenizer, else no."""
+    trust_remote_code: bool = False
+    """Run code the tokenizer ships (auto_map); only ever from the flag. Without it, a stored
+    tokenizer that needs its code is not loaded and the checks needing it are skipped."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
 
     def __post_init__(self) -> None:
