@@ -3,10 +3,16 @@
 Human output goes to stderr and machine output (``--json``) to stdout, so piping a command's
 JSON never picks up progress or warnings. This is the only module that imports rich, and it does
 so inside functions: importing it must stay free for commands that never draw anything.
+
+Text from data (partition names, finish reasons, ids, server answers, paths) reaches the
+terminal only through `printable`: a control character in it (ESC starting a sequence that
+clears the screen or erases the line above, a carriage return, a backspace) is written as
+visible text instead. Every function here that prints applies it, so no caller can forget.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -25,6 +31,32 @@ _ALWAYS_SHOWN = ("errors",)
 # While a live display runs, everything drawn must go through its console: rich lets a second
 # console write straight to the terminal, through the bar, instead of above it.
 _live_console: Console | None = None
+
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""C0 and C1 control characters and DEL: what a terminal acts on rather than shows."""
+_C1 = re.compile(r"[\x7f-\x9f]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    return _NAMED.get(char) or f"\\x{ord(char):02x}"
+
+
+def control_in(text: str) -> str | None:
+    """The first control character of `text`, escaped ('\\x1b'); None when it has none."""
+    match = _CONTROLS.search(text)
+    return None if match is None else _escaped(match)
+
+
+def printable(text: object, one_line: bool = True) -> str:
+    """`text` with each control character written as visible text ('\\x1b', '\\r'), so a
+    string from a dataset or a server cannot move the cursor, clear the screen or hide a
+    line. A message (`one_line=False`) keeps its own line breaks and tabs."""
+    text = str(text)
+    if one_line:
+        return _CONTROLS.sub(_escaped, text)
+    return _CONTROLS.sub(lambda m: m.group() if m.group() in "\n\t" else _escaped(m), text)
 
 
 def is_terminal() -> bool:
@@ -52,6 +84,7 @@ def _console() -> Console:
 
 
 def _tagged(tag: str, style: str, msg: str) -> None:
+    msg = printable(msg, one_line=False)
     if not is_terminal():  # logs get the bare line: no rich, no wrapping, no escape codes
         print(f"{tag}: {msg}", file=sys.stderr, flush=True)
         return
@@ -68,7 +101,7 @@ def _set_live_console(console: Console | None) -> None:
 def info(msg: str, opts: OutputOptions | None = None) -> None:
     """A line for the person watching; dropped under --quiet."""
     if not _quiet(opts):
-        print(msg, file=sys.stderr, flush=True)
+        print(printable(msg, one_line=False), file=sys.stderr, flush=True)
 
 
 def warn(msg: str) -> None:
@@ -92,8 +125,10 @@ def print_json(obj: object) -> None:
     import orjson
 
     flags = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
-    data = orjson.dumps(obj, option=flags | orjson.OPT_APPEND_NEWLINE, default=str)
-    sys.stdout.write(data.decode())
+    data = orjson.dumps(obj, option=flags | orjson.OPT_APPEND_NEWLINE, default=str).decode()
+    # orjson escapes C0 controls but, as JSON allows, writes DEL and C1 (CSI, 0x9b) raw: a
+    # terminal showing the JSON would act on them. Escaped, the parsed strings are the same.
+    sys.stdout.write(_C1.sub(lambda m: f"\\u{ord(m.group()):04x}", data))
     sys.stdout.flush()
 
 
@@ -102,7 +137,7 @@ def _cell(value: object) -> str:
         return "–"
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    return printable(value)
 
 
 def table(
@@ -117,11 +152,11 @@ def table(
         return
     from rich.table import Table
 
-    grid = Table(title=title, title_justify="left")
+    grid = Table(title=printable(title), title_justify="left")
     for i, name in enumerate(columns):
         values = [r[i] for r in rows if r[i] is not None]
         numeric = bool(values) and all(isinstance(v, int | float) for v in values)
-        grid.add_column(name, justify="right" if numeric else "left",
+        grid.add_column(printable(name), justify="right" if numeric else "left",
                         overflow="fold" if fold else "ellipsis")
     for row in rows:
         grid.add_row(*(_cell(v) for v in row))
@@ -135,6 +170,7 @@ def checklist(items: list[tuple[bool | None, str, str]], opts: OutputOptions | N
     from rich.text import Text
 
     console = _console()
+    items = [(ok, printable(name), printable(detail)) for ok, name, detail in items]
     num_width = len(str(len(items)))
     name_width = max(len(name) for _, name, _ in items)
     for i, (ok, name, detail) in enumerate(items, 1):
@@ -153,7 +189,8 @@ def kv(title: str, pairs: list[tuple[str, object]], opts: OutputOptions | None =
     from rich.text import Text
 
     console = _console()
-    console.print(Text(title, style="bold"), soft_wrap=True)
+    console.print(Text(printable(title), style="bold"), soft_wrap=True)
+    pairs = [(printable(key), value) for key, value in pairs]
     key_width = max((len(k) for k, _ in pairs), default=0)
     for key, value in pairs:
         console.print(Text(f"  {key:<{key_width}}  {_cell(value)}"), soft_wrap=True)
@@ -249,8 +286,8 @@ def _figures(tally: _Tally, elapsed: float) -> Figures:
 
 def _row_name(key: str) -> tuple[str, str]:
     """'server:http://a:30000' -> ('server', 'http://a:30000'); rows group by the prefix."""
-    group, sep, name = key.partition(":")
-    return (group, name) if sep else ("", key)
+    group, sep, name = printable(key).partition(":")
+    return (group, name) if sep else ("", group)
 
 
 def _live_cells(f: Figures, unit: str) -> dict[str, str | None]:
@@ -337,7 +374,7 @@ class Progress:
         clock: Callable[[], float] = time.monotonic,
         initial: int = 0,
     ) -> None:
-        self.label, self.opts, self.unit = label, opts, unit
+        self.label, self.opts, self.unit = printable(label), opts, printable(unit)
         self.mode = "off"  # "live", "plain" or "off"; chosen on __enter__
         self._clock = clock
         self._all = _Tally(total=total, initial=initial, done=initial)

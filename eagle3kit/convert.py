@@ -179,6 +179,16 @@ def _default(value: str | None, default: str) -> str:
     return default if value is None else value
 
 
+def _refuse_controls(record: dict) -> None:
+    """Names shown on a terminal later (info, validate) hold no control character: ESC and
+    its kin would clear the screen or hide a line of the report there."""
+    for key in ("sample_id", "finish_reason", "partition"):
+        value = record.get(key)
+        found = _ui.control_in(value) if isinstance(value, str) else None
+        if found is not None:
+            raise ValueError(f"{key} holds a control character ({found})")
+
+
 def record_to_sample(record: object) -> TokenSample:
     """A sample from one parsed JSONL record; ValueError names what is wrong."""
     if not isinstance(record, dict):
@@ -196,6 +206,7 @@ def record_to_sample(record: object) -> TokenSample:
                       ("source", dict), ("server", dict), ("counts", dict)):
         if key in record and record[key] is not None and not isinstance(record[key], kind):
             raise ValueError(f"{key} must be a {'string' if kind is str else 'JSON object'}")
+    _refuse_controls(record)
     latency = record.get("latency")
     if latency is not None and not isinstance(latency, int | float):
         raise ValueError("latency must be a number of seconds")

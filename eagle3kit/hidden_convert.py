@@ -528,6 +528,7 @@ def import_hidden(cfg: ConvertConfig) -> ConvertResult:
                 if not np.isin(mask, (0, 1)).all():
                     raise BadFile(f"{item.path}: loss_mask holds values other than 0 and 1")
                 meta = known.get(item.index, {})
+                _refuse_controls(cfg.src / SIDECAR, item.index, meta)
                 default_id = f"{'hs' if tool == 'speculators' else 'data'}_{item.index}"
                 sample = HiddenSample(
                     sample_id=meta.get("sample_id") or default_id, input_ids=ids,
@@ -580,6 +581,16 @@ def _first_readable(items: list[_Item], read: Any, skip_bad: bool) -> Any:
             if not skip_bad:
                 raise UserError(f"{exc} (use --skip-bad-lines to skip such files)") from None
     raise UserError(f"{items[0].path.parent}: none of the files is usable")
+
+
+def _refuse_controls(sidecar: Path, index: int, meta: dict) -> None:
+    """An id or partition name holds no control character: shown on a terminal later, ESC
+    and its kin would clear the screen or hide a line of the report there."""
+    for key in ("sample_id", "partition"):
+        found = _ui.control_in(meta[key]) if isinstance(meta.get(key), str) else None
+        if found is not None:
+            raise BadFile(f"{sidecar}: samples[{index}]: {key} holds a control character "
+                          f"({found})")
 
 
 def _sidecar_samples(sidecar: dict | None) -> list[dict]:
