@@ -5,10 +5,12 @@ from __future__ import annotations
 import bisect
 import os
 import stat
+import sys
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -393,8 +395,12 @@ class Dataset:
         self.shards: list[dict] = self.manifest["shards"]
         self.marker_missing = not dataset_dir.has_marker(self.path)
         """Read by its manifest alone: the marker is gone (the next writer restores it)."""
-        counts = [s["samples"] for s in self.shards]
-        self._starts: list[int] = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
+        # Python ints: a manifest from elsewhere may claim counts whose sum overflows int64.
+        self._starts: list[int] = list(accumulate((s["samples"] for s in self.shards),
+                                                  initial=0))
+        if self._starts[-1] > sys.maxsize:
+            raise DatasetError(f"{self.path / MANIFEST}: manifest damaged (its shards claim "
+                               f"{self._starts[-1]:,} samples)")
         self._verified: set[int] = set()
         self._verify = verify_shards
         self._open: OrderedDict[int, TokenShard] = OrderedDict()
