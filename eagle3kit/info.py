@@ -65,7 +65,7 @@ def describe(cfg: InfoConfig) -> InfoReport:
     ds = Dataset(cfg.path, kind=None, verify_shards=False, warn_stray=False)
     partitions = ds.partition_stats()
     manifest = ds.manifest
-    problems = ds.verify() if cfg.verify else ds.check_files()
+    problems = ds.verify() + ds.duplicate_ids() if cfg.verify else ds.check_files()
     temps, orphans = ds.stray_files()
     warnings = [ds.marker_warning()] if ds.marker_missing else []
     warnings += [f"{p}: temp file left by an interrupted run (ignored; the next writer removes "

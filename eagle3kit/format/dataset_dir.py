@@ -198,6 +198,11 @@ def _check_entry(entry: object, at: str) -> str | None:
             return f"{at}.{key} is {entry.get(key)!r}, not a count"
     if not isinstance(entry.get("xxh3"), str):
         return f"{at}.xxh3 is {entry.get('xxh3')!r}, not a checksum"
+    # Every sample costs a shard at least its 8-byte offset, every token its 4-byte id: counts
+    # past that are no shard's, and would size what readers allocate.
+    for key, least in (("samples", 8), ("tokens", 4)):
+        if entry[key] * least > entry["bytes"]:
+            return f"{at}.{key} is {entry[key]}, more than its {entry['bytes']} bytes can hold"
     for key, ok in (("rank", _is_count), ("committed", _is_number)):
         if key in entry and not ok(entry[key]):
             return f"{at}.{key} is {entry[key]!r}"

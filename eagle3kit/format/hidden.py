@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import zstandard
 
 from eagle3kit.format._ints import to_int32
@@ -26,19 +25,34 @@ from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import COMMIT_LOCK, MANIFEST
 from eagle3kit.format.reader import (
     Dataset,
+    ascending_from_zero,
     check_counts,
-    check_token_count,
+    check_samples,
+    check_unique,
     own_counts,
     read_committed_ids,
+    read_ids,
+    read_partition_names,
+    shard_damaged,
 )
 from eagle3kit.format.sample import check_sample_id
-from eagle3kit.format.shard import ShardFile
+from eagle3kit.format.shard import ShardFile, unzstd
 from eagle3kit.format.writer import DatasetWriter, OpenMode, partition_stats
 
 CODECS = ("raw", "fp8", "zstd")
 LAST_STATES = ("pre_norm", "post_norm")
 TOKEN_OVERHEAD = 5
 """Stored bytes per token besides its states: the token id (int32) and its loss-mask byte."""
+_STATE_DTYPES: dict[str, dict[str, str]] = {
+    "raw": {"aux": "BF16", "last": "BF16"},
+    "fp8": {"aux": "F8_E4M3", "last": "F8_E4M3", "aux_scale": "F32", "last_scale": "F32"},
+    "zstd": {"states_zst": "U8", "states_zst_offsets": "I64"},
+}
+"""Each codec's state arrays and their safetensors dtypes."""
+MAX_HIDDEN_SIZE = 1 << 16
+MAX_AUX = 64
+"""Far past any model's: a manifest from elsewhere beyond them is damaged, since a sample's
+states (and the buffer a compressed frame decodes into) are sized by them."""
 FP8_MAX = 448.0  # the largest finite float8 e4m3fn value
 ZSTD_LEVEL = 3
 ZSTD_TYPICAL_RATIO = 0.75
@@ -339,9 +353,10 @@ def check_layout(layout: object, where: Path) -> dict:
     if not isinstance(layout, dict):
         raise bad("missing")
     ids, h = layout.get("layer_ids"), layout.get("hidden_size")
-    if not (isinstance(ids, list) and ids and all(type(i) is int and i >= 0 for i in ids)):
+    if not (isinstance(ids, list) and 0 < len(ids) <= MAX_AUX
+            and all(type(i) is int and i >= 0 for i in ids)):
         raise bad(f"layer_ids {ids!r}")
-    if not (type(h) is int and h > 0):
+    if not (type(h) is int and 0 < h <= MAX_HIDDEN_SIZE):
         raise bad(f"hidden_size {h!r}")
     if layout.get("last_state") not in LAST_STATES:
         raise bad(f"last_state {layout.get('last_state')!r}")
@@ -351,9 +366,13 @@ def check_layout(layout: object, where: Path) -> dict:
 
 
 class HiddenShard:
-    """One hidden shard's arrays, as zero-copy views of the mapped file."""
+    """One hidden shard's arrays, as zero-copy views of the mapped file.
 
-    def __init__(self, path: Path, entry: dict, verify: bool) -> None:
+    `layout` is the manifest's checked `hidden` section: the shard's hidden size and number
+    of auxiliary states must be its, so a frame's exact size never comes from the shard
+    alone."""
+
+    def __init__(self, path: Path, entry: dict, verify: bool, layout: dict) -> None:
         self.file = ShardFile(path)
         if verify:
             self.file.verify(entry["xxh3"])
@@ -361,20 +380,28 @@ class HiddenShard:
         try:
             self.codec = meta["codec"]
             self.hidden_size, self.n_aux = int(meta["hidden_size"]), int(meta["n_aux"])
-            self.partition_names: list[str] = orjson.loads(meta["partitions"])
-            self.tokens = self.file.array("tokens")
-            self.mask = self.file.array("loss_mask")
-            self.offsets = self.file.array("offsets")
-            self.prompt_lens = self.file.array("prompt_lens")
-            self.partition_index = self.file.array("partition_index")
-            self.states = {n: self.file.array(n) for n in self._state_names()}
+            names = self._state_names()
         except (KeyError, ValueError):
             raise DatasetError(f"{path}: shard damaged (hidden-state arrays or metadata "
                                "missing)") from None
+        if (self.hidden_size, self.n_aux) != (layout["hidden_size"], len(layout["layer_ids"])):
+            raise shard_damaged(path, f"hidden size {self.hidden_size} and {self.n_aux} "
+                                "auxiliary states, the manifest's layout says "
+                                f"{layout['hidden_size']} and {len(layout['layer_ids'])}")
+        f = self.file
+        self.partition_names = read_partition_names(f)
+        self.tokens = f.array("tokens", "I32", 1)
+        self.mask = f.array("loss_mask", "U8", 1)
+        self.offsets = f.array("offsets", "I64", 1)
+        self.prompt_lens = f.array("prompt_lens", "I32", 1)
+        self.partition_index = f.array("partition_index", "I32", 1)
+        self.states = {n: f.array(n, _STATE_DTYPES[self.codec][n]) for n in names}
         self._check(entry)
-        check_token_count(path, entry, self.offsets, len(self.tokens))
+        check_samples(f, entry, self.offsets, self.prompt_lens, self.partition_index,
+                      self.partition_names, len(self.tokens))
         self.starts: list[int] = self.offsets.tolist()
         if verify:
+            check_unique(path, self.ids)
             upto = np.concatenate([[0], np.cumsum(self.mask, dtype=np.int64)])
             loss = upto[self.offsets[1:]] - upto[self.offsets[:-1]]
             check_counts(path, entry, own_counts(self.offsets, self.prompt_lens, loss,
@@ -382,8 +409,7 @@ class HiddenShard:
                                                  None))
 
     def _state_names(self) -> tuple[str, ...]:
-        return {"raw": ("aux", "last"), "fp8": ("aux", "last", "aux_scale", "last_scale"),
-                "zstd": ("states_zst", "states_zst_offsets")}[self.codec]
+        return tuple(_STATE_DTYPES[self.codec])
 
     def _check(self, entry: dict) -> None:
         n, t, h = entry["samples"], len(self.tokens), self.hidden_size
@@ -394,6 +420,10 @@ class HiddenShard:
                 or (n and self.offsets[-1] != t) or wrong):
             raise DatasetError(f"{self.file.path}: shard damaged (array sizes disagree with "
                                f"each other or with the manifest's {n} samples)")
+        frames = self.states.get("states_zst_offsets")
+        if frames is not None and not ascending_from_zero(frames, len(self.states["states_zst"])):
+            raise shard_damaged(self.file.path, "compressed state offsets do not cover "
+                                f"its {len(self.states['states_zst'])} bytes of frames")
 
     @cached_property
     def plens(self) -> list[int]:
@@ -404,8 +434,7 @@ class HiddenShard:
 
     @cached_property
     def ids(self) -> list[str]:
-        raw = self.file.array("sample_ids").tobytes().decode()
-        return raw.split("\n") if raw else []
+        return read_ids(self.file, len(self.prompt_lens))
 
     def _decode(self, i: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         s, h = self.states, self.hidden_size
@@ -417,10 +446,12 @@ class HiddenShard:
             return (aux.reshape(end - start, -1),
                     from_fp8(s["last"][start:end], s["last_scale"][start:end]))
         lo, hi = s["states_zst_offsets"][i], s["states_zst_offsets"][i + 1]
+        values = (end - start) * (self.n_aux + 1) * h
         try:
-            data = zstandard.ZstdDecompressor().decompress(s["states_zst"][lo:hi].tobytes())
-            both = from_bf16(_unplanes(data, (end - start) * (self.n_aux + 1) * h))
-        except (zstandard.ZstdError, ValueError):
+            # Bounded by the sample's exact size: a frame can never allocate more.
+            data = unzstd(s["states_zst"][lo:hi].tobytes(), 2 * values)
+            both = from_bf16(_unplanes(data, values))
+        except ValueError:
             raise DatasetError(f"{self.file.path}: shard damaged (sample {i}'s compressed "
                                "states do not decode)") from None
         both = both.reshape(end - start, -1)

@@ -5,23 +5,24 @@ from __future__ import annotations
 import bisect
 import os
 import stat
+import sys
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 import xxhash
-import zstandard
 
 from eagle3kit.format import dataset_dir
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import MANIFEST, MARKER, SHARD_DIR, TOKENIZER_DIR
 from eagle3kit.format.sample import TokenSample
-from eagle3kit.format.shard import ShardFile
+from eagle3kit.format.shard import FrameError, ShardFile, meta_bound, unzstd
 
 # Random access over a big dataset touches every shard; reopening one costs a checksum pass,
 # so keep many mapped (well under Linux's 65,530 mappings per process).
@@ -29,50 +30,67 @@ _OPEN_SHARDS = 1024
 
 
 class TokenShard:
-    """One token shard's arrays, as zero-copy views of the mapped file."""
+    """One token shard's arrays, as zero-copy views of the mapped file.
+
+    Opening one checks that its arrays agree with each other and with its manifest entry
+    (cheap passes over the per-sample arrays); with `verify`, also its checksums, its ids,
+    its metadata and its counts. A shard from elsewhere can hold anything its checksums
+    were recomputed over: every disagreement is a DatasetError naming the shard."""
 
     def __init__(self, path: Path, entry: dict, verify: bool) -> None:
         self.file = ShardFile(path)
         if verify:
             self.file.verify(entry["xxh3"])
-        try:
-            self.tokens = self.file.array("tokens")
-            self.offsets = self.file.array("offsets")
-            self.prompt_lens = self.file.array("prompt_lens")
-            self.loss_spans = self.file.array("loss_spans")
-            self.loss_span_offsets = self.file.array("loss_span_offsets")
-            self.partition_index = self.file.array("partition_index")
-            self.partition_names: list[str] = orjson.loads(self.file.metadata["partitions"])
-        except (KeyError, orjson.JSONDecodeError):
-            raise DatasetError(f"{path}: shard damaged (token arrays or metadata missing)"
-                               ) from None
-        if len(self.prompt_lens) != entry["samples"] or len(self.offsets) != entry["samples"] + 1:
-            raise DatasetError(f"{path}: shard holds {len(self.prompt_lens)} samples, "
-                               f"the manifest says {entry['samples']}")
-        check_token_count(path, entry, self.offsets, len(self.tokens))
+        f = self.file
+        self.tokens = f.array("tokens", "I32", 1)
+        self.offsets = f.array("offsets", "I64", 1)
+        self.prompt_lens = f.array("prompt_lens", "I32", 1)
+        self.loss_spans = f.array("loss_spans", "I32", 2)
+        self.loss_span_offsets = f.array("loss_span_offsets", "I64", 1)
+        self.partition_index = f.array("partition_index", "I32", 1)
+        self.partition_names = read_partition_names(f)
+        check_samples(f, entry, self.offsets, self.prompt_lens, self.partition_index,
+                      self.partition_names, len(self.tokens))
+        check_spans(f, self.offsets, self.loss_spans, self.loss_span_offsets)
         # Per-sample lookups read Python ints: indexing numpy arrays one element at a time
         # makes a numpy scalar each time, several times slower.
         self.starts: list[int] = self.offsets.tolist()
         self.plens: list[int] = self.prompt_lens.tolist()
         self.span_starts: list[int] = self.loss_span_offsets.tolist()
         if verify:
+            if len(self.tokens) and int(self.tokens.min()) < 0:
+                raise shard_damaged(path, "negative token ids")
+            check_unique(path, self.ids)
             spans = np.asarray(self.loss_spans, np.int64).reshape(-1, 2)
             owner = np.repeat(np.arange(entry["samples"]), np.diff(self.loss_span_offsets))
             loss = np.bincount(owner, weights=spans[:, 1] - spans[:, 0],
                                minlength=entry["samples"])
             check_counts(path, entry, own_counts(
                 self.offsets, self.prompt_lens, loss, self.partition_index,
-                self.partition_names, [m.get("finish_reason") for m in self.meta]))
+                self.partition_names, [m["finish_reason"] for m in self.meta]))
 
     @cached_property
     def ids(self) -> list[str]:
-        raw = self.file.array("sample_ids").tobytes().decode()
-        return raw.split("\n") if raw else []
+        return read_ids(self.file, len(self.plens))
 
     @cached_property
     def meta(self) -> list[dict]:
-        blob = self.file.array("meta_zst").tobytes()
-        return orjson.loads(zstandard.ZstdDecompressor().decompress(blob))
+        n = len(self.plens)
+        blob = self.file.array("meta_zst", "U8", 1).tobytes()
+        bound = meta_bound(n, len(self.tokens))
+        try:
+            meta = orjson.loads(unzstd(blob, bound))
+        except FrameError as exc:
+            raise shard_damaged(self.file.path, f"metadata frame {exc}") from None
+        except orjson.JSONDecodeError:
+            raise shard_damaged(self.file.path, "metadata is not JSON") from None
+        if not isinstance(meta, list) or len(meta) != n:
+            raise shard_damaged(self.file.path, f"metadata is not a list of {n} objects")
+        for i, m in enumerate(meta):
+            why = meta_problem(m)
+            if why:
+                raise shard_damaged(self.file.path, f"sample {i}'s metadata {why}")
+        return meta
 
     def spans(self, i: int) -> list[list[int]]:
         return self.loss_spans[self.span_starts[i] : self.span_starts[i + 1]].tolist()
@@ -105,10 +123,104 @@ class TokenShard:
         )
 
 
+def shard_damaged(path: Path, why: str) -> DatasetError:
+    return DatasetError(f"{path}: shard damaged ({why})")
+
+
+_META_TYPES: dict[str, tuple[type, ...]] = {
+    "source": (dict,), "server": (dict,), "counts": (dict,), "metadata": (dict,),
+    "latency": (int, float)}
+
+
+def meta_problem(meta: object) -> str | None:
+    """What is wrong with one sample's metadata object, as readers use it; None if nothing."""
+    if not isinstance(meta, dict):
+        return "is not an object"
+    if not isinstance(meta.get("finish_reason"), str):
+        return "has no finish_reason string"
+    for key, kinds in _META_TYPES.items():
+        value = meta.get(key)
+        if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
+            return f"has a {key} that is {type(value).__name__}"
+    return None
+
+
+def read_partition_names(f: ShardFile) -> list[str]:
+    try:
+        names = orjson.loads(f.metadata["partitions"])
+    except KeyError:
+        raise shard_damaged(f.path, "partitions missing from the header") from None
+    except orjson.JSONDecodeError:
+        raise shard_damaged(f.path, "partitions in the header are not JSON") from None
+    if not (isinstance(names, list) and all(isinstance(p, str) for p in names)
+            and len(set(names)) == len(names)):
+        raise shard_damaged(f.path, "partitions in the header are not a list of names")
+    return names
+
+
+def read_ids(f: ShardFile, n: int) -> list[str]:
+    """The shard's `n` sample ids, once they are known to be `n` non-empty UTF-8 strings."""
+    try:
+        raw = f.array("sample_ids", "U8", 1).tobytes().decode()
+    except UnicodeDecodeError:
+        raise shard_damaged(f.path, "sample ids are not UTF-8") from None
+    ids = raw.split("\n") if raw else []
+    if len(ids) != n:
+        raise shard_damaged(f.path, f"holds {len(ids)} sample ids for {n} samples")
+    if not all(ids):
+        raise shard_damaged(f.path, "an empty sample id")
+    return ids
+
+
+def check_unique(path: Path, ids: list[str]) -> None:
+    seen: set[str] = set()
+    for sample_id in ids:
+        if sample_id in seen:
+            raise shard_damaged(path, f"sample id {sample_id!r} appears twice")
+        seen.add(sample_id)
+
+
+def ascending_from_zero(a: np.ndarray, end: int) -> bool:
+    return bool(len(a) and a[0] == 0 and a[-1] == end and not (np.diff(a) < 0).any())
+
+
+def check_samples(f: ShardFile, entry: dict, offsets: np.ndarray, prompt_lens: np.ndarray,
+                  partition_index: np.ndarray, names: list[str], n_tokens: int) -> None:
+    """The per-sample arrays every shard has agree with each other and with the manifest's
+    sample count: what every later index into them relies on."""
+    n = entry["samples"]
+    if len(prompt_lens) != n or len(offsets) != n + 1:
+        raise DatasetError(f"{f.path}: shard holds {len(prompt_lens)} samples, "
+                           f"the manifest says {n}")
+    if len(partition_index) != n:
+        raise shard_damaged(f.path, f"{len(partition_index)} partition indices for {n} samples")
+    check_token_count(f.path, entry, offsets, n_tokens)
+    if n and ((prompt_lens < 0).any() or (prompt_lens > np.diff(offsets)).any()):
+        raise shard_damaged(f.path, "a prompt length is negative or longer than its sample")
+    if n and ((partition_index < 0).any() or (partition_index >= len(names)).any()):
+        raise shard_damaged(f.path, "a partition index points past the header's partitions")
+
+
+def check_spans(f: ShardFile, offsets: np.ndarray, spans: np.ndarray,
+                span_offsets: np.ndarray) -> None:
+    """Each sample's loss spans lie inside it: [start, end) with 0 <= start < end <= length."""
+    n = len(offsets) - 1
+    if spans.shape[1:] != (2,):
+        raise shard_damaged(f.path, f"loss spans have shape {list(spans.shape)}, not [k, 2]")
+    if len(span_offsets) != n + 1 or not ascending_from_zero(span_offsets, len(spans)):
+        raise shard_damaged(f.path, f"loss span offsets do not cover its {len(spans)} spans")
+    if not len(spans):
+        return
+    owner = np.repeat(np.arange(n), np.diff(span_offsets))
+    length = np.diff(offsets)[owner]
+    start, end = spans[:, 0], spans[:, 1]
+    if (start < 0).any() or (end <= start).any() or (end > length).any():
+        raise shard_damaged(f.path, "a loss span lies outside its sample")
+
+
 def check_token_count(path: Path, entry: dict, offsets: np.ndarray, n_tokens: int) -> None:
     """The shard's offsets end at its token count, which is the manifest's."""
-    if len(offsets) and (int(offsets[0]) != 0 or int(offsets[-1]) != n_tokens
-                         or (np.diff(offsets) < 0).any()):
+    if not ascending_from_zero(offsets, n_tokens):
         raise DatasetError(f"{path}: shard damaged (its offsets do not cover its "
                            f"{n_tokens} tokens)")
     if n_tokens != entry["tokens"]:
@@ -255,6 +367,10 @@ def read_committed_ids(path: Path, manifest: dict) -> set[str]:
     return ids
 
 
+def _id_hash(sample_id: str) -> int:
+    return xxhash.xxh3_64_intdigest(sample_id.encode())
+
+
 class Dataset:
     """A committed dataset, opened read-only.
 
@@ -279,8 +395,12 @@ class Dataset:
         self.shards: list[dict] = self.manifest["shards"]
         self.marker_missing = not dataset_dir.has_marker(self.path)
         """Read by its manifest alone: the marker is gone (the next writer restores it)."""
-        counts = [s["samples"] for s in self.shards]
-        self._starts: list[int] = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
+        # Python ints: a manifest from elsewhere may claim counts whose sum overflows int64.
+        self._starts: list[int] = list(accumulate((s["samples"] for s in self.shards),
+                                                  initial=0))
+        if self._starts[-1] > sys.maxsize:
+            raise DatasetError(f"{self.path / MANIFEST}: manifest damaged (its shards claim "
+                               f"{self._starts[-1]:,} samples)")
         self._verified: set[int] = set()
         self._verify = verify_shards
         self._open: OrderedDict[int, TokenShard] = OrderedDict()
@@ -361,9 +481,11 @@ class Dataset:
         """A token shard, or a hidden-state one for a dataset of that kind (e.g. for `info`)."""
         path = self.path / SHARD_DIR / entry["name"]
         if self.kind == "hidden":
-            from eagle3kit.format.hidden import HiddenShard  # hidden.py builds on this module
+            # hidden.py builds on this module
+            from eagle3kit.format.hidden import HiddenShard, check_layout
 
-            return HiddenShard(path, entry, verify)
+            layout = check_layout(self.manifest.get("hidden"), self.path / MANIFEST)
+            return HiddenShard(path, entry, verify, layout)
         return TokenShard(path, entry, verify)
 
     def _shard(self, k: int) -> Any:
@@ -483,4 +605,42 @@ class Dataset:
                 self._load_shard(entry, verify=True)
             except DatasetError as exc:
                 problems.append(str(exc))
+        return problems
+
+    def _ids_of(self, k: int) -> list[str] | None:
+        try:
+            return self._load_shard(self.shards[k], verify=False).ids
+        except DatasetError:
+            return None  # a damaged shard: verify() names it
+
+    def duplicate_ids(self, shown: int = 3) -> list[str]:
+        """Sample ids committed in more than one shard, each named with both shards (a
+        shard's own duplicates are verify()'s). Ids are compared by 64-bit hashes, 8 bytes a
+        sample, and each match is confirmed on the ids themselves."""
+        hashes, owners = [], []
+        for k in range(len(self.shards)):
+            ids = self._ids_of(k) or []
+            hashes.append(np.fromiter(map(_id_hash, ids), np.uint64, len(ids)))
+            owners.append(np.full(len(ids), k, np.int64))
+        if not hashes:
+            return []
+        h, o = np.concatenate(hashes), np.concatenate(owners)
+        order = np.argsort(h, kind="stable")
+        h, o = h[order], o[order]
+        problems: list[str] = []
+        found = 0
+        for j in np.flatnonzero((h[1:] == h[:-1]) & (o[1:] != o[:-1])).tolist():
+            a, b = int(o[j]), int(o[j + 1])
+            same = {i for i in self._ids_of(a) or [] if _id_hash(i) == h[j]}
+            same &= {i for i in self._ids_of(b) or [] if _id_hash(i) == h[j]}
+            if not same:
+                continue  # two ids with one hash: not a duplicate
+            found += 1
+            if found <= shown:
+                problems.append(f"{self.path / SHARD_DIR / self.shards[b]['name']}: sample id "
+                                f"{min(same)!r} is also in {self.shards[a]['name']} (its sample "
+                                "would be read twice)")
+        if found > shown:
+            problems.append(f"{self.path}: {found - shown:,} more sample ids are committed in "
+                            "two shards")
         return problems

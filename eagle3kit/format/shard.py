@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import xxhash
+import zstandard
 
 from eagle3kit._durable import open_new
 from eagle3kit.format._io import disk_error
@@ -40,6 +41,54 @@ _NAMES = {np.dtype("<i8"): "I64", np.dtype("<i4"): "I32", np.dtype("<i2"): "I16"
           np.dtype("u1"): "U8", np.dtype("<f4"): "F32", np.dtype("<f2"): "F16"}
 _HEADER_ALIGN = 8
 _HASH_CHUNK = 1 << 24
+_FRAME_CHUNK = 1 << 20
+
+META_PER_SAMPLE = 64 << 10
+META_PER_TOKEN = 64
+META_SLACK = 4 << 10
+"""A token shard's metadata frame decompresses to at most META_SLACK + META_PER_SAMPLE per
+sample + META_PER_TOKEN per token (docs/format.md): the writer refuses a sample past its
+share, and a reader stops decompressing at the bound, so a frame padded into a
+decompression bomb costs no more memory than the shard's own arrays allow."""
+
+
+def meta_bound(samples: int, tokens: int) -> int:
+    """The most bytes a token shard's metadata frame may decompress to."""
+    return META_SLACK + META_PER_SAMPLE * samples + META_PER_TOKEN * tokens
+
+
+class FrameError(ValueError):
+    """A zstd frame that does not decode, or decodes past its bound; says which."""
+
+
+def unzstd(data: bytes, limit: int) -> bytes:
+    """One zstd frame's content, never allocating more than `limit` bytes for it.
+
+    zstandard's own `max_output_size` is ignored when the frame header states a content
+    size (it allocates what the header says), so the stated size is checked first and a
+    frame without one is read in bounded pieces."""
+    try:
+        stated = zstandard.frame_content_size(data)
+    except zstandard.ZstdError:
+        raise FrameError("not a zstd frame") from None
+    if stated > limit:
+        raise FrameError(f"decompresses past its bound of {limit:,} bytes")
+    try:
+        if stated >= 0:
+            out = zstandard.ZstdDecompressor().decompress(data)
+            if len(out) != stated:
+                raise FrameError("holds other bytes than its header says")
+            return out
+        pieces, size = [], 0
+        with zstandard.ZstdDecompressor().stream_reader(data) as reader:
+            while piece := reader.read(min(_FRAME_CHUNK, limit + 1 - size)):
+                pieces.append(piece)
+                size += len(piece)
+                if size > limit:
+                    raise FrameError(f"decompresses past its bound of {limit:,} bytes")
+        return b"".join(pieces)
+    except zstandard.ZstdError:
+        raise FrameError("does not decode") from None
 
 
 @dataclass(frozen=True)
@@ -220,12 +269,18 @@ class ShardFile:
     def dtype(self, name: str) -> str:
         return self.header[name]["dtype"]
 
-    def array(self, name: str) -> np.ndarray:
-        """A read-only zero-copy view of tensor `name` (bf16 as uint16, fp8 as uint8)."""
+    def array(self, name: str, dtype: str | None = None, ndim: int | None = None
+              ) -> np.ndarray:
+        """A read-only zero-copy view of tensor `name` (bf16 as uint16, fp8 as uint8); with
+        `dtype` or `ndim`, one that has them, else DatasetError naming the shard."""
         try:
             spec = self.header[name]
         except KeyError:
             raise self._damaged(f"tensor {name!r} missing") from None
+        if (dtype is not None and spec["dtype"] != dtype) or (
+                ndim is not None and len(spec["shape"]) != ndim):
+            raise self._damaged(f"tensor {name!r} is {spec['dtype']} {spec['shape']}, "
+                                f"expected {ndim}-D {dtype}")
         start, stop = spec["data_offsets"]
         dtype = DTYPES[spec["dtype"]]
         flat = np.frombuffer(self._map, dtype=dtype, count=(stop - start) // dtype.itemsize,

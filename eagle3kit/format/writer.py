@@ -50,7 +50,13 @@ from eagle3kit.format.layout import (
 from eagle3kit.format.lock import RunLock, acquire, new_run_id
 from eagle3kit.format.reader import read_committed_ids
 from eagle3kit.format.sample import TokenSample, check_sample_id
-from eagle3kit.format.shard import write_shard
+from eagle3kit.format.shard import (
+    META_PER_SAMPLE,
+    META_PER_TOKEN,
+    META_SLACK,
+    meta_bound,
+    write_shard,
+)
 
 OpenMode = Literal["auto", "resume", "overwrite"]
 
@@ -126,6 +132,15 @@ class _TokenBuffer:
         except orjson.JSONEncodeError as exc:
             raise ValueError(f"sample {sample.sample_id}: metadata cannot be stored as JSON "
                              f"({exc})") from None
+        n_tokens = len(sample.prompt_ids) + len(sample.completion_ids)
+        if len(meta_json) + 1 > meta_bound(1, n_tokens) - META_SLACK:
+            # Readers bound the metadata frame by this share (docs/format.md), so a shard
+            # holding more would be unreadable.
+            raise ValueError(
+                f"sample {sample.sample_id}: its metadata is {len(meta_json):,} bytes as JSON, "
+                f"over the format's limit of {meta_bound(1, n_tokens) - META_SLACK - 1:,} for "
+                f"a sample of {n_tokens:,} tokens ({META_PER_SAMPLE >> 10} KiB + "
+                f"{META_PER_TOKEN} bytes per token)")
         start = self.n_tokens
         try:
             self._pack(sample.prompt_ids)
