@@ -6,6 +6,10 @@ is stated, and `max_position_embeddings` and the RoPE settings are the target's.
 written into a temp directory, checked there (key set, shapes and dtypes against a drafter
 built on the meta device from the written config; the problems `eagle3kit info` looks for),
 and only then renamed into place, so OUT is either the complete export or untouched.
+
+Orchestration only: each layout's config and tensors come from its file in `checkpoints/`
+(`speculators.py`, `sglang.py`), the source is read by `checkpoints.detect`/`load`, and the
+directory is put in place by `_durable.publish_dir`.
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def load_drafter(path: str | Path, embedding: torch.Tensor | None = None) -> Eag
 
 # Reading (without torch), for `inspect` ----------------------------------------------------------
 def read_eagle3kit(directory: Path, layout: str, config: dict, weights: Weights,
-                    shapes: dict) -> CheckpointInfo:
+                   shapes: dict) -> CheckpointInfo:
     block = config["eagle3kit"]
     try:
         drafter = DrafterConfig.from_dict(block["drafter"])

@@ -40,7 +40,7 @@ def _implicit_target(info: CheckpointInfo) -> Any:
 
 
 def check(info: CheckpointInfo, config: dict, weights: Weights, shapes: dict,
-           target_config: Any) -> None:
+          target_config: Any) -> None:
     given = target_config is not None
     target, target_dir = target_dict(target_config if given else _implicit_target(info))
     if target is not None:
