@@ -64,8 +64,8 @@ def build(work: Path, samples: int, length: int) -> None:
 
 def ours(work: Path, steps: int) -> dict:
     from eagle3kit._options import OutputOptions, WriteOptions
+    from eagle3kit.checkpoints.rundir import RunDir
     from eagle3kit.train import TrainConfig, run
-    from eagle3kit.train.rundir import RunDir
 
     # Each step ends with its metrics line: clock both timers there, so the whole loop
     # (data, target, step, metrics, progress) is timed from the end of step 1 on.

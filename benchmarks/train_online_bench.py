@@ -89,8 +89,8 @@ def serve(work: Path) -> None:
 
 def train_side(side: str, work: Path, url: str, steps: int, prefetch: int) -> dict:
     from eagle3kit._options import OutputOptions, WriteOptions
+    from eagle3kit.checkpoints.rundir import RunDir
     from eagle3kit.train import TrainConfig, run
-    from eagle3kit.train.rundir import RunDir
 
     pin(0)
     marks: list[tuple[int, float]] = []

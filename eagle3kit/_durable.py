@@ -3,12 +3,14 @@
 The one set of durable-write helpers. The dataset format wraps them only to name its temp
 files the way its readers skip and to turn a full disk into a DatasetError (`format/_io.py`);
 the training run directory, checkpoints, exports, hidden-state conversions and the
-quickstart's state use them directly.
+quickstart's state use them directly. A whole directory (a training checkpoint, an export) is
+published with `publish_dir`.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -35,6 +37,26 @@ def replace_durably(tmp: Path, dst: Path) -> None:
     fsync_file(tmp)
     os.replace(tmp, dst)
     fsync_dir(dst.parent)
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Put the finished directory `tmp` in place of `final`: every file and folder in it is
+    fsynced, a `final` already there is moved aside (hidden, `.NAME.tmp-old-PID`) and removed
+    once the new one is in place, and the parent is fsynced. A crash leaves the old `final` or
+    the new one whole (between the two renames, the old one under its hidden name)."""
+    for path in sorted(tmp.rglob("*"), reverse=True):  # a folder after the files in it
+        if path.is_dir():
+            fsync_dir(path)
+        else:
+            fsync_file(path)
+    fsync_dir(tmp)
+    old = final.with_name(f".{final.name}.tmp-old-{os.getpid()}") if final.exists() else None
+    if old is not None:
+        os.rename(final, old)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def temp_beside(path: Path) -> Path:

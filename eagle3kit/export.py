@@ -6,6 +6,10 @@ is stated, and `max_position_embeddings` and the RoPE settings are the target's.
 written into a temp directory, checked there (key set, shapes and dtypes against a drafter
 built on the meta device from the written config; the problems `eagle3kit info` looks for),
 and only then renamed into place, so OUT is either the complete export or untouched.
+
+Orchestration only: each layout's config and tensors come from its file in `checkpoints/`
+(`speculators.py`, `sglang.py`), the source is read by `checkpoints.detect`/`load`, and the
+directory is put in place by `_durable.publish_dir`.
 """
 
 from __future__ import annotations
@@ -20,17 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from eagle3kit import __version__, _ui
-from eagle3kit._durable import fsync_dir, fsync_file
+from eagle3kit._durable import publish_dir
+from eagle3kit.checkpoints.native import WEIGHTS
+from eagle3kit.checkpoints.rundir import PROVENANCE, RunDir, read_provenance
+from eagle3kit.checkpoints.sglang import sglang_config, sglang_warnings, sglang_weights
+from eagle3kit.checkpoints.speculators import speculators_weights, vllm_config
 from eagle3kit.errors import UserError
 from eagle3kit.target import COMPARED, check_layer_ids, config_dict, parse_layer_ids
-from eagle3kit.train.rundir import PROVENANCE, RunDir, read_provenance
 
 FORMATS = ("vllm", "sglang", "both")
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
           "fp32": "float32", "float32": "float32"}
-SPECULATORS_FORMAT = "0.9.0"
-"""The speculators release whose config format the vLLM export follows (and is tested with)."""
-WEIGHTS = "model.safetensors"
 
 
 @dataclass
@@ -138,7 +142,8 @@ class Source:
 
 
 def load_source(cfg: ExportConfig) -> Source:
-    from eagle3kit.checkpoints.layouts import inspect, load_inspected
+    from eagle3kit.checkpoints.detect import inspect
+    from eagle3kit.checkpoints.load import load_inspected
 
     run_dir = cfg.run
     run: dict = {}
@@ -197,7 +202,7 @@ def _checked_target(target_dir: Path | None, identity: dict, explicit: bool,
     """The target's raw config, refused when it is not the target the run trained against."""
     if target_dir is None:
         return None
-    from eagle3kit.checkpoints.layouts import target_dict
+    from eagle3kit.checkpoints.base import target_dict
     from eagle3kit.target import TargetInfo, identity_mismatch
 
     raw, _ = target_dict(target_dir)
@@ -239,148 +244,19 @@ def _settle_layer_ids(cfg: ExportConfig, info: Any, run: dict) -> None:
 
 
 # The two layouts -----------------------------------------------------------------------------
-def _rope_fields(drafter: Any, target: dict | None, warnings: list[str]) -> dict:
-    """max_position_embeddings and RoPE as the target has them (CHECKPOINTS.md §6)."""
-    from eagle3kit.checkpoints.layouts import target_rope
-
-    if target is None:
-        theta, scaling, max_pos = (drafter.rope_theta, drafter.rope_scaling,
-                                   drafter.max_position_embeddings)
-        params = None
-    else:
-        theta, scaling = target_rope(target)
-        max_pos = target.get("max_position_embeddings") or drafter.max_position_embeddings
-        params = target.get("rope_parameters")
-        if theta != drafter.rope_theta or (scaling or None) != (drafter.rope_scaling or None):
-            warnings.append(f"the drafter was trained with rope_theta {drafter.rope_theta}, "
-                            f"scaling {drafter.rope_scaling}; the export has the target's "
-                            f"({theta}, {scaling})")
-    if not isinstance(params, dict):
-        kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-        params = {**{k: v for k, v in (scaling or {}).items() if k != "type"},
-                  "rope_type": kind, "rope_theta": theta}
-    return {"max_position_embeddings": max_pos, "rope_theta": theta, "rope_scaling": scaling,
-            "rope_parameters": params}
-
-
-def _token_ids(drafter: Any, target: dict | None) -> dict:
-    source = target if target is not None else {
-        "bos_token_id": drafter.bos_token_id, "eos_token_id": drafter.eos_token_id,
-        "pad_token_id": drafter.pad_token_id}
-    return {k: source.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-
-
-def _decoder_fields(drafter: Any, target: dict | None, warnings: list[str]) -> dict:
-    """The Llama decoder config both layouts describe the one draft layer with."""
-    return {
-        "model_type": "llama",  # the draft layer is Llama-style (no q/k norms) for any target
-        "hidden_size": drafter.hidden_size,
-        "intermediate_size": drafter.intermediate_size,
-        "num_attention_heads": drafter.num_attention_heads,
-        "num_key_value_heads": drafter.num_key_value_heads,
-        "head_dim": drafter.head_dim,
-        "num_hidden_layers": drafter.num_hidden_layers,
-        "hidden_act": drafter.hidden_act,
-        "rms_norm_eps": drafter.rms_norm_eps,
-        "attention_bias": False,
-        "mlp_bias": False,
-        **_rope_fields(drafter, target, warnings),
-        "vocab_size": drafter.vocab_size,  # V, never Vd (speculators PR #188)
-        "tie_word_embeddings": False,
-        "use_cache": True,  # null fails vLLM's strict config validation
-        **_token_ids(drafter, target),
-    }
-
-
-def vllm_config(drafter: Any, verifier: str, architectures: list[str], tokens: int,
-                dtype: str, target: dict | None, warnings: list[str]) -> dict:
-    """The speculators config (CHECKPOINTS.md §1), every field explicit."""
-    import transformers
-
-    layer = _decoder_fields(drafter, target, warnings)
-    layer["dtype"] = dtype
-    return {
-        "architectures": ["Eagle3DraftModel"],
-        "speculators_model_type": "eagle3",
-        "speculators_version": SPECULATORS_FORMAT,
-        "transformers_version": transformers.__version__,
-        "dtype": dtype,
-        "torch_dtype": dtype,
-        "draft_vocab_size": drafter.draft_vocab_size,
-        "target_hidden_size": drafter.target_hidden_size,
-        "eagle_aux_hidden_state_layer_ids": list(drafter.aux_layer_ids),
-        "norm_before_residual": drafter.norm_before_residual,
-        "norm_before_fc": drafter.norm_before_fc,
-        "fc_norm": drafter.fc_norm,
-        "norm_output": drafter.norm_output,
-        "embed_requires_grad": drafter.embed_requires_grad,
-        "tie_word_embeddings": False,
-        "transformer_layer_config": layer,
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": tokens,
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-            "verifier": {"name_or_path": verifier, "architectures": architectures},
-        },
-    }
-
-
-def sglang_config(drafter: Any, dtype: str, target: dict | None, warnings: list[str]) -> dict:
-    """The SpecForge/SGLang config (CHECKPOINTS.md §2).
-
-    `eagle_config` carries the ids in SGLang's layer-output convention. The same layers also go
-    in the top-level `eagle_aux_hidden_state_layer_ids` in the boundary convention: vLLM reads
-    that key first when it serves this layout (long form), where it would otherwise ignore the
-    nested ids (older builds) or read them one layer early (newer ones); SGLang reads only the
-    nested ids.
-    """
-    ids = list(drafter.aux_layer_ids)
-    config = {"architectures": ["LlamaForCausalLMEagle3"],
-              **_decoder_fields(drafter, target, warnings),
-              "draft_vocab_size": drafter.draft_vocab_size,
-              "torch_dtype": dtype,
-              "norm_before_residual": drafter.norm_before_residual,
-              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids],
-                               "use_aux_hidden_state": True},
-              "eagle_aux_hidden_state_layer_ids": ids}
-    if drafter.target_hidden_size is not None:
-        config["target_hidden_size"] = drafter.target_hidden_size
-    return config
+def config_for(fmt: str, drafter: Any, dtype: str, target: dict | None, warnings: list[str],
+               verifier: str, architectures: list[str], tokens: int) -> dict:
+    """The config.json of one layout (`checkpoints/speculators.py`, `checkpoints/sglang.py`)."""
+    if fmt == "vllm":
+        return vllm_config(drafter, verifier, architectures, tokens, dtype, target, warnings)
+    return sglang_config(drafter, dtype, target, warnings)
 
 
 def weights_for(model: Any, fmt: str, dtype: str, embedding: Any = None) -> dict:
     """The tensors of one layout: floats in `dtype`, d2t int64, t2d bool."""
-    import torch
-
-    from eagle3kit.checkpoints.native import drafter_weights
-
-    tensors = drafter_weights(model, dtype=getattr(torch, dtype))
-    tensors["d2t"] = tensors["d2t"].to(torch.int64)
-    tensors["t2d"] = tensors["t2d"].to(torch.bool)
-    if len(tensors["d2t"]) == len(tensors["t2d"]):
-        _full_vocabulary(tensors)
     if fmt == "sglang":
-        return {("midlayer." + n.removeprefix("layers.0.") if n.startswith("layers.0.") else n): t
-                for n, t in tensors.items()}
-    if embedding is not None and not model.config.embed_requires_grad:
-        tensors["embed_tokens.weight"] = embedding.detach().contiguous()  # bit-exact, its dtype
-    return tensors
-
-
-def _full_vocabulary(tensors: dict) -> None:
-    """A draft vocabulary that is the target's whole vocabulary gets no d2t/t2d, as
-    speculators writes it: vLLM creates `draft_id_to_target_id` only when draft_vocab_size
-    differs from the target's vocab size and refuses a checkpoint that has one (SGLang reads
-    the mapping only when present). A mapping that permutes the ids (ModelOpt orders by
-    frequency) is folded into lm_head's rows, so row t drafts target id t."""
-    import torch
-
-    ids = tensors.pop("d2t") + torch.arange(len(tensors.pop("t2d")))
-    if not torch.equal(ids, torch.arange(len(ids))):
-        rows = torch.empty_like(ids)
-        rows[ids] = torch.arange(len(ids))
-        tensors["lm_head.weight"] = tensors["lm_head.weight"][rows].contiguous()
+        return sglang_weights(model, dtype)
+    return speculators_weights(model, dtype, embedding)
 
 
 # Writing and checking -------------------------------------------------------------------------
@@ -391,8 +267,6 @@ def _write_checkpoint(directory: Path, config: dict, tensors: dict, provenance: 
     save_file(tensors, str(directory / WEIGHTS), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (directory / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
-    for f in directory.iterdir():
-        fsync_file(f)
 
 
 def verify_export(directory: Path, fmt: str, tensors: dict,
@@ -400,7 +274,8 @@ def verify_export(directory: Path, fmt: str, tensors: dict,
     """Reload an export on the meta device and check it; the checks passed, or UserError."""
     import torch
 
-    from eagle3kit.checkpoints.layouts import drafter_config_of, inspect
+    from eagle3kit.checkpoints.detect import inspect
+    from eagle3kit.checkpoints.load import drafter_config_of
     from eagle3kit.model.drafter import Eagle3Drafter
 
     info = inspect(directory, target)
@@ -443,14 +318,7 @@ def _committed(out: Path, overwrite: bool, fill) -> None:
     try:
         fill(tmp)
         _publish_modes(tmp)
-        if out.exists():
-            old = out.parent / f".{out.name}.tmp-old-{os.getpid()}"
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
-        fsync_dir(out.parent)
+        publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -477,7 +345,7 @@ def _verifier(cfg: ExportConfig, src: Source) -> tuple[str, list[str]]:
 
 
 def run(cfg: ExportConfig) -> ExportResult:
-    from eagle3kit.checkpoints.layouts import target_embedding
+    from eagle3kit.checkpoints.weights import target_embedding
 
     src = load_source(cfg)
     drafter = src.model.config
@@ -494,12 +362,11 @@ def run(cfg: ExportConfig) -> ExportResult:
             raise UserError("--with-embedding needs the target's weights: give --target")
     formats = ["vllm", "sglang"] if cfg.format == "both" else [cfg.format]
     if "sglang" in formats:
-        warnings += _sglang_warnings(drafter)
+        warnings += sglang_warnings(drafter)
     plans = []
     for fmt in formats:
-        config = (vllm_config(drafter, verifier, architectures, cfg.num_speculative_tokens,
-                              dtype, src.target_raw, warnings) if fmt == "vllm"
-                  else sglang_config(drafter, dtype, src.target_raw, warnings))
+        config = config_for(fmt, drafter, dtype, src.target_raw, warnings, verifier,
+                            architectures, cfg.num_speculative_tokens)
         tensors = weights_for(src.model, fmt, dtype, embedding if fmt == "vllm" else None)
         plans.append((fmt, config, tensors))
     warnings = list(dict.fromkeys(warnings))  # the rope warning comes once per layout
@@ -531,30 +398,8 @@ def run(cfg: ExportConfig) -> ExportResult:
 LAYOUT_NAMES = {"vllm": "speculators / vLLM", "sglang": "SGLang / SpecForge"}
 
 
-def _sglang_warnings(drafter: Any) -> list[str]:
-    from eagle3kit.model.config import VARIANTS, describe_variant
-
-    plain = VARIANTS["eagle3"]
-    if any(getattr(drafter, k) != plain[k] for k in drafter.variant):
-        raise UserError(f"--format sglang: SGLang's LlamaForCausalLMEagle3 builds one plain "
-                        f"decoder layer over the target's embedding, and this drafter is "
-                        f"{describe_variant(drafter.variant)}; use --format vllm")
-    if min(drafter.aux_layer_ids) < 1:
-        raise UserError(f"layer id 0 (the embedding output) has no layer-output id: the SGLang "
-                        f"layout cannot name it ({drafter.aux_layer_ids}); use --format vllm")
-    out = []
-    if drafter.norm_before_residual:
-        out.append("norm_before_residual is true: SGLang builds that do not read it take the "
-                   "residual from the raw hidden input (false) and serve this drafter wrongly")
-    if drafter.aux_layer_ids[0] != 2:
-        out.append(f"SGLang layer-output ids {[i - 1 for i in drafter.aux_layer_ids]} do not "
-                   f"start at 1: SGLang before PR #25454 adds 1, newer SGLang reads them as "
-                   f"boundary ids; check per-position acceptance after serving")
-    return out
-
-
 def _provenance(cfg: ExportConfig, src: Source, fmt: str, dtype: str, verifier: str) -> dict:
-    from eagle3kit.checkpoints.layouts import training_prediction
+    from eagle3kit.checkpoints.rundir import training_prediction
 
     ids = list(src.model.config.aux_layer_ids)
     return {

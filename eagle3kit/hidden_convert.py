@@ -27,10 +27,7 @@ a file that needs more than tensors and plain containers is refused.
 
 from __future__ import annotations
 
-import gzip
-import io
 import os
-import pickle
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,6 +39,7 @@ import orjson
 
 from eagle3kit import _ui
 from eagle3kit._durable import write_atomic
+from eagle3kit.checkpoints.tensors import BadFile, load_tensor_file
 from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, HiddenDataset, HiddenSample, HiddenWriter, is_dataset
 from eagle3kit.target import (
@@ -67,10 +65,6 @@ SF_GROUP = 2000
 """prepare_hidden_states.py's default file_group_size: files per rows_<g>-<g+2000> folder."""
 SF_KEYS = ("input_ids", "loss_mask", "aux_hidden_state", "hidden_state")
 NAMES = {"speculators": "speculators", "specforge": "SpecForge"}
-
-
-class BadFile(ValueError):
-    """One of the tool's files cannot be used; the message names it."""
 
 
 # Deciding what to do -----------------------------------------------------------------------
@@ -409,35 +403,6 @@ def _read_speculators(path: Path, ids: np.ndarray, mask: np.ndarray
     return ids, mask, states[:, :-1].reshape(n, -1), states[:, -1]
 
 
-def load_tensor_file(path: Path) -> Any:
-    """torch.load with weights_only=True (gzip for .gz): tensors and plain containers only.
-    Anything else, a crafted payload included, is refused before it can run."""
-    import torch
-
-    try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rb") as f:
-                data: Any = io.BytesIO(f.read())
-        else:
-            data = str(path)
-        return torch.load(data, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        # A crafted file names a callable to run ("Unsupported global: GLOBAL io.open ...");
-        # the weights-only unpickler stops there, before calling anything.
-        found = re.search(r"[Uu]nsupported (?:global: )?GLOBAL ([\w.]+)", str(exc))
-        if found:
-            raise BadFile(f"{path}: refused: it asks to run {found.group(1)}, which "
-                          "torch.load(weights_only=True) does not allow; eagle3kit never "
-                          "unpickles more than tensors and plain containers") from None
-        stop = re.search(r"Unsupported operand \d+", str(exc))
-        raise BadFile(f"{path}: not a readable torch file (weights_only loading stopped: "
-                      f"{stop.group(0) if stop else 'not a tensor pickle'})") from None
-    except (OSError, EOFError, RuntimeError, ValueError, gzip.BadGzipFile) as exc:
-        first = str(exc).strip().splitlines()
-        raise BadFile(f"{path}: not a readable torch file ({first[0] if first else exc})"
-                      ) from None
-
-
 def _read_specforge(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     import torch
 
@@ -623,4 +588,4 @@ def _import_layout(cfg: ConvertConfig, tool: str, sidecar: dict | None, h: int, 
     return layout, target_path
 
 
-__all__ = ["SIDECAR", "TOOLS", "check_config", "detect", "load_tensor_file", "run"]
+__all__ = ["SIDECAR", "TOOLS", "check_config", "detect", "run"]

@@ -153,8 +153,8 @@ class CheckpointReport:
 
 def checkpoint_dirs(path: Path) -> list[Path]:
     """The checkpoints `path` holds: itself, a run's drafter/, or an export's vllm/, sglang/."""
+    from eagle3kit.checkpoints.rundir import RunDir
     from eagle3kit.format import has_dataset_files
-    from eagle3kit.train.rundir import RunDir
 
     if has_dataset_files(path):
         return []  # a dataset
@@ -166,7 +166,7 @@ def checkpoint_dirs(path: Path) -> list[Path]:
 
 
 def run_checkpoint(cfg: InfoConfig) -> CheckpointReport:
-    from eagle3kit.checkpoints.layouts import inspect
+    from eagle3kit.checkpoints.detect import inspect
 
     dirs = checkpoint_dirs(cfg.path)
     if not (dirs[0] / "config.json").is_file():

@@ -26,8 +26,8 @@ from typing import Any
 from eagle3kit import _ui
 from eagle3kit._durable import write_text_atomic
 from eagle3kit._options import OutputOptions, WriteOptions
+from eagle3kit.checkpoints.rundir import RunDir
 from eagle3kit.errors import UserError
-from eagle3kit.train.rundir import RunDir
 
 STATE = "quickstart.json"
 STATE_VERSION = 1

@@ -37,10 +37,8 @@ RULES: list[tuple[str, str, tuple[str, ...], tuple[str, ...], tuple[str, ...]]] 
     ("model/ imports no stage, no UI and no checkpoint reader", "eagle3kit.model",
      ("eagle3kit._ui", "eagle3kit.cli", "eagle3kit.format", "eagle3kit.checkpoints",
       *(f"eagle3kit.{s}" for s in STAGES)), (), ()),
-    ("checkpoints/ imports no stage but the run directory's owner and no UI",
-     "eagle3kit.checkpoints",
-     ("eagle3kit._ui", "eagle3kit.cli", *(f"eagle3kit.{s}" for s in STAGES)), (),
-     ("eagle3kit.train", "eagle3kit.train.rundir")),
+    ("checkpoints/ imports no stage and no UI", "eagle3kit.checkpoints",
+     ("eagle3kit._ui", "eagle3kit.cli", *(f"eagle3kit.{s}" for s in STAGES)), (), ()),
     ("a shared helper imports no stage", "shared",
      ("eagle3kit.cli", "eagle3kit.model", "eagle3kit.checkpoints",
       *(f"eagle3kit.{s}" for s in STAGES)), (), ()),
@@ -115,13 +113,17 @@ KNOWN = set(all_modules())
     ("eagle3kit.format.shard", "def f():\n    from eagle3kit.gen import GenConfig\n",
      "format/ imports no stage"),
     ("eagle3kit.model.drafter", "from ..train import loop\n", "model/ imports no stage"),
-    ("eagle3kit.model.config", "from eagle3kit.checkpoints.layouts import inspect\n",
+    ("eagle3kit.model.config", "from eagle3kit.checkpoints.detect import inspect\n",
      "no checkpoint reader"),
     ("eagle3kit.gen.render", "import rich.console\n", "only _ui.py imports rich"),
     ("eagle3kit.export", "from eagle3kit.cli import main\n", "no stage imports the CLI"),
     ("eagle3kit.validate.checks", "import typer\n", "only the command line imports typer"),
     ("eagle3kit.info", "from eagle3kit.format.layout import MANIFEST\n", "public view only"),
-    ("eagle3kit.checkpoints.layouts", "from eagle3kit.train.loop import Trainer\n",
+    ("eagle3kit.checkpoints.detect", "from eagle3kit.train.loop import Trainer\n",
+     "checkpoints/ imports no stage"),
+    ("eagle3kit.checkpoints.load", "from eagle3kit.train.rundir import RunDir\n",
+     "checkpoints/ imports no stage"),
+    ("eagle3kit.checkpoints.tensors", "from eagle3kit.hidden_convert import BadFile\n",
      "checkpoints/ imports no stage"),
     ("eagle3kit.target", "from eagle3kit.extract import ExtractConfig\n",
      "a shared helper imports no stage"),
@@ -134,7 +136,7 @@ def test_the_checker_catches(module: str, source: str, rule: str) -> None:
 @pytest.mark.parametrize(("module", "source"), [
     ("eagle3kit.format.reader", "from eagle3kit.format._io import read_json\n"
                                 "from eagle3kit import __version__\n"),
-    ("eagle3kit.checkpoints.layouts", "from eagle3kit.train.rundir import RunDir\n"),
+    ("eagle3kit.checkpoints.detect", "from eagle3kit.checkpoints.rundir import RunDir\n"),
     ("eagle3kit.info", "from eagle3kit.format import Dataset\n"),
     ("eagle3kit._ui", "import rich\n"),
     ("eagle3kit.cli", "import typer\nfrom eagle3kit.gen import config\n"),
@@ -163,5 +165,5 @@ def test_architecture_notes_name_every_room() -> None:
     notes = (PACKAGE.parent / "ARCHITECTURE.md").read_text()
     for room in ("format/", "model/", "checkpoints/", "validate/", "gen/servers/", "train/",
                  "bench/", "cli.py", "_ui.py", "target.py", "_options.py", "_durable.py",
-                 "train/rundir.py", "_ranks.py"):
+                 "checkpoints/rundir.py", "_ranks.py"):
         assert f"`eagle3kit/{room}`" in notes, room

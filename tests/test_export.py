@@ -13,7 +13,9 @@ import torch
 from safetensors import safe_open
 from typer.testing import CliRunner
 
-from eagle3kit.checkpoints.layouts import inspect, load_any, target_embedding
+from eagle3kit.checkpoints.detect import inspect
+from eagle3kit.checkpoints.load import load_any
+from eagle3kit.checkpoints.weights import target_embedding
 from eagle3kit.cli import app
 from eagle3kit.errors import UserError
 from eagle3kit.export import ExportConfig, run

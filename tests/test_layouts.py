@@ -13,7 +13,8 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, LlamaConfig
 from typer.testing import CliRunner
 
-from eagle3kit.checkpoints.layouts import checkpoint_problems, inspect, load_any
+from eagle3kit.checkpoints.detect import checkpoint_problems, inspect
+from eagle3kit.checkpoints.load import load_any
 from eagle3kit.checkpoints.native import save_drafter
 from eagle3kit.cli import app
 from eagle3kit.errors import UserError
@@ -273,7 +274,7 @@ def test_each_known_failure_is_reported(exports, target, tmp_path, config_edit, 
 
 
 def test_a_target_copy_of_the_embedding_is_no_problem(exports, target, tmp_path):
-    from eagle3kit.checkpoints.layouts import target_embedding
+    from eagle3kit.checkpoints.weights import target_embedding
 
     def exact(t: dict) -> None:
         t["embed_tokens.weight"] = target_embedding(target)
@@ -284,7 +285,7 @@ def test_a_target_copy_of_the_embedding_is_no_problem(exports, target, tmp_path)
 def test_the_embedding_rounded_to_bf16_is_the_target_s(exports, target, tmp_path):
     """speculators saves its drafter in bf16 with the (fp32) target's embedding rounded to it:
     that is the target's embedding, while a one-ulp change in bf16 is not."""
-    from eagle3kit.checkpoints.layouts import target_embedding
+    from eagle3kit.checkpoints.weights import target_embedding
 
     theirs = target_embedding(target)
     assert theirs.dtype == torch.float32

@@ -117,7 +117,8 @@ def _tiny_run_module():
 
 
 def test_vllm_export_loads_with_speculators(venv, tmp_path):
-    from eagle3kit.checkpoints.layouts import load_any, target_embedding
+    from eagle3kit.checkpoints.load import load_any
+    from eagle3kit.checkpoints.weights import target_embedding
     from eagle3kit.export import ExportConfig, run
     from eagle3kit.model import TTTState
 
@@ -228,7 +229,9 @@ def test_a_drafter_speculators_builds_is_read_and_benched(venv, tmp_path):
     and `bench accept` evaluates them."""
     from typer.testing import CliRunner
 
-    from eagle3kit.checkpoints.layouts import inspect, load_any, target_embedding
+    from eagle3kit.checkpoints.detect import inspect
+    from eagle3kit.checkpoints.load import load_any
+    from eagle3kit.checkpoints.weights import target_embedding
     from eagle3kit.cli import app
     from eagle3kit.model import TTTState
     from eagle3kit.tiny import make_target, make_tokenizer

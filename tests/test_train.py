@@ -364,7 +364,7 @@ def test_a_planted_pickle_in_a_checkpoint_is_refused_and_never_runs(tiny, tmp_pa
 def test_random_states_survive_the_safetensors_round_trip(tmp_path):
     import random
 
-    from eagle3kit.train.rundir import load_rng_state, save_rng_state
+    from eagle3kit.checkpoints.rundir import load_rng_state, save_rng_state
 
     random.gauss(0, 1), np.random.standard_normal()  # a cached Gaussian in both states
     save_rng_state(tmp_path / "rng.safetensors")
@@ -618,7 +618,7 @@ def test_status_shows_no_acceptance_length_before_the_first_evaluation(tiny, tmp
 
 # Drafter layouts (--variant and the field flags) ----------------------------------------------
 def test_a_variant_trains_resumes_and_exports_as_itself(tiny, tmp_path, monkeypatch):
-    from eagle3kit.checkpoints.layouts import inspect
+    from eagle3kit.checkpoints.detect import inspect
     from eagle3kit.export import ExportConfig
     from eagle3kit.export import run as export
 

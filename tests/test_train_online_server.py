@@ -148,7 +148,7 @@ def test_sigkill_then_resume_consumes_every_sample_exactly_once(tiny, tmp_path):
             time.sleep(0.02)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        from eagle3kit.train.rundir import RunDir
+        from eagle3kit.checkpoints.rundir import RunDir
 
         k = RunDir(tmp_path / "cut").steps()[-1]
         assert 4 <= k < 10

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
-from eagle3kit.checkpoints.layouts import inspect, load_any
+from eagle3kit.checkpoints.detect import inspect
+from eagle3kit.checkpoints.load import load_any
 from eagle3kit.checkpoints.native import save_drafter
 from eagle3kit.errors import UserError
 from eagle3kit.export import ExportConfig, run
@@ -59,7 +60,7 @@ def target(tmp_path_factory) -> Path:
 
 
 def target_embedding(target: Path) -> torch.Tensor:
-    from eagle3kit.checkpoints.layouts import target_embedding as read
+    from eagle3kit.checkpoints.weights import target_embedding as read
 
     return read(target)
 

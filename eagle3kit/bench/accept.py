@@ -204,9 +204,9 @@ def load_target(path: Path, device: Any, dtype: Any, trust_remote_code: bool = F
 
 def load_drafter(path: Path, embedding: Any, target_config: Any) -> tuple[Any, list[str]]:
     """The drafter and what is doubtful about its checkpoint: any layout `eagle3kit info`
-    reads (checkpoints.layouts), else eagle3kit's own (checkpoints.native)."""
+    reads (checkpoints.load), else eagle3kit's own (checkpoints.native)."""
     try:
-        from eagle3kit.checkpoints.layouts import load_any
+        from eagle3kit.checkpoints.load import load_any
     except ImportError:
         load_any = None
     try:
@@ -246,7 +246,7 @@ def check_pair(drafter: Any, model: Any, cfg: AcceptConfig) -> None:
 def training_prediction(drafter_dir: Path) -> dict[str, Any] | None:
     """What training predicted: the eagle3kit.eval block train writes into config.json, or
     the copy export keeps beside an exported checkpoint."""
-    from eagle3kit.checkpoints.layouts import training_prediction as recorded
+    from eagle3kit.checkpoints.rundir import training_prediction as recorded
 
     return recorded(drafter_dir)
 

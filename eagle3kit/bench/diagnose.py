@@ -91,10 +91,10 @@ def drafter_findings(info: Any) -> list[Finding]:
 
 def layer_rope(info: Any) -> tuple[float | None, dict | None]:
     """(rope_theta, rope_scaling) of the checkpoint's draft layer config."""
-    from eagle3kit.checkpoints.layouts import _layer_config, target_rope
+    from eagle3kit.checkpoints.base import layer_config, target_rope
 
     try:
-        layer = _layer_config(info.layout, info.config)
+        layer = layer_config(info.layout, info.config)
     except Exception:  # an unreadable layout has no rope to compare
         return None, None
     if not any(k in layer for k in ("rope_theta", "rope_parameters", "rope_scaling")):
@@ -103,7 +103,7 @@ def layer_rope(info: Any) -> tuple[float | None, dict | None]:
 
 
 def rope_findings(info: Any, target: dict) -> list[Finding]:
-    from eagle3kit.checkpoints.layouts import target_rope
+    from eagle3kit.checkpoints.base import target_rope
 
     theta, scaling = layer_rope(info)
     if theta is None:

@@ -219,8 +219,8 @@ def _int(value: Any) -> int | None:
 # The run the drafter came from ---------------------------------------------------------------
 def run_checkpoint(drafter: Path) -> tuple[dict | None, Any | None]:
     """(export provenance, `inspect` of the run's own drafter) where they can be found."""
-    from eagle3kit.checkpoints.layouts import inspect
-    from eagle3kit.train.rundir import RunDir, read_provenance
+    from eagle3kit.checkpoints.detect import inspect
+    from eagle3kit.checkpoints.rundir import RunDir, read_provenance
 
     provenance = read_provenance(drafter)
     source = (provenance or {}).get("source")
@@ -238,7 +238,8 @@ def run_checkpoint(drafter: Path) -> tuple[dict | None, Any | None]:
 # The gate ------------------------------------------------------------------------------------
 def run(cfg: ParityConfig) -> ParityReport:
     from eagle3kit.bench import accept, prompts, server
-    from eagle3kit.checkpoints.layouts import inspect, target_dict
+    from eagle3kit.checkpoints.base import target_dict
+    from eagle3kit.checkpoints.detect import inspect
 
     info = inspect(cfg.drafter, cfg.target)
     target_config, _ = target_dict(cfg.target)

@@ -24,6 +24,15 @@ from eagle3kit import __version__, _ui
 from eagle3kit._durable import write_json_atomic
 from eagle3kit._ranks import Ranks
 from eagle3kit.checkpoints.native import drafter_weights, save_drafter
+from eagle3kit.checkpoints.rundir import (
+    RUN_FORMAT,
+    RUN_VERSION,
+    RunDir,
+    load_rng_state,
+    load_tensors,
+    save_rng_state,
+    settings_diff,
+)
 from eagle3kit.errors import UserError
 from eagle3kit.model import (
     VARIANTS,
@@ -46,15 +55,6 @@ from eagle3kit.train import data as tdata
 from eagle3kit.train import sharding
 from eagle3kit.train.config import TrainConfig, TrainResult
 from eagle3kit.train.online_server import Interrupted as StepAbandoned
-from eagle3kit.train.rundir import (
-    RUN_FORMAT,
-    RUN_VERSION,
-    RunDir,
-    load_rng_state,
-    load_tensors,
-    save_rng_state,
-    settings_diff,
-)
 from eagle3kit.train.stopping import EXIT_CODES, STOP_SIGNALS, CheckpointClock, StopRequests
 from eagle3kit.train.target import (
     OfflineTarget,
@@ -105,13 +105,13 @@ def _layers_of(sources: list[tdata.Source], target_id: dict) -> list[int]:
 
 
 def _load_init(path: Path, target_cfg: Any) -> Eagle3Drafter:
-    """--init-from: any EAGLE-3 layout checkpoints.layouts reads, else eagle3kit's own; without
+    """--init-from: any EAGLE-3 layout checkpoints/ reads, else eagle3kit's own; without
     the embedding, which comes from the target once the drafter is known to fit it."""
     try:
-        from eagle3kit.checkpoints import layouts
+        from eagle3kit.checkpoints.load import load_any
 
         def load(p: Path) -> Eagle3Drafter:
-            model, _info = layouts.load_any(p, target_config=target_cfg)
+            model, _info = load_any(p, target_config=target_cfg)
             return model
     except ImportError:
         from eagle3kit.checkpoints.native import load_drafter as load  # type: ignore[assignment]

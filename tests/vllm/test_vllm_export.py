@@ -28,7 +28,8 @@ from conftest import BENCH_PROMPTS, K, World
 
 from eagle3kit import _ui, export
 from eagle3kit.bench import accept, server
-from eagle3kit.checkpoints.layouts import FULL_VOCAB_D2T, inspect
+from eagle3kit.checkpoints.detect import inspect
+from eagle3kit.checkpoints.problems import FULL_VOCAB_D2T
 
 QUIET = _ui.OutputOptions(quiet=True)
 VARIANTS = [("reduced", False), ("reduced", True), ("full", False), ("full", True)]

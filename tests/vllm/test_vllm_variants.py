@@ -17,7 +17,7 @@ from conftest import BENCH_PROMPTS, K, World
 
 from eagle3kit import _ui, export
 from eagle3kit.bench import parity
-from eagle3kit.checkpoints.layouts import inspect
+from eagle3kit.checkpoints.detect import inspect
 
 QUIET = _ui.OutputOptions(quiet=True)
 TOLERANCE = 0.05

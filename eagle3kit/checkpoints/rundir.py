@@ -12,7 +12,6 @@ any moment resumes from the newest complete one.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3kit import __version__
-from eagle3kit._durable import fsync_dir, fsync_file, write_text_atomic
+from eagle3kit._durable import fsync_file, publish_dir, write_text_atomic
 from eagle3kit._json import json_object
 from eagle3kit.errors import UserError
 
@@ -48,6 +47,20 @@ def _json_object(path: Path) -> dict | None:
 def read_provenance(checkpoint: Path) -> dict | None:
     """The provenance an export wrote beside a checkpoint; None where there is none."""
     return _json_object(Path(checkpoint) / PROVENANCE)
+
+
+def training_prediction(checkpoint: Path) -> dict | None:
+    """The `eval` block train wrote into the drafter's config.json, or an earlier export's."""
+    try:
+        config = json.loads((checkpoint / "config.json").read_text())
+    except (OSError, ValueError):
+        config = None
+    block = config.get("eagle3kit") if isinstance(config, dict) else None
+    for data in (block, read_provenance(checkpoint)):
+        evaluation = data.get("eval") if isinstance(data, dict) else None
+        if isinstance(evaluation, dict):
+            return evaluation
+    return None
 
 
 class RunDir:
@@ -145,21 +158,14 @@ class RunDir:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        # Temp dirs of checkpoints a crash interrupted are garbage.
-        for p in self.checkpoints.glob(".step-*.tmp"):
+        # Temp dirs of checkpoints a crash interrupted are garbage (and old ones it left aside).
+        for p in self.checkpoints.glob(".step-*.tmp*"):
             if p != tmp:
                 shutil.rmtree(p, ignore_errors=True)
         return tmp
 
     def commit_checkpoint(self, step: int, keep: int) -> None:
-        tmp, final = self.temp_dir(step), self.step_dir(step)
-        for p in tmp.iterdir():
-            fsync_file(p)
-        fsync_dir(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        fsync_dir(self.checkpoints)
+        publish_dir(self.temp_dir(step), self.step_dir(step))
         for old in self.steps()[:-keep]:
             shutil.rmtree(self.step_dir(old), ignore_errors=True)
 
@@ -244,7 +250,7 @@ def load_rng_state(path: Path) -> None:
 def load_tensors(path: Path) -> Any:
     """A checkpoint's torch file (optimizer, scheduler state), read with
     torch.load(weights_only=True): a file that asks to run anything is refused, unrun."""
-    from eagle3kit.hidden_convert import BadFile, load_tensor_file
+    from eagle3kit.checkpoints.tensors import BadFile, load_tensor_file
 
     try:
         return load_tensor_file(path)
