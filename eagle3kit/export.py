@@ -22,7 +22,13 @@ from typing import Any
 from eagle3kit import __version__, _ui
 from eagle3kit._durable import fsync_dir, fsync_file
 from eagle3kit.errors import UserError
-from eagle3kit.target import COMPARED, check_layer_ids, config_dict, parse_layer_ids
+from eagle3kit.target import (
+    COMPARED,
+    check_layer_ids,
+    config_dict,
+    parse_layer_ids,
+    to_layer_output,
+)
 from eagle3kit.train.rundir import PROVENANCE, RunDir, read_provenance
 
 FORMATS = ("vllm", "sglang", "both")
@@ -343,7 +349,7 @@ def sglang_config(drafter: Any, dtype: str, target: dict | None, warnings: list[
               "draft_vocab_size": drafter.draft_vocab_size,
               "torch_dtype": dtype,
               "norm_before_residual": drafter.norm_before_residual,
-              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids],
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": to_layer_output(ids),
                                "use_aux_hidden_state": True},
               "eagle_aux_hidden_state_layer_ids": ids}
     if drafter.target_hidden_size is not None:
@@ -518,7 +524,7 @@ def run(cfg: ExportConfig) -> ExportResult:
                 format=fmt, path=str(final), layout=LAYOUT_NAMES[fmt], tensors=len(tensors),
                 bytes=(where / WEIGHTS).stat().st_size, dtype=dtype,
                 aux_layer_ids=list(drafter.aux_layer_ids),
-                aux_layer_ids_output=[i - 1 for i in drafter.aux_layer_ids],
+                aux_layer_ids_output=to_layer_output(drafter.aux_layer_ids),
                 draft_vocab_size=drafter.draft_vocab_size,
                 verifier=verifier if fmt == "vllm" else None,
                 has_embedding="embed_tokens.weight" in tensors, checks=checks))
@@ -549,7 +555,7 @@ def _sglang_warnings(drafter: Any) -> list[str]:
         out.append("norm_before_residual is true: SGLang builds that do not read it take the "
                    "residual from the raw hidden input (false) and serve this drafter wrongly")
     if drafter.aux_layer_ids[0] != 2:
-        out.append(f"SGLang layer-output ids {[i - 1 for i in drafter.aux_layer_ids]} do not "
+        out.append(f"SGLang layer-output ids {to_layer_output(drafter.aux_layer_ids)} do not "
                    f"start at 1: SGLang before PR #25454 adds 1, newer SGLang reads them as "
                    f"boundary ids; check per-position acceptance after serving")
     return out
@@ -563,7 +569,7 @@ def _provenance(cfg: ExportConfig, src: Source, fmt: str, dtype: str, verifier: 
         "written_by": f"eagle3kit {__version__}", "created": time.time(), "format": fmt,
         "source": str(cfg.run.resolve()), "source_layout": src.layout,
         "target": src.identity, "verifier": verifier, "dtype": dtype,
-        "aux_layer_ids": {"boundary": ids, "layer_output": [i - 1 for i in ids]},
+        "aux_layer_ids": {"boundary": ids, "layer_output": to_layer_output(ids)},
         "draft_vocab": {"size": src.model.config.draft_vocab_size, "coverage": src.coverage},
         "target_config": "copied from " + str(src.target_dir) if src.target_raw is not None
         else "the values the drafter recorded",

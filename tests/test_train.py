@@ -251,10 +251,8 @@ def test_online_and_offline_give_the_same_first_step_loss(tiny, tmp_path):
     ids, mask = on.sources[item.source].tokens(item.index)
     ids, mask = ids[:item.length], mask[:item.length]
     online = on.online.batch([(ids, mask)])
-    target = on.online
-    target.base(input_ids=torch.from_numpy(ids.astype(np.int64))[None], use_cache=False)
-    aux = torch.cat([target.captured[k] for k in on.layers], -1)[0].numpy()
-    last = target.captured[target.n_layers][0].numpy()
+    aux, last = on.online.capture(torch.from_numpy(ids.astype(np.int64))[None])
+    aux, last = aux[0].numpy(), last[0].numpy()
     rebuilt = OfflineTarget(off.head, "pre_norm", torch.device("cpu")).batch(
         [(ids, mask, aux, last)])
     torch.testing.assert_close(rebuilt.normed, online.normed, rtol=1e-5, atol=1e-5)

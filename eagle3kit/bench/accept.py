@@ -18,6 +18,7 @@ from eagle3kit import _ui
 from eagle3kit.bench import prompts as bench_prompts
 from eagle3kit.bench.stats import Acceptance, likely_misconfigured
 from eagle3kit.errors import UserError
+from eagle3kit.target import resolve_device, resolve_dtype
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TIE_EPSILON = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.05}
@@ -173,28 +174,6 @@ class AcceptReport:
 
 
 # Loading ------------------------------------------------------------------------------------
-def resolve_device(name: str) -> Any:
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"--device {name}: not a device (cpu, cuda, cuda:1, ...)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: CUDA is not available here")
-    return device
-
-
-def resolve_dtype(name: str, device: Any) -> Any:
-    import torch
-
-    if name == "auto":
-        name = "bfloat16" if device.type == "cuda" else "float32"
-    return getattr(torch, name)
-
-
 def load_target(path: Path, device: Any, dtype: Any, trust_remote_code: bool = False) -> Any:
     from eagle3kit import _hf
 

@@ -25,7 +25,12 @@ import numpy as np
 from eagle3kit.errors import UserError
 from eagle3kit.model.config import VARIANT_FIELDS, VARIANTS, DrafterConfig, rope_of
 from eagle3kit.model.vocab import vocab_problems
-from eagle3kit.target import config_dict, default_layer_ids
+from eagle3kit.target import (
+    config_dict,
+    default_layer_ids,
+    from_layer_output,
+    to_layer_output,
+)
 from eagle3kit.train.rundir import RunDir, read_provenance
 
 LAYOUTS = {
@@ -219,7 +224,7 @@ class CheckpointInfo:
     @property
     def aux_layer_ids_output(self) -> list[int] | None:
         """The same ids in the layer-output convention (SGLang, SpecForge, ModelOpt)."""
-        return None if self.aux_layer_ids is None else [i - 1 for i in self.aux_layer_ids]
+        return None if self.aux_layer_ids is None else to_layer_output(self.aux_layer_ids)
 
     @property
     def supported(self) -> bool:
@@ -451,7 +456,7 @@ def _ids_of(layout: str, config: dict) -> tuple[list[int] | None, str]:
     top = config.get("eagle_aux_hidden_state_layer_ids")
     nested = _nested_ids(config)
     if layout in ("sglang", "modelopt") and nested:
-        return [int(i) + 1 for i in nested], "eagle_config.eagle_aux_hidden_state_layer_ids (+1)"
+        return from_layer_output(nested), "eagle_config.eagle_aux_hidden_state_layer_ids (+1)"
     if top:
         return [int(i) for i in top], "eagle_aux_hidden_state_layer_ids"
     if nested:  # a speculators config with only nested ids: vLLM reads them as boundary ids
@@ -570,7 +575,7 @@ def _check_conventions(info: CheckpointInfo, config: dict) -> None:
         return
     if info.layout == "sglang":
         nested, top = _nested_ids(config), config.get("eagle_aux_hidden_state_layer_ids")
-        if nested and top and [i + 1 for i in nested] != list(top):
+        if nested and top and from_layer_output(nested) != list(top):
             info.problems.append(f"top-level ids {list(top)} (boundary, read by vLLM) and "
                                  f"eagle_config ids {nested} (layer-output, read by SGLang) "
                                  f"name different layers")
