@@ -26,14 +26,14 @@ from eagle3kit.target import (
     COMPARED,
     check_layer_ids,
     config_dict,
+    parse_dtype,
     parse_layer_ids,
     to_layer_output,
 )
 from eagle3kit.train.rundir import PROVENANCE, RunDir, read_provenance
 
 FORMATS = ("vllm", "sglang", "both")
-DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
-          "fp32": "float32", "float32": "float32"}
+DTYPES = ("bfloat16", "float16", "float32")
 SPECULATORS_FORMAT = "0.9.0"
 """The speculators release whose config format the vLLM export follows (and is tested with)."""
 WEIGHTS = "model.safetensors"
@@ -51,8 +51,8 @@ class ExportConfig:
     """The model `vllm serve <draft>` loads; default: the target recorded in the run."""
     num_speculative_tokens: int = 3
     """proposal_methods[0].speculative_tokens of the vLLM export."""
-    dtype: str = "bf16"
-    """Floating-point weights as bf16, fp16 or fp32 (d2t stays int64, t2d bool)."""
+    dtype: str = "bfloat16"
+    """Floating-point weights as bfloat16, float16 or float32 (d2t stays int64, t2d bool)."""
     target: Path | None = None
     """The target model directory; default: the path the run recorded, when it exists."""
     with_embedding: bool = False
@@ -70,8 +70,9 @@ class ExportConfig:
         self.target = None if self.target is None else Path(self.target)
         if self.format not in FORMATS:
             raise UserError(f"--format {self.format!r}: expected one of {', '.join(FORMATS)}")
-        if self.dtype not in DTYPES:
-            raise UserError(f"--dtype {self.dtype!r}: expected bf16, fp16 or fp32")
+        self.dtype, note = parse_dtype(self.dtype, allowed=DTYPES)
+        if note:
+            _ui.warn(note)
         if self.num_speculative_tokens < 1:
             raise UserError(f"--num-speculative-tokens must be >= 1 "
                             f"(got {self.num_speculative_tokens})")
@@ -489,7 +490,7 @@ def run(cfg: ExportConfig) -> ExportResult:
 
     src = load_source(cfg)
     drafter = src.model.config
-    dtype = DTYPES[cfg.dtype]
+    dtype = cfg.dtype
     warnings = list(src.warnings)
     verifier, architectures = _verifier(cfg, src)
     embedding = None

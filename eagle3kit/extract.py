@@ -50,10 +50,9 @@ from eagle3kit.target import (
     tokenizer_mismatch,
 )
 from eagle3kit.target.capture import Capture
-from eagle3kit.target.device import resolve_device, resolve_dtype
+from eagle3kit.target.device import parse_dtype, resolve_device, resolve_dtype
 
 ENGINES = ("hf", "vllm")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 DISK_MARGIN = 1.05
 """Free space asked for beyond the estimate: shard headers, ids, a commit in flight."""
 
@@ -84,7 +83,7 @@ class ExtractConfig:
     device: str = "auto"
     """cpu, cuda, cuda:N; auto: cuda when there is one (under torchrun, the rank's)."""
     dtype: str = "auto"
-    """float32, bfloat16, float16; auto: bfloat16 on GPU, float32 on CPU."""
+    """bfloat16, float16, float32; auto: bfloat16 on GPU, float32 on CPU."""
     device_map: str | None = None
     """Spread a model bigger than one GPU with accelerate (e.g. auto); replaces --device."""
     batch_tokens: int = 8192
@@ -133,8 +132,12 @@ class ExtractConfig:
             found.append("--server applies to --engine vllm only")
         if self.codec not in CODECS:
             found.append(f"--codec must be one of {', '.join(CODECS)} (got {self.codec!r})")
-        if self.dtype not in DTYPES:
-            found.append(f"--dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
+        try:
+            self.dtype, note = parse_dtype(self.dtype)
+            if note:
+                _ui.warn(note)
+        except UserError as exc:
+            found.append(str(exc))
         for flag, value in (("--batch-tokens", self.batch_tokens),
                             ("--concurrency", self.concurrency)):
             if value < 1:
