@@ -20,7 +20,7 @@ class Capture:
     def __init__(self, model: Any, layers: list[int], who: str = "eagle3kit") -> None:
         """`who` names the command in the message for a model without a decoder layer list."""
         self.layers = list(layers)
-        self.base = getattr(model, model.base_model_prefix, model)
+        self.base = getattr(model, getattr(model, "base_model_prefix", ""), model)
         blocks = getattr(self.base, "layers", None)
         if blocks is None:
             raise UserError(f"--target: {type(model).__name__} has no `layers` list of decoder "
