@@ -479,6 +479,17 @@ def test_bad_options(tiny, tmp_path, options, message):
         config(tiny, tiny["hidden"], tmp_path / "r", **options)
 
 
+@pytest.mark.parametrize(("options", "recorded"), [
+    ({}, "auto"), ({"dtype": "bfloat16"}, "bf16"), ({"dtype": "bf16"}, "bf16"),
+    ({"precision": "bf16"}, "bf16"), ({"dtype": "float32"}, "fp32"),
+])
+def test_run_json_records_the_dtype_as_older_runs_did(tiny, tmp_path, options, recorded):
+    # A run started with --precision bf16 continues under --dtype bfloat16 without --force.
+    cfg = config(tiny, tiny["hidden"], tmp_path / "r", **options)
+    assert cfg.dtype == {"auto": "auto", "bf16": "bfloat16", "fp32": "float32"}[recorded]
+    assert cfg.settings()["precision"] == recorded and "dtype" not in cfg.settings()
+
+
 def test_bad_inputs_name_the_file(tiny, tmp_path):
     with pytest.raises(UserError, match="a token dataset; train from it with --online"):
         run(config(tiny, tiny["tokens"], tmp_path / "r"))
