@@ -1,9 +1,10 @@
 """The frozen target's side of training: its states and its distribution at every position.
 
 Offline, the states come from a hidden-state dataset and only the target's embedding, final
-norm and lm_head are loaded. Online, the whole target runs, with forward hooks keeping the
-aux states and the last decoder layer's output, before the final norm, exactly what extract
-stores. Either way the target logits are lm_head(final_norm(last)), computed here in chunks:
+norm and lm_head are loaded. Online, the whole target runs, and `eagle3kit.target.Capture`,
+the very hooks extract uses, keeps the aux states and the last decoder layer's output before
+the final norm. Either way the target logits are lm_head(final_norm(last)), computed by
+`eagle3kit.target.TargetHead` in chunks:
 the full-vocabulary argmax (for the loss mask and for acceptance) and the draft-vocabulary
 logits are all training needs, never a [tokens, V] tensor for a whole batch.
 """
