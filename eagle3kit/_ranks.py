@@ -11,18 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3kit.errors import UserError
-
-
-def resolve_device(device: str, local_rank: int = 0) -> str:
-    """auto: this rank's GPU when there is one, else cpu; cuda: this rank's GPU."""
-    import torch
-
-    if device == "auto":
-        return f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        return f"cuda:{local_rank}"
-    return device
+from eagle3kit.target.device import resolve_device
 
 
 @dataclass
@@ -48,9 +37,7 @@ class Ranks:
 
         dev = None
         if device is not None:
-            dev = torch.device(resolve_device(device, local))
-            if dev.type == "cuda" and not torch.cuda.is_available():
-                raise UserError(f"--device {device}: no CUDA device here")
+            dev = resolve_device(device, local)
             if dev.type == "cuda":
                 torch.cuda.set_device(dev)
         if world == 1:

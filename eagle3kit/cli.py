@@ -476,7 +476,7 @@ def extract(
     device: Annotated[str | None, typer.Option(
         help="cpu, cuda, cuda:N; auto: cuda when there is one.")] = None,
     dtype: Annotated[str | None, typer.Option(
-        help="float32, bfloat16, float16; auto: bf16 on GPU, fp32 on CPU.")] = None,
+        help="bfloat16, float16, float32; auto: bfloat16 on GPU, float32 on CPU.")] = None,
     device_map: Annotated[str | None, typer.Option(
         help="Spread a big model over GPUs (e.g. auto).")] = None,
     batch_tokens: Annotated[int | None, typer.Option(
@@ -595,8 +595,11 @@ def train(
         help="Seeds the drafter's initialisation and the data order.")] = None,
     device: Annotated[str | None, typer.Option(
         help="auto (cuda when there is one), cpu, cuda, cuda:N.")] = None,
+    dtype: Annotated[str | None, typer.Option(
+        help="The drafter's autocast: auto (bfloat16 on GPU, float32 on CPU), bfloat16, "
+             "float32.")] = None,
     precision: Annotated[str | None, typer.Option(
-        help="auto (bf16 autocast on GPU, fp32 on CPU), bf16 or fp32.")] = None,
+        hidden=True, help="--dtype's old name (auto, bf16, fp32), still accepted.")] = None,
     eval_split: Annotated[float | None, typer.Option(
         metavar="SHARE|COUNT", help="Held-out samples, chosen by id hash; 0: none.")] = None,
     eval_every: Annotated[int | None, typer.Option(
@@ -637,7 +640,8 @@ def train(
                      schedule=schedule, lm_head=lm_head, data_order=data_order,
                      warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
                      batch_tokens=batch_tokens, grad_accum=grad_accum, epochs=epochs,
-                     max_steps=max_steps, seed=seed, device=device, precision=precision,
+                     max_steps=max_steps, seed=seed, device=device, dtype=dtype,
+                     precision=precision,
                      eval_split=eval_split, eval_every=eval_every, eval_k=eval_k,
                      checkpoint_every=checkpoint_every,
                      checkpoint_interval=checkpoint_interval, keep=keep, prefetch=prefetch,
@@ -662,7 +666,8 @@ def export(
         help="The model `vllm serve <draft>` loads (default: the run's target).")] = None,
     num_speculative_tokens: Annotated[int | None, typer.Option(
         help="Draft tokens per step in the vLLM config.")] = None,
-    dtype: Annotated[str | None, typer.Option(help="bf16, fp16 or fp32 weights.")] = None,
+    dtype: Annotated[str | None, typer.Option(
+        help="bfloat16, float16 or float32 weights.")] = None,
     target: Annotated[Path | None, typer.Option(
         help="The target model directory (default: the path the run recorded).")] = None,
     with_embedding: Annotated[bool, typer.Option(
@@ -745,7 +750,7 @@ def bench_accept(
     device: Annotated[str | None, typer.Option(
         help="auto (cuda when there is one), cpu, cuda, cuda:N.")] = None,
     dtype: Annotated[str | None, typer.Option(
-        help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16.")] = None,
+        help="auto (float32 on CPU, bfloat16 on GPU), bfloat16, float16, float32.")] = None,
     tie_epsilon: Annotated[float | None, typer.Option(
         help="Logit gap counted as a near-tie (default 1e-3 fp32, 0.25 bf16, 0.05 fp16).")
     ] = None,
@@ -851,7 +856,7 @@ def bench_parity(
     device: Annotated[str | None, typer.Option(
         help="bench accept's device: auto, cpu, cuda, cuda:N.")] = None,
     dtype: Annotated[str | None, typer.Option(
-        help="bench accept's dtype: auto, float32, bfloat16, float16.")] = None,
+        help="bench accept's dtype: auto, bfloat16, float16, float32.")] = None,
     api_key: ApiKey = None,
     request_timeout: Annotated[float | None, typer.Option(
         metavar="SECONDS", help="Limit on one request (default none).")] = None,

@@ -30,11 +30,17 @@ from eagle3kit.checkpoints.rundir import PROVENANCE, RunDir, read_provenance
 from eagle3kit.checkpoints.sglang import sglang_config, sglang_warnings, sglang_weights
 from eagle3kit.checkpoints.speculators import speculators_weights, vllm_config
 from eagle3kit.errors import UserError
-from eagle3kit.target import COMPARED, check_layer_ids, config_dict, parse_layer_ids
+from eagle3kit.target import (
+    COMPARED,
+    check_layer_ids,
+    config_dict,
+    parse_dtype,
+    parse_layer_ids,
+    to_layer_output,
+)
 
 FORMATS = ("vllm", "sglang", "both")
-DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
-          "fp32": "float32", "float32": "float32"}
+DTYPES = ("bfloat16", "float16", "float32")
 
 
 @dataclass
@@ -49,8 +55,8 @@ class ExportConfig:
     """The model `vllm serve <draft>` loads; default: the target recorded in the run."""
     num_speculative_tokens: int = 3
     """proposal_methods[0].speculative_tokens of the vLLM export."""
-    dtype: str = "bf16"
-    """Floating-point weights as bf16, fp16 or fp32 (d2t stays int64, t2d bool)."""
+    dtype: str = "bfloat16"
+    """Floating-point weights as bfloat16, float16 or float32 (d2t stays int64, t2d bool)."""
     target: Path | None = None
     """The target model directory; default: the path the run recorded, when it exists."""
     with_embedding: bool = False
@@ -69,8 +75,9 @@ class ExportConfig:
         self.target = None if self.target is None else Path(self.target)
         if self.format not in FORMATS:
             raise UserError(f"--format {self.format!r}: expected one of {', '.join(FORMATS)}")
-        if self.dtype not in DTYPES:
-            raise UserError(f"--dtype {self.dtype!r}: expected bf16, fp16 or fp32")
+        self.dtype, note = parse_dtype(self.dtype, allowed=DTYPES)
+        if note:
+            _ui.warn(note)
         if self.num_speculative_tokens < 1:
             raise UserError(f"--num-speculative-tokens must be >= 1 "
                             f"(got {self.num_speculative_tokens})")
@@ -349,7 +356,7 @@ def run(cfg: ExportConfig) -> ExportResult:
 
     src = load_source(cfg)
     drafter = src.model.config
-    dtype = DTYPES[cfg.dtype]
+    dtype = cfg.dtype
     warnings = list(src.warnings)
     verifier, architectures = _verifier(cfg, src)
     embedding = None
@@ -383,7 +390,7 @@ def run(cfg: ExportConfig) -> ExportResult:
                 format=fmt, path=str(final), layout=LAYOUT_NAMES[fmt], tensors=len(tensors),
                 bytes=(where / WEIGHTS).stat().st_size, dtype=dtype,
                 aux_layer_ids=list(drafter.aux_layer_ids),
-                aux_layer_ids_output=[i - 1 for i in drafter.aux_layer_ids],
+                aux_layer_ids_output=to_layer_output(drafter.aux_layer_ids),
                 draft_vocab_size=drafter.draft_vocab_size,
                 verifier=verifier if fmt == "vllm" else None,
                 has_embedding="embed_tokens.weight" in tensors, checks=checks))
@@ -406,7 +413,7 @@ def _provenance(cfg: ExportConfig, src: Source, fmt: str, dtype: str, verifier: 
         "written_by": f"eagle3kit {__version__}", "created": time.time(), "format": fmt,
         "source": str(cfg.run.resolve()), "source_layout": src.layout,
         "target": src.identity, "verifier": verifier, "dtype": dtype,
-        "aux_layer_ids": {"boundary": ids, "layer_output": [i - 1 for i in ids]},
+        "aux_layer_ids": {"boundary": ids, "layer_output": to_layer_output(ids)},
         "draft_vocab": {"size": src.model.config.draft_vocab_size, "coverage": src.coverage},
         "target_config": "copied from " + str(src.target_dir) if src.target_raw is not None
         else "the values the drafter recorded",

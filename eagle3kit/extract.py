@@ -26,7 +26,7 @@ import xxhash
 
 from eagle3kit import _hf, _ui
 from eagle3kit._options import OutputOptions, WriteOptions
-from eagle3kit._ranks import Ranks, resolve_device
+from eagle3kit._ranks import Ranks
 from eagle3kit._urls import server_url
 from eagle3kit.errors import UserError
 from eagle3kit.format import (
@@ -42,13 +42,17 @@ from eagle3kit.format import (
 from eagle3kit.target import (
     TargetInfo,
     check_layer_ids,
+    has_tokenizer,
     identity_mismatch,
     parse_layer_ids,
     resolve_layer_ids,
+    tokenizer_identity,
+    tokenizer_mismatch,
 )
+from eagle3kit.target.capture import Capture
+from eagle3kit.target.device import parse_dtype, resolve_device, resolve_dtype
 
 ENGINES = ("hf", "vllm")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 DISK_MARGIN = 1.05
 """Free space asked for beyond the estimate: shard headers, ids, a commit in flight."""
 
@@ -79,7 +83,7 @@ class ExtractConfig:
     device: str = "auto"
     """cpu, cuda, cuda:N; auto: cuda when there is one (under torchrun, the rank's)."""
     dtype: str = "auto"
-    """float32, bfloat16, float16; auto: bfloat16 on GPU, float32 on CPU."""
+    """bfloat16, float16, float32; auto: bfloat16 on GPU, float32 on CPU."""
     device_map: str | None = None
     """Spread a model bigger than one GPU with accelerate (e.g. auto); replaces --device."""
     batch_tokens: int = 8192
@@ -128,8 +132,12 @@ class ExtractConfig:
             found.append("--server applies to --engine vllm only")
         if self.codec not in CODECS:
             found.append(f"--codec must be one of {', '.join(CODECS)} (got {self.codec!r})")
-        if self.dtype not in DTYPES:
-            found.append(f"--dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
+        try:
+            self.dtype, note = parse_dtype(self.dtype)
+            if note:
+                _ui.warn(note)
+        except UserError as exc:
+            found.append(str(exc))
         for flag, value in (("--batch-tokens", self.batch_tokens),
                             ("--concurrency", self.concurrency)):
             if value < 1:
@@ -195,18 +203,6 @@ def owner(sample_id: str, world: int) -> int:
     return xxhash.xxh3_64_intdigest(sample_id.encode()) % world
 
 
-def _tokenizer_files(path: Path) -> bool:
-    return any((path / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json",
-                                              "tokenizer.model"))
-
-
-def tokenizer_identity(path: Path, trust_remote_code: bool = False) -> dict:
-    """Size and a hash of the vocabulary: two tokenizers with equal ones give equal ids."""
-    tok = _hf.load_tokenizer(path, trust_remote_code, flag="")
-    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
-    return {"size": len(tok), "vocab_xxh3": xxhash.xxh3_128_hexdigest(orjson.dumps(vocab))}
-
-
 def check_match(cfg: ExtractConfig, tokens: Dataset, top_id: int, target: TargetInfo) -> dict:
     """Refuse a token dataset made for another model, before any work; return the
     tokenizer identity to record."""
@@ -215,15 +211,15 @@ def check_match(cfg: ExtractConfig, tokens: Dataset, top_id: int, target: Target
         raise UserError(f"{where}: it holds token id {top_id}, the target embeds only "
                         f"{target.vocab_size} ids. Was it generated with another model?")
     source = cfg.tokenizer or tokens.tokenizer_dir
-    if not _tokenizer_files(source):
+    if not has_tokenizer(source):
         return {}
     ours = tokenizer_identity(source, cfg.trust_remote_code)
     if ours["size"] > target.vocab_size:
         raise UserError(f"{where}: its tokenizer ({source}) has {ours['size']} tokens, more "
                         f"than the target's {target.vocab_size} embedding rows")
-    if _tokenizer_files(target.path):
+    if has_tokenizer(target.path):
         theirs = tokenizer_identity(target.path, cfg.trust_remote_code)
-        if theirs["vocab_xxh3"] != ours["vocab_xxh3"]:
+        if tokenizer_mismatch(ours, theirs):
             raise UserError(f"{where}: its tokenizer ({source}, {ours['size']} tokens) differs "
                             f"from the target's ({theirs['size']} tokens); the same ids would "
                             "mean other text. Pass --tokenizer if the dataset's copy is wrong.")
@@ -442,44 +438,21 @@ def _engine(cfg: ExtractConfig, target: TargetInfo, layers: list[int], ranks: Ra
 
 
 class HfEngine:
-    """A transformers target with hooks that keep only the states wanted.
-
-    Aux id k is the output of decoder layer k-1 (id 0: the embeddings), which is what HF's
-    `output_hidden_states[k]` holds; hooking spares keeping all N+1 states of a batch.
-    The last state is the last decoder layer's output, before the final norm.
-    """
+    """A transformers target whose hooked forward (the one `Capture`, online training's too)
+    keeps only the states wanted: the aux ids and the last decoder layer's output, before
+    the final norm."""
 
     def __init__(self, model: Any, layers: list[int]) -> None:
         self.model = model
         self.layers = layers
-        self.base = getattr(model, model.base_model_prefix, model)
-        blocks = getattr(self.base, "layers", None)
-        if blocks is None:
-            raise UserError(f"--target: {type(model).__name__} has no `layers` list of decoder "
-                            "layers; extract knows Llama-, Qwen- and Mistral-style models")
-        self.blocks = blocks
-        self.captured: dict[int, Any] = {}
-        sources = {k: (self.base.get_input_embeddings() if k == 0 else blocks[k - 1])
-                   for k in {*layers, len(blocks)}}
-        for k, module in sources.items():
-            module.register_forward_hook(self._keep(k))
-        self.device = self.base.get_input_embeddings().weight.device
-
-    def _keep(self, k: int):
-        def hook(_module: Any, _inputs: Any, output: Any) -> None:
-            self.captured[k] = output[0] if isinstance(output, tuple) else output
-        return hook
+        self.capture = Capture(model, layers, who="extract")
+        self.device = self.capture.device
 
     @classmethod
     def load(cls, cfg: ExtractConfig, target: TargetInfo, layers: list[int],
              ranks: Ranks) -> HfEngine:
-        import torch
-
         device = resolve_device(cfg.device, ranks.local_rank)
-        dtype = cfg.dtype
-        if dtype == "auto":
-            dtype = "float32" if device == "cpu" and not cfg.device_map else "bfloat16"
-        options: dict = {"dtype": getattr(torch, dtype)}
+        options: dict = {"dtype": resolve_dtype(cfg.dtype, device, bool(cfg.device_map))}
         if cfg.device_map:
             options["device_map"] = cfg.device_map
         model = _hf.load_causal_lm(target.path, bool(cfg.trust_remote_code), **options)
@@ -498,20 +471,13 @@ class HfEngine:
         for row, x in enumerate(ids):
             batch[row, : len(x)] = torch.from_numpy(x.astype("int64"))
             mask[row, : len(x)] = 1
-        # Right padding under a causal mask leaves every real position's states as they are
-        # alone; a batch of one needs no mask at all.
         with torch.inference_mode():
-            self.captured.clear()
-            self.base(input_ids=batch.to(self.device),
-                      attention_mask=mask.to(self.device) if len(ids) > 1 else None,
-                      use_cache=False)
-            aux = torch.cat([self.captured[k] for k in self.layers], dim=-1)
-            last = self.captured[len(self.blocks)]
+            aux, last = self.capture(batch.to(self.device),
+                                     mask.to(self.device) if len(ids) > 1 else None)
             ok = (torch.isfinite(aux).all(-1) & torch.isfinite(last).all(-1)) | (mask == 0).to(
                 aux.device)
             fine = ok.all(-1).tolist()
             aux, last = aux.float().cpu().numpy(), last.float().cpu().numpy()
-        self.captured.clear()
         for row, x in enumerate(ids):
             yield (aux[row, : len(x)], last[row, : len(x)]) if fine[row] else None
 

@@ -337,7 +337,7 @@ def _final_norm(target: Path) -> Any:
     """The target's own final-norm module with its weights (fp32), whatever its kind."""
     import torch
 
-    from eagle3kit.train.target import TargetHead
+    from eagle3kit.target import TargetHead
 
     head = TargetHead.load(target, read_config(target))
     return head.norm.to(torch.float32).eval()

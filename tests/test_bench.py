@@ -569,7 +569,7 @@ def test_plot_without_matplotlib(pair, tmp_path, monkeypatch):
     (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
       "--temperature", "-1"], "--temperature must be >= 0"),
     (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
-      "--dtype", "int8"], "--dtype must be one of"),
+      "--dtype", "int8"], "--dtype int8: expected one of auto, bfloat16, float16, float32"),
     (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
       "--device", "tpu9"], "--device tpu9"),
     (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",

@@ -243,7 +243,7 @@ def test_overwrite_is_explicit_and_atomic(tiny, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--format", "onnx"], "--format 'onnx': expected one of vllm, sglang, both"),
-    (["--dtype", "int8"], "--dtype 'int8': expected bf16, fp16 or fp32"),
+    (["--dtype", "int8"], "--dtype int8: expected one of bfloat16, float16, float32"),
     (["--num-speculative-tokens", "0"], "--num-speculative-tokens must be >= 1"),
     (["--format", "sglang", "--with-embedding"], "--with-embedding: the SGLang layout"),
     (["--layers", "2,x"], "--layers 2,x: expected comma-separated integers"),

@@ -1,9 +1,13 @@
-"""The target's one owner (eagle3kit/target.py): one identity record with one comparison that
-still reads the records older releases wrote, and layer ids parsed and checked by one rule."""
+"""The target's one owner (eagle3kit/target/): one identity record with one comparison that
+still reads the records older releases wrote, layer ids parsed and checked by one rule and
+converted between conventions in one place, one device rule, one dtype vocabulary, and one
+hooked forward that extract and online training both take their states from."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,9 +17,13 @@ from eagle3kit.target import (
     TargetInfo,
     check_layer_ids,
     config_dict,
+    from_layer_output,
     identity_mismatch,
+    parse_dtype,
     parse_layer_ids,
+    resolve_device,
     resolve_layer_ids,
+    to_layer_output,
 )
 from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings
 
@@ -87,3 +95,138 @@ def test_a_config_is_read_with_one_message_when_it_is_not_there(tmp_path):
         config_dict(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     assert config_dict(tmp_path) == {"model_type": "llama"}
+
+
+# Layer ids: one conversion between the conventions ---------------------------------------------
+def test_the_one_conversion_between_conventions_round_trips():
+    assert to_layer_output([2, 18, 33]) == [1, 17, 32]  # SGLang's eagle_config ids
+    assert from_layer_output([1, 17, 32]) == [2, 18, 33]
+    for ids in ([2, 18, 33], [1, 4, 8], [0]):
+        assert from_layer_output(to_layer_output(ids)) == ids
+        assert to_layer_output(from_layer_output(ids)) == ids
+
+
+def test_no_stage_shifts_layer_ids_by_hand():
+    # export, the checkpoint layouts and bench's diagnosis convert through target/layers.py only.
+    package = Path(__file__).resolve().parent.parent / "eagle3kit"
+    files = [package / "export.py", package / "bench" / "diagnose.py",
+             *(package / "checkpoints").glob("*.py")]
+    for path in files:
+        text, name = path.read_text(), path.name
+        assert "for i in ids]" not in text and "i - 1 for i in" not in text, name
+        assert "i + 1 for i in" not in text and "int(i) + 1 for" not in text, name
+
+
+# The dtype vocabulary ------------------------------------------------------------------------
+@pytest.mark.parametrize(("given", "name"), [("bf16", "bfloat16"), ("fp16", "float16"),
+                                             ("fp32", "float32")])
+def test_old_dtype_spellings_are_accepted_with_a_note(given, name):
+    assert parse_dtype(given) == (name, f"--dtype {given}: write --dtype {name} (the old "
+                                        "spelling still works)")
+    assert parse_dtype(name) == (name, None)
+    assert parse_dtype("auto") == ("auto", None)
+
+
+def test_precision_is_dtypes_old_name():
+    name, note = parse_dtype("bf16", allowed=("auto", "bfloat16", "float32"),
+                             given_as="--precision")
+    assert name == "bfloat16" and note.startswith("--precision bf16: write --dtype bfloat16")
+    assert parse_dtype("auto", given_as="--precision")[1].startswith("--precision auto: write "
+                                                                      "--dtype auto")
+
+
+def test_a_dtype_outside_an_options_vocabulary_is_refused_by_name():
+    with pytest.raises(UserError, match=r"^--dtype int8: expected one of auto, bfloat16, "
+                                        r"float16, float32$"):
+        parse_dtype("int8")
+    with pytest.raises(UserError, match=r"^--dtype fp16: expected one of bfloat16, float32$"):
+        parse_dtype("fp16", allowed=("bfloat16", "float32"))
+
+
+def _eagle3kit(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eagle3kit", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_command_line_notes_an_old_spelling_once_on_stderr(tmp_path):
+    old = _eagle3kit("export", str(tmp_path / "no-run"), str(tmp_path / "out"), "--dtype", "fp32")
+    new = _eagle3kit("export", str(tmp_path / "no-run"), str(tmp_path / "out"), "--dtype",
+                     "float32")
+    for done in (old, new):  # the run is missing: the note comes before that one error
+        assert done.returncode == 2 and f"{tmp_path / 'no-run'}: no such run directory" in (
+            done.stderr)
+        assert "Traceback" not in done.stderr and done.stdout == ""
+    assert old.stderr.count("--dtype fp32: write --dtype float32") == 1
+    assert "write --dtype" not in new.stderr
+    train = _eagle3kit("train", str(tmp_path / "no-data"), str(tmp_path / "run"),
+                       "--precision", "bf16")
+    assert train.returncode == 2
+    assert "--precision bf16: write --dtype bfloat16 (the old spelling still works)" in (
+        train.stderr)
+
+
+# Devices ----------------------------------------------------------------------------------------
+def test_a_device_torch_does_not_know_is_refused_by_name():
+    with pytest.raises(UserError, match=r"^--device tpu9: not a device \(cpu, cuda, cuda:1"):
+        resolve_device("tpu9")
+    with pytest.raises(UserError, match=r"^--device tpu9: not a device"):
+        resolve_device("tpu9", local_rank=1)  # torchrun's path checks it too
+
+
+def test_auto_and_cuda_follow_the_rank():
+    import torch
+
+    assert str(resolve_device("cpu", local_rank=3)) == "cpu"
+    if torch.cuda.is_available():
+        assert str(resolve_device("auto")) == "cuda"
+        assert str(resolve_device("auto", local_rank=0)) == "cuda:0"
+        return
+    assert str(resolve_device("auto")) == str(resolve_device("auto", local_rank=2)) == "cpu"
+    for name in ("cuda", "cuda:1"):
+        with pytest.raises(UserError, match=f"^--device {name}: no CUDA device here$"):
+            resolve_device(name, local_rank=0)
+        with pytest.raises(UserError, match=f"^--device {name}: no CUDA device here$"):
+            resolve_device(name)
+
+
+# Capture: one hooked forward ------------------------------------------------------------------
+def test_extract_and_online_training_take_states_from_one_capture(targets):
+    import torch
+
+    from eagle3kit import _hf
+    from eagle3kit.extract import HfEngine
+    from eagle3kit.target.capture import Capture
+    from eagle3kit.train.target import OnlineTarget
+
+    target, _ = targets
+    layers = [0, 2, 5]
+    model = _hf.load_causal_lm(target, False, dtype=torch.float32).eval()
+    engine = HfEngine(model, layers)
+    online = OnlineTarget(_hf.load_causal_lm(target, False, dtype=torch.float32).eval(),
+                          layers, torch.device("cpu"))
+    assert type(engine.capture) is Capture and type(online.capture) is Capture
+
+    ids = torch.tensor([[5, 17, 42, 7, 99, 3]])
+    with torch.no_grad():
+        aux, last = engine.capture(ids)
+        reference = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+    states = reference.hidden_states  # [k]: the input of layer k; [N]: after the final norm
+    n = model.config.num_hidden_layers
+    torch.testing.assert_close(aux, torch.cat([states[k] for k in layers], dim=-1))
+    torch.testing.assert_close(model.model.norm(last), states[n])
+    assert not torch.equal(last, states[n])  # the last state is taken before the norm
+    online_aux, online_last = online.capture(ids)
+    torch.testing.assert_close(online_aux, aux)
+    torch.testing.assert_close(online_last, last)
+    rows = list(engine.states([ids[0].numpy()]))
+    torch.testing.assert_close(torch.from_numpy(rows[0][0]), aux[0])
+
+
+def test_a_model_without_a_decoder_layer_list_is_named():
+    import torch
+
+    from eagle3kit.target.capture import Capture
+
+    with pytest.raises(UserError, match=r"^--target: Linear has no `layers` list of decoder "
+                                        r"layers; extract knows Llama-"):
+        Capture(torch.nn.Linear(2, 2), [1], who="extract")

@@ -251,10 +251,8 @@ def test_online_and_offline_give_the_same_first_step_loss(tiny, tmp_path):
     ids, mask = on.sources[item.source].tokens(item.index)
     ids, mask = ids[:item.length], mask[:item.length]
     online = on.online.batch([(ids, mask)])
-    target = on.online
-    target.base(input_ids=torch.from_numpy(ids.astype(np.int64))[None], use_cache=False)
-    aux = torch.cat([target.captured[k] for k in on.layers], -1)[0].numpy()
-    last = target.captured[target.n_layers][0].numpy()
+    aux, last = on.online.capture(torch.from_numpy(ids.astype(np.int64))[None])
+    aux, last = aux[0].numpy(), last[0].numpy()
     rebuilt = OfflineTarget(off.head, "pre_norm", torch.device("cpu")).batch(
         [(ids, mask, aux, last)])
     torch.testing.assert_close(rebuilt.normed, online.normed, rtol=1e-5, atol=1e-5)
@@ -470,7 +468,8 @@ def test_both_exports_round_trip_through_init_from(tiny, tmp_path, fmt):
     ({"layers": [2, 4, 5]}, "--layers applies to --online"),
     ({"online": True, "layers": [2, 4]}, "--layers 2,4: give 3 ids"),
     ({"device": "tpu"}, "--device must be"),
-    ({"precision": "fp16"}, "--precision must be one of"),
+    ({"precision": "fp16"}, "--precision fp16: expected one of auto, bfloat16, float32"),
+    ({"dtype": "float16"}, "--dtype float16: expected one of auto, bfloat16, float32"),
     ({"schedule": "step"}, "--schedule must be one of cosine, linear, constant"),
     ({"lm_head": "copy"}, "--lm-head must be one of train, target, frozen"),
     ({"data_order": "sorted"}, "--data-order must be one of shuffle, fixed"),
@@ -478,6 +477,17 @@ def test_both_exports_round_trip_through_init_from(tiny, tmp_path, fmt):
 def test_bad_options(tiny, tmp_path, options, message):
     with pytest.raises(UserError, match=message):
         config(tiny, tiny["hidden"], tmp_path / "r", **options)
+
+
+@pytest.mark.parametrize(("options", "recorded"), [
+    ({}, "auto"), ({"dtype": "bfloat16"}, "bf16"), ({"dtype": "bf16"}, "bf16"),
+    ({"precision": "bf16"}, "bf16"), ({"dtype": "float32"}, "fp32"),
+])
+def test_run_json_records_the_dtype_as_older_runs_did(tiny, tmp_path, options, recorded):
+    # A run started with --precision bf16 continues under --dtype bfloat16 without --force.
+    cfg = config(tiny, tiny["hidden"], tmp_path / "r", **options)
+    assert cfg.dtype == {"auto": "auto", "bf16": "bfloat16", "fp32": "float32"}[recorded]
+    assert cfg.settings()["precision"] == recorded and "dtype" not in cfg.settings()
 
 
 def test_bad_inputs_name_the_file(tiny, tmp_path):

@@ -18,8 +18,8 @@ from eagle3kit import _ui
 from eagle3kit.bench import prompts as bench_prompts
 from eagle3kit.bench.stats import Acceptance, likely_misconfigured
 from eagle3kit.errors import UserError
+from eagle3kit.target import parse_dtype, resolve_device, resolve_dtype
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 TIE_EPSILON = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.05}
 """Default --tie-epsilon per dtype: a k+1-token verification pass and one-token decoding sum
 in different orders, so their logits differ by rounding; bf16 logits near 20 are spaced 0.125."""
@@ -64,7 +64,7 @@ class AcceptConfig:
     device: str = "auto"
     """cpu, cuda, cuda:N; auto is cuda when there is one."""
     dtype: str = "auto"
-    """float32, bfloat16 or float16; auto is float32 on CPU and bfloat16 on CUDA."""
+    """bfloat16, float16 or float32; auto is float32 on CPU and bfloat16 on a GPU."""
     tie_epsilon: float | None = None
     """Largest top-1 minus chosen-token logit gap counted as a near-tie (default per dtype)."""
     seed: int = 0
@@ -96,8 +96,9 @@ class AcceptConfig:
         if self.tree is not None and self.temperature > 0:
             raise UserError("--tree verifies greedily: use it with --temperature 0, or draft "
                             "a chain (--k N) to sample")
-        if self.dtype not in DTYPES:
-            raise UserError(f"--dtype must be one of {', '.join(DTYPES)} (got {self.dtype})")
+        self.dtype, note = parse_dtype(self.dtype)
+        if note:
+            _ui.warn(note)
         if self.plot is not None:
             from eagle3kit.bench.report import check_plotting
 
@@ -173,28 +174,6 @@ class AcceptReport:
 
 
 # Loading ------------------------------------------------------------------------------------
-def resolve_device(name: str) -> Any:
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"--device {name}: not a device (cpu, cuda, cuda:1, ...)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: CUDA is not available here")
-    return device
-
-
-def resolve_dtype(name: str, device: Any) -> Any:
-    import torch
-
-    if name == "auto":
-        name = "bfloat16" if device.type == "cuda" else "float32"
-    return getattr(torch, name)
-
-
 def load_target(path: Path, device: Any, dtype: Any, trust_remote_code: bool = False) -> Any:
     from eagle3kit import _hf
 

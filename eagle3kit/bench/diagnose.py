@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3kit.target import to_layer_output
+
 CAUSES = {
     "aux-layer-ids": "aux layer ids",
     "d2t": "d2t/t2d mapping",
@@ -125,7 +127,7 @@ def run_findings(info: Any, provenance: dict | None, run_info: Any | None) -> li
     if run_info is not None and run_info.aux_layer_ids:
         recorded = run_info.aux_layer_ids
     if recorded and info.aux_layer_ids and list(recorded) != list(info.aux_layer_ids):
-        shifted = [i - 1 for i in recorded] == list(info.aux_layer_ids)
+        shifted = to_layer_output(recorded) == list(info.aux_layer_ids)
         out.append(Finding("aux-layer-ids", (
             f"{where}: aux layer ids {info.aux_layer_ids} ({info.layer_ids_source}) but the run "
             f"trained on boundary ids {list(recorded)}"

@@ -20,6 +20,7 @@ from eagle3kit import _ui
 from eagle3kit.bench import diagnose
 from eagle3kit.bench.stats import likely_misconfigured
 from eagle3kit.errors import UserError
+from eagle3kit.target import parse_dtype
 
 TOLERANCE = 0.05
 
@@ -59,6 +60,9 @@ class ParityConfig:
             raise UserError(f"--drafter {self.drafter}: no such checkpoint directory")
         if not (self.target / "config.json").is_file():
             raise UserError(f"--target {self.target}: no config.json (not a model directory)")
+        self.dtype, note = parse_dtype(self.dtype)
+        if note:
+            _ui.warn(note)
         if not (0 <= self.tolerance < 1 and math.isfinite(self.tolerance)):
             raise UserError(f"--tolerance must be in [0, 1) (got {self.tolerance})")
         if isinstance(self.speculative_config, str):

@@ -17,6 +17,7 @@ from typing import Any
 from eagle3kit.checkpoints.weights import Weights
 from eagle3kit.errors import UserError
 from eagle3kit.model.config import VARIANT_FIELDS, VARIANTS, DrafterConfig, rope_of
+from eagle3kit.target import to_layer_output
 
 LAYOUTS = {
     "eagle3kit": "eagle3kit (speculators weights, an eagle3kit config block)",
@@ -78,7 +79,7 @@ class CheckpointInfo:
     @property
     def aux_layer_ids_output(self) -> list[int] | None:
         """The same ids in the layer-output convention (SGLang, SpecForge, ModelOpt)."""
-        return None if self.aux_layer_ids is None else [i - 1 for i in self.aux_layer_ids]
+        return None if self.aux_layer_ids is None else to_layer_output(self.aux_layer_ids)
 
     @property
     def supported(self) -> bool:

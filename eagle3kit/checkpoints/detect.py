@@ -33,7 +33,7 @@ from eagle3kit.checkpoints.rundir import read_provenance
 from eagle3kit.checkpoints.sglang import sglang_to_ours
 from eagle3kit.checkpoints.weights import Weights
 from eagle3kit.errors import UserError
-from eagle3kit.target import config_dict
+from eagle3kit.target import config_dict, from_layer_output
 
 
 def detect_layout(config: dict, names: list[str], shapes: dict) -> str:
@@ -161,7 +161,7 @@ def _ids_of(layout: str, config: dict) -> tuple[list[int] | None, str]:
     top = config.get("eagle_aux_hidden_state_layer_ids")
     nested = _nested_ids(config)
     if layout in ("sglang", "modelopt") and nested:
-        return [int(i) + 1 for i in nested], "eagle_config.eagle_aux_hidden_state_layer_ids (+1)"
+        return from_layer_output(nested), "eagle_config.eagle_aux_hidden_state_layer_ids (+1)"
     if top:
         return [int(i) for i in top], "eagle_aux_hidden_state_layer_ids"
     if nested:  # a speculators config with only nested ids: vLLM reads them as boundary ids

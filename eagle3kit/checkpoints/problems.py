@@ -22,7 +22,7 @@ from eagle3kit.checkpoints.base import (
 from eagle3kit.checkpoints.speculators import check_speculators
 from eagle3kit.checkpoints.weights import Weights, target_embedding
 from eagle3kit.model.vocab import vocab_problems
-from eagle3kit.target import default_layer_ids
+from eagle3kit.target import default_layer_ids, from_layer_output
 
 # Tensors of the EAGLE-3.1 variants (norm_before_fc, fc_norm).
 _V31_PREFIXES = ("input_norm.", "fc_norm.")
@@ -125,7 +125,7 @@ def _check_conventions(info: CheckpointInfo, config: dict) -> None:
         return
     if info.layout == "sglang":
         nested, top = _nested_ids(config), config.get("eagle_aux_hidden_state_layer_ids")
-        if nested and top and [i + 1 for i in nested] != list(top):
+        if nested and top and from_layer_output(nested) != list(top):
             info.problems.append(f"top-level ids {list(top)} (boundary, read by vLLM) and "
                                  f"eagle_config ids {nested} (layer-output, read by SGLang) "
                                  f"name different layers")

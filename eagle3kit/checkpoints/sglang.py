@@ -12,6 +12,7 @@ from typing import Any
 from eagle3kit.checkpoints.base import decoder_fields
 from eagle3kit.checkpoints.native import export_tensors
 from eagle3kit.errors import UserError
+from eagle3kit.target import to_layer_output
 
 
 def sglang_config(drafter: Any, dtype: str, target: dict | None, warnings: list[str]) -> dict:
@@ -29,7 +30,7 @@ def sglang_config(drafter: Any, dtype: str, target: dict | None, warnings: list[
               "draft_vocab_size": drafter.draft_vocab_size,
               "torch_dtype": dtype,
               "norm_before_residual": drafter.norm_before_residual,
-              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids],
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": to_layer_output(ids),
                                "use_aux_hidden_state": True},
               "eagle_aux_hidden_state_layer_ids": ids}
     if drafter.target_hidden_size is not None:
@@ -64,7 +65,7 @@ def sglang_warnings(drafter: Any) -> list[str]:
         out.append("norm_before_residual is true: SGLang builds that do not read it take the "
                    "residual from the raw hidden input (false) and serve this drafter wrongly")
     if drafter.aux_layer_ids[0] != 2:
-        out.append(f"SGLang layer-output ids {[i - 1 for i in drafter.aux_layer_ids]} do not "
+        out.append(f"SGLang layer-output ids {to_layer_output(drafter.aux_layer_ids)} do not "
                    f"start at 1: SGLang before PR #25454 adds 1, newer SGLang reads them as "
                    f"boundary ids; check per-position acceptance after serving")
     return out

@@ -7,16 +7,21 @@ imports the heavy modules only once the options are known to be usable.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3kit import _ui
 from eagle3kit._options import OutputOptions, WriteOptions
 from eagle3kit.errors import UserError
-from eagle3kit.target import check_layer_ids, parse_layer_ids
+from eagle3kit.target import check_layer_ids, parse_dtype, parse_layer_ids
 
 LONG_POLICIES = ("drop", "truncate")
-PRECISIONS = ("auto", "bf16", "fp32")
+DTYPES = ("auto", "bfloat16", "float32")
+"""--dtype: the drafter's autocast (float16 would need a loss scaler)."""
+RECORDED_DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
+"""How run.json records --dtype (as `precision`, its old name and spelling), so a run
+started before the one dtype vocabulary continues without --force."""
 SCHEDULES = ("cosine", "linear", "constant")
 LM_HEADS = ("train", "target", "frozen")
 DATA_ORDERS = ("shuffle", "fixed")
@@ -142,8 +147,8 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     """auto (cuda when available), cpu, cuda, cuda:N."""
-    precision: str = "auto"
-    """auto (bf16 autocast on GPU, fp32 on CPU), bf16 or fp32."""
+    dtype: str = "auto"
+    """The drafter's autocast: auto (bfloat16 on GPU, float32 on CPU), bfloat16 or float32."""
     eval_split: float = 0.05
     """Held-out samples: a share when < 1, else a count; chosen by sample-id hash; 0: none."""
     eval_every: int = 500
@@ -166,6 +171,8 @@ class TrainConfig:
     """--resume/--overwrite/--force: whether a run continues (auto), must (resume) or starts
     afresh, and whether one started with other settings may (force)."""
     output: OutputOptions = field(default_factory=OutputOptions)
+    precision: InitVar[str | None] = None
+    """--dtype's old name (with bf16 or fp32), still accepted with a note."""
 
     @classmethod
     def from_paths(cls, paths: list[str], **options: Any) -> TrainConfig:
@@ -176,7 +183,7 @@ class TrainConfig:
         return cls([DataSpec.parse(d) for d in data], Path(out), options.pop("target", None),
                    **options)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, precision: str | None) -> None:
         self.data = [DataSpec.parse(d) for d in self.data]
         self.out = Path(self.out)
         self.target = None if self.target is None else Path(self.target)
@@ -188,6 +195,10 @@ class TrainConfig:
         found: list[str] = []
         self._check_ranges(found)
         self._check_choices(found)
+        try:
+            self._parse_dtype(precision)
+        except UserError as exc:
+            found.append(str(exc))
         self._check_servers(found)
         self._check_paths(found)
         if found:
@@ -268,9 +279,6 @@ class TrainConfig:
                                      ("--data-order", self.data_order, DATA_ORDERS)):
             if value not in allowed:
                 found.append(f"{flag} must be one of {', '.join(allowed)} (got {value})")
-        if self.precision not in PRECISIONS:
-            found.append(f"--precision must be one of {', '.join(PRECISIONS)} "
-                         f"(got {self.precision})")
         try:
             self.layers = parse_layer_ids(self.layers)
             if self.layers is not None:
@@ -337,6 +345,15 @@ class TrainConfig:
         """The held-out count when --eval-split is a count, else None."""
         return int(self.eval_split) if self.eval_split >= 1 else None
 
+    def _parse_dtype(self, precision: str | None) -> None:
+        """--dtype (or --precision, its old name) in the one dtype vocabulary."""
+        given, old_name = self.dtype, None
+        if precision is not None:
+            given, old_name = precision, "--precision"
+        self.dtype, note = parse_dtype(given, allowed=DTYPES, given_as=old_name)
+        if note:
+            _ui.warn(note)
+
     def settings(self) -> dict[str, Any]:
         """The trajectory-deciding options, as JSON (what run.json records and resume checks).
         The drafter's layout is among them when it is not the plain EAGLE-3 one (so runs of
@@ -346,9 +363,11 @@ class TrainConfig:
         raw = asdict(self)
         out: dict[str, Any] = {}
         for name in SETTINGS:
-            value = raw[name]
+            value = raw.get(name)
             if name == "data":
                 value = [d.to_json() for d in self.data]
+            elif name == "precision":
+                value = RECORDED_DTYPES.get(self.dtype, self.dtype)
             elif isinstance(value, Path):
                 value = str(value.resolve())
             out[name] = value

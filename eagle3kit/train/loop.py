@@ -47,8 +47,10 @@ from eagle3kit.model import (
 from eagle3kit.target import (
     TargetInfo,
     check_layer_ids,
+    dtype_name,
     identity_mismatch,
     location,
+    resolve_dtype,
     resolve_layer_ids,
 )
 from eagle3kit.train import data as tdata
@@ -175,8 +177,8 @@ class Trainer:
         self.cfg, self.ranks = cfg, ranks
         self.run_dir = RunDir(cfg.out)
         self.device = ranks.device
-        self.autocast = (torch.bfloat16 if cfg.precision == "bf16" or (
-            cfg.precision == "auto" and self.device.type == "cuda") else None)
+        self.autocast = (torch.bfloat16 if dtype_name(cfg.dtype, self.device) == "bfloat16"
+                         else None)
 
     # The whole run ------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -266,7 +268,7 @@ class Trainer:
         return resolve_layer_ids(None, n)
 
     def _load_target(self) -> None:
-        dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
+        dtype = resolve_dtype("auto", self.device)
         if self.cfg.online and not self.cfg.servers:
             self.online = OnlineTarget.load(self.cfg.target, self.layers, self.device,
                                             self.trust_remote_code)

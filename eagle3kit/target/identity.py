@@ -1,4 +1,4 @@
-"""The target model, as every stage sees it: its config, its identity and its layer ids.
+"""The target's config and identity: which model a dataset, run or export was made with.
 
 - `read_config` loads a model directory's config (transformers, the text config of a
   multimodal one); `config_dict` reads any model or checkpoint directory's config.json as a
@@ -8,9 +8,8 @@
   config, and train, export and convert compare a record against a target with
   `identity_mismatch`. Records written before there was one (extract's config/weights hashes,
   train's fingerprint) are still compared on the keys they carry.
-- Layer ids (boundary convention: id k is the input of decoder layer k, the HF
-  `output_hidden_states[k]`; id N the last layer's output) are parsed, defaulted and checked
-  here, the same way for every stage; a stage that needs a count says so with `count`.
+- `tokenizer_identity` is a tokenizer's size and vocabulary hash, what extract records and
+  compares (`tokenizer_mismatch`) so a token dataset is never run through another model.
 
 No torch here, and transformers only inside `read_config`: configs import this module.
 """
@@ -20,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +28,11 @@ import xxhash
 from eagle3kit._json import json_object
 from eagle3kit.errors import UserError
 
-MIN_DEFAULT_DEPTH = 7
-"""Below this many layers EAGLE-3's default ids (2, N//2, N-3) are not distinct."""
 COMPARED = ("model_type", "num_layers", "hidden_size", "vocab_size", "fingerprint",
             "config_xxh3")
 """The identity keys that must agree for two records to name the same target. The weights'
 file names and sizes (`weights_xxh3`) are recorded, not compared: a bf16 copy of the same
 model has other sizes and the same states."""
-LAYERS_EXAMPLE = "2,18,33"
 
 
 # The config -----------------------------------------------------------------------------------
@@ -158,55 +153,24 @@ class TargetInfo:
         return getattr(self.config, "max_position_embeddings", None)
 
 
-# Layer ids --------------------------------------------------------------------------------------
-def parse_layer_ids(value: str | list[int] | tuple[int, ...] | None,
-                    flag: str = "--layers") -> list[int] | None:
-    """"2,18,33" -> [2, 18, 33] (a list passes through); None stays None."""
-    if value is None:
-        return None
-    if isinstance(value, list | tuple):
-        return [int(v) for v in value]
-    try:
-        return [int(v) for v in str(value).split(",") if v.strip()]
-    except ValueError:
-        raise UserError(f"{flag} {value}: expected comma-separated integers, e.g. "
-                        f"{flag} {LAYERS_EXAMPLE}") from None
+# The tokenizer ----------------------------------------------------------------------------------
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
-def default_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's low, middle and high states in the boundary convention: 2, N//2, N-3."""
-    return [2, num_layers // 2, num_layers - 3]
+def has_tokenizer(path: Path) -> bool:
+    """Whether `path` holds a tokenizer (a target directory may hold only weights)."""
+    return any((Path(path) / n).is_file() for n in TOKENIZER_FILES)
 
 
-def check_layer_ids(ids: list[int], num_layers: int | None = None, count: int | None = None,
-                    flag: str = "--layers") -> list[int]:
-    """`ids` when usable: at least one, `count` of them when a stage needs that many,
-    distinct and increasing, and within 0..N once the target's depth N is known."""
-    text = ",".join(map(str, ids))
-    if not ids:
-        raise UserError(f"{flag}: give at least one layer id, e.g. {flag} {LAYERS_EXAMPLE}")
-    if count is not None and len(ids) != count:
-        raise UserError(f"{flag} {text}: give {count} ids (low, middle, high), like "
-                        f"{LAYERS_EXAMPLE}")
-    if min(ids) < 0 or any(a >= b for a, b in pairwise(ids)):
-        raise UserError(f"{flag} {text}: ids must be distinct and increasing (low, mid, high), "
-                        f"like {LAYERS_EXAMPLE}")
-    if num_layers is not None and max(ids) > num_layers:
-        n = num_layers
-        raise UserError(f"{flag} {text}: ids must lie in 0..{n} for this {n}-layer target "
-                        "(boundary convention: id k is the input of layer k, id N the last "
-                        "layer's output)")
-    return list(ids)
+def tokenizer_identity(path: Path, trust_remote_code: bool = False) -> dict:
+    """Size and a hash of the vocabulary: two tokenizers with equal ones give equal ids."""
+    from eagle3kit import _hf
+
+    tok = _hf.load_tokenizer(path, trust_remote_code, flag="")
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    return {"size": len(tok), "vocab_xxh3": xxhash.xxh3_128_hexdigest(orjson.dumps(vocab))}
 
 
-def resolve_layer_ids(ids: list[int] | None, num_layers: int, count: int | None = None,
-                      flag: str = "--layers") -> list[int]:
-    """The aux ids for a target of `num_layers`: given ones checked, or EAGLE-3's defaults."""
-    if ids is not None:
-        return check_layer_ids(ids, num_layers, count, flag)
-    n = num_layers
-    if n < MIN_DEFAULT_DEPTH:
-        raise UserError(f"the target has {n} layers, too few for distinct default layer ids "
-                        f"(2, N//2, N-3); choose them with {flag}, e.g. {flag} "
-                        f"{','.join(str(i) for i in sorted({1, max(n // 2, 1), n}))}")
-    return default_layer_ids(n)
+def tokenizer_mismatch(ours: dict, theirs: dict) -> bool:
+    """Whether two tokenizer identities give the same ids other text."""
+    return ours.get("vocab_xxh3") != theirs.get("vocab_xxh3")
