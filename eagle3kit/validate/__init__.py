@@ -6,7 +6,7 @@ check is a small function in a registry (checks.py) returning its row from the f
 result is a `ValidateReport` (report.py) that collects every finding, damaged shards
 included; the CLI turns it into the exit status (0 all passed, 1 a check failed, 2 unusable
 input). What a correct final turn looks like is learned from the template by
-gen/reasoning.py. See docs/validate.md.
+chat/reasoning.py. See docs/validate.md.
 """
 
 from __future__ import annotations
