@@ -796,7 +796,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from real_tokenizers import qwen3_tokenizer_dir
 
-    from eagle3kit.gen.render import Renderer
+    from eagle3kit.chat.render import Renderer
 
     args.dir.mkdir(parents=True, exist_ok=True)
     tokenizer = qwen3_tokenizer_dir(args.dir / "tokenizer-cache").resolve()

@@ -248,9 +248,9 @@ def retries_of(run: RunResult) -> int:
 # Checking the dataset ------------------------------------------------------------------------
 def check_dataset(soak: Soak) -> dict[str, Any]:
     from eagle3kit import gen
+    from eagle3kit.chat.render import Renderer
     from eagle3kit.format import Dataset
     from eagle3kit.gen.config import GenConfig, ServerSpec
-    from eagle3kit.gen.render import Renderer
 
     cfg = GenConfig([soak.prompts], soak.out, servers=[ServerSpec("http://127.0.0.1:1")],
                     tokenizer=soak.tokenizer)

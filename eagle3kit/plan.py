@@ -37,7 +37,7 @@ from eagle3kit import _ui
 from eagle3kit.errors import UserError
 from eagle3kit.format import CODECS, Dataset, hidden_bytes_per_token
 from eagle3kit.gen import GenConfig
-from eagle3kit.gen.scheduler import Chain, resume_point
+from eagle3kit.gen.jobs import Chain, resume_point
 from eagle3kit.target import check_layer_ids, config_dict, parse_layer_ids
 
 PILOT_SHARE = 0.01

@@ -42,6 +42,10 @@ RULES: list[tuple[str, str, tuple[str, ...], tuple[str, ...], tuple[str, ...]]] 
     ("target/ imports no stage, no CLI and no UI", "eagle3kit.target",
      ("eagle3kit._ui", "eagle3kit.cli", "eagle3kit._help", "eagle3kit.model",
       "eagle3kit.checkpoints", "eagle3kit.format", *(f"eagle3kit.{s}" for s in STAGES)), (), ()),
+    ("chat/ imports no stage, no UI, no format, no model and no checkpoint reader",
+     "eagle3kit.chat",
+     ("eagle3kit._ui", "eagle3kit.cli", "eagle3kit.format", "eagle3kit.model",
+      "eagle3kit.checkpoints", *(f"eagle3kit.{s}" for s in STAGES)), (), ()),
     ("a shared helper imports no stage", "shared",
      ("eagle3kit.cli", "eagle3kit.model", "eagle3kit.checkpoints",
       *(f"eagle3kit.{s}" for s in STAGES)), ("eagle3kit.target",), ()),
@@ -118,7 +122,7 @@ KNOWN = set(all_modules())
     ("eagle3kit.model.drafter", "from ..train import loop\n", "model/ imports no stage"),
     ("eagle3kit.model.config", "from eagle3kit.checkpoints.detect import inspect\n",
      "no checkpoint reader"),
-    ("eagle3kit.gen.render", "import rich.console\n", "only _ui.py imports rich"),
+    ("eagle3kit.chat.render", "import rich.console\n", "only _ui.py imports rich"),
     ("eagle3kit.export", "from eagle3kit.cli import main\n", "no stage imports the CLI"),
     ("eagle3kit.validate.checks", "import typer\n", "only the command line imports typer"),
     ("eagle3kit.info", "from eagle3kit.format.layout import MANIFEST\n", "public view only"),
@@ -133,6 +137,11 @@ KNOWN = set(all_modules())
     ("eagle3kit.target.capture", "from eagle3kit import _ui\n", "target/ imports no stage"),
     ("eagle3kit.target.head", "from eagle3kit.train.target import TargetBatch\n",
      "target/ imports no stage"),
+    ("eagle3kit.chat.render", "from eagle3kit.gen.types import Conversation\n",
+     "chat/ imports no stage"),
+    ("eagle3kit.chat.phases", "def f():\n    from eagle3kit.bench import accept\n",
+     "chat/ imports no stage"),
+    ("eagle3kit.chat.reasoning", "from eagle3kit import _ui\n", "chat/ imports no stage"),
 ])
 def test_the_checker_catches(module: str, source: str, rule: str) -> None:
     found = breaks(module, source, False, KNOWN)
@@ -144,6 +153,9 @@ def test_the_checker_catches(module: str, source: str, rule: str) -> None:
                                 "from eagle3kit import __version__\n"),
     ("eagle3kit.checkpoints.detect", "from eagle3kit.checkpoints.rundir import RunDir\n"),
     ("eagle3kit.info", "from eagle3kit.format import Dataset\n"),
+    ("eagle3kit.chat.render", "from eagle3kit.errors import UserError\n"
+                              "from eagle3kit.chat.markers import think_pair\n"),
+    ("eagle3kit.train.ttt", "from eagle3kit.chat.phases import PHASES\n"),
     ("eagle3kit._ui", "import rich\n"),
     ("eagle3kit.cli", "import typer\nfrom eagle3kit.gen import config\n"),
 ])
@@ -162,14 +174,16 @@ def test_every_module_keeps_the_import_rules() -> None:
 
 def test_every_room_is_named() -> None:
     # A new top-level module or package is placed in a room here (and in ARCHITECTURE.md).
-    rooms = {"__main__", "cli", "format", "model", "checkpoints", *STAGES, *SHARED, "_help"}
+    rooms = {"__main__", "cli", "format", "model", "checkpoints", "chat", *STAGES, *SHARED,
+             "_help"}
     tops = {name.split(".")[1] for name in all_modules() if name.count(".") >= 1}
     assert tops - rooms == set()
 
 
 def test_architecture_notes_name_every_room() -> None:
     notes = (PACKAGE.parent / "ARCHITECTURE.md").read_text()
-    for room in ("format/", "model/", "checkpoints/", "validate/", "gen/servers/", "train/",
+    for room in ("format/", "model/", "checkpoints/", "chat/", "validate/", "gen/servers/",
+                 "train/",
                  "bench/", "cli.py", "_ui.py", "target/", "_options.py", "_durable.py",
                  "checkpoints/rundir.py", "_ranks.py"):
         assert f"`eagle3kit/{room}`" in notes, room

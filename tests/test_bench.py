@@ -201,7 +201,7 @@ def test_every_prompt_of_every_set_is_lossless(pair, drafter):
     report = bench(pair, drafter, FULL_SETS, max_new_tokens=6)
     assert report.lossless is True, [p for p in report.prompts if p.status == "mismatch"]
     from eagle3kit.bench.prompts import load
-    from eagle3kit.gen.render import generation_points
+    from eagle3kit.chat.conversation import generation_points
 
     turns = sum(len(generation_points(c)) for c in load(FULL_SETS))
     assert len(report.prompts) == turns >= 600

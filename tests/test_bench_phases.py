@@ -1,4 +1,4 @@
-"""Acceptance by reasoning phase (eagle3kit.bench.phases), on the real Qwen3 tokenizer, whose
+"""Acceptance by reasoning phase (eagle3kit.chat.phases), on the real Qwen3 tokenizer, whose
 <think>, </think>, <tool_call> and </tool_call> are single tokens: hand-built decodes whose
 phases are known token by token."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from real_tokenizers import qwen3_tokenizer_dir
 
-from eagle3kit.bench.phases import Markers, by_phase, phase_after, round_phases
+from eagle3kit.chat.markers import THINK_MARKER_PAIRS, TOOL_CALL_MARKERS, think_pair
+from eagle3kit.chat.phases import Markers, by_phase, phase_after, round_phases
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +67,22 @@ def test_a_template_without_think_in_the_prompt_starts_in_the_answer(tok) -> Non
     assert phases[-1] == "answer"
     assert round_phases(prompt, ids(tok, "plain text here"), [0, 0], markers) == \
         ["answer", "answer"]
+
+
+@pytest.mark.parametrize("pair", THINK_MARKER_PAIRS)
+def test_every_think_pair_of_the_one_table_opens_the_think_phase(pair) -> None:
+    """bench and train split phases by the same marker table gen renders with: a model whose
+    reasoning is `<seed:think>` (Seed-OSS) or `◁think▷` has its think phase too (the old
+    phase table knew `<think>` alone and put all of it in the answer)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[UNK]", "a", "b", *pair, *TOOL_CALL_MARKERS]
+    model = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    model.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=model)
+    markers = Markers.of(tok)
+    assert think_pair(tok.get_vocab()) == pair
+    assert sorted(markers.opens.values()) == ["think", "tool_call"]
+    assert phase_after(ids(tok, f"a {pair[0]} b"), markers) == "think"
+    assert phase_after(ids(tok, f"{pair[0]} a {pair[1]} b"), markers) == "answer"

@@ -18,8 +18,8 @@ import pytest
 from real_tokenizers import gpt_oss_tokenizer_dir
 from typer.testing import CliRunner
 
+from eagle3kit.chat.reasoning import load_renderer, plain_ids
 from eagle3kit.format import DatasetWriter, TokenSample
-from eagle3kit.gen.reasoning import load_renderer, plain_ids
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "validate.md"
 COMMAND = "eagle3kit validate gpt-oss-math"

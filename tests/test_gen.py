@@ -62,7 +62,7 @@ def check_exact(out: Path, server: FakeServer) -> Dataset:
 
 
 def _stops(out: Path) -> list[int]:
-    from eagle3kit.gen.render import Renderer
+    from eagle3kit.chat.render import Renderer
 
     return Renderer.load(out / "tokenizer").stop_token_ids
 

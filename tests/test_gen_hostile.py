@@ -45,9 +45,9 @@ from test_gen_faults import (
     switch_faults_when,
 )
 
+from eagle3kit.chat.render import Renderer
 from eagle3kit.format import Dataset
 from eagle3kit.format.layout import MANIFEST
-from eagle3kit.gen.render import Renderer
 
 HANG_GUARD_S = 90
 """Before the fixes these tests hung; this fails them instead."""

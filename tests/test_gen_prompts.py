@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from eagle3kit.chat.conversation import Conversation
 from eagle3kit.errors import UserError
 from eagle3kit.gen.prompts import (
     conversation_key,
@@ -17,7 +18,6 @@ from eagle3kit.gen.prompts import (
     load_hf_dataset,
     select,
 )
-from eagle3kit.gen.types import Conversation
 
 DATA = Path(__file__).parent / "data" / "prompts"
 EAGLE = DATA / "eagle"

@@ -30,15 +30,15 @@ from real_tokenizers import (
     qwen3_tokenizer_dir,
 )
 
-from eagle3kit.errors import UserError
-from eagle3kit.gen.render import (
+from eagle3kit.chat.conversation import Conversation
+from eagle3kit.chat.render import (
     Renderer,
     generation_points,
     harmony_message,
     parse_chat_template_kwargs,
     think_markers,
 )
-from eagle3kit.gen.types import Conversation
+from eagle3kit.errors import UserError
 
 HI = [{"role": "user", "content": "hi"}]
 QWEN3_ORIGINAL = TEMPLATES / "Qwen-Qwen3-0.6B.jinja"
@@ -677,7 +677,7 @@ def test_the_torch_free_tokenizer_path_equals_autotokenizer(build, tok_root):
     and render exactly as AutoTokenizer's class does."""
     from transformers import AutoTokenizer
 
-    from eagle3kit.gen.render import load_tokenizer
+    from eagle3kit.chat.render import load_tokenizer
 
     path = build(tok_root)
     fast, auto = load_tokenizer(path, False), AutoTokenizer.from_pretrained(path)
@@ -699,11 +699,11 @@ def test_loading_a_plain_fast_tokenizer_does_not_import_torch(tok_root):
     import subprocess
     import sys
 
-    from eagle3kit.gen.render import _plain_fast_tokenizer
+    from eagle3kit.chat.render import _plain_fast_tokenizer
 
     path = qwen3_tokenizer_dir(tok_root)
     assert _plain_fast_tokenizer(path)
-    code = ("import sys; from pathlib import Path; from eagle3kit.gen.render import Renderer; "
+    code = ("import sys; from pathlib import Path; from eagle3kit.chat.render import Renderer; "
             f"Renderer.load(Path({str(path)!r})); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout

@@ -41,7 +41,7 @@ DEFAULT_LENGTHS = Lengths(50, 0.3)
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory) -> Path:
-    from eagle3kit.gen.render import Renderer
+    from eagle3kit.chat.render import Renderer
     from eagle3kit.tiny import make_tokenizer, stdlib_docstrings
 
     tok = make_tokenizer(tmp_path_factory.mktemp("tok"), corpus=stdlib_docstrings(40_000))

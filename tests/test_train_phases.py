@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3kit.bench.phases import PHASES, Markers, phase_after
+from eagle3kit.chat.phases import PHASES, Markers, phase_after
 from eagle3kit.train.target import TargetBatch
 from eagle3kit.train.ttt import chain_starts, chain_verdicts, evaluate, start_phases
 

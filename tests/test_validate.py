@@ -28,10 +28,10 @@ from real_tokenizers import (
 from typer.testing import CliRunner
 
 from eagle3kit._ui import OutputOptions
+from eagle3kit.chat.reasoning import load_renderer, plain_ids
+from eagle3kit.chat.render import Renderer
 from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, DatasetError, DatasetWriter, TokenSample
-from eagle3kit.gen.reasoning import load_renderer, plain_ids
-from eagle3kit.gen.render import Renderer
 from eagle3kit.validate import ValidateConfig, ValidateReport, run
 
 QUIET = OutputOptions(quiet=True)

@@ -128,7 +128,7 @@ class PromptResult:
     margin: float | None = None
     """Top-1 logit minus the logit of the token speculation chose, where the outputs part."""
     phases: list[str] = field(default_factory=list)
-    """The reasoning phase of each round (eagle3kit.bench.phases): think, answer, tool_call."""
+    """The reasoning phase of each round (eagle3kit.chat.phases): think, answer, tool_call."""
 
 
 @dataclass
@@ -256,7 +256,8 @@ def _warm_up(target: Any, drafter: Any, cfg: AcceptConfig, sampler_cls: Any) -> 
 def run(cfg: AcceptConfig) -> AcceptReport:
     import torch
 
-    from eagle3kit.bench import decode, phases
+    from eagle3kit.bench import decode
+    from eagle3kit.chat import phases
 
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -351,7 +352,7 @@ def _category_figures(results: list[PromptResult], positions: int) -> dict[str, 
 
 def summarize(results: list[PromptResult], cfg: AcceptConfig, *, device: str, dtype: str,
               epsilon: float) -> AcceptReport:
-    from eagle3kit.bench.phases import by_phase
+    from eagle3kit.chat.phases import by_phase
 
     positions = _positions(cfg)
     acc = Acceptance(positions)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from eagle3kit.chat.conversation import Conversation, generation_points
+from eagle3kit.chat.render import Renderer, RenderError
 from eagle3kit.errors import UserError
 from eagle3kit.gen.prompts import load_conversations, select
-from eagle3kit.gen.render import Renderer, RenderError, generation_points
-from eagle3kit.gen.types import Conversation
 
 
 def load(paths: list[Path], fmt: str = "auto", max_samples: int | None = None

@@ -49,9 +49,9 @@ from typing import Any
 import orjson
 import xxhash
 
+from eagle3kit.chat.conversation import Conversation
 from eagle3kit.errors import UserError
 from eagle3kit.format import normalize
-from eagle3kit.gen.types import Conversation
 
 FORMATS = ("auto", "messages", "sharegpt", "conversations", "prompt", "mtbench")
 SUFFIXES = (".jsonl", ".json", ".parquet")

@@ -1,27 +1,10 @@
-"""The values that pass between gen's parts: prompts in, requests out, completions back."""
+"""The values that pass between gen's parts: requests out, completions back (prompts come in
+as `eagle3kit.chat.conversation.Conversation`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-
-
-@dataclass
-class Conversation:
-    """One prompt-file record, normalized to OpenAI-style messages."""
-
-    source: str
-    """The file name (or dataset name) it came from; part of every sample id."""
-    line: int
-    """1-based line in a JSONL file, or 1-based record/row number in JSON, parquet, datasets."""
-    messages: list[dict[str, Any]]
-    """role/content dicts; assistant turns may carry reasoning_content and tool_calls, tool
-    turns tool_call_id and name. An assistant message marks a turn to regenerate; so does the
-    end of the list when the last message is not an assistant's."""
-    partition: str = "default"
-    tools: list[dict[str, Any]] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Fields of the record kept as sample metadata (e.g. question_id, category)."""
 
 
 @dataclass

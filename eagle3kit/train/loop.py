@@ -722,7 +722,7 @@ class Trainer:
 def _markers_of(target: Path, trust_remote_code: bool) -> Any:
     from transformers import AutoTokenizer
 
-    from eagle3kit.bench.phases import Markers
+    from eagle3kit.chat.phases import Markers
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(target),

@@ -215,12 +215,12 @@ def chain_starts(batch: TargetBatch) -> torch.Tensor:
 
 def start_phases(batch: TargetBatch, markers: Any, starts: torch.Tensor | None = None
                  ) -> torch.Tensor:
-    """[N] the reasoning phase (an index of eagle3kit.bench.phases.PHASES) of each chain
+    """[N] the reasoning phase (an index of eagle3kit.chat.phases.PHASES) of each chain
     start (or of each of `starts`, [B, T-1] bool), in chain_verdicts' order: the phase the
     context ids[:t+2] ends in, the one bench accept gives the verification round drafted
     there. A marker sets the phase it opens; a closing one returns to the answer; before any
     marker the phase is the answer."""
-    from eagle3kit.bench.phases import PHASES
+    from eagle3kit.chat.phases import PHASES
 
     ids = batch.ids
     code = torch.zeros_like(ids)
@@ -250,7 +250,7 @@ def evaluate(drafter: Eagle3Drafter, batches, k: int = 3, reduce=None,
     tried = torch.zeros(k, dtype=torch.float64)
     chains = torch.zeros(1, dtype=torch.float64)
     hidden_pairs = torch.zeros(1, dtype=torch.float64)
-    from eagle3kit.bench.phases import PHASES
+    from eagle3kit.chat.phases import PHASES
 
     by_phase = torch.zeros(len(PHASES), 2 * k + 1, dtype=torch.float64)
     """phase -> accepted per position, tried per position, chains."""
@@ -290,7 +290,7 @@ def evaluate(drafter: Eagle3Drafter, batches, k: int = 3, reduce=None,
 def _phase_figures(counts: torch.Tensor, k: int) -> dict:
     """phase -> chains, conditional per-position rates and the predicted acceptance length,
     for the phases that had chain starts."""
-    from eagle3kit.bench.phases import PHASES
+    from eagle3kit.chat.phases import PHASES
 
     out = {}
     for name, row in zip(PHASES, counts, strict=True):

@@ -6,7 +6,7 @@ check is a small function in a registry (checks.py) returning its row from the f
 result is a `ValidateReport` (report.py) that collects every finding, damaged shards
 included; the CLI turns it into the exit status (0 all passed, 1 a check failed, 2 unusable
 input). What a correct final turn looks like is learned from the template by
-gen/reasoning.py. See docs/validate.md.
+chat/reasoning.py. See docs/validate.md.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from eagle3kit import _hf, _ui
+from eagle3kit.chat.reasoning import Profile, learn_profile, load_renderer
+from eagle3kit.chat.render import Renderer
 from eagle3kit.format import Dataset, DatasetError
-from eagle3kit.gen.reasoning import Profile, learn_profile, load_renderer
-from eagle3kit.gen.render import Renderer
 from eagle3kit.validate.checks import CHECKS, CheckResult, Context, damaged, run_checks
 from eagle3kit.validate.clean import write_clean
 from eagle3kit.validate.config import ValidateConfig

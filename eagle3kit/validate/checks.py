@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from eagle3kit.chat.reasoning import Profile
 from eagle3kit.format import Dataset
-from eagle3kit.gen.reasoning import Profile
 from eagle3kit.validate.figures import LOOP_MAX_PERIOD, LOOP_MIN_TOKENS, Figures
 
 if TYPE_CHECKING:
-    from eagle3kit.gen.render import Renderer
+    from eagle3kit.chat.render import Renderer
     from eagle3kit.validate.config import ValidateConfig
 
 EXAMPLES = 5
@@ -283,7 +283,7 @@ def round_trip(c: Context) -> CheckResult:
     if not stored:
         return _skip("round_trip", "skipped: the dataset stores no source messages "
                                    "(metadata.messages)")
-    from eagle3kit.gen.render import RenderError
+    from eagle3kit.chat.render import RenderError
 
     renderer = prof.renderer
     assert renderer is not None

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from eagle3kit.chat.reasoning import Profile
 from eagle3kit.format import Dataset
-from eagle3kit.gen.reasoning import Profile
 
 LOOP_MAX_PERIOD = 32
 """Longest repeated unit (tokens) the loop detector looks for."""

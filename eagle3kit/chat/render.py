@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
+from eagle3kit.chat.conversation import Conversation, generation_points, is_placeholder
+from eagle3kit.chat.markers import HARMONY_TOKENS, think_pair
 from eagle3kit.errors import UserError
-from eagle3kit.gen.types import Conversation
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -34,12 +35,6 @@ TOKENIZER_FILE_NAMES = (
     "config.json",
 )
 TOKENIZER_FILE_GLOBS = ("*.tiktoken", "tokenization_*.py", "additional_chat_templates/*.jinja")
-
-# Reasoning delimiters that models emit as single tokens.
-THINK_MARKER_PAIRS = (("<think>", "</think>"), ("<seed:think>", "</seed:think>"),
-                      ("◁think▷", "◁/think▷"))
-# gpt-oss's harmony format: channels instead of think tags.
-HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")
 
 # Probe turns for learning a template's end-of-turn token; texts no template rewrites.
 PROBE_QUESTION = "eagle3kit probe question"
@@ -72,7 +67,7 @@ class Renderer:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.system = system
         self.vocab_size = len(tokenizer)
-        self.think = _think_markers_of(tokenizer)
+        self.think = think_pair(tokenizer.get_vocab())
         self.harmony = set(HARMONY_TOKENS) <= tokenizer.get_added_vocab().keys()
         # Rendering a one-question prompt also checks that the template works at all.
         prompt = self.render_text([{"role": "user", "content": PROBE_QUESTION}])
@@ -284,25 +279,9 @@ class Renderer:
         return own if isinstance(own, str) else json.dumps(own, sort_keys=True)
 
 
-def generation_points(conv: Conversation) -> list[int]:
-    """Message indices where a turn is generated: every assistant message, and the end of
-    the list when the last message is not an assistant's."""
-    messages = conv.messages
-    points = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
-    if messages and messages[-1].get("role") != "assistant":
-        points.append(len(messages))
-    return points
-
-
 def think_markers(renderer: Renderer) -> tuple[str, str] | None:
     """The reasoning start and end markers, when the tokenizer has them as single tokens."""
     return renderer.think
-
-
-def is_placeholder(message: dict[str, Any]) -> bool:
-    """An assistant turn with no reference answer (MT-bench's second turn): content null
-    and no tool calls, so it can be generated but not shown as history."""
-    return message.get("content") is None and not message.get("tool_calls")
 
 
 def harmony_message(text: str) -> dict[str, Any]:
@@ -445,12 +424,6 @@ def _special_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
     special = set(tokenizer.all_special_ids)
     special |= {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
     return special
-
-
-def _think_markers_of(tokenizer: PreTrainedTokenizerBase) -> tuple[str, str] | None:
-    vocab = tokenizer.get_vocab()
-    return next((pair for pair in THINK_MARKER_PAIRS if pair[0] in vocab and pair[1] in vocab),
-                None)
 
 
 def _is_system(message: dict[str, Any]) -> bool:

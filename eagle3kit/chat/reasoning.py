@@ -3,7 +3,7 @@ looks like (think markers, harmony channels, the generation prompt, stop ids, an
 marker as it looks written as plain text).
 
 It is learned by rendering probe conversations with the template, next to rendering
-(gen/render.py); validate checks datasets against it. transformers is imported inside the
+(chat/render.py); validate checks datasets against it. transformers is imported inside the
 functions that need it, so importing this module is free.
 """
 
@@ -11,14 +11,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from eagle3kit.chat.render import (
+    PROBE_ANSWER,
+    PROBE_ARGUMENT,
+    PROBE_QUESTION,
+    PROBE_REASONING,
+    TOKENIZER_FILE_GLOBS,
+    TOKENIZER_FILE_NAMES,
+    Renderer,
+    RenderError,
+    load_tokenizer,
+    read_template,
+)
 from eagle3kit.errors import UserError
 
-if TYPE_CHECKING:
-    from eagle3kit.gen.render import Renderer
 
 @dataclass(frozen=True)
 class LiteralPattern:
@@ -126,14 +136,6 @@ def _learn_channels(prof: Profile, renderer: Renderer, vocab: _Vocab) -> None:
     `<|end|>` `<|start|>assistant<|channel|>final<|message|>` ANSWER `<|return|>`; and a
     tool-call turn, whose last token (`<|call|>`) ends a turn that has no final channel.
     Leaves `prof.analysis` None when the template shows no such turn."""
-    from eagle3kit.gen.render import (
-        PROBE_ANSWER,
-        PROBE_ARGUMENT,
-        PROBE_QUESTION,
-        PROBE_REASONING,
-        RenderError,
-    )
-
     user = {"role": "user", "content": PROBE_QUESTION}
     turn = {"role": "assistant", "thinking": PROBE_REASONING, "content": PROBE_ANSWER}
     call = {"role": "assistant", "content": "", "tool_calls": [{
@@ -188,8 +190,6 @@ def load_renderer(tokenizer: Path, *, chat_template: Path | None = None,
     Loading a large tokenizer takes seconds; a process that validates several datasets made
     with the same one (tests, a benchmark, a sweep) pays for it once.
     """
-    from eagle3kit.gen.render import Renderer, RenderError, load_tokenizer, read_template
-
     key = _dir_digest(tokenizer)
     if key not in _TOKENIZERS:
         if len(_TOKENIZERS) >= 4:
@@ -213,8 +213,6 @@ def _dir_digest(path: Path) -> tuple[tuple[str, str], ...]:
     import fnmatch
 
     import xxhash
-
-    from eagle3kit.gen.render import TOKENIZER_FILE_GLOBS, TOKENIZER_FILE_NAMES
 
     if not path.is_dir():
         return ((str(path), ""),)
@@ -273,8 +271,6 @@ def _apply(renderer: Renderer, messages: list[dict[str, Any]],
 def _generation_prompt(renderer: Renderer) -> list[int]:
     """The ids the template adds for the assistant's turn: a one-question conversation
     rendered with and without the generation prompt, minus their common prefix."""
-    from eagle3kit.gen.render import PROBE_QUESTION
-
     messages = [{"role": "user", "content": PROBE_QUESTION}]
     with_gp = renderer.encode(_apply(renderer, messages, True))
     without = renderer.encode(_apply(renderer, messages, False))

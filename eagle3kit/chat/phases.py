@@ -1,12 +1,13 @@
-"""Acceptance by reasoning phase: inside `<think>`, in the answer, in a tool call.
+"""The reasoning phase of each token: inside `<think>`, in the answer, in a tool call.
 
 For reasoning models the drafts inside the reasoning, in the answer and in tool calls are
 accepted at very different rates, and an overall figure hides which one a drafter (or a
 dataset) is weak at. A verification round belongs to the phase its context ends in: the
 prompt and the tokens committed before the round, read for the markers the tokenizer has as
-single tokens (`<think>` / `</think>`, `<tool_call>` / `</tool_call>`). A template that puts
-`<think>` in the generation prompt starts the completion in the think phase; one that does
-not starts it in the answer.
+single tokens (the think pair of `markers.py`'s table, e.g. `<think>` / `</think>`, and
+`<tool_call>` / `</tool_call>`). A template that puts `<think>` in the generation prompt
+starts the completion in the think phase; one that does not starts it in the answer. bench
+measures acceptance by phase; train predicts it on held-out data.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from eagle3kit.chat.markers import TOOL_CALL_MARKERS, think_pair
+
 PHASES = ("think", "answer", "tool_call")
-MARKER_TEXTS = {"think": ("<think>", "</think>"), "tool_call": ("<tool_call>", "</tool_call>")}
 
 
 @dataclass(frozen=True)
@@ -35,9 +37,9 @@ class Markers:
         """The markers that are single tokens in `tokenizer`'s vocabulary."""
         vocab = tokenizer.get_vocab()
         opens, closes = {}, {}
-        for phase, (start, end) in MARKER_TEXTS.items():
-            if start in vocab and end in vocab:
-                opens[int(vocab[start])], closes[int(vocab[end])] = phase, phase
+        for phase, pair in (("think", think_pair(vocab)), ("tool_call", TOOL_CALL_MARKERS)):
+            if pair is not None and pair[0] in vocab and pair[1] in vocab:
+                opens[int(vocab[pair[0]])], closes[int(vocab[pair[1]])] = phase, phase
         return cls(opens, closes)
 
     def step(self, phase: str, token: int) -> str:
