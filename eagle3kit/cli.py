@@ -675,7 +675,11 @@ def export(
     layers: Annotated[str | None, typer.Option(
         metavar="A,B,C", help="Boundary layer ids, only for a checkpoint that has none.")] = None,
     trust_remote_code: TrustRemoteCode = False,
-    overwrite: Overwrite = False,
+    overwrite: Annotated[bool, typer.Option(
+        "--overwrite", help="Replace an OUT that holds an earlier export.")] = False,
+    overwrite_dir: Annotated[Path | None, typer.Option(
+        metavar="OUT", help="Replace OUT even when it is not an earlier export, deleting what "
+        "it holds: name OUT again.")] = None,
     json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
     log_every: LogEvery = None,
 ) -> None:
@@ -684,7 +688,8 @@ def export(
 
     _run(stage.run, lambda: stage.ExportConfig(
         run_dir, out, verifier=verifier, target=target, with_embedding=with_embedding,
-        layers=layers, overwrite=overwrite, trust_remote_code=trust_remote_code,
+        layers=layers, overwrite=overwrite, overwrite_dir=overwrite_dir,
+        trust_remote_code=trust_remote_code,
         output=_output(json, quiet, no_progress, log_every),
         **_given(format=format, num_speculative_tokens=num_speculative_tokens, dtype=dtype)))
 

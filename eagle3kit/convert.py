@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,8 @@ class ConvertConfig:
         from eagle3kit import hidden_convert
 
         self.hidden = hidden_convert.check_config(self)
+        if str(self.dst) != "-":
+            check_dst_kind(self.dst, file=not self.hidden and self.exporting)
         if self.hidden:
             return
         if self.exporting:
@@ -85,6 +88,31 @@ class ConvertConfig:
     @property
     def exporting(self) -> bool:
         return is_dataset(self.src)
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"))
+
+
+def check_dst_kind(dst: Path, file: bool) -> None:
+    """Refuse an OUT that convert would replace or write into and must not: a JSONL file is
+    renamed over OUT, which turns a FIFO or a device (/dev/null, as root) into a plain file
+    and a link into a file of its own, so it goes only over a regular file; a dataset goes
+    only into a directory (a link to one is fine)."""
+    try:
+        mode = os.lstat(dst).st_mode
+        if not file and stat.S_ISLNK(mode):
+            mode = os.stat(dst).st_mode
+    except OSError:
+        return  # nothing there (or nothing that can be looked at): the stage says what
+    if stat.S_ISREG(mode) or (not file and stat.S_ISDIR(mode)):
+        return
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    if file:
+        raise UserError(f"{dst}: {kind}, not a regular file; convert replaces OUT with the "
+                        "JSONL file, so give a file path (or '-' for stdout)")
+    raise UserError(f"{dst}: {kind}, not a dataset directory; give a directory path")
 
 
 @dataclass

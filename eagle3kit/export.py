@@ -19,14 +19,16 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eagle3kit import __version__, _ui
 from eagle3kit._durable import publish_dir
+from eagle3kit._lock import Owned, RunLock, acquire
 from eagle3kit.checkpoints.native import WEIGHTS
-from eagle3kit.checkpoints.rundir import PROVENANCE, RunDir, read_provenance
+from eagle3kit.checkpoints.rundir import PROVENANCE, RunDir, is_export, read_provenance
 from eagle3kit.checkpoints.sglang import sglang_config, sglang_warnings, sglang_weights
 from eagle3kit.checkpoints.speculators import speculators_weights, vllm_config
 from eagle3kit.errors import UserError
@@ -67,7 +69,10 @@ class ExportConfig:
     """Run code the target directory ships (auto_map); only ever from the flag, never from
     run.json."""
     overwrite: bool = False
-    """Replace a non-empty OUT."""
+    """Replace an OUT that holds an earlier export."""
+    overwrite_dir: Path | None = None
+    """Replace OUT even when it is not an earlier export, deleting what it holds: name OUT
+    again here, so that no folder is emptied by a mistyped OUT."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
 
     def __post_init__(self) -> None:
@@ -89,13 +94,32 @@ class ExportConfig:
             check_layer_ids(self.layers)
         if self.verifier is not None and not self.verifier.strip():
             raise UserError("--verifier: empty")
-        if self.run.resolve() == self.out.resolve():
-            raise UserError(f"{self.out}: the output cannot be the run directory itself")
+        if self.overwrite_dir is not None:
+            self.overwrite_dir = Path(self.overwrite_dir)
+            if self.overwrite_dir.resolve() != self.out.resolve():
+                raise UserError(f"--overwrite-dir {self.overwrite_dir}: not OUT ({self.out}); "
+                                "name the output directory itself to replace it")
+        run = RunDir(self.run)
+        check_out_spares(self.out, "the run directory", self.run)
+        if run.exists():
+            check_out_spares(self.out, "the run's drafter", run.drafter)
+        if self.target is not None:
+            check_out_spares(self.out, "the target (--target)", self.target)
         # Here, not in the stage: a mistyped path is refused in a second, before torch loads.
         if not self.run.is_dir():
             raise UserError(f"{self.run}: no such run directory")
         if self.target is not None and not (self.target / "config.json").is_file():
             raise UserError(f"--target {self.target}: not a model directory (no config.json)")
+
+
+def check_out_spares(out: Path, what: str, path: Path) -> None:
+    """Refuse an OUT that is or holds `path`: OUT is replaced whole, and the export would
+    delete what it reads (real paths, so no link or `..` hides it)."""
+    out_real, real = out.resolve(), Path(path).resolve()
+    if out_real == real or out_real in real.parents:
+        verb = "is" if out_real == real else "contains"
+        raise UserError(f"{out}: {verb} {what} {path}; export replaces OUT whole, so write it "
+                        "to another directory")
 
 
 @dataclass
@@ -312,13 +336,43 @@ def verify_export(directory: Path, fmt: str, tensors: dict,
             ("problems", "none of those `eagle3kit info` looks for")]
 
 
-def _committed(out: Path, overwrite: bool, fill) -> None:
-    """Run `fill(tmp)` in a temp directory beside OUT, then rename it to OUT."""
+def _check_replaceable(out: Path, overwrite: bool, insisted: bool) -> None:
+    """An OUT holding anything is replaced only when it is an earlier export and --overwrite
+    says so, or when --overwrite-dir names it."""
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
+    if not out.is_dir() or not any(out.iterdir()) or insisted:
+        return
+    if not is_export(out):
+        raise UserError(f"{out}: not empty and not an earlier export (no {PROVENANCE}); to "
+                        f"delete what it holds and write the export there, give "
+                        f"--overwrite-dir {out}")
+    if not overwrite:
         raise UserError(f"{out}: not empty; give --overwrite to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
+
+
+def hold_out(out: Path) -> RunLock:
+    """Take OUT for this export: one export at a time writes it (and cleans its temp
+    folders). The lock lives beside OUT, which the export replaces whole."""
+    where = out.parent / f".{out.name}.export-lock"
+    where.mkdir(parents=True, exist_ok=True)
+    place = Owned(out, "an export folder", where / "run.lock", where / "gate.lock",
+                  where / "owner.json")
+    return acquire(place, uuid.uuid4().hex)
+
+
+def _committed(out: Path, overwrite: bool, fill, insisted: bool = False) -> None:
+    """Run `fill(tmp)` in a temp directory beside OUT, then rename it to OUT."""
+    _check_replaceable(out, overwrite, insisted)  # before any lock file is made
+    lock = hold_out(out)
+    try:
+        _check_replaceable(out, overwrite, insisted)  # held now: no other export changes it
+        _fill_and_rename(out, fill)
+    finally:
+        lock.release()
+
+
+def _fill_and_rename(out: Path, fill) -> None:
     for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by an interrupted export
         shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -395,7 +449,9 @@ def run(cfg: ExportConfig) -> ExportResult:
                 verifier=verifier if fmt == "vllm" else None,
                 has_embedding="embed_tokens.weight" in tensors, checks=checks))
 
-    _committed(cfg.out, cfg.overwrite, fill)
+    if src.target_dir is not None:  # the target the run recorded, found on this machine
+        check_out_spares(cfg.out, "the run's target", src.target_dir)
+    _committed(cfg.out, cfg.overwrite, fill, insisted=cfg.overwrite_dir is not None)
     result = ExportResult(source=str(cfg.run), source_layout=src.layout, out=str(cfg.out),
                           exports=exports, warnings=warnings)
     _show(result, cfg.output)

@@ -18,8 +18,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "eagle3kit"
 STAGES = ("gen", "validate", "extract", "extract_vllm", "train", "export", "bench", "convert",
           "hidden_convert", "info", "plan", "quickstart")
 """The stage rooms (`eagle3kit.<name>`, a module or a package)."""
-SHARED = ("errors", "target", "tiny", "_argv", "_durable", "_hf", "_json", "_lazy", "_options",
-          "_ranks", "_ui", "_urls")
+SHARED = ("errors", "target", "tiny", "_argv", "_durable", "_hf", "_json", "_lazy", "_lock",
+          "_options", "_ranks", "_ui", "_urls")
 """Helpers every room may use; they use no stage, no CLI (and only _ui prints)."""
 FORMAT_PUBLIC = "eagle3kit.format"
 

@@ -232,10 +232,13 @@ def test_overwrite_is_explicit_and_atomic(tiny, tmp_path):
     result = cli("export", tiny["run"], out, *QUIET)
     assert result.exit_code == 2 and "--overwrite" in result.stderr
     assert (out / "keep.txt").read_text() == "mine"
-    # a failing export leaves OUT as it was, even with --overwrite
-    result = cli("export", tiny["run"], out, "--overwrite", "--layers", "1,2,3", *QUIET)
+    # a folder that is not an earlier export is replaced only when --overwrite-dir names it
+    result = cli("export", tiny["run"], out, "--overwrite", *QUIET)
+    assert result.exit_code == 2 and "--overwrite-dir" in result.stderr
+    # a failing export leaves OUT as it was, even when named
+    result = cli("export", tiny["run"], out, "--overwrite-dir", out, "--layers", "1,2,3", *QUIET)
     assert result.exit_code == 2 and (out / "keep.txt").exists()
-    assert cli("export", tiny["run"], out, "--overwrite", *QUIET).exit_code == 0
+    assert cli("export", tiny["run"], out, "--overwrite-dir", out, *QUIET).exit_code == 0
     assert sorted(p.name for p in out.iterdir()) == [
         "config.json", "eagle3kit-export.json", "model.safetensors"]
     assert not list(tmp_path.glob(".out.tmp-*"))

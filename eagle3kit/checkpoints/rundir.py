@@ -21,6 +21,7 @@ from typing import Any
 from eagle3kit import __version__
 from eagle3kit._durable import fsync_file, publish_dir, write_text_atomic
 from eagle3kit._json import json_object
+from eagle3kit._lock import Owned, RunLock, acquire
 from eagle3kit.errors import UserError
 
 RUN_FORMAT = "eagle3kit-run"
@@ -33,6 +34,9 @@ STEP_DIR = re.compile(r"^step-(\d{8})$")
 OUR_FILES = (RUN_JSON, "metrics.jsonl", "vocab.safetensors", CHECKPOINTS, DRAFTER)
 PROVENANCE = "eagle3kit-export.json"
 """What `eagle3kit export` writes beside an export's config: source run, target, coverage."""
+LOCK_FILES = (".run.lock", ".gate.lock", ".owner.json")
+"""The run's lock (held by every process of the train that owns the directory), the gate
+taking it goes through, and the file naming the holder (eagle3kit/_lock.py)."""
 
 
 def _json_object(path: Path) -> dict | None:
@@ -61,6 +65,20 @@ def training_prediction(checkpoint: Path) -> dict | None:
         if isinstance(evaluation, dict):
             return evaluation
     return None
+def _exported_here(directory: Path) -> bool:
+    provenance = read_provenance(directory) or {}
+    return str(provenance.get("written_by", "")).startswith("eagle3kit ")
+
+
+def is_export(directory: Path) -> bool:
+    """Whether `directory` is what `eagle3kit export` wrote: a checkpoint with its provenance
+    file, or folders that each are one (--format both), and nothing else."""
+    directory = Path(directory)
+    if _exported_here(directory):
+        return True
+    entries = list(directory.iterdir())
+    return bool(entries) and all(
+        p.is_dir() and not p.is_symlink() and _exported_here(p) for p in entries)
 
 
 class RunDir:
@@ -113,28 +131,60 @@ class RunDir:
                             f"this eagle3kit ({__version__}) reads; upgrade eagle3kit")
         return data
 
+    def is_ours(self) -> bool:
+        """run.json is a run record eagle3kit wrote (another trainer's run.json is not)."""
+        return (self.record() or {}).get("format") == RUN_FORMAT
+
+    def is_empty(self) -> bool:
+        """Nothing here but the run's lock files (a missing directory is empty too)."""
+        if not self.path.exists():
+            return True
+        return all(p.name in LOCK_FILES for p in self.path.iterdir())
+
     def check_usable(self, mode: str) -> bool:
         """Whether a run continues here; refuse a directory that is something else."""
         if mode == "overwrite":
+            self._check_overwritable()
             return False
         if self.exists():
             return True
         if mode == "resume":
             raise UserError(f"{self.path}: no run to resume (no run.json); drop --resume to "
                             "start one")
-        if self.path.exists() and any(self.path.iterdir()):
+        if not self.is_empty():
             raise UserError(f"{self.path}: exists and is not a training run (no run.json); "
                             "give a new directory")
         return False
 
+    def _check_overwritable(self) -> None:
+        """--overwrite deletes checkpoints/, drafter/ and metrics.jsonl: only in a run
+        directory eagle3kit wrote, or an empty one, never in another trainer's folder."""
+        if self.is_empty() or self.is_ours():
+            return
+        if self.exists():
+            raise UserError(f"{self.run_json}: not a run record eagle3kit wrote; --overwrite "
+                            "starts afresh only in a run directory or an empty one: give a "
+                            "new directory")
+        raise UserError(f"{self.path}: not a training run (no run.json); --overwrite starts "
+                        "afresh only in a run directory or an empty one: give a new directory")
+
     def clear(self) -> None:
-        """--overwrite: remove what a run wrote (and nothing else)."""
-        for name in OUR_FILES:
+        """--overwrite: remove what a run wrote (and nothing else): a symbolic link in its
+        place goes itself, never what it points to. run.json goes last, so that a clear cut
+        short still leaves a directory --overwrite recognises as a run."""
+        for name in (*(n for n in OUR_FILES if n != RUN_JSON), RUN_JSON):
             p = self.path / name
-            if p.is_dir():
+            if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p)
-            elif p.exists():
+            elif p.is_symlink() or p.exists():
                 p.unlink()
+
+    def hold(self, run_id: str) -> RunLock:
+        """Take the run directory for the train `run_id` (its ranks join it) until released
+        or the process ends; another train holding it is refused, named."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        lock, gate, owner = (self.path / name for name in LOCK_FILES)
+        return acquire(Owned(self.path, "a run directory", lock, gate, owner), run_id)
 
     # Checkpoints -------------------------------------------------------------------------------
     def steps(self) -> list[int]:

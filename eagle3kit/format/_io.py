@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
@@ -54,14 +51,3 @@ def read_json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise DatasetError(f"{path}: expected a JSON object")
     return data
-
-
-@contextmanager
-def file_lock(path: Path, exclusive: bool = True) -> Iterator[None]:
-    """A blocking flock held for the duration of the block."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        yield
-    finally:
-        os.close(fd)

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import zstandard
 
+from eagle3kit._lock import file_lock
 from eagle3kit.format._ints import to_int32
-from eagle3kit.format._io import file_lock, read_json, write_json_atomic
+from eagle3kit.format._io import read_json, write_json_atomic
 from eagle3kit.format.dataset_dir import is_dataset
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import COMMIT_LOCK, MANIFEST

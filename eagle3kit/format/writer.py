@@ -27,10 +27,10 @@ import zstandard
 from eagle3kit import __version__
 from eagle3kit._argv import command_line
 from eagle3kit._durable import fsync_dir
+from eagle3kit._lock import file_lock
 from eagle3kit.format import dataset_dir
 from eagle3kit.format._ints import pack_int32_into, to_int32
 from eagle3kit.format._io import (
-    file_lock,
     read_json,
     write_bytes_atomic,
     write_json_atomic,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import uuid
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -182,6 +183,14 @@ class Trainer:
 
     # The whole run ------------------------------------------------------------------------
     def run(self) -> TrainResult:
+        """Train, holding the run directory throughout (released when the run ends)."""
+        try:
+            return self._run()
+        finally:
+            if getattr(self, "lock", None) is not None:
+                self.lock.release()
+
+    def _run(self) -> TrainResult:
         cfg = self.cfg
         self.trust_remote_code = cfg.trust_remote_code  # the flag only, never a dataset's record
         target = TargetInfo.load(cfg.target, self.trust_remote_code)
@@ -219,6 +228,11 @@ class Trainer:
 
     def _open_run_dir(self) -> bool:
         cfg, rd = self.cfg, self.run_dir
+        # Checked before the lock is taken, so a refused directory gets no lock files; and
+        # again once it is held, as another train may have changed it in between.
+        rd.check_usable(cfg.write.mode)
+        # One train owns the directory; a single process is a run of its own.
+        self.lock = rd.hold(self.ranks.run_id or uuid.uuid4().hex)
         continuing = rd.check_usable(cfg.write.mode)
         if continuing:
             before = rd.read()
