@@ -100,13 +100,15 @@ class VllmEngine:
             return False
 
     def recheck(self) -> None:
-        """After a restart: the same model is served, and prefix caching is still off
-        (a ServerError saying what changed, else nothing)."""
+        """After a restart: the same model is served, prefix caching is still off, and the
+        storage folder (where it says) is still the one given (a ServerError saying what
+        changed, else nothing)."""
         now = _served_model(self.client, self.url)
         if now != self.model:
             raise ServerError(f"--server {self.url}: now serves {now!r}, not {self.model!r} "
                               "(the model this run started with)")
         _refuse_prefix_caching(self.client, self.url)
+        _check_storage(self.client, self.url, self.storage)
 
     def fetch(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """One sample's (aux [T, n*H], last [T, H]) float32; None when not finite. The file

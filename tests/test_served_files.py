@@ -129,10 +129,18 @@ def _directory(storage: Path) -> str:
     return str(storage / "dir.safetensors")
 
 
+def _huge(storage: Path) -> str:
+    """A sparse 8 GiB file: far more than a sample's states take, refused before reading."""
+    with open(storage / "huge.safetensors", "wb") as f:
+        f.truncate(8 << 30)
+    return str(storage / "huge.safetensors")
+
+
 MALFORMED: list[tuple[str, Callable[[Path], object] | None, bytes | None, str]] = [
     ("directory", _directory, None, "dir.safetensors is a directory, not a regular file"),
     ("number", lambda _storage: 42, None, "the answer's hidden_states_path is 42, not a file "
                                           "path"),
+    ("too big", _huge, None, "bytes, more than the"),
     ("other suffix", lambda storage: str(storage / "x.txt"), None, "not a .safetensors file"),
     ("json list", None, b"[1, 2]", "HTTP 200 with a JSON list, not an object"),
     ("not json", None, b"<html>ok</html>", "HTTP 200 with a body that is not JSON"),
