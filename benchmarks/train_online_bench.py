@@ -110,7 +110,8 @@ def train_side(side: str, work: Path, url: str, steps: int, prefetch: int) -> di
                                  **common))
     else:
         result = run(TrainConfig([work / "tokens"], work / "run-served", work / "target",
-                                 online=True, servers=[url], prefetch=prefetch, **common))
+                                 online=True, servers=[url], prefetch=prefetch,
+                                 hidden_states_dir=work / "storage", **common))
     (s0, t0), (s1, t1) = marks[0], marks[-1]
     out = {"steps_per_s": round((s1 - s0) / (t1 - t0), 3), "loss": result.loss,
            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
@@ -153,7 +154,8 @@ def main() -> None:
 
             extract.run(extract.ExtractConfig(
                 work / "tokens", work / "hidden", target=work / "target", engine="vllm",
-                server=url, concurrency=4, output=OutputOptions(quiet=True)))
+                server=url, concurrency=4, hidden_states_dir=work / "storage",
+                output=OutputOptions(quiet=True)))
         best: dict[str, dict] = {}
         for _ in range(args.repeat):  # alternate the sides; keep each side's best run
             for side in ("offline", "served"):

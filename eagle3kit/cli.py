@@ -54,6 +54,9 @@ MaxSamples = Annotated[int | None, typer.Option(help="At most N conversations.")
 ApiKey = Annotated[str | None, typer.Option(
     envvar="EAGLE3KIT_API_KEY", help="Bearer token for the servers (never stored).",
     show_envvar=True)]
+HiddenStatesDir = Annotated[Path | None, typer.Option(
+    metavar="DIR", help="vLLM servers: their shared_storage_path as this machine sees it; only "
+    "files they name inside it are read, then deleted (required).")]
 TrustRemoteCode = Annotated[bool, typer.Option(
     "--trust-remote-code", help="Run the Python code a model or tokenizer directory ships "
     "(auto_map in its config). Only this flag allows it: what a dataset or run records "
@@ -473,6 +476,8 @@ def extract(
         help="--engine vllm: requests in flight.")] = None,
     request_timeout: Annotated[float | None, typer.Option(
         metavar="SECONDS", help="--engine vllm: limit on one request.")] = None,
+    hidden_states_dir: HiddenStatesDir = None,
+    api_key: ApiKey = None,
     device: Annotated[str | None, typer.Option(
         help="cpu, cuda, cuda:N; auto: cuda when there is one.")] = None,
     dtype: Annotated[str | None, typer.Option(
@@ -498,7 +503,8 @@ def extract(
 
     _run(stage.run, lambda: stage.ExtractConfig(
         tokens, out, target=target, layers=layers, tokenizer=tokenizer, server=server,
-        model=model, device_map=device_map, trust_remote_code=trust_remote_code,
+        model=model, hidden_states_dir=hidden_states_dir, api_key=api_key,
+        device_map=device_map, trust_remote_code=trust_remote_code,
         ignore_disk_check=ignore_disk_check, dry_run=dry_run,
         write=_write(stage.ExtractConfig, resume, overwrite, force, commit_every,
                      commit_interval),
@@ -534,6 +540,8 @@ def train(
         metavar="SECONDS", help="--server: seconds one request may take.")] = None,
     model: Annotated[str | None, typer.Option(
         help="--server: the served model name (default: the server's first).")] = None,
+    hidden_states_dir: HiddenStatesDir = None,
+    api_key: ApiKey = None,
     draft_vocab: Annotated[int | None, typer.Option(
         metavar="N", help="Draft vocabulary size (at most the target's).")] = None,
     init_from: Annotated[Path | None, typer.Option(
@@ -626,7 +634,8 @@ def train(
     def config() -> stage.TrainConfig:
         return stage.TrainConfig.from_paths(
             paths, target=target, online=online, layers=layers, servers=list(server or []),
-            model=model, init_from=init_from,
+            model=model, hidden_states_dir=hidden_states_dir, api_key=api_key,
+            init_from=init_from,
             fsdp=fsdp, write=_write(stage.TrainConfig, resume, overwrite, force),
             trust_remote_code=trust_remote_code,
             output=_output(json, quiet, no_progress, log_every),

@@ -27,6 +27,7 @@ import xxhash
 from eagle3kit import _hf, _ui
 from eagle3kit._options import OutputOptions, WriteOptions
 from eagle3kit._ranks import Ranks
+from eagle3kit._served_files import served_dir_problems
 from eagle3kit._urls import server_url
 from eagle3kit.errors import UserError
 from eagle3kit.format import (
@@ -80,6 +81,11 @@ class ExtractConfig:
     """--engine vllm: requests in flight."""
     request_timeout: float = 600.0
     """--engine vllm: seconds one request may take."""
+    hidden_states_dir: Path | None = None
+    """--engine vllm: the server's shared_storage_path as this machine sees it; only
+    `.safetensors` files inside it that the server names are read, then deleted. Required."""
+    api_key: str | None = field(default=None, repr=False)
+    """--engine vllm: bearer token for the server (never stored)."""
     device: str = "auto"
     """cpu, cuda, cuda:N; auto: cuda when there is one (under torchrun, the rank's)."""
     dtype: str = "auto"
@@ -128,8 +134,12 @@ class ExtractConfig:
                 self.server = server_url(self.server)
             except UserError as exc:
                 found.append(str(exc))
+        if self.hidden_states_dir is not None:
+            self.hidden_states_dir = Path(self.hidden_states_dir)
         if self.engine == "hf" and self.server:
             found.append("--server applies to --engine vllm only")
+        found += served_dir_problems(self.hidden_states_dir, self.engine == "vllm",
+                                     "--engine vllm")
         if self.codec not in CODECS:
             found.append(f"--codec must be one of {', '.join(CODECS)} (got {self.codec!r})")
         try:

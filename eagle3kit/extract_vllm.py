@@ -7,22 +7,21 @@ pre-norm output) and a hidden-states connector writing to a filesystem this proc
 sees (SERVER_APIS.md §7). For each sample we send its ids as the prompt with
 `max_tokens: 1`; the response's `kv_transfer_params.hidden_states_path` names a
 safetensors file (`hidden_states [T, L, H]`, `token_ids [T]`) that is complete once its
-`<path>.lock` can be locked. We read it, check it, and delete it.
+`<path>.lock` can be locked. We read it, check it, and delete it; the path is checked
+first, against the storage folder the user names (eagle3kit._served_files).
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from eagle3kit._served_files import FLAG, StorageDir
 from eagle3kit.errors import UserError
 
 ATTEMPTS = 4
@@ -45,32 +44,6 @@ class BadFile(ServerError):
     mid-write, or not vLLM's format."""
 
 
-def wait_for_file(path: Path, deadline: float) -> None:
-    """Until the connector has finished writing `path`: its lock file is gone or lockable."""
-    lock = Path(f"{path}.lock")
-    while True:
-        if lock.exists():
-            try:
-                fd = os.open(lock, os.O_RDONLY)
-            except FileNotFoundError:
-                continue  # released and removed between the two calls
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                lock.unlink(missing_ok=True)
-                return
-            except BlockingIOError:
-                pass
-            finally:
-                os.close(fd)
-        elif path.exists():
-            return
-        if time.monotonic() > deadline:
-            raise ServerError(f"{path}: the server named this hidden-state file but it did not "
-                              f"appear within {FILE_WAIT_S:.0f} s; is its storage path shared "
-                              "with this machine under the same name?")
-        time.sleep(0.01)
-
-
 @dataclass
 class VllmEngine:
     url: str
@@ -80,27 +53,38 @@ class VllmEngine:
     client: Any
     pool: ThreadPoolExecutor
     timeout: float
+    storage: StorageDir
+    """The folder the server's files must be in (--hidden-states-dir)."""
     attempts: int = ATTEMPTS
     """Tries per request before ServerUnreachable (train pauses the server at the first)."""
 
     @classmethod
     def connect(cls, cfg: Any, target: Any, layers: list[int]) -> VllmEngine:
         return cls.open(str(cfg.server), cfg.model, layers, target.hidden_size,
-                        cfg.concurrency, cfg.request_timeout)
+                        cfg.concurrency, cfg.request_timeout, StorageDir(cfg.hidden_states_dir),
+                        api_key=cfg.api_key)
 
     @classmethod
     def open(cls, url: str, model: str | None, layers: list[int], hidden_size: int,
-             concurrency: int, timeout: float, attempts: int = ATTEMPTS) -> VllmEngine:
-        """Connect to one server: its model named (or asked for), prefix caching refused."""
+             concurrency: int, timeout: float, storage: StorageDir,
+             attempts: int = ATTEMPTS, api_key: str | None = None) -> VllmEngine:
+        """Connect to one server: its model named (or asked for), prefix caching refused,
+        its storage folder (where it says) the one given."""
         import httpx
 
         url = url.rstrip("/")
-        client = httpx.Client(timeout=timeout)
-        model = model or _served_model(client, url)
-        _refuse_prefix_caching(client, url)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        client = httpx.Client(timeout=timeout, headers=headers)
+        try:
+            model = model or _served_model(client, url)
+            _refuse_prefix_caching(client, url)
+            _check_storage(client, url, storage)
+        except BaseException:
+            client.close()
+            raise
         return cls(url, model, layers, hidden_size, client,
                    ThreadPoolExecutor(concurrency, thread_name_prefix="eagle3kit-vllm"), timeout,
-                   attempts)
+                   storage, attempts)
 
     def states(self, ids: list[np.ndarray]) -> Iterator[tuple[np.ndarray, np.ndarray] | None]:
         """Per sample (aux [T, n*H], last [T, H]) as float32, in order; None when not finite."""
@@ -116,39 +100,40 @@ class VllmEngine:
             return False
 
     def recheck(self) -> None:
-        """After a restart: the same model is served, and prefix caching is still off
-        (a ServerError saying what changed, else nothing)."""
+        """After a restart: the same model is served, prefix caching is still off, and the
+        storage folder (where it says) is still the one given (a ServerError saying what
+        changed, else nothing)."""
         now = _served_model(self.client, self.url)
         if now != self.model:
             raise ServerError(f"--server {self.url}: now serves {now!r}, not {self.model!r} "
                               "(the model this run started with)")
         _refuse_prefix_caching(self.client, self.url)
+        _check_storage(self.client, self.url, self.storage)
 
     def fetch(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """One sample's (aux [T, n*H], last [T, H]) float32; None when not finite. The file
         is deleted once read, whatever happens."""
         body = {"model": self.model, "prompt": ids.tolist(), "max_tokens": 1,
                 "temperature": 0.0}
-        answer = self._post(body)
-        where = (answer.get("kv_transfer_params") or {}).get("hidden_states_path")
-        if not where:
-            raise ServerError(f"--server {self.url}: the answer names no hidden-state file "
-                              "(kv_transfer_params.hidden_states_path); launch vLLM with the "
-                              "extract_hidden_states method and a hidden-states connector "
-                              "(docs/extract.md)")
-        path = Path(where)
-        wait_for_file(path, time.monotonic() + FILE_WAIT_S)
-        try:
-            return self._read(path, ids)
-        finally:
-            path.unlink(missing_ok=True)  # the server's storage would fill up otherwise
+        who = f"--server {self.url}"
+        path = self.storage.claim(_named_file(self._post(body), who), who)
+        self.storage.wait(path, time.monotonic() + FILE_WAIT_S, who, FILE_WAIT_S)
+        # Deleted once read, whatever happens: the server's storage would fill up otherwise.
+        with self.storage.reading(path, who, self._most_bytes(len(ids))) as readable:
+            return self._read(readable, path, ids)
 
-    def _read(self, path: Path, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    def _most_bytes(self, tokens: int) -> int:
+        """The largest file a sample of `tokens` can make: float32 states, int64 ids and a
+        generous header; anything bigger is refused before it is read into memory."""
+        return tokens * ((len(self.layers) + 1) * self.hidden_size * 4 + 8) + (1 << 20)
+
+    def _read(self, readable: str, path: str, ids: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray] | None:
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         try:
-            tensors = load_file(str(path))
+            tensors = load_file(readable)
             states, echoed = tensors["hidden_states"], tensors["token_ids"]
         except (SafetensorError, KeyError, OSError) as exc:
             raise BadFile(f"{path}: not a vLLM hidden-state file ({exc})") from None
@@ -178,8 +163,8 @@ class VllmEngine:
                 failure = f"cannot reach it ({exc})"
             else:
                 if response.status_code < 400:
-                    return response.json()
-                failure = f"HTTP {response.status_code}: {response.text[:300]}"
+                    return _json_object(response, f"--server {self.url}")
+                failure = _http_failure(response)
                 if response.status_code < 500:
                     break
             if attempt + 1 < self.attempts:
@@ -193,14 +178,78 @@ class VllmEngine:
         self.client.close()
 
 
+def _named_file(answer: dict, who: str) -> object:
+    """The answer's kv_transfer_params.hidden_states_path, as sent (StorageDir.claim checks
+    it); an answer without one is a server launched without the method."""
+    params = answer.get("kv_transfer_params")
+    if params is not None and not isinstance(params, dict):
+        raise ServerError(f"{who}: the answer's kv_transfer_params is {type(params).__name__}, "
+                          "not an object")
+    where = (params or {}).get("hidden_states_path")
+    if where is None or where == "":
+        raise ServerError(f"{who}: the answer names no hidden-state file "
+                          "(kv_transfer_params.hidden_states_path); launch vLLM with the "
+                          "extract_hidden_states method and a hidden-states connector "
+                          "(docs/extract.md)")
+    return where
+
+
+def _json_object(response: Any, who: str) -> dict:
+    """A 2xx answer's body, which must be a JSON object."""
+    try:
+        body = response.json()
+    except ValueError:
+        raise ServerError(f"{who}: HTTP {response.status_code} with a body that is not JSON "
+                          f"({response.text[:80]!r})") from None
+    if not isinstance(body, dict):
+        raise ServerError(f"{who}: HTTP {response.status_code} with a JSON "
+                          f"{type(body).__name__}, not an object") from None
+    return body
+
+
+def _http_failure(response: Any) -> str:
+    if response.status_code in (401, 403):
+        return (f"HTTP {response.status_code}: the server refused the API key (--api-key, "
+                "EAGLE3KIT_API_KEY)")
+    return f"HTTP {response.status_code}: {response.text[:300]}"
+
+
 def _served_model(client: Any, url: str) -> str:
     import httpx
 
     try:
-        models = client.get(f"{url}/v1/models").json()["data"]
+        response = client.get(f"{url}/v1/models")
+        if response.status_code in (401, 403):
+            raise ServerError(f"--server {url}: {_http_failure(response)}")
+        models = response.json()["data"]
         return str(models[0]["id"])
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise ServerError(f"--server {url}: cannot list its models ({exc}); pass --model") from None
+
+
+def _check_storage(client: Any, url: str, storage: StorageDir) -> None:
+    """Where the server says where it writes, it must be the folder given. vLLM says so only
+    with VLLM_SERVER_DEV_MODE=1 (`/server_info?config_format=json`, the connector's
+    kv_connector_extra_config.shared_storage_path); elsewhere each named file is checked."""
+    import httpx
+
+    try:
+        response = client.get(f"{url}/server_info", params={"config_format": "json"})
+        info = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return
+    reported = _dig(info, "vllm_config", "kv_transfer_config", "kv_connector_extra_config",
+                    "shared_storage_path")
+    if isinstance(reported, str) and reported and not storage.holds(reported):
+        raise ServerError(f"--server {url}: it writes its hidden-state files to {reported} "
+                          f"(its /server_info: shared_storage_path), outside {FLAG} "
+                          f"{storage.given}")
+
+
+def _dig(value: Any, *keys: str) -> Any:
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
 
 
 def _refuse_prefix_caching(client: Any, url: str) -> None:

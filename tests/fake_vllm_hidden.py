@@ -10,6 +10,13 @@ transformers model, one prompt per forward pass, in its own dtype. `GET /health`
 200; a restart is `stop()`, then a new instance on the same `port`; a stall is
 `stall_until`.
 
+A hostile or broken server, for the client's trust boundary: `names(path)` replaces the
+path the answer names (any JSON value: another file, a number, the same path again),
+`raw_answer` is a 200 body sent as is (not JSON, a JSON list), `api_key` is required as a
+bearer token on every endpoint but /health (as `vllm serve --api-key`), and
+`reported_storage` is served as the connector's shared_storage_path on
+`/server_info?config_format=json` (vLLM with VLLM_SERVER_DEV_MODE=1; 404 otherwise).
+
     server = FakeVllmHidden(model_dir, storage, layer_ids=[2, 4, 5, 8]).start()
     ... server.url ...
     server.stop()
@@ -23,6 +30,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -38,6 +46,10 @@ class FakeVllmHidden:
         self.storage, self.layer_ids, self.name = Path(storage), layer_ids, name
         self.write_delay_s = write_delay_s
         self.storage.mkdir(parents=True, exist_ok=True)
+        self.names: Callable[[Path], object] | None = None
+        self.raw_answer: bytes | None = None
+        self.api_key: str | None = None
+        self.reported_storage: str | None = None
         self.requests: list[dict] = []
         self.stall_until = 0.0
         """Until this time.monotonic(), a request hangs and is dropped unanswered with no file
@@ -103,17 +115,33 @@ class FakeVllmHidden:
             def log_message(self, *args: object) -> None:
                 pass
 
-            def _send(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
+            def _send(self, code: int, body: dict | list | None = None,
+                      raw: bytes | None = None) -> None:
+                data = raw if raw is not None else json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _refused(self) -> bool:
+                """No or another bearer token where one is required: 401, as vLLM."""
+                if server.api_key is None or self.path == "/health" or \
+                        self.headers.get("Authorization") == f"Bearer {server.api_key}":
+                    return False
+                self._send(401, {"error": "Unauthorized"})
+                return True
+
             def do_GET(self) -> None:
+                if self._refused():
+                    return
                 if self.path == "/health":
                     self._send(200, {})
+                elif self.path == "/server_info?config_format=json" and server.reported_storage:
+                    self._send(200, {"vllm_config": {"kv_transfer_config": {
+                        "kv_connector": "ExampleHiddenStatesConnector",
+                        "kv_connector_extra_config": {
+                            "shared_storage_path": server.reported_storage}}}})
                 elif self.path == "/v1/models":
                     self._send(200, {"object": "list", "data": [
                         {"id": server.name, "object": "model", "max_model_len": 2048}]})
@@ -122,6 +150,8 @@ class FakeVllmHidden:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self._refused():
+                    return
                 server.requests.append(body)
                 stalled = server.stall_until - time.monotonic()
                 if stalled > 0:
@@ -131,8 +161,12 @@ class FakeVllmHidden:
                 if self.path != "/v1/completions" or body.get("model") != server.name:
                     self._send(404, {"error": {"message": "The model does not exist."}})
                     return
+                if server.raw_answer is not None:
+                    self._send(200, raw=server.raw_answer)
+                    return
                 ids = body["prompt"]
                 path = server._write(ids)
+                named = server.names(path) if server.names else str(path)
                 self._send(200, {
                     "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
                     "model": server.name,
@@ -140,7 +174,7 @@ class FakeVllmHidden:
                                  "token_ids": [0], "prompt_token_ids": ids}],
                     "usage": {"prompt_tokens": len(ids), "completion_tokens": 1,
                               "total_tokens": len(ids) + 1},
-                    "kv_transfer_params": {"hidden_states_path": str(path)},
+                    "kv_transfer_params": {"hidden_states_path": named},
                 })
 
         return Handler

@@ -28,6 +28,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
 
 def vllm_config(tiny: Tiny, out: Path, url: str, **options) -> extract.ExtractConfig:
     write = WriteOptions(**{k: options.pop(k) for k in WRITE_KEYS if k in options})
+    options.setdefault("hidden_states_dir", out.parent / "shared")
+    (out.parent / "shared").mkdir(exist_ok=True)
     return extract.ExtractConfig(tiny.tokens, out, target=tiny.llama, engine="vllm",
                                  server=url, output=QUIET, concurrency=4, write=write,
                                  **options)

@@ -46,7 +46,7 @@ def served(tiny, tmp_path_factory):
     hidden = root / "hidden"
     extract.run(extract.ExtractConfig(tiny["tokens"], hidden, target=tiny["target"],
                                       engine="vllm", server=server.url, concurrency=4,
-                                      output=QUIET))
+                                      hidden_states_dir=root / "storage", output=QUIET))
     server.requests.clear()
     yield {"server": server, "storage": root / "storage", "hidden": hidden}
     server.stop()
@@ -59,9 +59,9 @@ def options(**kw) -> dict:
     return out
 
 
-def online(tiny, servers: list[str], out: Path, **kw) -> TrainConfig:
+def online(tiny, servers: list[str], out: Path, storage: Path, **kw) -> TrainConfig:
     return TrainConfig([tiny["tokens"]], out, tiny["target"], online=True, servers=servers,
-                       **options(**kw))
+                       hidden_states_dir=storage, **options(**kw))
 
 
 def requested(server: FakeVllmHidden) -> Counter:
@@ -71,7 +71,7 @@ def requested(server: FakeVllmHidden) -> Counter:
 def plan_samples(tiny, parts: int = 1, **kw) -> list[list[tuple[int, ...]]]:
     """Per step, the token ids of its samples (as trained: truncated), from the plan of
     `parts` micro-batches a step (ranks x --grad-accum)."""
-    cfg = online(tiny, ["http://127.0.0.1:9"], Path("unused"), **kw)
+    cfg = online(tiny, ["http://127.0.0.1:9"], Path("unused"), Path("."), **kw)
     sources = [tdata.open_source(tiny["tokens"], 1.0, True)]
     pool = tdata.build_pool(sources, tdata.held_out(sources, cfg.eval_split), None,
                             cfg.long_samples)
@@ -89,21 +89,24 @@ def plan_samples(tiny, parts: int = 1, **kw) -> list[list[tuple[int, ...]]]:
 def test_two_servers_train_as_extract_then_train_and_leave_no_file(tiny, served, tmp_path):
     """Two servers (the second a copy on other storage, 2 slots): the same losses, drafter
     and held-out acceptance as offline training on extract's output; every file deleted."""
-    other = FakeVllmHidden(tiny["target"], tmp_path / "storage2", SERVED_IDS).start()
+    # The second server writes into a folder inside the first's: one --hidden-states-dir.
+    second = served["storage"] / "second"
+    other = FakeVllmHidden(tiny["target"], second, SERVED_IDS).start()
     try:
         result = run(online(tiny, [served["server"].url, f"{other.url}@2"], tmp_path / "srv",
-                            prefetch=5))
+                            served["storage"], prefetch=5))
     finally:
         other.stop()
     offline = run(TrainConfig([served["hidden"]], tmp_path / "off", tiny["target"],
                               **options()))
+    assert list(second.iterdir()) == []
+    second.rmdir()
     assert losses(tmp_path / "srv") == losses(tmp_path / "off")
     a, b = weights(tmp_path / "srv"), weights(tmp_path / "off")
     assert all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)
     assert result.eval == offline.eval
     assert served["server"].requests and other.requests  # both took work
-    assert list(served["storage"].iterdir()) == [] and list((tmp_path / "storage2").iterdir()) \
-        == []
+    assert list(served["storage"].iterdir()) == []
     stats = result.metrics["served"]
     assert stats["peak_bytes"] > 0 and stats["pauses"] == 0
     info = json.loads((tmp_path / "srv" / "run.json").read_text())
@@ -113,7 +116,8 @@ def test_two_servers_train_as_extract_then_train_and_leave_no_file(tiny, served,
 def test_each_training_sample_is_fetched_once_in_plan_order(tiny, served, tmp_path):
     server = served["server"]
     server.requests.clear()
-    run(online(tiny, [f"{server.url}@1"], tmp_path / "r", eval_split=0, prefetch=1))
+    run(online(tiny, [f"{server.url}@1"], tmp_path / "r", served["storage"], eval_split=0,
+               prefetch=1))
     steps = plan_samples(tiny, eval_split=0)
     order = [ids for step in steps for ids in step]
     # One slot, one sample ahead: the requests are the plan's samples, each once, in the
@@ -121,9 +125,10 @@ def test_each_training_sample_is_fetched_once_in_plan_order(tiny, served, tmp_pa
     assert [tuple(r["prompt"]) for r in server.requests] == order
 
 
-def cmd(tiny, out: Path, url: str, *extra: str) -> list[str]:
+def cmd(tiny, out: Path, url: str, *extra: str, storage: Path) -> list[str]:
     return [sys.executable, "-m", "eagle3kit", "train", str(tiny["tokens"]), str(out),
-            "--online", "--server", url, "--target", str(tiny["target"]), "--device", "cpu",
+            "--online", "--server", url, "--hidden-states-dir", str(storage),
+            "--target", str(tiny["target"]), "--device", "cpu",
             "--batch-tokens", "128", "--draft-vocab", "200", "--eval-split", "0", "--lr",
             "3e-3", "--warmup", "1", "--no-progress", *extra]
 
@@ -138,7 +143,8 @@ def test_sigkill_then_resume_consumes_every_sample_exactly_once(tiny, tmp_path):
                             write_delay_s=0.03).start()
     try:
         args = ["--max-steps", "10", "--checkpoint-every", "2", "--prefetch", "4"]
-        proc = subprocess.Popen(cmd(tiny, tmp_path / "cut", f"{server.url}@1", *args),
+        proc = subprocess.Popen(cmd(tiny, tmp_path / "cut", f"{server.url}@1", *args,
+                                    storage=tmp_path / "storage"),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env=env())
         ckpts = tmp_path / "cut" / "checkpoints"
@@ -154,7 +160,8 @@ def test_sigkill_then_resume_consumes_every_sample_exactly_once(tiny, tmp_path):
         assert 4 <= k < 10
         first = requested(server)
         server.requests.clear()
-        done = subprocess.run(cmd(tiny, tmp_path / "cut", f"{server.url}@1", *args),
+        done = subprocess.run(cmd(tiny, tmp_path / "cut", f"{server.url}@1", *args,
+                                  storage=tmp_path / "storage"),
                               capture_output=True, text=True, env=env(), timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         second = requested(server)
@@ -170,7 +177,8 @@ def test_sigkill_then_resume_consumes_every_sample_exactly_once(tiny, tmp_path):
     whole = tmp_path / "whole"
     reference = FakeVllmHidden(tiny["target"], tmp_path / "storage", SERVED_IDS).start()
     try:
-        run(online(tiny, [reference.url], whole, eval_split=0, max_steps=10,
+        run(online(tiny, [reference.url], whole, tmp_path / "storage", eval_split=0,
+                   max_steps=10,
                    checkpoint_every=2))
     finally:
         reference.stop()
@@ -200,7 +208,7 @@ def test_a_server_restart_mid_run_pauses_training_and_it_continues(tiny, served,
     thread = threading.Thread(target=restart, daemon=True)
     thread.start()
     try:
-        result = run(online(tiny, [first.url], tmp_path / "r", prefetch=2))
+        result = run(online(tiny, [first.url], tmp_path / "r", storage, prefetch=2))
     finally:
         thread.join(timeout=30)
         for s in later:
@@ -209,7 +217,8 @@ def test_a_server_restart_mid_run_pauses_training_and_it_continues(tiny, served,
     assert result.metrics["served"]["pauses"] >= 1
     err = capfd.readouterr().err
     assert "not answering" in err and "/health is polled" in err and "back; resuming" in err
-    reference = run(online(tiny, [served["server"].url], tmp_path / "ref", prefetch=2))
+    reference = run(online(tiny, [served["server"].url], tmp_path / "ref", served["storage"],
+                           prefetch=2))
     assert losses(tmp_path / "r") == losses(tmp_path / "ref")
     assert result.eval == reference.eval
     assert list(storage.glob("*.safetensors")) == []
@@ -220,7 +229,7 @@ def test_a_server_without_the_last_layer_is_refused_at_the_first_sample(tiny, tm
     try:
         began = time.monotonic()
         with pytest.raises(ServerError, match=r"eagle_aux_hidden_state_layer_ids = \[2, 4, 5"):
-            run(online(tiny, [server.url], tmp_path / "r"))
+            run(online(tiny, [server.url], tmp_path / "r", tmp_path / "storage"))
         assert time.monotonic() - began < 60
     finally:
         server.stop()
@@ -242,7 +251,8 @@ def test_bad_server_options_are_one_message(tiny, tmp_path, kw, message):
 
 
 def test_an_unreachable_server_is_one_line_from_the_cli(tiny, tmp_path):
-    proc = subprocess.run(cmd(tiny, tmp_path / "r", "http://127.0.0.1:9"), capture_output=True,
+    proc = subprocess.run(cmd(tiny, tmp_path / "r", "http://127.0.0.1:9", storage=tmp_path),
+                          capture_output=True,
                           text=True, env=env(), timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert "cannot list its models" in proc.stderr and "Traceback" not in proc.stderr
@@ -265,7 +275,7 @@ def test_a_stalled_server_pauses_training_and_it_continues(tiny, served, tmp_pat
     thread.start()
     try:
         began = time.monotonic()
-        result = run(online(tiny, [server.url], tmp_path / "r", prefetch=2,
+        result = run(online(tiny, [server.url], tmp_path / "r", storage, prefetch=2,
                             request_timeout=1.0))
         took = time.monotonic() - began
     finally:
@@ -273,7 +283,7 @@ def test_a_stalled_server_pauses_training_and_it_continues(tiny, served, tmp_pat
         server.stop()
     assert result.metrics["served"]["pauses"] >= 1 and took >= 3.0
     assert "not answering" in capfd.readouterr().err
-    run(online(tiny, [served["server"].url], tmp_path / "ref", prefetch=2))
+    run(online(tiny, [served["server"].url], tmp_path / "ref", served["storage"], prefetch=2))
     assert losses(tmp_path / "r") == losses(tmp_path / "ref")
     assert list(storage.glob("*.safetensors")) == []
 
@@ -287,7 +297,8 @@ def test_the_status_line_shows_the_server_side_and_the_trainer_side(tiny, served
     server.write_delay_s = 0.05  # a slow server: the trainer waits for it
     try:
         proc = subprocess.run(cmd(tiny, tmp_path / "r", server.url, "--max-steps", "6",
-                                  "--log-every", "0.2", "--concurrency", "1"),
+                                  "--log-every", "0.2", "--concurrency", "1",
+                                  storage=served["storage"]),
                               capture_output=True, text=True, env=env(), timeout=300)
     finally:
         server.write_delay_s = 0.0
@@ -315,12 +326,13 @@ def test_under_torchrun_each_rank_fetches_its_own_share(tiny, served, tmp_path):
     port = 29500 + random.Random().randint(0, 20000)
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
             "--master_port", str(port), *cmd(tiny, tmp_path / "two", server.url,
-                                             "--max-steps", "6")[1:]]
+                                             "--max-steps", "6", storage=served["storage"])[1:]]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env(), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     asked = requested(server)
     plan = Counter(ids for step in plan_samples(tiny, parts=2, eval_split=0, max_steps=6)
                    for ids in step)
     assert asked == plan and max(asked.values()) == 1
-    run(online(tiny, [server.url], tmp_path / "one", eval_split=0, grad_accum=2))
+    run(online(tiny, [server.url], tmp_path / "one", served["storage"], eval_split=0,
+               grad_accum=2))
     np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-5)

@@ -13,6 +13,7 @@ from typing import Any
 
 from eagle3kit import _ui
 from eagle3kit._options import OutputOptions, WriteOptions
+from eagle3kit._served_files import served_dir_problems
 from eagle3kit.errors import UserError
 from eagle3kit.target import check_layer_ids, parse_dtype, parse_layer_ids
 
@@ -89,6 +90,12 @@ class TrainConfig:
     """--server: seconds one request may take before the server counts as stalled."""
     model: str | None = None
     """--server: the served model name (default: each server's first)."""
+    hidden_states_dir: Path | None = None
+    """--server: the servers' shared_storage_path as this machine sees it (or a folder
+    holding them all); only `.safetensors` files inside it that a server names are read,
+    then deleted. Required with --server."""
+    api_key: str | None = field(default=None, repr=False)
+    """--server: bearer token for the servers (never stored)."""
     layers: list[int] | str | None = None
     """Aux layer ids (boundary convention) for --online; offline they come from the data."""
     draft_vocab: int = 32000
@@ -189,6 +196,8 @@ class TrainConfig:
         self.target = None if self.target is None else Path(self.target)
         if self.init_from is not None:
             self.init_from = Path(self.init_from)
+        if self.hidden_states_dir is not None:
+            self.hidden_states_dir = Path(self.hidden_states_dir)
         if not self.data:
             raise UserError("give at least one dataset, then the run directory last")
         # Every problem of the command line at once (torchtune's config validation).
@@ -300,6 +309,7 @@ class TrainConfig:
                 found.append(f"{flag} must be >= 1 (got {value})")
         if not (self.request_timeout > 0 and math.isfinite(self.request_timeout)):
             found.append(f"--request-timeout must be > 0 seconds (got {self.request_timeout})")
+        found += served_dir_problems(self.hidden_states_dir, bool(self.servers), "--server")
         if not self.servers:
             return
         if not self.online:

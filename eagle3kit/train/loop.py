@@ -758,6 +758,7 @@ def _resolved(cfg: TrainConfig) -> dict:
 
     d = asdict(cfg)
     d.pop("output", None)
+    d.pop("api_key", None)  # a secret: never stored
     d["data"] = [s.to_json() for s in cfg.data]
     return d
 

@@ -301,9 +301,11 @@ def _as_float(states: tuple[Any, Any] | None) -> tuple[np.ndarray, np.ndarray] |
 
 
 def connect(urls: list[tuple[str, int]], model: str | None, layers: list[int],
-            hidden_size: int, timeout: float) -> list[Any]:
+            hidden_size: int, timeout: float, storage: Any, api_key: str | None = None
+            ) -> list[Any]:
     """One extract engine per server (url, slots): each lists its model and is refused with
-    extract's message when prefix caching is on."""
+    extract's message when prefix caching is on. They share `storage` (a StorageDir), so a
+    file one server named is refused when another names it too."""
     from eagle3kit.extract_vllm import VllmEngine
 
     engines: list[Any] = []
@@ -312,7 +314,7 @@ def connect(urls: list[tuple[str, int]], model: str | None, layers: list[int],
             # One try: a failure pauses the server at once while /health tells whether it
             # is down (see ServedStates._pause), where extract would retry and then stop.
             engines.append(VllmEngine.open(url, model, layers, hidden_size, slots, timeout,
-                                           attempts=1))
+                                           storage, attempts=1, api_key=api_key))
     except BaseException:
         for e in engines:
             e.close()
@@ -348,11 +350,13 @@ def _order(trainer: Any, start: int) -> Iterator[tuple[np.ndarray, int]]:
 
 def open_for(trainer: Any, start: int) -> ServedStates:
     """Connect to the servers and start fetching this rank's samples from step `start`."""
+    from eagle3kit._served_files import StorageDir
     from eagle3kit.extract import _size
 
     cfg = trainer.cfg
     hidden = int(trainer.target_cfg.hidden_size)
-    engines = connect(cfg.server_slots, cfg.model, trainer.layers, hidden, cfg.request_timeout)
+    engines = connect(cfg.server_slots, cfg.model, trainer.layers, hidden, cfg.request_timeout,
+                      StorageDir(cfg.hidden_states_dir), cfg.api_key)
     depth = cfg.prefetch_depth
     lengths = sorted((it.length for it in my_items(trainer, start)), reverse=True)
     bound = sum(lengths[:depth]) * bytes_per_token(hidden, len(trainer.layers))

@@ -207,9 +207,11 @@ def hidden(tokens: Path, servers: Servers, world: World) -> Path:
     from eagle3kit import _ui, extract
 
     out = world.root / "hidden"
+    (world.root / "hs").mkdir(exist_ok=True)
     extract.run(extract.ExtractConfig(tokens, out, target=world.target, engine="vllm",
                                       server=_extract(servers, world).url,
                                       layers=LAYERS, concurrency=4,
+                                      hidden_states_dir=world.root / "hs",
                                       output=_ui.OutputOptions(quiet=True)))
     return out
 

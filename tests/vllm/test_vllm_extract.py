@@ -44,7 +44,7 @@ def _refused(server, world: World, tokens: Path, out: Path) -> str:
     with pytest.raises(ServerError) as caught:
         extract.run(extract.ExtractConfig(tokens, out, target=world.target, engine="vllm",
                                           server=server.url, layers=LAYERS,
-                                          output=QUIET))
+                                          hidden_states_dir=out.parent, output=QUIET))
     assert len(HiddenDataset(out)) == 0 if (out / "manifest.json").is_file() else True
     return str(caught.value)
 

@@ -40,9 +40,10 @@ def test_training_from_the_server_equals_training_on_what_extract_stored(
 
     storage = world.root / "hs"
     hidden = tmp_path / "hidden"
+    storage.mkdir(exist_ok=True)
     extract.run(extract.ExtractConfig(tokens, hidden, target=world.target, engine="vllm",
                                       server=extract_server.url, layers=LAYERS,
-                                      concurrency=1, output=QUIET))
+                                      concurrency=1, hidden_states_dir=storage, output=QUIET))
     options = train_options(QuickstartConfig())
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -51,7 +52,8 @@ def test_training_from_the_server_equals_training_on_what_extract_stored(
                                               output=QUIET, **options))
         served = train.run(train.TrainConfig(
             [tokens], tmp_path / "served", world.target, online=True, layers=LAYERS,
-            servers=[f"{extract_server.url}@1"], prefetch=8, output=QUIET, **options))
+            servers=[f"{extract_server.url}@1"], prefetch=8, hidden_states_dir=storage,
+            output=QUIET, **options))
     finally:
         torch.set_num_threads(threads)
     assert served.steps == offline.steps == served.total_steps
