@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from eagle3kit import _ui
-from eagle3kit._argv import command_line
+from eagle3kit._signals import EXIT_CODES, continue_command
 from eagle3kit.errors import CheckFailed, UserError
 from eagle3kit.format import Dataset, DatasetWriter, make_sample_id
 from eagle3kit.gen import prompts
@@ -56,6 +56,8 @@ class GenResult:
     reprobes: int = 0
     """Times a server was probed again (after it went away, dropped a connection, or on the
     periodic check) to see that it still serves the run's model."""
+    exit_code: int = 0
+    """0, or 130 (SIGINT) / 143 (SIGTERM) when a signal stopped the run."""
 
 
 def load(cfg: GenConfig) -> tuple[list[Conversation], int, int]:
@@ -277,9 +279,10 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
         truncated=stats["truncated"], skipped=int(progress.counters.get("skipped", 0)),
         failed=stats["failed"], retries=stats["retries"], violations=stats["violations"],
         duplicates=duplicates, stopped=stopped, elapsed=round(time.monotonic() - started, 3),
-        resume_command=command_line(), filtered=stats["filtered"],
+        resume_command=continue_command(), filtered=stats["filtered"],
         generating_s=round(progress.elapsed, 3), retried_failed=retried,
         reprobes=stats["reprobes"],
+        exit_code=EXIT_CODES[scheduler.first_signal] if stopped and scheduler.first_signal else 0,
     )
 
 
@@ -293,7 +296,7 @@ def check_complete(cfg: GenConfig, chains: list[Chain], total: int) -> None:
         raise CheckFailed(
             f"{cfg.out}: the run ended with {missing:,} of the {total:,} samples the prompts "
             "call for not in the dataset (please report it); what is stored is intact. "
-            f"Rerun to generate them: {command_line()}")
+            f"Rerun to generate them: {continue_command()}")
 
 
 def _served_model(backends: list[Backend]) -> str | None:

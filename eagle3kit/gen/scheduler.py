@@ -28,7 +28,7 @@ from typing import Any
 import xxhash
 
 from eagle3kit import _ui
-from eagle3kit._argv import command_line
+from eagle3kit._signals import continue_command
 from eagle3kit.errors import UserError
 from eagle3kit.format import DatasetError, DatasetWriter, TokenSample
 from eagle3kit.gen import servers
@@ -73,7 +73,7 @@ class WorkerFailed(UserError):
 
 def final_error(exc: BaseException) -> UserError:
     """The failure that ended a run as the one error to show, with the command that continues."""
-    again = f" Continue with: {command_line()}"
+    again = f" Continue with: {continue_command()}"
     if isinstance(exc, UserError):
         exc.args = (f"{str(exc).rstrip(' .')}.{again}",)
         return exc
@@ -155,6 +155,7 @@ class Scheduler:
         self.feeding = True
         self.stopping = False
         self.signals = 0
+        self.first_signal: signal.Signals | None = None
         self.failure: BaseException | None = None
         self.finished = asyncio.Event()
         self.want_more = asyncio.Event()
@@ -625,8 +626,9 @@ class Scheduler:
                      f"{_ui.duration(limit)} (the oldest for {_ui.duration(oldest)}, sample "
                      f"{found[0].sample_id}); {then}. Check the server")
 
-    def on_signal(self) -> None:
+    def on_signal(self, sig: signal.Signals) -> None:
         self.signals += 1
+        self.first_signal = self.first_signal or sig
         self.stopping = True
         if self.signals == 1:
             _ui.warn(f"stopping: no new requests; {self.in_flight} in flight get "
@@ -638,8 +640,9 @@ class Scheduler:
 
     async def run(self, starts: list[tuple[Chain, int]]) -> None:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.on_signal)
+        before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in before:
+            loop.add_signal_handler(sig, self.on_signal, sig)
         self.spawn(self.feed(starts))
         self.spawn(self.committer())
         for backend in self.backends:
@@ -655,8 +658,12 @@ class Scheduler:
         try:
             await self.finished.wait()
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig, handler in before.items():
                 loop.remove_signal_handler(sig)
+                # asyncio leaves the default action; a caller's own handling is put back
+                # (the CLI's: a SIGTERM while gen reports, or in a later quickstart stage).
+                if handler is not None:
+                    signal.signal(sig, handler)
             tasks = list(self.tasks)
             for task in tasks:
                 task.cancel()
