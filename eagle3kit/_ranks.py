@@ -8,21 +8,37 @@ only when there is a job, or a device to resolve.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from eagle3kit.errors import UserError
 
 
+def device_problem(device: str) -> str | None:
+    """What is wrong with a --device value as written, or None: the configs ask before
+    torch loads."""
+    if device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", device or ""):
+        return None
+    return f"--device must be auto, cpu, cuda or cuda:N (got {device})"
+
+
 def resolve_device(device: str, local_rank: int = 0) -> str:
-    """auto: this rank's GPU when there is one, else cpu; cuda: this rank's GPU."""
+    """auto: this rank's GPU when there is one, else cpu; cuda: this rank's GPU. A GPU this
+    machine does not have is refused by the flag, before a model is loaded onto it."""
     import torch
 
     if device == "auto":
         return f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        return f"cuda:{local_rank}"
-    return device
+    resolved = f"cuda:{local_rank}" if device == "cuda" else device
+    if resolved.startswith("cuda:"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if int(resolved.split(":", 1)[1]) >= count:
+            rank = f" (cuda:{local_rank} for local rank {local_rank})" if device == "cuda" else ""
+            have = (f"this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+                    if count else "no CUDA device here")
+            raise UserError(f"--device {device}{rank}: {have}")
+    return resolved
 
 
 @dataclass
@@ -49,8 +65,6 @@ class Ranks:
         dev = None
         if device is not None:
             dev = torch.device(resolve_device(device, local))
-            if dev.type == "cuda" and not torch.cuda.is_available():
-                raise UserError(f"--device {device}: no CUDA device here")
             if dev.type == "cuda":
                 torch.cuda.set_device(dev)
         if world == 1:

@@ -13,6 +13,7 @@ rerunning the same command, with any number of ranks, continues where a run stop
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ import xxhash
 
 from eagle3kit import _hf, _ui
 from eagle3kit._options import OutputOptions, WriteOptions
-from eagle3kit._ranks import Ranks, resolve_device
+from eagle3kit._ranks import Ranks, device_problem, resolve_device
 from eagle3kit._urls import server_url
 from eagle3kit.errors import UserError
 from eagle3kit.format import (
@@ -128,14 +129,19 @@ class ExtractConfig:
             found.append("--server applies to --engine vllm only")
         if self.codec not in CODECS:
             found.append(f"--codec must be one of {', '.join(CODECS)} (got {self.codec!r})")
+        in_process = self.engine == "hf" and not self.device_map
+        device = device_problem(self.device) if in_process else None
+        if device:
+            found.append(device)
         if self.dtype not in DTYPES:
             found.append(f"--dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
         for flag, value in (("--batch-tokens", self.batch_tokens),
                             ("--concurrency", self.concurrency)):
             if value < 1:
                 found.append(f"{flag} must be at least 1 (got {value})")
-        if not self.request_timeout > 0:
-            found.append(f"--request-timeout must be > 0 seconds (got {self.request_timeout})")
+        if not (self.request_timeout > 0 and math.isfinite(self.request_timeout)):
+            found.append(f"--request-timeout must be a finite number > 0 of seconds (got "
+                         f"{self.request_timeout})")
         return found
 
 
@@ -358,6 +364,8 @@ def run(cfg: ExtractConfig) -> ExtractResult:
 
 
 def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
+    if cfg.engine == "hf" and not cfg.device_map:
+        resolve_device(cfg.device, ranks.local_rank)  # a GPU not here: refused before reading
     tokens = Dataset(cfg.tokens)
     _ui.warn_all(tokens.warnings)
     if cfg.trust_remote_code is None:  # as gen was told, for the same model's code

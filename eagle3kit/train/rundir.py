@@ -114,8 +114,18 @@ class RunDir:
                             "give a new directory")
         return False
 
+    def check_clearable(self) -> None:
+        """Refuse --overwrite where a symbolic link stands in the place of what a run writes:
+        what it points to is not the run's to delete."""
+        for name in OUR_FILES:
+            if (self.path / name).is_symlink():
+                raise UserError(f"{self.path / name}: a symbolic link where a run keeps its own "
+                                f"{name}; --overwrite deletes only what a run wrote, not what a "
+                                "link points to: remove the link, or give a new directory")
+
     def clear(self) -> None:
-        """--overwrite: remove what a run wrote (and nothing else)."""
+        """--overwrite: remove what a run wrote (and nothing else), refusing links first."""
+        self.check_clearable()
         for name in OUR_FILES:
             p = self.path / name
             if p.is_dir():
