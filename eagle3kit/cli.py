@@ -91,16 +91,25 @@ def _fail(exc: UserError) -> NoReturn:
 
 
 def _run(run: Callable[[Any], Any], make_config: Callable[[], Any]) -> Any:
-    """Build the config and run the stage; user errors and Ctrl-C end in one line."""
-    try:
-        return run(make_config())
-    except UserError as exc:
-        _fail(exc)
-    except KeyboardInterrupt:
-        from eagle3kit import _ui
+    """Build the config and run the stage; user errors and stop signals end in one line."""
+    from eagle3kit._signals import StopAsInterrupt
 
-        _ui.error("interrupted; what was committed is safe: rerun the same command to continue")
-        raise typer.Exit(130) from None
+    with StopAsInterrupt():  # still caught while the line is printed: a repeat is ignored
+        try:
+            return run(make_config())
+        except UserError as exc:
+            _fail(exc)
+        except KeyboardInterrupt as exc:
+            raise typer.Exit(_interrupted(exc)) from None
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    """Say how to continue a run a signal stopped; its exit status (130, or 143)."""
+    from eagle3kit import _ui
+    from eagle3kit._signals import EXIT_CODES, stop_signal, stopped_line
+
+    _ui.error(stopped_line(exc))
+    return EXIT_CODES[stop_signal(exc)]
 
 
 def _version(value: bool) -> None:
@@ -376,7 +385,7 @@ def gen(
 
     result = _run(stage.run, lambda: _gen_config(options))
     if result.stopped:  # a script must not go on to validate or train a partial dataset
-        raise typer.Exit(130)
+        raise typer.Exit(result.exit_code)
 
 
 _GEN_PASSED_ON = (
@@ -932,8 +941,5 @@ def quickstart(
 def main() -> None:
     try:
         app()
-    except KeyboardInterrupt:
-        from eagle3kit import _ui
-
-        _ui.error("interrupted; what was committed is safe: rerun the same command to continue")
-        raise SystemExit(130) from None
+    except KeyboardInterrupt as exc:
+        raise SystemExit(_interrupted(exc)) from None

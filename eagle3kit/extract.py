@@ -13,6 +13,7 @@ rerunning the same command, with any number of ranks, continues where a run stop
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from collections.abc import Iterator
@@ -51,7 +52,7 @@ from eagle3kit.target import (
     tokenizer_mismatch,
 )
 from eagle3kit.target.capture import Capture
-from eagle3kit.target.device import parse_dtype, resolve_device, resolve_dtype
+from eagle3kit.target.device import device_problem, parse_dtype, resolve_device, resolve_dtype
 
 ENGINES = ("hf", "vllm")
 DISK_MARGIN = 1.05
@@ -142,6 +143,10 @@ class ExtractConfig:
                                      "--engine vllm")
         if self.codec not in CODECS:
             found.append(f"--codec must be one of {', '.join(CODECS)} (got {self.codec!r})")
+        in_process = self.engine == "hf" and not self.device_map
+        device = device_problem(self.device) if in_process else None
+        if device:
+            found.append(device)
         try:
             self.dtype, note = parse_dtype(self.dtype)
             if note:
@@ -152,8 +157,9 @@ class ExtractConfig:
                             ("--concurrency", self.concurrency)):
             if value < 1:
                 found.append(f"{flag} must be at least 1 (got {value})")
-        if not self.request_timeout > 0:
-            found.append(f"--request-timeout must be > 0 seconds (got {self.request_timeout})")
+        if not (self.request_timeout > 0 and math.isfinite(self.request_timeout)):
+            found.append(f"--request-timeout must be a finite number > 0 of seconds (got "
+                         f"{self.request_timeout})")
         return found
 
 
@@ -364,6 +370,8 @@ def run(cfg: ExtractConfig) -> ExtractResult:
 
 
 def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
+    if cfg.engine == "hf" and not cfg.device_map:
+        resolve_device(cfg.device, ranks.local_rank)  # a GPU not here: refused before reading
     tokens = Dataset(cfg.tokens)
     _ui.warn_all(tokens.warnings)
     target = TargetInfo.load(Path(str(cfg.target)), cfg.trust_remote_code)

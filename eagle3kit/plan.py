@@ -265,8 +265,10 @@ def run_pilot(cfg: PlanConfig) -> Pilot:
     result = gen.run(replace(cfg.gen, output=quiet_json), select=select)
     wall = time.monotonic() - started
     if result.stopped:
-        raise PilotStopped("the pilot was stopped before it finished; what it generated is "
-                           "kept: rerun the same command to complete it")
+        stopped = PilotStopped("the pilot was stopped before it finished; what it generated "
+                               "is kept: rerun the same command to complete it")
+        stopped.exit_code = result.exit_code or PilotStopped.exit_code  # 143 after SIGTERM
+        raise stopped
     return Pilot(seen["all"], seen["chosen"], result.written - result.skipped, result.written,
                  result.total, result.elapsed, result.generating_s, wall)
 

@@ -26,6 +26,7 @@ from typing import Any
 from eagle3kit import _ui
 from eagle3kit._durable import write_text_atomic
 from eagle3kit._options import OutputOptions, WriteOptions
+from eagle3kit._signals import interrupt
 from eagle3kit.checkpoints.rundir import RunDir
 from eagle3kit.errors import UserError
 
@@ -271,7 +272,7 @@ def stage_gen(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
         temperature=0.0, max_tokens=cfg.max_tokens, output=out,
         write=replace(cfg.write, mode="auto")))
     if result.stopped:
-        raise KeyboardInterrupt
+        raise interrupt(result.exit_code)
     return {"samples": result.total, "continued_from": result.previously_done}
 
 
@@ -312,7 +313,7 @@ def stage_train(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
     result = train.run(train.TrainConfig([lay.hidden], lay.run, lay.target, output=out,
                                          **train_options(cfg)))
     if result.steps < result.total_steps:
-        raise KeyboardInterrupt
+        raise interrupt(result.exit_code)
     predicted = (result.eval or {}).get("predicted_acceptance_length")
     return {"final_loss": result.loss, "predicted_acceptance_length": predicted,
             "continued_from": result.resumed_from or 0}

@@ -19,7 +19,7 @@ STAGES = ("gen", "validate", "extract", "extract_vllm", "train", "export", "benc
           "hidden_convert", "info", "plan", "quickstart")
 """The stage rooms (`eagle3kit.<name>`, a module or a package)."""
 SHARED = ("errors", "target", "tiny", "_argv", "_durable", "_hf", "_json", "_lazy", "_lock",
-          "_options", "_ranks", "_served_files", "_ui", "_urls")
+          "_options", "_ranks", "_served_files", "_signals", "_ui", "_urls")
 """Helpers every room may use; they use no stage, no CLI (and only _ui prints)."""
 FORMAT_PUBLIC = "eagle3kit.format"
 

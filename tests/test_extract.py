@@ -409,3 +409,30 @@ def test_two_torchrun_ranks_write_what_one_process_writes(tiny: Tiny, tmp_path: 
         assert np.array_equal(to_bf16(sample.aux), to_bf16(twin.aux))
         assert np.array_equal(to_bf16(sample.last), to_bf16(twin.last))
         assert np.array_equal(sample.input_ids, twin.input_ids)
+
+
+@pytest.mark.parametrize("device", ["cuda:99", "cuda:0", "cuda"])
+def test_a_gpu_that_is_not_here_is_one_line(tiny: Tiny, tmp_path: Path, device: str) -> None:
+    """Refused by the flag before any state is computed (here: no GPU at all; on a GPU
+    machine cuda:99 is still past the last one)."""
+    import torch
+
+    if device != "cuda:99" and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    line = refused("extract", tiny.tokens, tmp_path / "hidden", "--target", tiny.llama,
+                   "--device", device)
+    assert line.startswith(f"error: --device {device}"), line
+    assert "no CUDA device here" in line or "CUDA device(s)" in line
+    assert not (tmp_path / "hidden").exists()
+
+
+def test_a_device_that_is_not_a_device_is_refused_by_the_config(tiny: Tiny,
+                                                                 tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"--device must be auto, cpu, cuda or cuda:N \(got gpu"):
+        config(tiny, tmp_path / "hidden", device="gpu")
+
+
+def test_an_infinite_request_timeout_is_refused(tiny: Tiny, tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="--request-timeout must be a finite number > 0"):
+        config(tiny, tmp_path / "hidden", engine="vllm", server="http://127.0.0.1:9",
+               request_timeout=float("inf"))

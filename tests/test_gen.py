@@ -256,3 +256,24 @@ def test_changed_sampling_is_refused_without_force(tmp_path, qwen3):
         forced = eagle3kit(*args, "--temperature", "0.2", "--force", "--json")
         assert forced.returncode == 0, forced.stderr
         assert orjson.loads(forced.stdout)["written"] == 0
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_temperature_that_is_not_a_finite_number_is_refused_by_its_flag(tmp_path, qwen3,
+                                                                           value):
+    """NaN passes `< 0`, and JSON has no NaN: the requests would carry `"temperature": null`
+    (the server's own default, recorded nowhere). Refused on a new output, and with --force
+    on a started one, before any request: the server never sees a null temperature."""
+    from test_extract import refused
+
+    prompts = small_prompts(tmp_path, 2)
+    with FakeServer("sglang", tokenizer=qwen3) as server:
+        args = ["gen", str(prompts), str(tmp_path / "ds"), "--server", server.url,
+                "--tokenizer", str(qwen3), "--max-tokens", "16", "-q"]
+        new = refused(*args, "--temperature", value)
+        assert new == f"error: --temperature must be a finite number >= 0 (got {value})"
+        assert not (tmp_path / "ds").exists()
+        gen.run(config(prompts, tmp_path / "ds", server, qwen3, max_tokens=16))
+        sent = len(server.requests)
+        assert refused(*args, "--temperature", value, "--force") == new
+        assert len(server.requests) == sent  # nothing sent, so no null temperature either

@@ -255,6 +255,26 @@ def test_sigint_stops_cleanly_and_the_printed_command_continues(tmp_path, qwen3,
     assert sorted(per_sample) == sorted(k for k, v in ref.items() if v[1])
 
 
+def test_sigterm_stops_with_143_and_a_line_that_keeps_what_was_done(tmp_path, qwen3):
+    """A scheduler's SIGTERM stops gen as Ctrl-C does, with the status train uses for it;
+    the command it prints continues the output, so it drops the --overwrite that started it."""
+    prompts = prompt_file(tmp_path, 10, MT_BENCH)
+    out = tmp_path / "ds"
+    with FakeServerProcess("sglang", tokenizer=str(qwen3), decode_tps=100,
+                           record_bodies=False, **MODEL) as srv:
+        proc = subprocess.Popen(gen_argv(prompts, out, srv.url, qwen3, "--no-progress",
+                                         "--overwrite"),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: len(gen_requests(srv)) >= 5, proc)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    assert "Traceback" not in stderr and "stopping: no new requests" in stderr
+    (line,) = [x for x in stderr.splitlines() if "continue with:" in x]
+    command = shlex.split(line.split("continue with:", 1)[1])
+    assert command[:2] == ["eagle3kit", "gen"] and "--overwrite" not in command
+
+
 def test_a_second_sigint_aborts_hanging_requests(tmp_path, qwen3):
     prompts = prompt_file(tmp_path, 6, MT_BENCH)
     out = tmp_path / "ds"

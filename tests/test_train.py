@@ -713,3 +713,34 @@ def test_the_cli_takes_the_layout_flags(tiny, tmp_path):
     fields = drafter["eagle3kit"]["drafter"]
     assert (fields["norm_before_fc"], fields["norm_output"], fields["num_hidden_layers"],
             fields["norm_before_residual"]) == (True, False, 2, True)
+
+
+def test_a_run_directory_that_is_a_file_is_one_line_before_the_target_loads(tiny, tmp_path):
+    from test_extract import refused
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    line = refused("train", tiny["hidden"], notes, "--target", tiny["target"], "--device", "cpu")
+    assert line == (f"error: {notes}: exists and is not a directory (the run directory train "
+                    "writes); give a new directory")
+    assert notes.read_text() == "mine"
+
+
+def test_overwrite_never_deletes_through_a_linked_checkpoints_folder(tiny, tmp_path):
+    from test_extract import refused
+
+    from eagle3kit.checkpoints.rundir import RunDir
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("not the run's")
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "checkpoints").symlink_to(elsewhere, target_is_directory=True)
+    line = refused("train", tiny["hidden"], run_dir, "--target", tiny["target"], "--device",
+                   "cpu", "--overwrite")
+    assert line.startswith(f"error: {run_dir / 'checkpoints'}: a symbolic link"), line
+    with pytest.raises(UserError, match="a symbolic link"):
+        RunDir(run_dir).clear()
+    assert (elsewhere / "keep.txt").read_text() == "not the run's"
+    assert (run_dir / "checkpoints").is_symlink()

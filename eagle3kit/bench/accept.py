@@ -91,8 +91,10 @@ class AcceptConfig:
                 raise UserError(f"{flag} must be at least 1 (got {value})")
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise UserError(f"--temperature must be >= 0 (got {self.temperature})")
-        if self.tie_epsilon is not None and not self.tie_epsilon >= 0:
-            raise UserError(f"--tie-epsilon must be >= 0 (got {self.tie_epsilon})")
+        if self.tie_epsilon is not None and not (self.tie_epsilon >= 0
+                                                 and math.isfinite(self.tie_epsilon)):
+            raise UserError(f"--tie-epsilon must be a finite number >= 0 (got "
+                            f"{self.tie_epsilon})")
         if self.tree is not None and self.temperature > 0:
             raise UserError("--tree verifies greedily: use it with --temperature 0, or draft "
                             "a chain (--k N) to sample")

@@ -89,8 +89,10 @@ class ServerBenchConfig:
                 raise UserError(f"{flag} must be at least 1 (got {value})")
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise UserError(f"--temperature must be >= 0 (got {self.temperature})")
-        if self.request_timeout is not None and not self.request_timeout > 0:
-            raise UserError(f"--request-timeout must be > 0 seconds (got {self.request_timeout})")
+        if self.request_timeout is not None and not (self.request_timeout > 0
+                                                     and math.isfinite(self.request_timeout)):
+            raise UserError(f"--request-timeout must be a finite number > 0 of seconds (got "
+                            f"{self.request_timeout})")
         if self.plot is not None:
             from eagle3kit.bench.report import check_plotting
 

@@ -168,10 +168,20 @@ class RunDir:
         raise UserError(f"{self.path}: not a training run (no run.json); --overwrite starts "
                         "afresh only in a run directory or an empty one: give a new directory")
 
+    def check_clearable(self) -> None:
+        """Refuse --overwrite where a symbolic link stands in the place of what a run writes:
+        what it points to is not the run's to delete."""
+        for name in OUR_FILES:
+            if (self.path / name).is_symlink():
+                raise UserError(f"{self.path / name}: a symbolic link where a run keeps its own "
+                                f"{name}; --overwrite deletes only what a run wrote, not what a "
+                                "link points to: remove the link, or give a new directory")
+
     def clear(self) -> None:
-        """--overwrite: remove what a run wrote (and nothing else): a symbolic link in its
-        place goes itself, never what it points to. run.json goes last, so that a clear cut
-        short still leaves a directory --overwrite recognises as a run."""
+        """--overwrite: remove what a run wrote (and nothing else), refusing links first.
+        run.json goes last, so that a clear cut short still leaves a directory --overwrite
+        recognises as a run."""
+        self.check_clearable()
         for name in (*(n for n in OUR_FILES if n != RUN_JSON), RUN_JSON):
             p = self.path / name
             if p.is_dir() and not p.is_symlink():

@@ -475,13 +475,19 @@ class DatasetWriter:
             self._finish_pending()
 
     def _finish_pending(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            try:
-                pending.result()
-            except BaseException as exc:
-                self._failed = exc
-                raise
+        pending = self._pending
+        if pending is None:
+            return
+        try:
+            pending.result()
+        except KeyboardInterrupt:
+            # Ctrl-C or a stop signal cut the wait short, not the commit: it stays pending
+            # for close() to wait for, and the samples after it may still be committed.
+            raise
+        except BaseException as exc:
+            self._pending, self._failed = None, exc
+            raise
+        self._pending = None
 
     def _refuse_after_failure(self) -> None:
         if self._failed is not None:

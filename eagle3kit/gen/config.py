@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,16 +196,21 @@ class GenConfig:
         for flag, value in at_least_one.items():
             if value is not None and value < 1:
                 raise UserError(f"{flag} must be at least 1 (got {value})")
-        if self.temperature < 0:
-            raise UserError(f"--temperature must be >= 0 (got {self.temperature})")
+        # Each test is written to fail on NaN, which passes a plain `<`: its requests would
+        # carry `null` (JSON has no NaN), the server's own default, recorded nowhere.
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise UserError(f"--temperature must be a finite number >= 0 (got "
+                            f"{self.temperature})")
         if not 0 < self.top_p <= 1:
             raise UserError(f"--top-p must be in (0, 1] (got {self.top_p})")
+        if not 0 <= self.min_p <= 1:
+            raise UserError(f"--min-p must be in [0, 1] (got {self.min_p})")
         if self.min_completion_tokens < 0:
             raise UserError("--min-completion-tokens must be >= 0")
         for flag, value in (("--grace", self.grace), ("--request-timeout", self.request_timeout),
                             ("--retry-for", self.retry_for), ("--stall-after", self.stall_after)):
-            if value is not None and not value > 0:
-                raise UserError(f"{flag} must be > 0 seconds (got {value})")
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise UserError(f"{flag} must be a finite number > 0 of seconds (got {value})")
         long_flags = (self.short_concurrency, self.long_concurrency, self.short_max_tokens,
                       self.long_max_tokens)
         if self.long_threshold is None and any(v is not None for v in long_flags):

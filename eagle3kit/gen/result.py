@@ -37,6 +37,8 @@ class GenResult:
     reprobes: int = 0
     """Times a server was probed again (after it went away, dropped a connection, or on the
     periodic check) to see that it still serves the run's model."""
+    exit_code: int = 0
+    """0, or 130 (SIGINT) / 143 (SIGTERM) when a signal stopped the run."""
 
 
 def report(result: GenResult, cfg: GenConfig) -> None:

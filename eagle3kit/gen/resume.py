@@ -4,7 +4,7 @@ and the closing check that every sample the prompts call for is stored."""
 from __future__ import annotations
 
 from eagle3kit import _ui
-from eagle3kit._argv import command_line
+from eagle3kit._signals import continue_command
 from eagle3kit.chat.render import Renderer
 from eagle3kit.errors import CheckFailed
 from eagle3kit.format import Dataset, DatasetWriter
@@ -103,4 +103,4 @@ def check_complete(cfg: GenConfig, chains: list[Chain], total: int) -> None:
         raise CheckFailed(
             f"{cfg.out}: the run ended with {missing:,} of the {total:,} samples the prompts "
             "call for not in the dataset (please report it); what is stored is intact. "
-            f"Rerun to generate them: {command_line()}")
+            f"Rerun to generate them: {continue_command()}")

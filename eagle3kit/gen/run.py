@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 
 from eagle3kit import _ui
-from eagle3kit._argv import command_line
+from eagle3kit._signals import EXIT_CODES, continue_command
 from eagle3kit.chat.conversation import Conversation
 from eagle3kit.chat.render import Renderer
 from eagle3kit.errors import UserError
@@ -197,9 +197,10 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
         truncated=stats["truncated"], skipped=int(progress.counters.get("skipped", 0)),
         failed=stats["failed"], retries=stats["retries"], violations=stats["violations"],
         duplicates=duplicates, stopped=stopped, elapsed=round(time.monotonic() - started, 3),
-        resume_command=command_line(), filtered=stats["filtered"],
+        resume_command=continue_command(), filtered=stats["filtered"],
         generating_s=round(progress.elapsed, 3), retried_failed=retried,
         reprobes=stats["reprobes"],
+        exit_code=EXIT_CODES[scheduler.first_signal] if stopped and scheduler.first_signal else 0,
     )
 
 

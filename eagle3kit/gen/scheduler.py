@@ -12,6 +12,7 @@ task (`supervisor.py`).
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 
 from eagle3kit import _ui
@@ -52,6 +53,7 @@ class Scheduler:
         self.in_flight = 0
         self.feeding = True
         self.signals = 0
+        self.first_signal: signal.Signals | None = None
         self.want_more = asyncio.Event()
         self.low_water = sum(b.slots for b in backends)
         self.stats = {"violations": 0, "retries": 0, "failed": 0, "truncated": 0, "paused": 0,
@@ -209,8 +211,9 @@ class Scheduler:
             self.progress.set(in_flight=self.in_flight)
             self.stalls.warn()
 
-    def on_signal(self) -> None:
+    def on_signal(self, sig: signal.Signals) -> None:
         self.signals += 1
+        self.first_signal = self.first_signal or sig
         self.supervisor.stopping = True
         if self.signals == 1:
             _ui.warn(f"stopping: no new requests; {self.in_flight} in flight get "

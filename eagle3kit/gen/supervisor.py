@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
-from eagle3kit._argv import command_line
+from eagle3kit._signals import continue_command
 from eagle3kit.errors import UserError
 from eagle3kit.format import DatasetError
 
@@ -34,7 +34,7 @@ class WorkerFailed(UserError):
 
 def final_error(exc: BaseException) -> UserError:
     """The failure that ended a run as the one error to show, with the command that continues."""
-    again = f" Continue with: {command_line()}"
+    again = f" Continue with: {continue_command()}"
     if isinstance(exc, UserError):
         exc.args = (f"{str(exc).rstrip(' .')}.{again}",)
         return exc

@@ -9,6 +9,7 @@ configs import this module to check their options.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from eagle3kit.errors import UserError
@@ -47,9 +48,29 @@ def resolve_device(name: str, local_rank: int | None = None) -> Any:
         device = torch.device(cuda if name == "cuda" else name)
     except RuntimeError:
         raise UserError(f"--device {name}: not a device (cpu, cuda, cuda:1, ...)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: no CUDA device here")
+    if device.type == "cuda":
+        _check_gpu_index(name, device.index or 0, local_rank, torch)
     return device
+
+
+def _check_gpu_index(name: str, index: int, local_rank: int | None, torch: Any) -> None:
+    """A GPU this machine does not have is refused by the flag, before a model loads onto it."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if index < count:
+        return
+    rank = (f" (cuda:{local_rank} for local rank {local_rank})"
+            if count and name == "cuda" and local_rank is not None else "")
+    have = (f"this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+            if count else "no CUDA device here")
+    raise UserError(f"--device {name}{rank}: {have}")
+
+
+def device_problem(device: str) -> str | None:
+    """What is wrong with a --device value as written, or None: the configs ask before
+    torch loads."""
+    if device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", device or ""):
+        return None
+    return f"--device must be auto, cpu, cuda or cuda:N (got {device})"
 
 
 def dtype_name(name: str, device: Any, spread: bool = False) -> str:

@@ -15,7 +15,7 @@ from eagle3kit import _ui
 from eagle3kit._options import OutputOptions, WriteOptions
 from eagle3kit._served_files import served_dir_problems
 from eagle3kit.errors import UserError
-from eagle3kit.target import check_layer_ids, parse_dtype, parse_layer_ids
+from eagle3kit.target import check_layer_ids, device_problem, parse_dtype, parse_layer_ids
 
 LONG_POLICIES = ("drop", "truncate")
 DTYPES = ("auto", "bfloat16", "float32")
@@ -297,9 +297,9 @@ class TrainConfig:
         if self.layers is not None and not self.online:
             found.append("--layers applies to --online training; offline, the layer ids are "
                          "those the hidden-state dataset was extracted at")
-        if not self.device or not (self.device in ("auto", "cpu")
-                                   or self.device.startswith("cuda")):
-            found.append(f"--device must be auto, cpu, cuda or cuda:N (got {self.device})")
+        problem = device_problem(self.device)
+        if problem:
+            found.append(problem)
 
     def _check_servers(self, found: list[str]) -> None:
         from eagle3kit.gen.config import parse_server
@@ -349,6 +349,16 @@ class TrainConfig:
             found.append(f"--target {self.target}: no config.json there (an HF model directory?)")
         if self.init_from is not None and not self.init_from.is_dir():
             found.append(f"--init-from {self.init_from}: no such directory")
+        if self.out.exists() and not self.out.is_dir():
+            found.append(f"{self.out}: exists and is not a directory (the run directory "
+                         "train writes); give a new directory")
+        elif self.write.mode == "overwrite":
+            from eagle3kit.checkpoints.rundir import RunDir
+
+            try:
+                RunDir(self.out).check_clearable()
+            except UserError as exc:
+                found.append(str(exc))
 
     @property
     def eval_count(self) -> int | None:

@@ -24,6 +24,7 @@ import torch
 from eagle3kit import __version__, _ui
 from eagle3kit._durable import write_json_atomic
 from eagle3kit._ranks import Ranks
+from eagle3kit._signals import EXIT_CODES, STOP_SIGNALS, continue_command
 from eagle3kit.checkpoints.native import drafter_weights, save_drafter
 from eagle3kit.checkpoints.rundir import (
     RUN_FORMAT,
@@ -58,7 +59,7 @@ from eagle3kit.train import data as tdata
 from eagle3kit.train import sharding
 from eagle3kit.train.config import TrainConfig, TrainResult
 from eagle3kit.train.online_server import Interrupted as StepAbandoned
-from eagle3kit.train.stopping import EXIT_CODES, STOP_SIGNALS, CheckpointClock, StopRequests
+from eagle3kit.train.stopping import CheckpointClock, StopRequests
 from eagle3kit.train.target import (
     OfflineTarget,
     OnlineTarget,
@@ -768,12 +769,9 @@ def resume_command(ranks: Ranks) -> str | None:
     same torchrun shape. None when train was not started from the command line."""
     import sys
 
-    from eagle3kit._argv import command_line
-
-    args = [a for a in sys.argv if a != "--overwrite"]
-    if args[1:2] != ["train"]:
+    if sys.argv[1:2] != ["train"]:
         return None
-    line = command_line(args)
+    line = continue_command()
     if ranks.world > 1:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world))
         nodes = max(1, ranks.world // max(local, 1))

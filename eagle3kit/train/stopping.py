@@ -20,9 +20,7 @@ import time
 from types import FrameType
 from typing import Any
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-EXIT_CODES = {signal.SIGTERM: 143, signal.SIGINT: 130, signal.SIGUSR1: 143}
-DUPLICATE_S = 1.0
+from eagle3kit._signals import DUPLICATE_S, STOP_SIGNALS
 
 
 class StopRequests:
