@@ -62,10 +62,10 @@ import sys
 bench_dir, leg = sys.argv.pop(1), sys.argv.pop(1)
 if leg != "pure":
     import eagle3kit.format._ints as ints
-    import eagle3kit.format.writer as writer
+    import eagle3kit.format.buffer as buffer
     sys.path.insert(0, bench_dir)
     from int_pack_bench import packer
-    ints.pack_int32_into = writer.pack_int32_into = packer(leg)
+    ints.pack_int32_into = buffer.pack_int32_into = packer(leg)
 from eagle3kit.cli import main
 sys.argv = ["eagle3kit", *sys.argv[1:]]
 main()

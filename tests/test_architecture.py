@@ -187,3 +187,29 @@ def test_architecture_notes_name_every_room() -> None:
                  "bench/", "cli.py", "_ui.py", "target/", "_options.py", "_durable.py",
                  "checkpoints/rundir.py", "_ranks.py"):
         assert f"`eagle3kit/{room}`" in notes, room
+
+
+# No class over ~300 lines ------------------------------------------------------------------
+MAX_CLASS_LINES = 300
+"""A class past this is split by job (issue 26: the Trainer, the Scheduler, the writer)."""
+
+
+def long_classes(source: str, module: str, limit: int = MAX_CLASS_LINES) -> list[str]:
+    """'module.Class: N lines' for every class (nested ones too) longer than `limit`."""
+    return [f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None
+            and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_the_class_length_check_catches_a_long_class() -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_CLASS_LINES))
+    source = f"class Short:\n    pass\n\n\nclass Long:\n{body}"
+    assert long_classes(source, "eagle3kit.m") == [
+        f"eagle3kit.m.Long: {MAX_CLASS_LINES + 1} lines"]
+
+
+def test_no_class_is_over_300_lines() -> None:
+    found = [c for name, path in all_modules().items()
+             for c in long_classes(path.read_text(), name)]
+    assert found == [], "split these by job: " + "; ".join(found)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from eagle3kit.format import Dataset, DatasetError, DatasetWriter, TokenSample
-from eagle3kit.format import writer as writer_module
+from eagle3kit.format import drop as drop_module
 
 
 def sample(i: int, finish: str = "stop") -> TokenSample:
@@ -102,7 +102,7 @@ def test_a_commit_that_fails_leaves_the_dataset_as_it_was(tmp_path, monkeypatch)
         raise DatasetError(f"{path}: no space left to write")
 
     with DatasetWriter(tmp_path / "ds") as w:
-        monkeypatch.setattr(writer_module, "write_json_atomic", full_disk)
+        monkeypatch.setattr(drop_module, "write_json_atomic", full_disk)
         with pytest.raises(DatasetError, match="no space left"):
             w.drop({"s003", "s017"})
         monkeypatch.undo()

@@ -172,7 +172,7 @@ def test_global_batches_split_into_equal_parts():
 
 # Recipe options (docs/train.md, "Why these defaults") ---------------------------------------------
 def test_schedules_decay_as_named():
-    from eagle3kit.train.loop import _lr_lambda
+    from eagle3kit.train.setup import _lr_lambda
 
     cosine, linear, constant = (_lr_lambda(11, 1, 0.1, s) for s in ("cosine", "linear",
                                                                     "constant"))

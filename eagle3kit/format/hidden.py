@@ -21,6 +21,7 @@ import zstandard
 from eagle3kit._lock import file_lock
 from eagle3kit.format._ints import to_int32
 from eagle3kit.format._io import read_json, write_json_atomic
+from eagle3kit.format.buffer import partition_stats
 from eagle3kit.format.dataset_dir import is_dataset
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import COMMIT_LOCK, MANIFEST
@@ -38,7 +39,7 @@ from eagle3kit.format.reader import (
 )
 from eagle3kit.format.sample import check_sample_id
 from eagle3kit.format.shard import ShardFile, unzstd
-from eagle3kit.format.writer import DatasetWriter, OpenMode, partition_stats
+from eagle3kit.format.writer import DatasetWriter, OpenMode
 
 CODECS = ("raw", "fp8", "zstd")
 LAST_STATES = ("pre_norm", "post_norm")

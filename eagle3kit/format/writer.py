@@ -10,222 +10,41 @@ writer knows every committed `sample_id` and `add` skips them.
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
-import socket
 import time
-from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Literal
 
-import numpy as np
 import orjson
 import xxhash
-import zstandard
 
-from eagle3kit import __version__
-from eagle3kit._argv import command_line
 from eagle3kit._durable import fsync_dir
 from eagle3kit._lock import file_lock
 from eagle3kit.format import dataset_dir
-from eagle3kit.format._ints import pack_int32_into, to_int32
-from eagle3kit.format._io import (
-    read_json,
-    write_bytes_atomic,
-    write_json_atomic,
-)
+from eagle3kit.format._io import read_json, write_json_atomic
+from eagle3kit.format.attached import AttachedFiles
+from eagle3kit.format.buffer import _Buffer, _TokenBuffer
+from eagle3kit.format.drop import Dropping
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import (
-    ATTACHED_DIRS,
     COMMIT_LOCK,
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST,
-    MARKER,
     SHARD_DIR,
     SHARD_SUFFIX,
-    TOKENIZER_DIR,
 )
 from eagle3kit.format.lock import RunLock, acquire, new_run_id
+from eagle3kit.format.opening import Opening
 from eagle3kit.format.reader import read_committed_ids
 from eagle3kit.format.sample import TokenSample, check_sample_id
-from eagle3kit.format.shard import (
-    META_PER_SAMPLE,
-    META_PER_TOKEN,
-    META_SLACK,
-    meta_bound,
-    write_shard,
-)
+from eagle3kit.format.shard import write_shard
 
 OpenMode = Literal["auto", "resume", "overwrite"]
 
 
-def loss_spans(sample: TokenSample, n_tokens: int) -> list[list[int]]:
-    """The [start, end) runs of loss-carrying positions."""
-    if sample.loss_mask is None:  # the common case stays in plain Python: no array per sample
-        start = len(sample.prompt_ids)
-        return [[start, n_tokens]] if n_tokens > start else []
-    mask = np.asarray(sample.loss_mask)
-    if mask.shape != (n_tokens,):
-        raise ValueError(f"sample {sample.sample_id}: loss_mask has {mask.size} entries for "
-                         f"{n_tokens} tokens")
-    if mask.size and not np.isin(mask, (0, 1)).all():
-        raise ValueError(f"sample {sample.sample_id}: loss_mask must hold only 0 and 1")
-    edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
-    return np.stack([np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)], 1).tolist()
-
-
-class _TokenBuffer:
-    """Samples waiting for the next commit, packed as they arrive."""
-
-    dtypes: dict[str, str] = {}  # noqa: RUF012  (read-only: every array has its natural dtype)
-
-    def __init__(self) -> None:
-        self.tokens = np.empty(1 << 16, np.int32)
-        self.n_tokens = 0
-        self.offsets = [0]
-        self.prompt_lens: list[int] = []
-        self.spans: list[list[list[int]]] = []
-        self.loss: list[int] = []
-        self.partitions: list[str] = []
-        self.ids: list[str] = []
-        self.meta: list[bytes] = []  # each sample's meta as JSON, encoded when it is added
-        self.finish: list[str] = []
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def _pack(self, ids: object) -> None:
-        n = len(ids)  # type: ignore[arg-type]
-        if self.n_tokens + n > self.tokens.size:
-            grown = np.empty(max(2 * self.tokens.size, self.n_tokens + n), np.int32)
-            grown[: self.n_tokens] = self.tokens[: self.n_tokens]
-            self.tokens = grown
-        if isinstance(ids, np.ndarray):
-            # to_int32 range-checks: numpy's own assignment casts unsafely, so int64 ids past
-            # int32 would wrap and float arrays would truncate without a word.
-            self.tokens[self.n_tokens : self.n_tokens + n] = to_int32(ids)
-            if n and self.tokens[self.n_tokens : self.n_tokens + n].min() < 0:
-                raise ValueError("token ids must not be negative")
-        else:
-            pack_int32_into(ids, self.tokens, self.n_tokens, floor=0)
-        self.n_tokens += n
-
-    def add(self, sample: TokenSample) -> None:
-        # Everything the shard stores is checked and encoded before anything is packed: a
-        # value JSON cannot hold (an int past 64 bits, a set, an object) used to pass add()
-        # and fail the next commit instead, again on every later commit, taking every queued
-        # sample with it. Encoding now also snapshots the caller's dicts.
-        if not isinstance(sample.partition, str) or not isinstance(sample.finish_reason, str):
-            raise TypeError(f"sample {sample.sample_id}: partition and finish_reason must be "
-                            "strings")
-        meta: dict = {"finish_reason": sample.finish_reason}
-        for key in ("source", "server", "latency", "counts"):
-            value = getattr(sample, key)
-            if value is not None:
-                meta[key] = value
-        if sample.metadata:
-            meta["metadata"] = sample.metadata
-        try:
-            meta_json = orjson.dumps(meta)
-        except orjson.JSONEncodeError as exc:
-            raise ValueError(f"sample {sample.sample_id}: metadata cannot be stored as JSON "
-                             f"({exc})") from None
-        n_tokens = len(sample.prompt_ids) + len(sample.completion_ids)
-        if len(meta_json) + 1 > meta_bound(1, n_tokens) - META_SLACK:
-            # Readers bound the metadata frame by this share (docs/format.md), so a shard
-            # holding more would be unreadable.
-            raise ValueError(
-                f"sample {sample.sample_id}: its metadata is {len(meta_json):,} bytes as JSON, "
-                f"over the format's limit of {meta_bound(1, n_tokens) - META_SLACK - 1:,} for "
-                f"a sample of {n_tokens:,} tokens ({META_PER_SAMPLE >> 10} KiB + "
-                f"{META_PER_TOKEN} bytes per token)")
-        start = self.n_tokens
-        try:
-            self._pack(sample.prompt_ids)
-            self._pack(sample.completion_ids)
-            spans = loss_spans(sample, self.n_tokens - start)
-        except BaseException:
-            self.n_tokens = start  # a rejected sample leaves no partial tokens behind
-            raise
-        self.offsets.append(self.n_tokens)
-        self.prompt_lens.append(len(sample.prompt_ids))
-        self.spans.append(spans)
-        self.loss.append(sum(end - start for start, end in spans))
-        self.partitions.append(sample.partition)
-        self.ids.append(sample.sample_id)
-        self.meta.append(meta_json)
-        self.finish.append(sample.finish_reason)
-
-    def arrays(self) -> tuple[dict[str, np.ndarray], list[str]]:
-        names = sorted(set(self.partitions))
-        index = {p: i for i, p in enumerate(names)}
-        spans = np.array([pair for sample in self.spans for pair in sample], np.int32)
-        arrays = {
-            "tokens": self.tokens[: self.n_tokens],
-            "offsets": np.asarray(self.offsets, np.int64),
-            "prompt_lens": np.asarray(self.prompt_lens, np.int32),
-            "loss_spans": spans.reshape(-1, 2),
-            "loss_span_offsets": np.cumsum([0] + [len(s) for s in self.spans], dtype=np.int64),
-            "partition_index": np.asarray([index[p] for p in self.partitions], np.int32),
-            "sample_ids": np.frombuffer("\n".join(self.ids).encode(), np.uint8),
-            "meta_zst": np.frombuffer(
-                zstandard.ZstdCompressor(level=3).compress(b"[" + b",".join(self.meta) + b"]"),
-                np.uint8),
-        }
-        return arrays, names
-
-    @property
-    def nbytes(self) -> int:
-        return self.n_tokens * 4
-
-    def shard_metadata(self) -> dict[str, str]:
-        return {}
-
-    def entry(self) -> dict:
-        """This buffer's counts for its manifest entry, so `info` never opens a shard."""
-        lengths = np.diff(self.offsets).tolist()
-        stats = partition_stats(self.partitions, lengths, self.loss, self.prompt_lens,
-                                self.finish)
-        return {"tokens": self.n_tokens,
-                "loss_tokens": sum(p["loss_tokens"] for p in stats.values()),
-                "partitions": stats}
-
-
-def partition_stats(partitions: list[str], lengths: list[int], loss: list[int],
-                    prompt_lens: list[int], finish: list[str] | None) -> dict:
-    """Per-partition samples, tokens, loss, completion tokens and finish reasons."""
-    out: dict[str, dict] = {}
-    for i, part in enumerate(partitions):
-        p = out.setdefault(part, {"samples": 0, "tokens": 0, "loss_tokens": 0,
-                                  "completion_tokens": 0, "finish": Counter()})
-        p["samples"] += 1
-        p["tokens"] += lengths[i]
-        p["loss_tokens"] += loss[i]
-        p["completion_tokens"] += lengths[i] - prompt_lens[i]
-        if finish is not None:
-            p["finish"][finish[i]] += 1
-    for p in out.values():
-        p["finish"] = dict(p["finish"])
-    return out
-
-
-class _Buffer(Protocol):
-    """What a writer needs of the samples it queues: packed arrays and their counts."""
-
-    dtypes: dict[str, str]
-
-    def __len__(self) -> int: ...
-    @property
-    def nbytes(self) -> int: ...
-    def add(self, sample: Any) -> None: ...
-    def arrays(self) -> tuple[dict[str, np.ndarray], list[str]]: ...
-    def shard_metadata(self) -> dict[str, str]: ...
-    def entry(self) -> dict: ...
-
-
-class DatasetWriter:
+class DatasetWriter(Opening, AttachedFiles, Dropping):
     """Appends token samples to the dataset at `path`, which it creates or continues.
 
     `mode`: "auto" continues an existing dataset or starts one, "resume" requires one to
@@ -299,120 +118,6 @@ class DatasetWriter:
         self._progress_written = self.progress_at_open
         self.committed_samples = len(self.done_ids)
         self._last_commit = clock()
-
-    def _unwritable(self, exc: OSError) -> DatasetError:
-        where = exc.filename or self.path
-        return DatasetError(
-            f"{self.path}: cannot write to the dataset ({where}: {exc.strerror or exc}). "
-            "Readers (info, validate, train) need no write access; to add to it, make the "
-            "directory writable, or copy it somewhere writable and continue there")
-
-    def _check_target(self) -> None:
-        if dataset_dir.is_dataset(self.path):
-            return
-        if self._mode == "resume":
-            raise DatasetError(f"{self.path}: nothing to resume (no dataset there); "
-                               "run without --resume to start one")
-        foreign = dataset_dir.foreign_files(self.path)
-        if foreign:
-            raise DatasetError(f"{self.path}: exists and is not an eagle3kit dataset "
-                               f"(holds {', '.join(foreign[:3])}); choose a new or empty directory")
-        if self.path.exists() and not self.path.is_dir():
-            raise DatasetError(f"{self.path}: exists and is not a directory")
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise DatasetError(f"{self.path}: cannot create the dataset directory "
-                               f"({exc.strerror or exc})") from None
-
-    def _setup(self, same_run_before: bool) -> None:
-        """Runs while no other writer is alive: clear crash leftovers, wipe, or create."""
-        dataset_dir.check_writable(self.path)
-        lost = dataset_dir.lost_marker(self.path)
-        if lost is not None:
-            # The manifest lists committed shards: the data is there, only the marker is
-            # gone (deleted, or not copied). Checked like any marker, then written again.
-            dataset_dir.read_marker(self.path, self.kind)
-            dataset_dir.restore_marker(self.path, lost)
-            self.restored_marker = True
-            self.warnings.append(f"{self.path}: {MARKER} was missing; restored it from "
-                                 f"{MANIFEST}, which lists {len(lost['shards'])} committed "
-                                 "shards")
-        if self._mode == "overwrite" and not same_run_before and dataset_dir.has_marker(self.path):
-            try:
-                old = dataset_dir.read_manifest(self.path, dataset_dir.read_marker(self.path))
-            except DatasetError:
-                old = None  # a damaged manifest: --overwrite is the way out of it
-            dataset_dir.wipe(self.path, old)
-        if not dataset_dir.has_marker(self.path):
-            dataset_dir.create(self.path, self.kind, self._config, self._provenance,
-                               self._fixed)
-        marker = dataset_dir.read_marker(self.path, self.kind)
-        manifest = dataset_dir.read_manifest(self.path, marker)
-        # Refuse other settings before the manifest is touched: a refused run must leave no
-        # trace (no entry in "runs"); __init__ checks again for processes that join later.
-        self._check_config(manifest)
-        temps, orphans = dataset_dir.stray_files(self.path, manifest)
-        for p in [*temps, *orphans]:
-            p.unlink(missing_ok=True)
-        self.removed_on_open = [*temps, *orphans]
-        changes = dataset_dir.config_changes(manifest.get("config", {}), self._config)
-        if changes and self._force:
-            manifest["config_history"].append(manifest.get("config"))
-            manifest["config"] = self._config
-        if not same_run_before:  # a rank arriving after its run's others left is that run
-            manifest["runs"].append({"run_id": self.run_id, "started": time.time(),
-                                     "host": socket.gethostname(), "pid": os.getpid(),
-                                     "eagle3kit": __version__, "command": command_line()})
-        write_json_atomic(self.path / MANIFEST, manifest)
-
-    def _check_config(self, manifest: dict) -> None:
-        fixed = dataset_dir.config_changes({k: manifest.get(k) for k in self._fixed},
-                                           self._fixed)
-        if fixed:
-            raise DatasetError(
-                f"{self.path} holds data that cannot be mixed with this run's "
-                f"({'; '.join(fixed)}). Write to a new directory, or --overwrite to start afresh."
-            )
-        changes = dataset_dir.config_changes(manifest.get("config", {}), self._config)
-        if changes and not self._force:
-            raise DatasetError(
-                f"{self.path} was started with other settings ({'; '.join(changes)}). Rerun "
-                "with the original settings, add --force to continue with these, or "
-                "--overwrite to start afresh."
-            )
-
-    def store_tokenizer(self, files: list[Path]) -> Path:
-        """Store the tokenizer and chat template that made the data (Dataset.tokenizer_dir)."""
-        return self.store_files(TOKENIZER_DIR, files)
-
-    def store_files(self, subdir: str, files: list[Path]) -> Path:
-        """Copy `files` into DIR/subdir (e.g. the tokenizer and template gen used), durably.
-
-        Later stages read them from there, so they need neither --tokenizer nor the
-        original machine. A file already there with the same bytes is left alone.
-        """
-        if subdir not in ATTACHED_DIRS:
-            raise ValueError(f"{subdir!r} is not one of the attached folders {ATTACHED_DIRS}")
-        target = self.path / subdir
-        dataset_dir.check_folder(self.path, subdir)
-        target.mkdir(exist_ok=True)
-        names = []
-        for src in files:
-            data = Path(src).read_bytes()
-            dst = target / Path(src).name
-            names.append(dst.name)
-            if dataset_dir.is_regular(dst) and dst.read_bytes() == data:
-                continue
-            write_bytes_atomic(dst, data)
-        fsync_dir(target)
-        # Recorded, so that --overwrite removes these files and no others.
-        with file_lock(self.path / COMMIT_LOCK):
-            manifest = read_json(self.path / MANIFEST)
-            attached = manifest.setdefault("attached", {})
-            attached[subdir] = sorted({*attached.get(subdir, []), *names})
-            write_json_atomic(self.path / MANIFEST, manifest)
-        return target
 
     def _new_buffer(self) -> _Buffer:
         return _TokenBuffer()
@@ -529,55 +234,6 @@ class DatasetWriter:
             "rank": self.rank, "committed": time.time(), "partitions": counts.pop("partitions"),
             **counts,
         }
-
-    def drop(self, sample_ids: set[str]) -> int:
-        """Take these committed samples out of the dataset; returns how many were in it.
-
-        For gen retrying samples it recorded as failed: a sample id is stored once, so its
-        old record must go before a new one can be added. Each shard holding one of the ids
-        is rewritten without them, and one manifest commit swaps the rewritten shards in;
-        the replaced files are removed after it. A crash before that commit leaves the
-        dataset as it was, one after it the new state (a leftover file is an orphan that the
-        next writer removes): no sample is lost or stored twice either way.
-        """
-        from eagle3kit.format.reader import Dataset  # reader builds on this module's helpers
-
-        if self.kind != "tokens":
-            raise ValueError("drop() applies to token datasets only")
-        self.commit()  # what is queued is committed first, so only whole shards are rewritten
-        wanted = set(sample_ids) & self.done_ids
-        if not wanted:
-            return 0
-        ds = Dataset(self.path, warn_stray=False)
-        replaced: dict[str, dict | None] = {}
-        dropped = 0
-        for k, entry in enumerate(ds.shards):
-            shard = ds._shard(k)
-            rows = {i for i, sample_id in enumerate(shard.ids) if sample_id in wanted}
-            if not rows:
-                continue
-            buffer = self._new_buffer()
-            for i in range(entry["samples"]):
-                if i not in rows:
-                    buffer.add(shard.sample(i))
-            replaced[entry["name"]] = self._seal(buffer, self._seq) if len(buffer) else None
-            self._seq += 1
-            dropped += len(rows)
-        with file_lock(self.path / COMMIT_LOCK):
-            manifest = read_json(self.path / MANIFEST)
-            kept = []
-            for entry in manifest["shards"]:
-                new = replaced.get(entry["name"], entry)
-                if new is not None:
-                    kept.append(new)
-            manifest["shards"] = kept
-            manifest["updated"] = time.time()
-            write_json_atomic(self.path / MANIFEST, manifest)
-        for name in replaced:  # named by the manifest until now, inside shards/: ours to remove
-            (self.path / SHARD_DIR / name).unlink(missing_ok=True)
-        self.done_ids -= wanted
-        self.committed_samples -= dropped
-        return dropped
 
     def _write_progress(self) -> None:
         """Store a progress note that no commit of samples carried (a run that added none)."""

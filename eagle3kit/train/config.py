@@ -202,64 +202,16 @@ class TrainConfig:
             raise UserError("give at least one dataset, then the run directory last")
         # Every problem of the command line at once (torchtune's config validation).
         found: list[str] = []
-        self._check_ranges(found)
-        self._check_choices(found)
+        _check_ranges(self, found)
+        _check_choices(self, found)
         try:
             self._parse_dtype(precision)
         except UserError as exc:
             found.append(str(exc))
-        self._check_servers(found)
-        self._check_paths(found)
+        _check_servers(self, found)
+        _check_paths(self, found)
         if found:
             raise UserError("; ".join(found))
-
-    def _check_ranges(self, found: list[str]) -> None:
-        positive = {"--draft-vocab": self.draft_vocab, "--ttt-steps": self.ttt_steps,
-                    "--batch-tokens": self.batch_tokens,
-                    "--grad-accum": self.grad_accum, "--eval-k": self.eval_k,
-                    "--checkpoint-every": self.checkpoint_every, "--keep": self.keep}
-        for flag, value in positive.items():
-            if not value >= 1:
-                found.append(f"{flag} must be >= 1 (got {value})")
-        if self.max_len is not None and self.max_len < 3:
-            found.append(f"--max-len must be >= 3 tokens (got {self.max_len})")
-        for flag, value in (("--lr", self.lr), ("--ttt-decay", self.ttt_decay)):
-            if not (value > 0 and math.isfinite(value)):
-                found.append(f"{flag} must be > 0 (got {value})")
-        for flag, value in (("--min-lr", self.min_lr), ("--warmup", self.warmup),
-                            ("--weight-decay", self.weight_decay),
-                            ("--grad-clip", self.grad_clip), ("--eval-split", self.eval_split),
-                            ("--checkpoint-interval", self.checkpoint_interval),
-                            ("--eval-every", self.eval_every)):
-            if not (value >= 0 and math.isfinite(value)):
-                found.append(f"{flag} must be >= 0 (got {value})")
-        if self.min_lr > self.lr:
-            found.append(f"--min-lr ({self.min_lr}) must not exceed --lr ({self.lr})")
-        if self.eval_split >= 1 and not float(self.eval_split).is_integer():
-            found.append(f"--eval-split is a share below 1 or a whole count "
-                         f"(got {self.eval_split})")
-        if self.epochs is not None and not (self.epochs > 0 and math.isfinite(self.epochs)):
-            found.append(f"--epochs must be > 0 (got {self.epochs})")
-        if self.max_steps is not None and self.max_steps < 1:
-            found.append(f"--max-steps must be >= 1 (got {self.max_steps})")
-
-    def _check_variant(self, found: list[str]) -> None:
-        from eagle3kit.model.config import VARIANTS
-
-        if self.variant is not None and self.variant not in VARIANTS:
-            found.append(f"--variant must be one of {', '.join(VARIANTS)} (got {self.variant})")
-            return
-        if self.num_hidden_layers is not None and not self.num_hidden_layers >= 1:
-            found.append(f"--num-hidden-layers must be >= 1 (got {self.num_hidden_layers})")
-        fields = self.drafter_variant()
-        if fields["norm_before_fc"] and fields["fc_norm"]:
-            found.append("--fc-norm and --norm-before-fc exclude each other (both normalise "
-                         "the aux states before fc)"
-                         + (f"; --variant {self.variant} has norm_before_fc"
-                            if self.variant and VARIANTS[self.variant]["norm_before_fc"]
-                            else "")
-                         + (f"; --variant {self.variant} has fc_norm"
-                            if self.variant and VARIANTS[self.variant]["fc_norm"] else ""))
 
     def drafter_variant(self) -> dict[str, Any]:
         """The layout fields of a new drafter: --variant's, then the field flags given."""
@@ -279,51 +231,6 @@ class TrainConfig:
         return self.variant is not None or any(
             getattr(self, name) is not None for name in VARIANTS["eagle3"])
 
-    def _check_choices(self, found: list[str]) -> None:
-        self._check_variant(found)
-        if self.long_samples not in LONG_POLICIES:
-            found.append(f"--long-samples must be drop or truncate (got {self.long_samples})")
-        for flag, value, allowed in (("--schedule", self.schedule, SCHEDULES),
-                                     ("--lm-head", self.lm_head, LM_HEADS),
-                                     ("--data-order", self.data_order, DATA_ORDERS)):
-            if value not in allowed:
-                found.append(f"{flag} must be one of {', '.join(allowed)} (got {value})")
-        try:
-            self.layers = parse_layer_ids(self.layers)
-            if self.layers is not None:
-                check_layer_ids(self.layers, count=3)
-        except UserError as exc:
-            found.append(str(exc))
-        if self.layers is not None and not self.online:
-            found.append("--layers applies to --online training; offline, the layer ids are "
-                         "those the hidden-state dataset was extracted at")
-        problem = device_problem(self.device)
-        if problem:
-            found.append(problem)
-
-    def _check_servers(self, found: list[str]) -> None:
-        from eagle3kit.gen.config import parse_server
-
-        for flag, value in (("--concurrency", self.concurrency), ("--prefetch", self.prefetch)):
-            if value is not None and not value >= 1:
-                found.append(f"{flag} must be >= 1 (got {value})")
-        if not (self.request_timeout > 0 and math.isfinite(self.request_timeout)):
-            found.append(f"--request-timeout must be > 0 seconds (got {self.request_timeout})")
-        found += served_dir_problems(self.hidden_states_dir, bool(self.servers), "--server")
-        if not self.servers:
-            return
-        if not self.online:
-            found.append("--server applies to --online training (the states come from the "
-                         "servers instead of the target in this process): add --online")
-        try:
-            specs = [parse_server(s) for s in self.servers]
-        except UserError as exc:
-            found.append(str(exc))
-            return
-        if len({s.url for s in specs}) < len(specs):
-            found.append("--server: the same server is given twice")
-        self.servers = [f"{s.url}@{s.concurrency or self.concurrency}" for s in specs]
-
     @property
     def server_slots(self) -> list[tuple[str, int]]:
         """(url, slots) per --server, once checked."""
@@ -336,29 +243,6 @@ class TrainConfig:
     @property
     def prefetch_depth(self) -> int:
         return self.prefetch or max(64, 2 * sum(n for _, n in self.server_slots))
-
-    def _check_paths(self, found: list[str]) -> None:
-        # Here, not in the stage: a mistyped path is refused in a second, before torch loads.
-        found += [f"{d.path}: no such dataset directory" for d in self.data
-                  if not d.path.is_dir()]
-        if self.target is None:
-            found.append("--target is required: the target model directory")
-        elif not self.target.is_dir():
-            found.append(f"--target {self.target}: no such directory")
-        elif not (self.target / "config.json").is_file():
-            found.append(f"--target {self.target}: no config.json there (an HF model directory?)")
-        if self.init_from is not None and not self.init_from.is_dir():
-            found.append(f"--init-from {self.init_from}: no such directory")
-        if self.out.exists() and not self.out.is_dir():
-            found.append(f"{self.out}: exists and is not a directory (the run directory "
-                         "train writes); give a new directory")
-        elif self.write.mode == "overwrite":
-            from eagle3kit.checkpoints.rundir import RunDir
-
-            try:
-                RunDir(self.out).check_clearable()
-            except UserError as exc:
-                found.append(str(exc))
 
     @property
     def eval_count(self) -> int | None:
@@ -394,6 +278,128 @@ class TrainConfig:
         if self.drafter_variant() != VARIANTS["eagle3"]:
             out["variant"] = self.drafter_variant()
         return out
+
+
+# The command line's checks, each adding what it finds to `found` -------------------------
+def _check_ranges(cfg: TrainConfig, found: list[str]) -> None:
+    positive = {"--draft-vocab": cfg.draft_vocab, "--ttt-steps": cfg.ttt_steps,
+                "--batch-tokens": cfg.batch_tokens,
+                "--grad-accum": cfg.grad_accum, "--eval-k": cfg.eval_k,
+                "--checkpoint-every": cfg.checkpoint_every, "--keep": cfg.keep}
+    for flag, value in positive.items():
+        if not value >= 1:
+            found.append(f"{flag} must be >= 1 (got {value})")
+    if cfg.max_len is not None and cfg.max_len < 3:
+        found.append(f"--max-len must be >= 3 tokens (got {cfg.max_len})")
+    for flag, value in (("--lr", cfg.lr), ("--ttt-decay", cfg.ttt_decay)):
+        if not (value > 0 and math.isfinite(value)):
+            found.append(f"{flag} must be > 0 (got {value})")
+    for flag, value in (("--min-lr", cfg.min_lr), ("--warmup", cfg.warmup),
+                        ("--weight-decay", cfg.weight_decay),
+                        ("--grad-clip", cfg.grad_clip), ("--eval-split", cfg.eval_split),
+                        ("--checkpoint-interval", cfg.checkpoint_interval),
+                        ("--eval-every", cfg.eval_every)):
+        if not (value >= 0 and math.isfinite(value)):
+            found.append(f"{flag} must be >= 0 (got {value})")
+    if cfg.min_lr > cfg.lr:
+        found.append(f"--min-lr ({cfg.min_lr}) must not exceed --lr ({cfg.lr})")
+    if cfg.eval_split >= 1 and not float(cfg.eval_split).is_integer():
+        found.append(f"--eval-split is a share below 1 or a whole count "
+                     f"(got {cfg.eval_split})")
+    if cfg.epochs is not None and not (cfg.epochs > 0 and math.isfinite(cfg.epochs)):
+        found.append(f"--epochs must be > 0 (got {cfg.epochs})")
+    if cfg.max_steps is not None and cfg.max_steps < 1:
+        found.append(f"--max-steps must be >= 1 (got {cfg.max_steps})")
+
+
+def _check_variant(cfg: TrainConfig, found: list[str]) -> None:
+    from eagle3kit.model.config import VARIANTS
+
+    if cfg.variant is not None and cfg.variant not in VARIANTS:
+        found.append(f"--variant must be one of {', '.join(VARIANTS)} (got {cfg.variant})")
+        return
+    if cfg.num_hidden_layers is not None and not cfg.num_hidden_layers >= 1:
+        found.append(f"--num-hidden-layers must be >= 1 (got {cfg.num_hidden_layers})")
+    fields = cfg.drafter_variant()
+    if fields["norm_before_fc"] and fields["fc_norm"]:
+        found.append("--fc-norm and --norm-before-fc exclude each other (both normalise "
+                     "the aux states before fc)"
+                     + (f"; --variant {cfg.variant} has norm_before_fc"
+                        if cfg.variant and VARIANTS[cfg.variant]["norm_before_fc"]
+                        else "")
+                     + (f"; --variant {cfg.variant} has fc_norm"
+                        if cfg.variant and VARIANTS[cfg.variant]["fc_norm"] else ""))
+
+
+def _check_choices(cfg: TrainConfig, found: list[str]) -> None:
+    _check_variant(cfg, found)
+    if cfg.long_samples not in LONG_POLICIES:
+        found.append(f"--long-samples must be drop or truncate (got {cfg.long_samples})")
+    for flag, value, allowed in (("--schedule", cfg.schedule, SCHEDULES),
+                                 ("--lm-head", cfg.lm_head, LM_HEADS),
+                                 ("--data-order", cfg.data_order, DATA_ORDERS)):
+        if value not in allowed:
+            found.append(f"{flag} must be one of {', '.join(allowed)} (got {value})")
+    try:
+        cfg.layers = parse_layer_ids(cfg.layers)
+        if cfg.layers is not None:
+            check_layer_ids(cfg.layers, count=3)
+    except UserError as exc:
+        found.append(str(exc))
+    if cfg.layers is not None and not cfg.online:
+        found.append("--layers applies to --online training; offline, the layer ids are "
+                     "those the hidden-state dataset was extracted at")
+    problem = device_problem(cfg.device)
+    if problem:
+        found.append(problem)
+
+
+def _check_servers(cfg: TrainConfig, found: list[str]) -> None:
+    from eagle3kit.gen.config import parse_server
+
+    for flag, value in (("--concurrency", cfg.concurrency), ("--prefetch", cfg.prefetch)):
+        if value is not None and not value >= 1:
+            found.append(f"{flag} must be >= 1 (got {value})")
+    if not (cfg.request_timeout > 0 and math.isfinite(cfg.request_timeout)):
+        found.append(f"--request-timeout must be > 0 seconds (got {cfg.request_timeout})")
+    found += served_dir_problems(cfg.hidden_states_dir, bool(cfg.servers), "--server")
+    if not cfg.servers:
+        return
+    if not cfg.online:
+        found.append("--server applies to --online training (the states come from the "
+                     "servers instead of the target in this process): add --online")
+    try:
+        specs = [parse_server(s) for s in cfg.servers]
+    except UserError as exc:
+        found.append(str(exc))
+        return
+    if len({s.url for s in specs}) < len(specs):
+        found.append("--server: the same server is given twice")
+    cfg.servers = [f"{s.url}@{s.concurrency or cfg.concurrency}" for s in specs]
+
+
+def _check_paths(cfg: TrainConfig, found: list[str]) -> None:
+    # Here, not in the stage: a mistyped path is refused in a second, before torch loads.
+    found += [f"{d.path}: no such dataset directory" for d in cfg.data
+              if not d.path.is_dir()]
+    if cfg.target is None:
+        found.append("--target is required: the target model directory")
+    elif not cfg.target.is_dir():
+        found.append(f"--target {cfg.target}: no such directory")
+    elif not (cfg.target / "config.json").is_file():
+        found.append(f"--target {cfg.target}: no config.json there (an HF model directory?)")
+    if cfg.init_from is not None and not cfg.init_from.is_dir():
+        found.append(f"--init-from {cfg.init_from}: no such directory")
+    if cfg.out.exists() and not cfg.out.is_dir():
+        found.append(f"{cfg.out}: exists and is not a directory (the run directory "
+                     "train writes); give a new directory")
+    elif cfg.write.mode == "overwrite":
+        from eagle3kit.checkpoints.rundir import RunDir
+
+        try:
+            RunDir(cfg.out).check_clearable()
+        except UserError as exc:
+            found.append(str(exc))
 
 
 @dataclass
