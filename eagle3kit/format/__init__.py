@@ -6,6 +6,7 @@ view; ruff's banned-api rule and tests/test_architecture.py hold that).
 See docs/format.md for the specification.
 """
 
+from eagle3kit.format._ints import Int32RangeError, pack_int32_into
 from eagle3kit.format.dataset_dir import has_dataset_files, is_dataset, own_manifest, read_marker
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.hidden import (
@@ -32,6 +33,7 @@ __all__ = [
     "HiddenDataset",
     "HiddenSample",
     "HiddenWriter",
+    "Int32RangeError",
     "OpenMode",
     "ShardColumns",
     "TokenSample",
@@ -44,5 +46,6 @@ __all__ = [
     "new_run_id",
     "normalize",
     "own_manifest",
+    "pack_int32_into",
     "read_marker",
 ]
