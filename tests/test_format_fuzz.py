@@ -39,9 +39,9 @@ from shardcraft import (
     zst,
 )
 
+from eagle3kit.chat.reasoning import Profile
 from eagle3kit.format import Dataset, DatasetError
 from eagle3kit.format.layout import MANIFEST, MARKER
-from eagle3kit.gen.reasoning import Profile
 from eagle3kit.validate.figures import scan
 
 SEED = 25
