@@ -9,6 +9,7 @@ them per room, and its first tests show the checker catches each kind of break.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,20 @@ def test_architecture_notes_name_every_room() -> None:
                  "bench/", "cli.py", "_ui.py", "target/", "_options.py", "_durable.py",
                  "checkpoints/rundir.py", "_ranks.py"):
         assert f"`eagle3kit/{room}`" in notes, room
+
+
+def test_the_test_table_names_every_room() -> None:
+    # ARCHITECTURE.md's "Where the tests are": a newcomer finds a room's tests from its row.
+    notes = (PACKAGE.parent / "ARCHITECTURE.md").read_text()
+    table = notes.split("## Where the tests are", 1)[1]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`"):
+            room = cells[0].strip("`").removeprefix("eagle3kit/").removesuffix("/")
+            rows[room.removesuffix(".py")] = re.findall(r"`(test_\w+\.py)`", cells[1])
+    tops = {name.split(".")[1] for name in all_modules() if name.count(".") >= 1}
+    assert tops - set(rows) == set()  # a new room gets a row
+    tests = {p.name for p in Path(__file__).parent.rglob("test_*.py")}
+    for room, named in rows.items():
+        assert named and set(named) <= tests, (room, set(named) - tests)
