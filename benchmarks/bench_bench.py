@@ -23,31 +23,26 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+import torch  # noqa: E402
+from test_bench import fit_drafter, greedy_sequences  # noqa: E402  (the tests' TTT fit)
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from eagle3kit._options import OutputOptions  # noqa: E402
+from eagle3kit.bench import AcceptConfig, parse_tree, run_accept  # noqa: E402
+from eagle3kit.checkpoints import save_drafter  # noqa: E402
+from eagle3kit.model import DrafterConfig, Eagle3Drafter  # noqa: E402
+from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings  # noqa: E402
+
 PROMPTS = [REPO / "tests/data/prompts/eagle/mt_bench/question.jsonl",
            REPO / "tests/data/prompts/eagle/gsm8k/question.jsonl"]
 
 
 def build_pair(work: Path, hidden: int, layers: int, fit_steps: int) -> tuple[Path, Path]:
-    import torch
-    from test_bench import fit_drafter  # the tests' few-second TTT fit
-    from transformers import AutoModelForCausalLM
-
-    from eagle3kit.bench import decode
-    from eagle3kit.bench.prompts import load, load_renderer, turns
-    from eagle3kit.checkpoints.native import save_drafter
-    from eagle3kit.model import DrafterConfig, Eagle3Drafter
-    from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings
-
     make_tokenizer(work / "tok", corpus=stdlib_docstrings(100_000))
     target = make_target(work / "target", work / "tok", hidden_size=hidden,
                          num_layers=layers, seed=3)
     model = AutoModelForCausalLM.from_pretrained(target).eval()
-    renderer = load_renderer(target, "--target")
-    plain = decode.Target(model)
-    sequences = []
-    for conv in load([REPO / "tests/data/prompts/eagle/alpaca/question.jsonl"], max_samples=6):
-        for _, _, ids in turns(renderer, conv, 1):
-            sequences.append(ids + decode.plain(plain, ids, 48, set(), decode.Sampler()).tokens)
+    sequences = greedy_sequences(model, target, 6, 48)
     torch.manual_seed(2)
     drafter = Eagle3Drafter(DrafterConfig.from_target(model.config))
     drafter.load_target_embedding(model.get_input_embeddings().weight)
@@ -70,18 +65,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-
-    import torch
-
-    from eagle3kit._ui import OutputOptions
-    from eagle3kit.bench.accept import AcceptConfig, parse_tree, run
-
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="bench-bench-") as tmp:
         t0 = time.perf_counter()
         target, drafter = build_pair(Path(tmp), args.hidden, args.layers, args.fit_steps)
         built = time.perf_counter() - t0
-        report = run(AcceptConfig(
+        report = run_accept(AcceptConfig(
             target, drafter, PROMPTS, k=args.k, tree=parse_tree(args.tree),
             max_new_tokens=args.max_new_tokens,
             max_samples=args.prompts, device=args.device, dtype=args.dtype,

@@ -34,6 +34,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+from test_crash import write_source  # noqa: E402
+
+from eagle3kit.format import Dataset  # noqa: E402
+
 
 def timed(*args: str | Path) -> float:
     start = time.perf_counter()
@@ -50,10 +54,6 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="parent of the work directory")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-
-    from test_crash import write_source
-
-    from eagle3kit.format import Dataset
 
     work = Path(tempfile.mkdtemp(prefix="convert-rerun-", dir=args.dir))
     try:

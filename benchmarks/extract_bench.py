@@ -41,11 +41,19 @@ from pathlib import Path
 import numpy as np
 import orjson
 import torch
+from transformers import AutoModelForCausalLM
 
-from eagle3kit import extract
-from eagle3kit._ui import OutputOptions
-from eagle3kit.format import Dataset, DatasetWriter, HiddenDataset, TokenSample
-from eagle3kit.format.hidden import CODECS, hidden_bytes_per_token
+from eagle3kit._options import OutputOptions
+from eagle3kit.extract import ExtractConfig, ExtractResult, batches, plan, scan
+from eagle3kit.extract import run as run_stage
+from eagle3kit.format import (
+    CODECS,
+    Dataset,
+    DatasetWriter,
+    HiddenDataset,
+    TokenSample,
+    hidden_bytes_per_token,
+)
 from eagle3kit.target import TargetInfo
 from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings
 
@@ -70,14 +78,12 @@ def build(root: Path, samples: int, tokens: int) -> tuple[Path, Path]:
 def bare_loop(target: Path, tokens: Path, batch_tokens: int) -> tuple[float, float]:
     """Tokens per second of wall and of CPU time of the plain loop a user would write, over
     extract's own batches."""
-    from transformers import AutoModelForCausalLM
-
     model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
     ds = Dataset(tokens)
-    items, _ = extract.scan(ds)
-    todo = extract.plan(items, set(), 0, 1, None).todo
-    batches = [[ds.token_view(it.index).input_ids for it in b]
-               for b in extract.batches(todo, batch_tokens)]
+    items, _ = scan(ds)
+    todo = plan(items, set(), 0, 1, None).todo
+    rows = [[ds.token_view(it.index).input_ids for it in b]
+            for b in batches(todo, batch_tokens)]
     captured: dict = {}
     model.model.layers[-1].register_forward_hook(
         lambda _m, _i, out: captured.__setitem__("last", out[0] if isinstance(out, tuple)
@@ -85,7 +91,7 @@ def bare_loop(target: Path, tokens: Path, batch_tokens: int) -> tuple[float, flo
     start, cpu = time.perf_counter(), time.process_time()
     done = 0
     with torch.inference_mode():
-        for batch in batches:
+        for batch in rows:
             longest = max(len(x) for x in batch)
             ids = torch.zeros((len(batch), longest), dtype=torch.long)
             mask = torch.zeros_like(ids)
@@ -101,9 +107,9 @@ def bare_loop(target: Path, tokens: Path, batch_tokens: int) -> tuple[float, flo
 
 
 def run_extract(target: Path, tokens: Path, out: Path, codec: str,
-                batch_tokens: int) -> extract.ExtractResult:
+                batch_tokens: int) -> ExtractResult:
     shutil.rmtree(out, ignore_errors=True)
-    return extract.run(extract.ExtractConfig(
+    return run_stage(ExtractConfig(
         tokens, out, target=target, codec=codec, batch_tokens=batch_tokens, dtype="float32",
         device="cpu", output=OutputOptions(quiet=True)))
 

@@ -109,6 +109,11 @@ for _path in (TESTS, REPO):  # fakeserver, real_tokenizers; eagle3kit even when 
         sys.path.insert(0, str(_path))
 
 from fakeserver import GEN_PATHS, FakeServer, _json  # noqa: E402
+from real_tokenizers import qwen3_tokenizer_dir  # noqa: E402
+
+from eagle3kit.chat import Renderer  # noqa: E402
+from eagle3kit.format import Dataset, DatasetWriter, TokenSample, make_sample_id  # noqa: E402
+from eagle3kit.gen import GenConfig, ServerSpec, load, make_chains  # noqa: E402
 
 TARGET_RATIO = 5.0
 RESUME_TARGET_S = 2.0
@@ -406,8 +411,6 @@ def client_figures(run: Run, n: int, before: dict, after: dict) -> dict:
 # 1. Throughput ----------------------------------------------------------------------------
 def compare_outputs(jsonl: Path, dataset: Path, n: int, limit: int = 1000) -> dict:
     """The same prompt ids and completion ids on both sides, for up to `limit` prompts."""
-    from eagle3kit.format import Dataset
-
     step = max(1, n // limit)
     wanted = set(range(1, n + 1, step))
     sdk = {}
@@ -578,10 +581,6 @@ def idle_run(work: Path, args: argparse.Namespace, tokenizer: Path, prompts: Pat
 
 # 3. Resume ------------------------------------------------------------------------------------
 def bench_resume(work: Path, args: argparse.Namespace, tokenizer: Path) -> dict:
-    from eagle3kit.format import Dataset, DatasetWriter, TokenSample, make_sample_id
-    from eagle3kit.gen import load, make_chains
-    from eagle3kit.gen.config import GenConfig, ServerSpec
-
     done = args.resume_samples
     total = done + NEW_PROMPTS
     texts = seed_texts()
@@ -794,10 +793,6 @@ def main(argv: list[str] | None = None) -> int:
         print("the SDK baseline needs the OpenAI SDK: pip install openai "
               "(or pass --no-sdk, or --checks idle,resume)", file=sys.stderr)
         return 2
-    from real_tokenizers import qwen3_tokenizer_dir
-
-    from eagle3kit.chat.render import Renderer
-
     args.dir.mkdir(parents=True, exist_ok=True)
     tokenizer = qwen3_tokenizer_dir(args.dir / "tokenizer-cache").resolve()
     stop_ids = Renderer.load(tokenizer).stop_token_ids

@@ -64,6 +64,11 @@ for _path in (TESTS, REPO):  # fakeserver, test helpers; eagle3kit even when not
 from fakeserver import GEN_PATHS, FakeServer, FakeServerProcess  # noqa: E402
 from test_disk_full import _limit_file_size  # noqa: E402
 
+from eagle3kit.chat import Renderer  # noqa: E402
+from eagle3kit.format import Dataset  # noqa: E402
+from eagle3kit.gen import GenConfig, ServerSpec, load, make_chains  # noqa: E402
+from eagle3kit.tiny import make_tokenizer, stdlib_docstrings  # noqa: E402
+
 MODEL = {"mean_tokens": 24.0}
 """The stand-ins' model settings; completions depend on these, the prompt ids and the seed."""
 OTHER_MODEL = "other/model"
@@ -247,15 +252,10 @@ def retries_of(run: RunResult) -> int:
 
 # Checking the dataset ------------------------------------------------------------------------
 def check_dataset(soak: Soak) -> dict[str, Any]:
-    from eagle3kit import gen
-    from eagle3kit.chat.render import Renderer
-    from eagle3kit.format import Dataset
-    from eagle3kit.gen.config import GenConfig, ServerSpec
-
     cfg = GenConfig([soak.prompts], soak.out, servers=[ServerSpec("http://127.0.0.1:1")],
                     tokenizer=soak.tokenizer)
-    convs, _, _ = gen.load(cfg)
-    chains = gen.make_chains(convs, 1)
+    convs, _, _ = load(cfg)
+    chains = make_chains(convs, 1)
     renderer = Renderer.load(soak.tokenizer)
     model = FakeServer("sglang", tokenizer=str(soak.tokenizer), **MODEL)  # not started
     ds = Dataset(soak.out)
@@ -319,8 +319,6 @@ def soak_run(args: argparse.Namespace) -> dict[str, Any]:
     t_start = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="gen-soak-", dir=args.dir))
     rng = random.Random(args.seed)
-    from eagle3kit.tiny import make_tokenizer, stdlib_docstrings
-
     tokenizer = make_tokenizer(work / "tokenizer", vocab_size=400,
                                corpus=stdlib_docstrings(60_000))
     soak = Soak(args, work, tokenizer, work / "prompts.jsonl", work / "ds", rng=rng)

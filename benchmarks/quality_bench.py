@@ -52,6 +52,10 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
+# After the thread settings above, which torch reads when it loads.
+from eagle3kit import tiny  # noqa: E402
+from eagle3kit.format import Dataset  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("EAGLE3KIT_SPECULATORS_VENV",
                            Path.home() / ".cache" / "eagle3kit" / "speculators-0.9.0"))
@@ -177,16 +181,12 @@ def _mark(path: Path, key: dict) -> None:
 
 def split_docs() -> tuple[list[str], list[str]]:
     """(the target's training docstrings, the held-out ones the prompts come from)."""
-    from eagle3kit.tiny import stdlib_docstrings
-
-    docs = stdlib_docstrings()
+    docs = tiny.stdlib_docstrings()
     held = [d for i, d in enumerate(docs) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]
     return [d for i, d in enumerate(docs) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1], held
 
 
 def make_target(root: Path, sizes: Sizes) -> Path:
-    from eagle3kit import tiny
-
     target = root / "target"
     key = {"steps": sizes.target_steps, "held_out_every": HELD_OUT_EVERY}
     if _stage_done(target, key):
@@ -201,10 +201,8 @@ def make_target(root: Path, sizes: Sizes) -> Path:
 
 
 def write_prompts(root: Path, sizes: Sizes) -> tuple[Path, Path]:
-    from eagle3kit.tiny import docstring_chat
-
     _, held = split_docs()
-    questions = list(dict.fromkeys(docstring_chat(d)[0] for d in held))
+    questions = list(dict.fromkeys(tiny.docstring_chat(d)[0] for d in held))
     need = sizes.train_prompts + sizes.bench_prompts
     if len(questions) < need:
         sys.exit(f"quality_bench: only {len(questions)} held-out prompts (asked for {need})")
@@ -242,8 +240,6 @@ def make_data(root: Path, target: Path, train_prompts: Path, sizes: Sizes) -> di
         eagle3kit("convert", str(paths["hidden"]), str(paths["peer"]), "--to", "speculators", "-q",
                   log_file=root / "convert.log")
         _mark(root / "tokens", key)
-    from eagle3kit.format import Dataset
-
     tokens = Dataset(paths["tokens"])
     return {**{k: str(v) for k, v in paths.items()}, "samples": len(tokens),
             "tokens": tokens.num_tokens, "loss_tokens": tokens.num_loss_tokens,

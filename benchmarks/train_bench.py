@@ -34,19 +34,28 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
+# After the thread settings above, which torch reads when it loads.
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from eagle3kit._options import OutputOptions, WriteOptions  # noqa: E402
+from eagle3kit.checkpoints import RunDir  # noqa: E402
+from eagle3kit.extract import ExtractConfig  # noqa: E402
+from eagle3kit.extract import run as run_extract  # noqa: E402
+from eagle3kit.format import DatasetWriter, HiddenDataset, TokenSample  # noqa: E402
+from eagle3kit.model import DrafterConfig, Eagle3Drafter, TTTState  # noqa: E402
+from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings  # noqa: E402
+from eagle3kit.train import TrainConfig  # noqa: E402
+from eagle3kit.train import run as run_train  # noqa: E402
+
 BATCH_TOKENS = 2048
 HIDDEN = 128
 
 
 def build(work: Path, samples: int, length: int) -> None:
     """A tiny random target and a hidden-state dataset of stdlib docstring tokens."""
-    from transformers import AutoTokenizer
-
-    from eagle3kit import extract
-    from eagle3kit._ui import OutputOptions
-    from eagle3kit.format import DatasetWriter, TokenSample
-    from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings
-
     if (work / "hidden" / "manifest.json").is_file():
         return
     docs = stdlib_docstrings(400_000)
@@ -58,15 +67,11 @@ def build(work: Path, samples: int, length: int) -> None:
         for i in range(samples):
             ids = stream[i * length:(i + 1) * length]
             w.add(TokenSample(f"b{i}", ids[:16], ids[16:]))
-    extract.run(extract.ExtractConfig(work / "tokens", work / "hidden", target=target,
-                                      device="cpu", output=OutputOptions(quiet=True)))
+    run_extract(ExtractConfig(work / "tokens", work / "hidden", target=target,
+                              device="cpu", output=OutputOptions(quiet=True)))
 
 
 def ours(work: Path, steps: int) -> dict:
-    from eagle3kit._options import OutputOptions, WriteOptions
-    from eagle3kit.checkpoints.rundir import RunDir
-    from eagle3kit.train import TrainConfig, run
-
     # Each step ends with its metrics line: clock both timers there, so the whole loop
     # (data, target, step, metrics, progress) is timed from the end of step 1 on.
     marks: list[tuple[int, int, float, float]] = []
@@ -79,7 +84,7 @@ def ours(work: Path, steps: int) -> dict:
                           time.process_time()))
 
     RunDir.log = timed_log  # type: ignore[method-assign]
-    run(TrainConfig([work / "hidden"], work / "run", work / "target", max_steps=steps,
+    run_train(TrainConfig([work / "hidden"], work / "run", work / "target", max_steps=steps,
                     batch_tokens=BATCH_TOKENS, eval_split=0, checkpoint_every=10**9,
                     device="cpu", write=WriteOptions(mode="overwrite"),
                     output=OutputOptions(quiet=True)))
@@ -91,14 +96,6 @@ def ours(work: Path, steps: int) -> dict:
 
 def plain(work: Path, steps: int) -> dict:
     """The loop a user would write, on the same data, model and loss."""
-    import numpy as np
-    import torch
-    from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from eagle3kit.format import HiddenDataset
-    from eagle3kit.model import DrafterConfig, Eagle3Drafter, TTTState
-
     ds = HiddenDataset(work / "hidden")
     target = AutoModelForCausalLM.from_pretrained(str(work / "target"))
     norm, lm_head = target.model.norm, target.lm_head.weight.detach()

@@ -34,19 +34,23 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+from transformers import LlamaConfig
+
+from eagle3kit.model import DrafterConfig, Eagle3Drafter, build_vocab
+from eagle3kit.train import TargetBatch, TargetHead, TTTLoss, step_counts
+
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from ttt_reference import quadratic_loss  # noqa: E402
+
 HIDDEN, HEADS, INTERMEDIATE = 256, 4, 704
 TARGET_VOCAB, DRAFT_VOCAB, TTT_STEPS = 64_000, 32_000, 7
 
 
 def setup(length: int):
     """Drafter, target head, optimizer and one right-padded batch of `length` tokens."""
-    import torch
-    from transformers import LlamaConfig
-
-    from eagle3kit.model import DrafterConfig, Eagle3Drafter, build_vocab
-    from eagle3kit.train.target import TargetBatch, TargetHead
-
     gen = torch.Generator().manual_seed(0)
     target = LlamaConfig(vocab_size=TARGET_VOCAB, hidden_size=HIDDEN,
                          intermediate_size=INTERMEDIATE, num_hidden_layers=8,
@@ -72,13 +76,6 @@ def setup(length: int):
 
 def child(impl: str, length: int, steps: int) -> dict:
     """One implementation at one length, in this process."""
-    import torch
-
-    from eagle3kit.train.ttt import TTTLoss, step_counts
-
-    sys.path.insert(0, str(REPO / "tests"))
-    from ttt_reference import quadratic_loss
-
     drafter, head, batch, params, optimizer = setup(length)
     counts = step_counts(batch, drafter.t2d, TTT_STEPS)
     loss_module = TTTLoss(drafter, head, TTT_STEPS, 0.8)
@@ -191,8 +188,6 @@ def main() -> None:
     parser.add_argument("--child", nargs=2, metavar=("IMPL", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        import torch
-
         torch.set_num_threads(args.threads)
         print(json.dumps(child(args.child[0], int(args.child[1]), args.steps)))
         return

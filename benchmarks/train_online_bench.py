@@ -41,6 +41,22 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+# After the thread settings above, which torch reads when it loads.
+import torch  # noqa: E402
+from fake_vllm_hidden import FakeVllmHidden  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+from eagle3kit._options import OutputOptions, WriteOptions  # noqa: E402
+from eagle3kit.checkpoints import RunDir  # noqa: E402
+from eagle3kit.extract import ExtractConfig  # noqa: E402
+from eagle3kit.extract import run as run_extract  # noqa: E402
+from eagle3kit.format import DatasetWriter, TokenSample  # noqa: E402
+from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings  # noqa: E402
+from eagle3kit.train import TrainConfig  # noqa: E402
+from eagle3kit.train import run as run_train  # noqa: E402
+
 BATCH_TOKENS = 2048
 HIDDEN = 128
 LAYER_IDS = [2, 4, 5, 8]
@@ -55,11 +71,6 @@ def pin(core: int) -> None:
 
 def build(work: Path, samples: int, length: int) -> None:
     """A tiny random target and a token dataset of stdlib docstring tokens."""
-    from transformers import AutoTokenizer
-
-    from eagle3kit.format import DatasetWriter, TokenSample
-    from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings
-
     if (work / "tokens" / "manifest.json").is_file():
         return
     docs = stdlib_docstrings(400_000)
@@ -75,10 +86,6 @@ def build(work: Path, samples: int, length: int) -> None:
 
 def serve(work: Path) -> None:
     """The stand-in server on its own core, until killed; prints its URL."""
-    sys.path.insert(0, str(REPO / "tests"))
-    import torch
-    from fake_vllm_hidden import FakeVllmHidden
-
     pin(1)
     torch.set_num_threads(1)
     server = FakeVllmHidden(work / "target", work / "storage", LAYER_IDS).start()
@@ -88,10 +95,6 @@ def serve(work: Path) -> None:
 
 
 def train_side(side: str, work: Path, url: str, steps: int, prefetch: int) -> dict:
-    from eagle3kit._options import OutputOptions, WriteOptions
-    from eagle3kit.checkpoints.rundir import RunDir
-    from eagle3kit.train import TrainConfig, run
-
     pin(0)
     marks: list[tuple[int, float]] = []
     log = RunDir.log
@@ -106,12 +109,13 @@ def train_side(side: str, work: Path, url: str, steps: int, prefetch: int) -> di
                   checkpoint_every=10**9, checkpoint_interval=0, device="cpu", seed=0,
                   write=WriteOptions(mode="overwrite"), output=OutputOptions(quiet=True))
     if side == "offline":
-        result = run(TrainConfig([work / "hidden"], work / "run-offline", work / "target",
-                                 **common))
+        result = run_train(TrainConfig([work / "hidden"], work / "run-offline",
+                                       work / "target", **common))
     else:
-        result = run(TrainConfig([work / "tokens"], work / "run-served", work / "target",
-                                 online=True, servers=[url], prefetch=prefetch,
-                                 hidden_states_dir=work / "storage", **common))
+        result = run_train(TrainConfig([work / "tokens"], work / "run-served",
+                                       work / "target", online=True, servers=[url],
+                                       prefetch=prefetch, hidden_states_dir=work / "storage",
+                                       **common))
     (s0, t0), (s1, t1) = marks[0], marks[-1]
     out = {"steps_per_s": round((s1 - s0) / (t1 - t0), 3), "loss": result.loss,
            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
@@ -149,10 +153,7 @@ def main() -> None:
         assert server.stdout is not None
         url = server.stdout.readline().strip()
         if not (work / "hidden" / "manifest.json").is_file():
-            from eagle3kit import extract
-            from eagle3kit._options import OutputOptions
-
-            extract.run(extract.ExtractConfig(
+            run_extract(ExtractConfig(
                 work / "tokens", work / "hidden", target=work / "target", engine="vllm",
                 server=url, concurrency=4, hidden_states_dir=work / "storage",
                 output=OutputOptions(quiet=True)))

@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from real_tokenizers import gpt_oss_tokenizer_dir, qwen3_tokenizer_dir  # noqa: E402
 
-from eagle3kit._ui import OutputOptions  # noqa: E402
-from eagle3kit.chat.reasoning import load_renderer  # noqa: E402
+from eagle3kit._options import OutputOptions  # noqa: E402
+from eagle3kit.chat import load_renderer  # noqa: E402
 from eagle3kit.format import Dataset, DatasetWriter, TokenSample  # noqa: E402
 from eagle3kit.validate import ValidateConfig, validate  # noqa: E402
 

@@ -44,6 +44,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "vllm"))
 
 import launch  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+from eagle3kit import tiny  # noqa: E402
 
 SAMPLING = {"temperature": 0.7, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
 """gen's defaults (as in gen_bench.py): every client asks for the same."""
@@ -77,20 +80,12 @@ if __name__ == "__main__":
 
 def build(work: Path) -> tuple[Path, list[int]]:
     """A tiny random target and its stop ids."""
-    from transformers import AutoTokenizer
-
-    from eagle3kit import tiny
-
     target = tiny.make_target(work / "target")
     tok = AutoTokenizer.from_pretrained(str(target))
     return target, [tok.convert_tokens_to_ids(tiny.IM_END), tok.convert_tokens_to_ids(tiny.EOT)]
 
 
 def write_prompts(path: Path, target: Path, n: int) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    from eagle3kit import tiny
-
     texts = tiny.stdlib_docstrings()
     records = [[{"role": "user", "content": f"{i}: {texts[i % len(texts)][:200]}"}]
                for i in range(n)]

@@ -9,11 +9,14 @@ them per room, and its first tests show the checker catches each kind of break.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "eagle3kit"
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+"""Scripts outside the package, held to its rules (and to faces only: see below)."""
 
 STAGES = ("gen", "validate", "extract", "extract_vllm", "train", "export", "bench", "convert",
           "hidden_convert", "info", "plan", "quickstart")
@@ -22,6 +25,8 @@ SHARED = ("errors", "target", "tiny", "_argv", "_durable", "_hf", "_json", "_laz
           "_options", "_ranks", "_served_files", "_signals", "_ui", "_urls")
 """Helpers every room may use; they use no stage, no CLI (and only _ui prints)."""
 FORMAT_PUBLIC = "eagle3kit.format"
+PACKAGES = tuple(sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")))
+"""The rooms that are packages: outside the package, one is imported through its face."""
 
 # (rule, which modules it binds, what they may not import, modules it does not bind, imports
 # it allows)
@@ -51,6 +56,8 @@ RULES: list[tuple[str, str, tuple[str, ...], tuple[str, ...], tuple[str, ...]]] 
       *(f"eagle3kit.{s}" for s in STAGES)), ("eagle3kit.target",), ()),
     ("outside format/, format is imported through its public view only", "*",
      ("eagle3kit.format.",), ("eagle3kit.format",), ()),
+    ("a benchmark imports a room's face, never a module inside it", "benchmarks",
+     tuple(f"eagle3kit.{p}." for p in PACKAGES if p != "format"), (), ()),
 ]
 
 
@@ -98,10 +105,34 @@ def banned(imported: str, bans: tuple[str, ...]) -> bool:
     return any(imported.startswith(b) if b.endswith(".") else in_room(imported, b) for b in bans)
 
 
+def private_names(source: str) -> list[tuple[str, int]]:
+    """(eagle3kit.x._y, line) for every private name or module of eagle3kit `source` imports;
+    the shared rooms named with a leading underscore (`_ui`, `_options`, ...) are public."""
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            private = [p for p in parts[1:] if p.startswith("_") and not p.startswith("__")
+                       and p not in SHARED]
+            if parts[0] == "eagle3kit" and private:
+                found.append((name, node.lineno))
+    return found
+
+
 def breaks(module: str, source: str, is_package: bool, known: set[str]) -> list[str]:
     """Every rule `module` breaks, as 'module:line imports X (rule)', once per line and rule."""
     out: dict[tuple[int, str], str] = {}
     found = imports(source, module, is_package, known)
+    if in_room(module, "benchmarks"):
+        rule = "a benchmark imports public names only"
+        for name, line in private_names(source):
+            out.setdefault((line, rule), f"{module}:{line} imports {name} ({rule})")
     for rule, scope, bans, unbound, allowed in RULES:
         if not applies(scope, module) or any(in_room(module, u) for u in unbound):
             continue
@@ -142,6 +173,13 @@ KNOWN = set(all_modules())
     ("eagle3kit.chat.phases", "def f():\n    from eagle3kit.bench import accept\n",
      "chat/ imports no stage"),
     ("eagle3kit.chat.reasoning", "from eagle3kit import _ui\n", "chat/ imports no stage"),
+    ("benchmarks.x", "from eagle3kit.bench.decode import plain\n", "a room's face"),
+    ("benchmarks.x", "def f():\n    from eagle3kit.chat import render\n", "a room's face"),
+    ("benchmarks.x", "from eagle3kit.format.hidden import CODECS\n", "public view only"),
+    ("benchmarks.x", "from eagle3kit.extract import _size\n", "public names only"),
+    ("benchmarks.x", "import eagle3kit._fastints\n", "public names only"),
+    ("benchmarks.x", "from eagle3kit.cli import main\n", "no stage imports the CLI"),
+    ("benchmarks.x", "import rich\n", "only _ui.py imports rich"),
 ])
 def test_the_checker_catches(module: str, source: str, rule: str) -> None:
     found = breaks(module, source, False, KNOWN)
@@ -158,6 +196,9 @@ def test_the_checker_catches(module: str, source: str, rule: str) -> None:
     ("eagle3kit.train.ttt", "from eagle3kit.chat.phases import PHASES\n"),
     ("eagle3kit._ui", "import rich\n"),
     ("eagle3kit.cli", "import typer\nfrom eagle3kit.gen import config\n"),
+    ("benchmarks.x", "from eagle3kit.train import TTTLoss\nfrom eagle3kit import extract\n"
+                     "from eagle3kit._options import OutputOptions\n"
+                     "from eagle3kit.format import Dataset\nimport fakeserver\n"),
 ])
 def test_the_checker_allows(module: str, source: str) -> None:
     assert breaks(module, source, False, KNOWN) == []
@@ -169,6 +210,16 @@ def test_every_module_keeps_the_import_rules() -> None:
     assert len(modules) > 60 and "eagle3kit.format.reader" in modules  # the walk found them
     found = [b for name, path in modules.items()
              for b in breaks(name, path.read_text(), path.name == "__init__.py", KNOWN)]
+    assert found == []
+
+
+def test_every_benchmark_keeps_the_import_rules() -> None:
+    # benchmarks/ is not an exemption: a script that reaches inside a room breaks silently
+    # when the room moves (tests/test_benchmarks.py runs each one's --help).
+    scripts = sorted(BENCHMARKS.glob("*.py"))
+    assert len(scripts) >= 14  # the walk found them
+    found = [b for path in scripts
+             for b in breaks(f"benchmarks.{path.stem}", path.read_text(), False, KNOWN)]
     assert found == []
 
 
@@ -213,3 +264,18 @@ def test_no_class_is_over_300_lines() -> None:
     found = [c for name, path in all_modules().items()
              for c in long_classes(path.read_text(), name)]
     assert found == [], "split these by job: " + "; ".join(found)
+def test_the_test_table_names_every_room() -> None:
+    # ARCHITECTURE.md's "Where the tests are": a newcomer finds a room's tests from its row.
+    notes = (PACKAGE.parent / "ARCHITECTURE.md").read_text()
+    table = notes.split("## Where the tests are", 1)[1]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`"):
+            room = cells[0].strip("`").removeprefix("eagle3kit/").removesuffix("/")
+            rows[room.removesuffix(".py")] = re.findall(r"`(test_\w+\.py)`", cells[1])
+    tops = {name.split(".")[1] for name in all_modules() if name.count(".") >= 1}
+    assert tops - set(rows) == set()  # a new room gets a row
+    tests = {p.name for p in Path(__file__).parent.rglob("test_*.py")}
+    for room, named in rows.items():
+        assert named and set(named) <= tests, (room, set(named) - tests)

@@ -71,6 +71,21 @@ def fit_drafter(model, drafter: Eagle3Drafter, sequences: list[list[int]], steps
     return drafter.eval()
 
 
+def greedy_sequences(model, target: Path, max_samples: int, new_tokens: int
+                     ) -> list[list[int]]:
+    """The target's greedy continuations of the first alpaca prompts, what a drafter is fitted
+    on (also benchmarks/bench_bench.py's)."""
+    from eagle3kit.bench.prompts import load, load_renderer, turns
+
+    renderer = load_renderer(target, "--target")
+    t = decode.Target(model)
+    sequences = []
+    for conv in load([DATA / "eagle/alpaca/question.jsonl"], max_samples=max_samples):
+        for _, _, ids in turns(renderer, conv, 1):
+            sequences.append(ids + decode.plain(t, ids, new_tokens, set(), decode.Sampler()).tokens)
+    return sequences
+
+
 def subset(path: Path, files: list[Path], per_file: int = 1) -> Path:
     """The first record(s) of each prompt file, in one JSONL file."""
     with open(path, "w") as out:
@@ -84,7 +99,6 @@ def subset(path: Path, files: list[Path], per_file: int = 1) -> Path:
 def pair(tmp_path_factory):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from eagle3kit.bench.prompts import load, load_renderer, turns
     from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings
 
     root = tmp_path_factory.mktemp("bench")
@@ -104,13 +118,7 @@ def pair(tmp_path_factory):
     save_drafter(rand, root / "random")
 
     # A fitted drafter, on the target's greedy continuations of a few prompts.
-    renderer = load_renderer(target, "--target")
-    t = decode.Target(model)
-    sequences = []
-    for conv in load([DATA / "eagle/alpaca/question.jsonl"], max_samples=4):
-        for _, _, ids in turns(renderer, conv, 1):
-            out = decode.plain(t, ids, 32, set(), decode.Sampler())
-            sequences.append(ids + out.tokens)
+    sequences = greedy_sequences(model, target, 4, 32)
     torch.manual_seed(2)
     fitted = Eagle3Drafter(DrafterConfig.from_target(config))
     fitted.load_target_embedding(model.get_input_embeddings().weight)

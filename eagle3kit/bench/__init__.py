@@ -8,6 +8,26 @@
 Submodules import torch only inside functions where they can; importing this package is free.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from eagle3kit._lazy import attribute_loader
 from eagle3kit.bench.stats import Acceptance, predicted_length
 
-__all__ = ["Acceptance", "predicted_length"]
+_HOMES = {"AcceptConfig": "accept", "AcceptReport": "accept", "parse_tree": "accept"}
+
+__all__ = ["AcceptConfig", "AcceptReport", "Acceptance", "parse_tree", "predicted_length",
+           "run_accept"]
+
+if TYPE_CHECKING:
+    from eagle3kit.bench.accept import AcceptConfig, AcceptReport, parse_tree
+
+__getattr__ = attribute_loader(__name__, _HOMES)
+
+
+def run_accept(cfg: AcceptConfig) -> AcceptReport:
+    """`eagle3kit bench accept`: see eagle3kit.bench.accept.run."""
+    from eagle3kit.bench.accept import run
+
+    return run(cfg)

@@ -10,3 +10,23 @@ the reasoning markers and what a template says about them.
 Nothing here imports a stage, the UI or the command line; importing it loads no
 transformers (the functions that need it import it).
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from eagle3kit._lazy import attribute_loader
+
+_HOMES = {
+    "Conversation": "conversation", "Renderer": "render", "Profile": "reasoning",
+    "learn_profile": "reasoning", "load_renderer": "reasoning",
+}
+
+__all__ = ["Conversation", "Profile", "Renderer", "learn_profile", "load_renderer"]
+
+if TYPE_CHECKING:
+    from eagle3kit.chat.conversation import Conversation
+    from eagle3kit.chat.reasoning import Profile, learn_profile, load_renderer
+    from eagle3kit.chat.render import Renderer
+
+__getattr__ = attribute_loader(__name__, _HOMES)

@@ -7,3 +7,24 @@ The model package is the nn.Module and its config only; everything that reads or
 weight files lives here. Submodules import torch only inside functions, so `inspect` runs
 without it.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from eagle3kit._lazy import attribute_loader
+
+_HOMES = {
+    "RunDir": "rundir", "save_drafter": "native", "load_drafter": "native",
+    "inspect": "detect", "load_any": "load",
+}
+
+__all__ = ["RunDir", "inspect", "load_any", "load_drafter", "save_drafter"]
+
+if TYPE_CHECKING:
+    from eagle3kit.checkpoints.detect import inspect
+    from eagle3kit.checkpoints.load import load_any
+    from eagle3kit.checkpoints.native import load_drafter, save_drafter
+    from eagle3kit.checkpoints.rundir import RunDir
+
+__getattr__ = attribute_loader(__name__, _HOMES)

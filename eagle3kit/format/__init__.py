@@ -6,6 +6,7 @@ view; ruff's banned-api rule and tests/test_architecture.py hold that).
 See docs/format.md for the specification.
 """
 
+from eagle3kit.format._ints import Int32RangeError, pack_int32_into
 from eagle3kit.format.dataset_dir import has_dataset_files, is_dataset, own_manifest, read_marker
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.hidden import (
@@ -19,6 +20,7 @@ from eagle3kit.format.hidden import (
 from eagle3kit.format.layout import FORMAT_NAME, FORMAT_VERSION
 from eagle3kit.format.lock import new_run_id
 from eagle3kit.format.reader import Dataset, ShardColumns, TokenView
+from eagle3kit.format.recorded import Recorded
 from eagle3kit.format.sample import TokenSample, make_sample_id, normalize
 from eagle3kit.format.writer import DatasetWriter, OpenMode
 
@@ -32,7 +34,9 @@ __all__ = [
     "HiddenDataset",
     "HiddenSample",
     "HiddenWriter",
+    "Int32RangeError",
     "OpenMode",
+    "Recorded",
     "ShardColumns",
     "TokenSample",
     "TokenView",
@@ -44,5 +48,6 @@ __all__ = [
     "new_run_id",
     "normalize",
     "own_manifest",
+    "pack_int32_into",
     "read_marker",
 ]

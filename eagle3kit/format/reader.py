@@ -21,6 +21,7 @@ import xxhash
 from eagle3kit.format import dataset_dir
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import MANIFEST, MARKER, SHARD_DIR, TOKENIZER_DIR
+from eagle3kit.format.recorded import Recorded
 from eagle3kit.format.sample import TokenSample
 from eagle3kit.format.shard import FrameError, ShardFile, meta_bound, unzstd
 
@@ -457,6 +458,11 @@ class Dataset:
         measurements."""
         return {k: v for k, v in self.manifest.items()
                 if k not in ("shards", "runs", "measured")}
+
+    def recorded(self) -> Recorded:
+        """What gen recorded for the stages after it (rendering, template file, API family),
+        typed: later stages read these through here, never by manifest key."""
+        return Recorded.of(self.manifest)
 
     @property
     def manifest_xxh3(self) -> str:

@@ -4,9 +4,9 @@
 (or continues) the token dataset and keeps every server slot busy until each sample is in.
 """
 
-from eagle3kit.gen.config import GenConfig, parse_server
+from eagle3kit.gen.config import GenConfig, ServerSpec, parse_server
 from eagle3kit.gen.jobs import make_chains
 from eagle3kit.gen.result import GenResult
 from eagle3kit.gen.run import load, run
 
-__all__ = ["GenConfig", "GenResult", "load", "make_chains", "parse_server", "run"]
+__all__ = ["GenConfig", "GenResult", "ServerSpec", "load", "make_chains", "parse_server", "run"]

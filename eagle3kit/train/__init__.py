@@ -18,6 +18,7 @@ _HOMES = {
     "TargetHead": "target",
     "EvalResult": "ttt", "TTTLoss": "ttt", "chain_verdicts": "ttt",
     "conditional_counts": "ttt", "evaluate": "ttt", "predicted_acceptance_length": "ttt",
+    "step_counts": "ttt",
 }
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "evaluate",
     "predicted_acceptance_length",
     "run",
+    "step_counts",
 ]
 
 if TYPE_CHECKING:
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
         conditional_counts,
         evaluate,
         predicted_acceptance_length,
+        step_counts,
     )
 
 

@@ -49,16 +49,16 @@ def _load_renderer(cfg: ValidateConfig, ds: Dataset) -> Renderer | None:
                                 or (stored / "tokenizer.json").is_file() else None)
     if tok_dir is None:
         return None
-    recorded = ds.manifest.get("config", {}).get("renderer", {}) or {}
+    recorded = ds.recorded()
     template = cfg.chat_template
     if template is None and cfg.tokenizer is None:
-        name = ds.manifest.get("provenance", {}).get("chat_template_file")
+        name = recorded.chat_template_file
         if name and (stored / Path(name).name).is_file():
             template = stored / Path(name).name
+    # Trust comes from the command line only, never from what the dataset recorded.
     return load_renderer(Path(tok_dir), chat_template=template,
-                         chat_template_kwargs=recorded.get("chat_template_kwargs") or None,
-                         system=recorded.get("system"),
-                         trust_remote_code=cfg.trust_remote_code)
+                         chat_template_kwargs=recorded.chat_template_kwargs,
+                         system=recorded.system, trust_remote_code=cfg.trust_remote_code)
 
 
 def _damaged_report(cfg: ValidateConfig, ds: Dataset, problems: list[str]) -> ValidateReport:

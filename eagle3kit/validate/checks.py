@@ -4,7 +4,6 @@ report; `CHECKS` lists the names `--only` and `--skip` take."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -140,15 +139,11 @@ def integrity(c: Context) -> CheckResult:
     loss = int(f.loss.sum()) if n else 0
     if ds.shards and loss != ds.num_loss_tokens:
         problems["loss tokens differ from the manifest"] = 1
-    config = ds.manifest.get("config", {})
-    history = [h for h in ds.manifest.get("config_history", []) if h]
-    renderings = {json.dumps((h or {}).get("renderer"), sort_keys=True)
-                  for h in [config, *history]}
-    if len(renderings) > 1:
+    recorded = ds.recorded()
+    if len(set(recorded.renderers)) > 1:
         problems["several tokenizers or templates (continued with --force)"] = 1
-    recorded = config.get("renderer") or {}
-    if (prof.renderer is not None and recorded.get("chat_template_xxh3")
-            and prof.renderer.identity()["chat_template_xxh3"] != recorded["chat_template_xxh3"]):
+    if (prof.renderer is not None and recorded.chat_template_xxh3
+            and prof.renderer.identity()["chat_template_xxh3"] != recorded.chat_template_xxh3):
         problems["the template used differs from the one recorded"] = 1
     detail = ("checksums, counts, ids and tokenizer agree" if not problems
               else "; ".join(f"{k} ({v})" if v > 1 else k for k, v in problems.items()))
@@ -343,7 +338,7 @@ def coverage(c: Context) -> CheckResult:
 
 @check("reconstructed", "exact token ids")
 def reconstructed(c: Context) -> CheckResult:
-    text_api = c.ds.manifest.get("config", {}).get("api_family") == "text"
+    text_api = c.ds.recorded().text_api
     mask = c.f.reconstructed | text_api
     return _result("reconstructed", mask, np.ones(len(c.f), bool), c.f.ids,
                    "token ids as the server returned them, not rebuilt from text")

@@ -1,0 +1,85 @@
+"""What one stage records in a token dataset's manifest for the stages after it.
+
+gen writes, under the manifest's `config` (what decides the samples) and `provenance` (where
+they came from), how each prompt was rendered, which API family answered and whether the
+tokenizer's own code was trusted; validate, extract and train read it back. They read it
+through `Recorded` (`Dataset.recorded()`), never by key, so the contract between the stages
+is this one class. The JSON written is unchanged (docs/format.md); a key that is missing or
+of the wrong type (an older dataset, a hand-edited manifest) reads as "not recorded".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """The typed view of what gen recorded for later stages (see the module docstring)."""
+
+    renderer: Mapping[str, Any]
+    """config.renderer: the rendering's identity (template hash, template kwargs, system
+    prompt, tokenizer hashes); empty when not recorded."""
+    renderers: tuple[str | None, ...]
+    """config.renderer of this config and of each earlier one (a run continued with --force),
+    as canonical JSON (None where absent): more than one distinct value means the dataset
+    mixes tokenizers or templates."""
+    chat_template_file: str | None
+    """provenance.chat_template_file: the name of the template file gen used (`--chat-template`),
+    kept beside the stored tokenizer."""
+    trust_remote_code: bool
+    """provenance.trust_remote_code: a record of what gen was run with, never a switch: no
+    later stage turns trust on because a dataset says so (docs/security.md)."""
+    api_family: str | None
+    """config.api_family: "ids" (the server returned token ids) or "text" (an OpenAI-style
+    chat API, ids rebuilt from text)."""
+
+    @property
+    def chat_template_xxh3(self) -> str | None:
+        """The hash of the chat template the samples were rendered with."""
+        return _str(self.renderer.get("chat_template_xxh3"))
+
+    @property
+    def chat_template_kwargs(self) -> dict[str, Any] | None:
+        """The template's extra arguments gen rendered with (`--chat-template-kwargs`)."""
+        kwargs = self.renderer.get("chat_template_kwargs")
+        return dict(kwargs) if isinstance(kwargs, Mapping) and kwargs else None
+
+    @property
+    def system(self) -> str | None:
+        """The system prompt gen added to every conversation (`--system`)."""
+        return _str(self.renderer.get("system"))
+
+    @property
+    def text_api(self) -> bool:
+        """Whether the samples' ids were rebuilt from a text API's answers."""
+        return self.api_family == "text"
+
+    @classmethod
+    def of(cls, manifest: Mapping[str, Any]) -> Recorded:
+        """The view of `manifest` (a dataset's parsed manifest.json)."""
+        config, provenance = _dict(manifest.get("config")), _dict(manifest.get("provenance"))
+        history = manifest.get("config_history")
+        earlier = [_dict(h) for h in history if h] if isinstance(history, list) else []
+        return cls(
+            renderer=_dict(config.get("renderer")),
+            renderers=tuple(_canonical(c.get("renderer")) for c in [config, *earlier]),
+            chat_template_file=_str(provenance.get("chat_template_file")),
+            trust_remote_code=provenance.get("trust_remote_code") is True,
+            api_family=_str(config.get("api_family")),
+        )
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _canonical(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, sort_keys=True)
