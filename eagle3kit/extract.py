@@ -282,22 +282,15 @@ def free_bytes(path: Path) -> int:
     return shutil.disk_usage(probe).free
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
 def check_disk(cfg: ExtractConfig, need: int, free: int, bytes_per_token: float,
                p: Plan) -> None:
     _ui.info(f"extract: {p.total - p.done_before:,} of {p.total:,} samples to do "
-             f"({p.remaining_tokens:,} tokens); about {_size(need)} at "
-             f"{bytes_per_token:,.0f} bytes/token ({cfg.codec}); {_size(free)} free at "
+             f"({p.remaining_tokens:,} tokens); about {_ui.human_bytes(need)} at "
+             f"{bytes_per_token:,.0f} bytes/token ({cfg.codec}); {_ui.human_bytes(free)} free at "
              f"{cfg.out}", cfg.output)
     if need > free and not (cfg.ignore_disk_check or cfg.dry_run):
-        raise UserError(f"{cfg.out}: about {_size(need)} needed, only {_size(free)} free. "
+        raise UserError(f"{cfg.out}: about {_ui.human_bytes(need)} needed, only "
+                        f"{_ui.human_bytes(free)} free. "
                         "Free some space, pick --codec fp8 (about half the size), write "
                         "elsewhere, or pass --ignore-disk-check to start anyway (a full disk "
                         "stops the run; what was committed stays intact).")

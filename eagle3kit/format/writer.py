@@ -24,10 +24,10 @@ import orjson
 import xxhash
 import zstandard
 
+import eagle3kit.format.dataset_dir as dataset_dir
 from eagle3kit import __version__
 from eagle3kit._argv import command_line
 from eagle3kit._durable import fsync_dir
-from eagle3kit.format import dataset_dir
 from eagle3kit.format._ints import pack_int32_into, to_int32
 from eagle3kit.format._io import (
     file_lock,

@@ -293,7 +293,7 @@ class TrainConfig:
             found.append(f"--device must be auto, cpu, cuda or cuda:N (got {self.device})")
 
     def _check_servers(self, found: list[str]) -> None:
-        from eagle3kit.gen.config import parse_server
+        from eagle3kit.gen import parse_server
 
         for flag, value in (("--concurrency", self.concurrency), ("--prefetch", self.prefetch)):
             if value is not None and not value >= 1:

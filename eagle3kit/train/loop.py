@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+import eagle3kit.train.data as tdata
+import eagle3kit.train.sharding as sharding
 from eagle3kit import __version__, _ui
 from eagle3kit._durable import write_json_atomic
 from eagle3kit._ranks import Ranks
@@ -53,8 +55,6 @@ from eagle3kit.target import (
     resolve_dtype,
     resolve_layer_ids,
 )
-from eagle3kit.train import data as tdata
-from eagle3kit.train import sharding
 from eagle3kit.train.config import TrainConfig, TrainResult
 from eagle3kit.train.online_server import Interrupted as StepAbandoned
 from eagle3kit.train.stopping import EXIT_CODES, STOP_SIGNALS, CheckpointClock, StopRequests
@@ -207,7 +207,7 @@ class Trainer:
         self.ranks.barrier()
         if not cfg.servers:
             return self._train(start)
-        from eagle3kit.train import online_server
+        import eagle3kit.train.online_server as online_server
 
         self.served = online_server.open_for(self, start)
         try:

@@ -331,7 +331,7 @@ def connect(urls: list[tuple[str, int]], model: str | None, layers: list[int],
 def my_items(trainer: Any, start: int) -> Iterator[Any]:
     """This rank's training items from step `start` on, in the order the steps take them:
     each step's micro-batches of this rank (tdata.split_parts), each in its item order."""
-    from eagle3kit.train import data as tdata
+    import eagle3kit.train.data as tdata
 
     cfg, ranks = trainer.cfg, trainer.ranks
     for step in range(start, trainer.plan.total_steps):
@@ -348,7 +348,6 @@ def _order(trainer: Any, start: int) -> Iterator[tuple[np.ndarray, int]]:
 
 def open_for(trainer: Any, start: int) -> ServedStates:
     """Connect to the servers and start fetching this rank's samples from step `start`."""
-    from eagle3kit.extract import _size
 
     cfg = trainer.cfg
     hidden = int(trainer.target_cfg.hidden_size)
@@ -359,5 +358,5 @@ def open_for(trainer: Any, start: int) -> ServedStates:
     slots = [n for _, n in cfg.server_slots]
     _ui.info(f"train: states from {len(engines)} server(s), {sum(slots)} requests in flight"
              f"{' per rank' if trainer.ranks.world > 1 else ''}, up to {depth} samples "
-             f"ahead: at most {_size(bound)} of states held in host memory", cfg.output)
+             f"ahead: at most {_ui.human_bytes(bound)} of states held in host memory", cfg.output)
     return ServedStates(engines, slots, depth, _order(trainer, start), bound)
