@@ -42,6 +42,7 @@ import numpy as np
 import orjson
 import torch
 
+import eagle3kit.extract.run as extract_run
 from eagle3kit import extract
 from eagle3kit._ui import OutputOptions
 from eagle3kit.format import Dataset, DatasetWriter, HiddenDataset, TokenSample
@@ -74,10 +75,10 @@ def bare_loop(target: Path, tokens: Path, batch_tokens: int) -> tuple[float, flo
 
     model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
     ds = Dataset(tokens)
-    items, _ = extract.scan(ds)
-    todo = extract.plan(items, set(), 0, 1, None).todo
+    items, _ = extract_run.scan(ds)
+    todo = extract_run.plan(items, set(), 0, 1, None).todo
     batches = [[ds.token_view(it.index).input_ids for it in b]
-               for b in extract.batches(todo, batch_tokens)]
+               for b in extract_run.batches(todo, batch_tokens)]
     captured: dict = {}
     model.model.layers[-1].register_forward_hook(
         lambda _m, _i, out: captured.__setitem__("last", out[0] if isinstance(out, tuple)

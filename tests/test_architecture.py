@@ -15,17 +15,18 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "eagle3kit"
 
-STAGES = ("gen", "validate", "extract", "extract_vllm", "train", "export", "bench", "convert",
-          "hidden_convert", "info", "plan", "quickstart")
+STAGES = ("gen", "validate", "extract", "train", "export", "bench", "convert", "info", "plan",
+          "quickstart")
 """The stage rooms (`eagle3kit.<name>`, a module or a package)."""
 SHARED = ("errors", "target", "tiny", "_argv", "_durable", "_hf", "_json", "_lazy", "_options",
           "_ranks", "_ui", "_urls")
 """Helpers every room may use; they use no stage, no CLI (and only _ui prints)."""
 FORMAT_PUBLIC = "eagle3kit.format"
-SUB_FACES = ("eagle3kit.gen.servers", "eagle3kit.bench.accept", "eagle3kit.bench.server",
-             "eagle3kit.bench.parity")
+SUB_FACES = ("eagle3kit.gen.servers", "eagle3kit.extract.vllm", "eagle3kit.bench.accept",
+             "eagle3kit.bench.server", "eagle3kit.bench.parity")
 """Faces inside a stage other rooms may import: gen's server clients (bench measures the
-same servers) and each `eagle3kit bench` command's module (config, report and run)."""
+same servers), extract's vLLM hidden-state client (online training reads the same states)
+and each `eagle3kit bench` command's module (config, report and run)."""
 COMMAND_LINE = ("eagle3kit.cli", "eagle3kit._help", "eagle3kit.__main__")
 
 # (rule, which modules it binds, what they may not import, modules it does not bind, imports
@@ -246,7 +247,7 @@ KNOWN = set(all_modules())
      "checkpoints/ imports no stage"),
     ("eagle3kit.checkpoints.load", "from eagle3kit.train.rundir import RunDir\n",
      "checkpoints/ imports no stage"),
-    ("eagle3kit.checkpoints.tensors", "from eagle3kit.hidden_convert import BadFile\n",
+    ("eagle3kit.checkpoints.tensors", "from eagle3kit.convert.hidden import BadFile\n",
      "checkpoints/ imports no stage"),
     ("eagle3kit.tiny", "from eagle3kit.extract import ExtractConfig\n",
      "a shared helper imports no stage"),

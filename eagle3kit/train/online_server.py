@@ -1,7 +1,7 @@
 """`train --online --server`: the target's states fetched from vLLM servers ahead of the step.
 
 Each server runs the `extract_hidden_states` method (SERVER_APIS.md §7); the requests, the
-file protocol, the checks and the refusals are extract's (eagle3kit.extract_vllm.VllmEngine),
+file protocol, the checks and the refusals are extract's (eagle3kit.extract.vllm.VllmEngine),
 one engine per server. This module only schedules them:
 
 - The training order is the plan's (a pure function of the data and the seed), so the
@@ -200,7 +200,7 @@ class ServedStates:
                 self._cond.wait(WAIT_TICK_S)
 
     def _worker(self, slot: Slot) -> None:
-        from eagle3kit.extract_vllm import BadFile, ServerUnreachable
+        from eagle3kit.extract.vllm import BadFile, ServerUnreachable
 
         while (job := self._next_job(slot)) is not None:
             try:
@@ -304,7 +304,7 @@ def connect(urls: list[tuple[str, int]], model: str | None, layers: list[int],
             hidden_size: int, timeout: float) -> list[Any]:
     """One extract engine per server (url, slots): each lists its model and is refused with
     extract's message when prefix caching is on."""
-    from eagle3kit.extract_vllm import VllmEngine
+    from eagle3kit.extract.vllm import VllmEngine
 
     engines: list[Any] = []
     try:
