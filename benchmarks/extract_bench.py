@@ -32,6 +32,7 @@ The table goes to stderr; ``--json`` prints the figures as JSON on stdout.
 from __future__ import annotations
 
 import argparse
+import importlib
 import shutil
 import sys
 import tempfile
@@ -42,13 +43,14 @@ import numpy as np
 import orjson
 import torch
 
-import eagle3kit.extract.run as extract_run
 from eagle3kit import extract
 from eagle3kit._ui import OutputOptions
 from eagle3kit.format import Dataset, DatasetWriter, HiddenDataset, TokenSample
 from eagle3kit.format.hidden import CODECS, hidden_bytes_per_token
 from eagle3kit.target import TargetInfo
 from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings
+
+extract_run = importlib.import_module("eagle3kit.extract.run")  # the face's `run` is the function
 
 HIDDEN = 256
 LAYERS = [2, 4, 5]

@@ -199,12 +199,10 @@ def kv(title: str, pairs: list[tuple[str, object]], opts: OutputOptions | None =
 def human_count(x: float) -> str:
     """312000 -> '312k': rates and counts are read at a glance, not to the last digit. The
     one human-number formatter (with human_bytes) every stage uses."""
-    suffix = ""
-    for scale, name in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if x >= scale:
-            x, suffix = x / scale, name
-            break
-    return f"{x:.{0 if x >= 100 else 1 if x >= 10 else 2}f}{suffix}"
+    for scale, name in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{name}"
+    return f"{x:.3g}"
 
 
 

@@ -9,6 +9,7 @@ ranks must write what one process writes. Every bad input ends in one message, n
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import subprocess
@@ -23,7 +24,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import eagle3kit.extract.run as extract_run
 from eagle3kit import extract
 from eagle3kit._options import WRITE_KEYS, WriteOptions
 from eagle3kit._ranks import Ranks
@@ -45,6 +45,8 @@ from eagle3kit.format.layout import SHARD_DIR
 from eagle3kit.target import TargetInfo, resolve_layer_ids
 from eagle3kit.tiny import make_target, make_tokenizer
 
+extract_run = importlib.import_module("eagle3kit.extract.run")
+"""The module (the face's `run` is the function)."""
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 N_SAMPLES = 24
