@@ -196,15 +196,22 @@ def kv(title: str, pairs: list[tuple[str, object]], opts: OutputOptions | None =
         console.print(Text(f"  {key:<{key_width}}  {_cell(value)}"), soft_wrap=True)
 
 
-def _si(x: float) -> str:
-    """312000 -> '312k': rates are read at a glance, not to the last digit."""
-    suffix = ""
-    for scale, name in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if x >= scale:
-            x, suffix = x / scale, name
-            break
-    return f"{x:.{0 if x >= 100 else 1 if x >= 10 else 2}f}{suffix}"
+def human_count(x: float) -> str:
+    """312000 -> '312k': rates and counts are read at a glance, not to the last digit. The
+    one human-number formatter (with human_bytes) every stage uses."""
+    for scale, name in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{name}"
+    return f"{x:.3g}"
 
+
+
+def human_bytes(x: float) -> str:
+    """2.7e9 -> '2.52 GiB': sizes on disk and in memory, to three figures."""
+    for scale, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {name}"
+    return f"{x:.0f} B"
 
 def _duration(seconds: float) -> str:
     s = int(seconds)
@@ -299,8 +306,8 @@ def _live_cells(f: Figures, unit: str) -> dict[str, str | None]:
     return {
         "done": f"{f.done:,}" + (f"/{f.total:,}" if f.total else ""),
         "%": maybe(f.percent, lambda p: f"{p:.1f}%"),
-        f"{unit}/s": _si(f.rate),
-        "tok/s": maybe(f.tok_rate, _si),
+        f"{unit}/s": human_count(f.rate),
+        "tok/s": maybe(f.tok_rate, human_count),
         "mean tok": maybe(f.mean_tokens, lambda m: f"{round(m):,}"),
         "in flight": maybe(f.in_flight, _number),
         "errors": _number(f.errors),
@@ -485,9 +492,9 @@ class Progress:
             parts.append(f"{f.done:,}/{f.total:,} ({f.percent:.1f}%)")
         else:
             parts.append(f"{f.done:,} {self.unit}")
-        parts.append(f"{_si(f.rate)} {self.unit}/s")
+        parts.append(f"{human_count(f.rate)} {self.unit}/s")
         if f.tok_rate is not None:
-            parts.append(f"{_si(f.tok_rate)} tok/s")
+            parts.append(f"{human_count(f.tok_rate)} tok/s")
         for name, value in {**dict.fromkeys(_ALWAYS_SHOWN, 0.0), **counters}.items():
             if name == "truncated":  # shown even at 0: a clean run is worth knowing about
                 share = "" if f.truncation is None else f" ({100 * f.truncation:.1f}%)"

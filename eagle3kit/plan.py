@@ -36,8 +36,7 @@ import numpy as np
 from eagle3kit import _ui
 from eagle3kit.errors import UserError
 from eagle3kit.format import CODECS, Dataset, hidden_bytes_per_token
-from eagle3kit.gen import GenConfig
-from eagle3kit.gen.jobs import Chain, resume_point
+from eagle3kit.gen import Chain, GenConfig, resume_point
 from eagle3kit.target import check_layer_ids, config_dict, parse_layer_ids
 
 PILOT_SHARE = 0.01
@@ -665,7 +664,7 @@ def report(result: PlanResult, opts: _ui.OutputOptions) -> None:
     if result.pilot_requests:
         pilot += [("pilot", f"{result.pilot_requests:,} requests in {_hms(result.pilot_elapsed_s)}"
                             f": {result.pilot_req_per_s:.3g} req/s, "
-                            f"{_si(result.pilot_tok_per_s or 0)} tok/s")]
+                            f"{_ui.human_count(result.pilot_tok_per_s or 0)} tok/s")]
         if result.pilot_simulated_s is not None:
             pilot += [("slot model", f"replays the pilot's requests in "
                                      f"{_hms(result.pilot_simulated_s)}; the rest, "
@@ -693,18 +692,18 @@ def _forecast_rows(r: PlanResult) -> list[list[object]]:
 
     rows = [row("wall time, the gen that follows", r.wall_time_s, _hms),
             row("wall time, the whole run", r.full_wall_time_s, _hms),
-            row("completion tokens", r.completion_tokens, _si),
-            row("tokens (prompt + completion)", r.total_tokens, _si),
-            row("token dataset", r.token_dataset_bytes, _bytes)]
+            row("completion tokens", r.completion_tokens, _ui.human_count),
+            row("tokens (prompt + completion)", r.total_tokens, _ui.human_count),
+            row("token dataset", r.token_dataset_bytes, _ui.human_bytes)]
     if r.hidden:
         shape = f"H={r.hidden['hidden_size']}, {r.hidden['n_aux']} aux"
-        rows += [row(f"hidden states, {codec} ({shape})", e, _bytes)
+        rows += [row(f"hidden states, {codec} ({shape})", e, _ui.human_bytes)
                  for codec, e in r.hidden["bytes"].items()]
     if r.extract:
-        rows.append(row(f"extract time ({_si(r.extract['tokens_per_s'])} tok/s)",
+        rows.append(row(f"extract time ({_ui.human_count(r.extract['tokens_per_s'])} tok/s)",
                         r.extract["time_s"], _hms))
     if "steps_per_epoch" in r.train:
-        rows.append(row(f"train steps / epoch ({_si(r.train['batch_tokens'])} tok)",
+        rows.append(row(f"train steps / epoch ({_ui.human_count(r.train['batch_tokens'])} tok)",
                         r.train["steps_per_epoch"], lambda x: f"{x:,.0f}"))
     if "epoch_s" in r.train:
         rows.append(row("train time / epoch", r.train["epoch_s"], _hms))
@@ -718,17 +717,3 @@ def _hms(seconds: float) -> str:
     if s < 3600:
         return f"{int(s // 60)}m{int(s % 60):02d}s"
     return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
-
-
-def _si(x: float) -> str:
-    for scale, name in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g}{name}"
-    return f"{x:.3g}"
-
-
-def _bytes(x: float) -> str:
-    for scale, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g} {name}"
-    return f"{x:.0f} B"

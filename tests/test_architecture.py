@@ -18,8 +18,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "eagle3kit"
 BENCHMARKS = PACKAGE.parent / "benchmarks"
 """Scripts outside the package, held to its rules (and to faces only: see below)."""
 
-STAGES = ("gen", "validate", "extract", "extract_vllm", "train", "export", "bench", "convert",
-          "hidden_convert", "info", "plan", "quickstart")
+STAGES = ("gen", "validate", "extract", "train", "export", "bench", "convert", "info", "plan",
+          "quickstart")
 """The stage rooms (`eagle3kit.<name>`, a module or a package)."""
 SHARED = ("errors", "target", "tiny", "_argv", "_durable", "_hf", "_json", "_lazy", "_lock",
           "_options", "_ranks", "_served_files", "_signals", "_ui", "_urls")
@@ -27,6 +27,12 @@ SHARED = ("errors", "target", "tiny", "_argv", "_durable", "_hf", "_json", "_laz
 FORMAT_PUBLIC = "eagle3kit.format"
 PACKAGES = tuple(sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")))
 """The rooms that are packages: outside the package, one is imported through its face."""
+SUB_FACES = ("eagle3kit.gen.servers", "eagle3kit.extract.vllm", "eagle3kit.bench.accept",
+             "eagle3kit.bench.server", "eagle3kit.bench.parity")
+"""Faces inside a stage other rooms may import: gen's server clients (bench measures the
+same servers), extract's vLLM hidden-state client (online training reads the same states)
+and each `eagle3kit bench` command's module (config, report and run)."""
+COMMAND_LINE = ("eagle3kit.cli", "eagle3kit._help", "eagle3kit.__main__")
 
 # (rule, which modules it binds, what they may not import, modules it does not bind, imports
 # it allows)
@@ -70,11 +76,25 @@ def all_modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def imports(source: str, module: str, is_package: bool, known: set[str]) -> list[tuple[str, int]]:
+def type_only_nodes(tree: ast.AST) -> set[ast.AST]:
+    """The import statements under an `if TYPE_CHECKING:` (they never run)."""
+    found: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            found |= {n for stmt in node.body for n in ast.walk(stmt)}
+    return found
+
+
+def imports(source: str, module: str, is_package: bool, known: set[str],
+            runtime_only: bool = False) -> list[tuple[str, int]]:
     """(imported module, line) for every import in source; `from a import b` gives a.b when
-    that is a module."""
+    that is a module; `runtime_only` leaves out the type-only ones."""
     found: list[tuple[str, int]] = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    skip = type_only_nodes(tree) if runtime_only else set()
+    for node in ast.walk(tree):
+        if node in skip:
+            continue
         if isinstance(node, ast.Import):
             found += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -85,8 +105,23 @@ def imports(source: str, module: str, is_package: bool, known: set[str]) -> list
                 base = ".".join([*here, *([base] if base else [])])
             found.append((base, node.lineno))
             found += [(f"{base}.{a.name}", node.lineno) for a in node.names
-                      if f"{base}.{a.name}" in known]
+                      if f"{base}.{a.name}" in known and a.name not in face_names(base)]
     return found
+
+
+def face_names(package: str) -> set[str]:
+    """The names a package's face binds itself: `from eagle3kit.extract import run` takes the
+    face's function `run`, not the module run.py it shadows."""
+    path = PACKAGE.parent.joinpath(*package.split("."), "__init__.py")
+    if not path.is_file():
+        return set()
+    bound: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom):
+            bound |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+    return bound
 
 
 def in_room(module: str, room: str) -> bool:
@@ -142,6 +177,103 @@ def breaks(module: str, source: str, is_package: bool, known: set[str]) -> list[
     return list(out.values())
 
 
+def room_of(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not name.endswith("__")
+
+
+def imported_names(source: str, module: str, is_package: bool) -> list[tuple[str, str, int]]:
+    """(module, name, line) for everything each import statement names: `from a import b`
+    gives (a, b), `import a.b` gives (a.b, "")."""
+    found: list[tuple[str, str, int]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, "", node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                here = module.split(".") if is_package else module.split(".")[:-1]
+                here = here[:len(here) - node.level + 1]
+                base = ".".join([*here, *([base] if base else [])])
+            found += [(base, a.name, node.lineno) for a in node.names]
+    return found
+
+
+def face_names(face: str) -> set[str]:
+    """The names a stage's face binds at its top level (what `from face import x` gets)."""
+    path = PACKAGE.parent / Path(*face.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {a.asname or a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return names
+
+
+def reach_ins(module: str, source: str, is_package: bool, known: set[str]) -> list[str]:
+    """Imports of another room's private names (`_x`), or of another stage's modules other
+    than its face (`eagle3kit.<stage>`, or one of SUB_FACES): a stage is used through its
+    face only. The command line, which builds every stage's config, is not bound."""
+    out: list[str] = []
+    faces = {f"eagle3kit.{s}" for s in STAGES} | set(SUB_FACES)
+    if module in COMMAND_LINE:
+        return out
+    for base, name, line in imported_names(source, module, is_package):
+        full = f"{base}.{name}" if name else base
+        room = room_of(full)
+        if not full.startswith("eagle3kit.") or room == room_of(module):
+            continue
+        inside = full[len(room) + 1:].split(".") if full != room else []
+        if any(private(part) for part in inside):
+            out.append(f"{module}:{line} imports {full} (another room's private name)")
+        elif (f"eagle3kit.{room.split('.')[1]}" in faces and full not in faces
+              and (base not in faces or (full in known and name not in face_names(base)))):
+            out.append(f"{module}:{line} imports {full} (another stage's module, not its face)")
+    return out
+
+
+def import_graph(sources: dict[str, tuple[str, bool]], known: set[str]) -> dict[str, set[str]]:
+    """Module -> the modules it imports at run time (type-only imports left out)."""
+    return {name: {m for m, _ in imports(source, name, is_package, known, runtime_only=True)
+                   if m in known and m != name}
+            for name, (source, is_package) in sources.items()}
+
+
+def loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import loops of `graph`: its strongly connected parts of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
 # The checker catches each kind of break ---------------------------------------------------
 KNOWN = set(all_modules())
 
@@ -161,7 +293,7 @@ KNOWN = set(all_modules())
      "checkpoints/ imports no stage"),
     ("eagle3kit.checkpoints.load", "from eagle3kit.train.rundir import RunDir\n",
      "checkpoints/ imports no stage"),
-    ("eagle3kit.checkpoints.tensors", "from eagle3kit.hidden_convert import BadFile\n",
+    ("eagle3kit.checkpoints.tensors", "from eagle3kit.convert.hidden import BadFile\n",
      "checkpoints/ imports no stage"),
     ("eagle3kit.tiny", "from eagle3kit.extract import ExtractConfig\n",
      "a shared helper imports no stage"),
@@ -202,6 +334,46 @@ def test_the_checker_catches(module: str, source: str, rule: str) -> None:
 ])
 def test_the_checker_allows(module: str, source: str) -> None:
     assert breaks(module, source, False, KNOWN) == []
+
+
+@pytest.mark.parametrize(("module", "source", "why"), [
+    ("eagle3kit.train.online_server", "def f():\n    from eagle3kit.extract import _size\n",
+     "private name"),
+    ("eagle3kit.bench.diagnose", "from eagle3kit.checkpoints.base import _layer_config\n",
+     "private name"),
+    ("eagle3kit.info", "from eagle3kit.gen.config import GenConfig\n", "not its face"),
+    ("eagle3kit.quickstart", "from eagle3kit.bench import decode\n", "not its face"),
+    ("eagle3kit.train.loop", "import eagle3kit.convert.jsonl\n", "not its face"),
+])
+def test_the_checker_catches_reach_ins(module: str, source: str, why: str) -> None:
+    found = reach_ins(module, source, False, KNOWN)
+    assert len(found) == 1 and why in found[0], found
+
+
+@pytest.mark.parametrize(("module", "source"), [
+    ("eagle3kit.train.online_server", "from eagle3kit._ui import human_bytes\n"),
+    ("eagle3kit.quickstart", "from eagle3kit.gen import GenConfig, run\n"),
+    ("eagle3kit.gen.run", "from eagle3kit.gen.config import GenConfig\n"
+                          "import eagle3kit.gen.servers as servers\n"),
+    ("eagle3kit.info", "from eagle3kit.checkpoints.rundir import RunDir\n"
+                       "from eagle3kit import __version__\n"),
+])
+def test_the_checker_allows_the_face(module: str, source: str) -> None:
+    assert reach_ins(module, source, False, KNOWN) == []
+
+
+def test_the_loop_finder_finds_loops_and_ignores_type_only_imports() -> None:
+    known = {"eagle3kit.a", "eagle3kit.a.b", "eagle3kit.c"}
+    sources = {
+        "eagle3kit.a": ("from eagle3kit.a.b import x\n", True),
+        "eagle3kit.a.b": ("def f():\n    from eagle3kit.a import y\n", False),
+        "eagle3kit.c": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                        "    from eagle3kit.a.b import x\n", False),
+    }
+    assert loops(import_graph(sources, known)) == [["eagle3kit.a", "eagle3kit.a.b"]]
+    sources["eagle3kit.a.b"] = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                "    from eagle3kit.a import y\nimport eagle3kit.c\n", False)
+    assert loops(import_graph(sources, known)) == []
 
 
 # The package keeps the rules ---------------------------------------------------------------
@@ -264,6 +436,8 @@ def test_no_class_is_over_300_lines() -> None:
     found = [c for name, path in all_modules().items()
              for c in long_classes(path.read_text(), name)]
     assert found == [], "split these by job: " + "; ".join(found)
+
+
 def test_the_test_table_names_every_room() -> None:
     # ARCHITECTURE.md's "Where the tests are": a newcomer finds a room's tests from its row.
     notes = (PACKAGE.parent / "ARCHITECTURE.md").read_text()
@@ -279,3 +453,17 @@ def test_the_test_table_names_every_room() -> None:
     tests = {p.name for p in Path(__file__).parent.rglob("test_*.py")}
     for room, named in rows.items():
         assert named and set(named) <= tests, (room, set(named) - tests)
+
+
+def test_no_module_reaches_into_another_room() -> None:
+    found = [b for name, path in all_modules().items()
+             for b in reach_ins(name, path.read_text(), path.name == "__init__.py", KNOWN)]
+    assert found == []
+
+
+def test_no_import_loops_between_modules() -> None:
+    # Every import counts, the lazy ones inside functions too; only `if TYPE_CHECKING:` ones,
+    # which never run, may close a loop.
+    sources = {name: (path.read_text(), path.name == "__init__.py")
+               for name, path in all_modules().items()}
+    assert loops(import_graph(sources, KNOWN)) == []

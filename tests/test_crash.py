@@ -25,7 +25,7 @@ import numpy as np
 import orjson
 import pytest
 
-from eagle3kit.convert import record_to_sample, sample_to_record
+from eagle3kit.convert.jsonl import record_to_sample, sample_to_record
 from eagle3kit.format import Dataset, TokenSample, is_dataset
 from eagle3kit.format.layout import MANIFEST, MARKER, SHARD_DIR, TMP_SUFFIX
 
@@ -408,7 +408,7 @@ def test_each_run_commits_early_so_kills_in_quick_succession_still_progress(
     end, so kills that came sooner, however many, left nothing. Each run now commits its
     first FIRST_COMMIT new samples at once: every run is SIGKILLed the moment that commit
     lands, and every one of them must have gained samples, exact and each stored once."""
-    from eagle3kit.convert import FIRST_COMMIT
+    from eagle3kit.convert.jsonl import FIRST_COMMIT
 
     ds = tmp_path / "ds"
     cmd = [sys.executable, "-m", "eagle3kit", "convert", str(source.path), str(ds),
@@ -445,15 +445,16 @@ def test_a_rerun_parses_only_what_is_not_committed(source: Source, tmp_path: Pat
     the dataset recorded, and reads the whole file again when it is not."""
     from eagle3kit import convert
     from eagle3kit._ui import OutputOptions
+    from eagle3kit.convert import jsonl
 
     parsed: list[int] = []
-    original = convert.record_to_sample
+    original = jsonl.record_to_sample
 
     def counting(record: object) -> TokenSample:
         parsed.append(1)
         return original(record)
 
-    monkeypatch.setattr(convert, "record_to_sample", counting)
+    monkeypatch.setattr(jsonl, "record_to_sample", counting)
     src = tmp_path / "src.jsonl"
     shutil.copy(source.path, src)
     ds = tmp_path / "ds"

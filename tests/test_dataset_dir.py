@@ -62,7 +62,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 def write_dataset(src: Path, ds: Path) -> Path:
     """What `convert src ds --commit-every 4` writes, in-process (a CLI run costs a second)."""
-    from eagle3kit.convert import record_to_sample
+    from eagle3kit.convert.jsonl import record_to_sample
 
     with DatasetWriter(ds, config={"stage": "convert", "source": src.name},
                        commit_every=4) as writer:

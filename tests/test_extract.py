@@ -9,6 +9,7 @@ ranks must write what one process writes. Every bad input ends in one message, n
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import subprocess
@@ -29,6 +30,7 @@ from eagle3kit._ranks import Ranks
 from eagle3kit._ui import OutputOptions
 from eagle3kit.cli import app
 from eagle3kit.errors import UserError
+from eagle3kit.extract.hf import HfEngine
 from eagle3kit.format import (
     DatasetError,
     DatasetWriter,
@@ -43,6 +45,8 @@ from eagle3kit.format.layout import SHARD_DIR
 from eagle3kit.target import TargetInfo, resolve_layer_ids
 from eagle3kit.tiny import make_target, make_tokenizer
 
+extract_run = importlib.import_module("eagle3kit.extract.run")
+"""The module (the face's `run` is the function)."""
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 N_SAMPLES = 24
@@ -137,7 +141,7 @@ def test_states_equal_hf_output_hidden_states_and_give_the_logits(tiny: Tiny, ar
     info = TargetInfo.load(model_dir)
     layers = resolve_layer_ids(None, info.num_layers)
     assert layers == [2, 4, 5]
-    engine = extract.HfEngine.load(config(tiny, tmp_path / "x", target=model_dir), info,
+    engine = HfEngine.load(config(tiny, tmp_path / "x", target=model_dir), info,
                                    layers, Ranks())
     from eagle3kit.format import Dataset
 
@@ -282,7 +286,7 @@ def test_a_dataset_for_another_model_is_refused(tiny: Tiny, tmp_path: Path) -> N
 def test_short_disk_is_refused_and_dry_run_only_estimates(tiny: Tiny, tmp_path: Path,
                                                           monkeypatch, capsys) -> None:
     out = tmp_path / "hidden"
-    monkeypatch.setattr(extract, "free_bytes", lambda path: 900)
+    monkeypatch.setattr(extract_run, "free_bytes", lambda path: 900)
     with pytest.raises(UserError, match=r"only 900 B free.*--ignore-disk-check"):
         extract.run(config(tiny, out))
     assert not out.exists()
@@ -329,7 +333,7 @@ def test_nan_states_skip_the_sample_with_a_reason(tiny: Tiny, tmp_path: Path) ->
 
     broken = tmp_path / "broken"
     model = AutoModelForCausalLM.from_pretrained(str(tiny.llama), dtype=torch.float32)
-    bad_id = int(np.asarray(extract.Dataset(tiny.tokens)[5].prompt_ids)[0])
+    bad_id = int(np.asarray(extract_run.Dataset(tiny.tokens)[5].prompt_ids)[0])
     with torch.no_grad():
         model.model.embed_tokens.weight[bad_id] = float("nan")
     model.save_pretrained(broken)
@@ -339,7 +343,7 @@ def test_nan_states_skip_the_sample_with_a_reason(tiny: Tiny, tmp_path: Path) ->
     out = tmp_path / "hidden"
     result = extract.run(config(tiny, out, target=broken))
     ds = HiddenDataset(out)
-    having = {s.sample_id for s in extract.Dataset(tiny.tokens)
+    having = {s.sample_id for s in extract_run.Dataset(tiny.tokens)
               if bad_id in np.asarray(s.prompt_ids).tolist() + np.asarray(
                   s.completion_ids).tolist()}
     assert set(result.skipped) == having and "s005" in having
@@ -401,7 +405,7 @@ def test_two_torchrun_ranks_write_what_one_process_writes(tiny: Tiny, tmp_path: 
     writers = [s["rank"] for s in two.shards for _ in range(s["samples"])]
     # Each sample was written by the rank its id names, and holds what one process wrote.
     for writer, sample in zip(writers, two, strict=True):
-        assert writer == extract.owner(sample.sample_id, 2)
+        assert writer == extract_run.owner(sample.sample_id, 2)
     ones = {s.sample_id: s for s in one}
     assert len(ones) == len(two) == N_SAMPLES
     for sample in two:

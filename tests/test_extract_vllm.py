@@ -16,7 +16,7 @@ from test_extract import QUIET, Tiny, build_tiny
 
 from eagle3kit import extract
 from eagle3kit._options import WRITE_KEYS, WriteOptions
-from eagle3kit.extract_vllm import ServerError
+from eagle3kit.extract.vllm import ServerError
 from eagle3kit.format import HiddenDataset
 from eagle3kit.format.hidden import to_bf16
 

@@ -35,6 +35,7 @@ from safetensors.numpy import load_file
 from eagle3kit import convert
 from eagle3kit._options import WriteOptions
 from eagle3kit._ui import OutputOptions
+from eagle3kit.convert import jsonl
 from eagle3kit.format import Dataset, DatasetWriter, TokenSample
 from eagle3kit.format.layout import SHARD_DIR
 from eagle3kit.format.shard import ShardFile
@@ -154,7 +155,7 @@ def has_default_mask(sample: TokenSample) -> bool:
 
 def expected_record(sample: TokenSample) -> dict:
     """The JSONL record export should write: a mask only when it is not the default one."""
-    record = convert.sample_to_record(sample)
+    record = jsonl.sample_to_record(sample)
     if has_default_mask(sample):
         record.pop("loss_mask", None)
     return record

@@ -28,9 +28,9 @@ import torch
 from eagle3kit import convert, extract
 from eagle3kit._ui import OutputOptions
 from eagle3kit.checkpoints.tensors import BadFile, load_tensor_file
+from eagle3kit.convert.hidden import SF_KEYS, SIDECAR
 from eagle3kit.errors import UserError
 from eagle3kit.format import DatasetWriter, HiddenDataset, TokenSample
-from eagle3kit.hidden_convert import SF_KEYS, SIDECAR
 from eagle3kit.tiny import make_target, make_tokenizer
 
 QUIET = OutputOptions(quiet=True)

@@ -194,7 +194,7 @@ def test_extract_and_online_training_take_states_from_one_capture(targets):
     import torch
 
     from eagle3kit import _hf
-    from eagle3kit.extract import HfEngine
+    from eagle3kit.extract.hf import HfEngine
     from eagle3kit.target.capture import Capture
     from eagle3kit.train.target import OnlineTarget
 

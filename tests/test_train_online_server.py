@@ -26,7 +26,7 @@ from test_train import QUIET, env, losses, weights
 
 from eagle3kit import extract
 from eagle3kit.errors import UserError
-from eagle3kit.extract_vllm import ServerError
+from eagle3kit.extract.vllm import ServerError
 from eagle3kit.format import Dataset
 from eagle3kit.train import TrainConfig, run
 from eagle3kit.train import data as tdata

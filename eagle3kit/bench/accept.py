@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
-from eagle3kit.bench import prompts as bench_prompts
 from eagle3kit.bench.stats import Acceptance, likely_misconfigured
 from eagle3kit.errors import UserError
 from eagle3kit.target import parse_dtype, resolve_device, resolve_dtype
@@ -248,7 +248,7 @@ def compare(spec: list[int], plain: Any, epsilon: float) -> tuple[str, int | Non
 
 def _warm_up(target: Any, drafter: Any, cfg: AcceptConfig, sampler_cls: Any) -> None:
     """First calls pay for kernel selection and allocation; keep that out of the timings."""
-    from eagle3kit.bench import decode
+    import eagle3kit.bench.decode as decode
 
     prompt = [0, 1, 2, 3]
     decode.plain(target, prompt, 4, set(), sampler_cls(0.0))
@@ -258,7 +258,7 @@ def _warm_up(target: Any, drafter: Any, cfg: AcceptConfig, sampler_cls: Any) -> 
 def run(cfg: AcceptConfig) -> AcceptReport:
     import torch
 
-    from eagle3kit.bench import decode
+    import eagle3kit.bench.decode as decode
     from eagle3kit.chat import phases
 
     device = resolve_device(cfg.device)
@@ -321,7 +321,7 @@ def run(cfg: AcceptConfig) -> AcceptReport:
 
 def run_one(target: Any, drafter: Any, prompt: list[int], cfg: AcceptConfig,
             stops: set[int], sampler: Any) -> Any:
-    from eagle3kit.bench import decode
+    import eagle3kit.bench.decode as decode
 
     return decode.speculate(target, drafter, prompt, cfg.max_new_tokens, stops, sampler, cfg.k,
                             cfg.tree)

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import eagle3kit.bench.diagnose as diagnose
 from eagle3kit import _ui
-from eagle3kit.bench import diagnose
 from eagle3kit.bench.stats import likely_misconfigured
 from eagle3kit.errors import UserError
 from eagle3kit.target import parse_dtype
@@ -241,7 +241,9 @@ def run_checkpoint(drafter: Path) -> tuple[dict | None, Any | None]:
 
 # The gate ------------------------------------------------------------------------------------
 def run(cfg: ParityConfig) -> ParityReport:
-    from eagle3kit.bench import accept, prompts, server
+    import eagle3kit.bench.accept as accept
+    import eagle3kit.bench.prompts as prompts
+    import eagle3kit.bench.server as server
     from eagle3kit.checkpoints.base import target_dict
     from eagle3kit.checkpoints.detect import inspect
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from eagle3kit.chat.conversation import Conversation, generation_points
 from eagle3kit.chat.render import Renderer, RenderError
 from eagle3kit.errors import UserError
-from eagle3kit.gen.prompts import load_conversations, select
+from eagle3kit.gen import load_conversations, select
 
 
 def load(paths: list[Path], fmt: str = "auto", max_samples: int | None = None

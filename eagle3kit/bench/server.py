@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
-from eagle3kit.bench import prompts as bench_prompts
 from eagle3kit.bench.stats import likely_misconfigured, percentile
 from eagle3kit.errors import UserError
 
@@ -296,8 +296,8 @@ async def _run_group(cfg: ServerBenchConfig, client: Any, info: Any, renderer: A
 async def _one(cfg: ServerBenchConfig, client: Any, info: Any, renderer: Any, ids: list[int],
                sample_id: str) -> Any:
     """One generation, retried on transient failures; None when it never succeeded."""
+    from eagle3kit.gen import GenRequest
     from eagle3kit.gen.servers import RequestRejected, RetryableError, ServerFatal, generate
-    from eagle3kit.gen.types import GenRequest
 
     req = GenRequest(sample_id, ids, cfg.max_new_tokens, renderer.stop_token_ids,
                      temperature=cfg.temperature, seed=cfg.seed)

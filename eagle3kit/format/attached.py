@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import eagle3kit.format.dataset_dir as dataset_dir
 from eagle3kit._durable import fsync_dir
 from eagle3kit._lock import file_lock
-from eagle3kit.format import dataset_dir
 from eagle3kit.format._io import read_json, write_bytes_atomic, write_json_atomic
 from eagle3kit.format.layout import ATTACHED_DIRS, COMMIT_LOCK, MANIFEST, TOKENIZER_DIR
 

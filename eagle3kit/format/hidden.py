@@ -26,6 +26,7 @@ from eagle3kit.format.dataset_dir import is_dataset
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import COMMIT_LOCK, MANIFEST
 from eagle3kit.format.reader import (
+    SHARD_OPENERS,
     Dataset,
     ascending_from_zero,
     check_counts,
@@ -468,6 +469,15 @@ class HiddenShard:
             partition=self.partition_names[self.partition_index[i]],
             prompt_len=int(self.prompt_lens[i]),
         )
+
+
+def open_shard(path: Path, entry: dict, verify: bool, ds: Dataset) -> HiddenShard:
+    """A hidden shard of `ds`, for any reader of the dataset (e.g. `info`'s plain Dataset)."""
+    layout = check_layout(ds.manifest.get("hidden"), ds.path / MANIFEST)
+    return HiddenShard(path, entry, verify, layout)
+
+
+SHARD_OPENERS["hidden"] = open_shard
 
 
 class HiddenDataset(Dataset):

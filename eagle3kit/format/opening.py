@@ -9,9 +9,9 @@ import socket
 import time
 from pathlib import Path
 
+import eagle3kit.format.dataset_dir as dataset_dir
 from eagle3kit import __version__
 from eagle3kit._argv import command_line
-from eagle3kit.format import dataset_dir
 from eagle3kit.format._io import write_json_atomic
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import MANIFEST, MARKER

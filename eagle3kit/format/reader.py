@@ -7,7 +7,7 @@ import os
 import stat
 import sys
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate
@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 import xxhash
 
-from eagle3kit.format import dataset_dir
+import eagle3kit.format.dataset_dir as dataset_dir
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import MANIFEST, MARKER, SHARD_DIR, TOKENIZER_DIR
 from eagle3kit.format.recorded import Recorded
@@ -28,6 +28,10 @@ from eagle3kit.format.shard import FrameError, ShardFile, meta_bound, unzstd
 # Random access over a big dataset touches every shard; reopening one costs a checksum pass,
 # so keep many mapped (well under Linux's 65,530 mappings per process).
 _OPEN_SHARDS = 1024
+SHARD_OPENERS: dict[str, Callable[[Path, dict, bool, Any], Any]] = {}
+"""The shard of a dataset kind other than tokens, by kind, opened from (path, manifest entry,
+verify, the Dataset): hidden.py adds its own, since it builds on this module and this module
+may not import it back."""
 
 
 class TokenShard:
@@ -486,12 +490,9 @@ class Dataset:
     def _load_shard(self, entry: dict, verify: bool) -> Any:
         """A token shard, or a hidden-state one for a dataset of that kind (e.g. for `info`)."""
         path = self.path / SHARD_DIR / entry["name"]
-        if self.kind == "hidden":
-            # hidden.py builds on this module
-            from eagle3kit.format.hidden import HiddenShard, check_layout
-
-            layout = check_layout(self.manifest.get("hidden"), self.path / MANIFEST)
-            return HiddenShard(path, entry, verify, layout)
+        opener = SHARD_OPENERS.get(self.kind)
+        if opener is not None:
+            return opener(path, entry, verify, self)
         return TokenShard(path, entry, verify)
 
     def _shard(self, k: int) -> Any:

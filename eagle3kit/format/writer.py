@@ -19,9 +19,9 @@ from typing import Literal
 import orjson
 import xxhash
 
+import eagle3kit.format.dataset_dir as dataset_dir
 from eagle3kit._durable import fsync_dir
 from eagle3kit._lock import file_lock
-from eagle3kit.format import dataset_dir
 from eagle3kit.format._io import read_json, write_json_atomic
 from eagle3kit.format.attached import AttachedFiles
 from eagle3kit.format.buffer import _Buffer, _TokenBuffer

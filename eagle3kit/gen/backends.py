@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from eagle3kit.gen import servers
+import eagle3kit.gen.servers as servers
 from eagle3kit.gen.types import Completion, GenRequest
 
 PROBE_TEXT = "Hello, world! 12345 ünïcödé 你好 <tag> \n\tdone."

@@ -11,8 +11,8 @@ import asyncio
 import random
 from collections.abc import Callable
 
+import eagle3kit.gen.servers as servers
 from eagle3kit import _ui
-from eagle3kit.gen import servers
 from eagle3kit.gen.backends import Backend
 from eagle3kit.gen.config import GenConfig
 from eagle3kit.gen.jobs import Job

@@ -10,13 +10,13 @@ import logging
 import time
 from collections.abc import Callable
 
+import eagle3kit.gen.prompts as prompts
 from eagle3kit import _ui
 from eagle3kit._signals import EXIT_CODES, continue_command
 from eagle3kit.chat.conversation import Conversation
 from eagle3kit.chat.render import Renderer
 from eagle3kit.errors import UserError
 from eagle3kit.format import DatasetWriter
-from eagle3kit.gen import prompts
 from eagle3kit.gen.backends import PROBE_TEXT, Backend, HttpBackend, connect
 from eagle3kit.gen.config import GenConfig
 from eagle3kit.gen.jobs import Chain, make_chains
@@ -79,7 +79,7 @@ def load(cfg: GenConfig) -> tuple[list[Conversation], int, int]:
 
 async def check_tokenizer(backends: list[Backend], renderer: Renderer) -> None:
     """Refuse to start when a server tokenizes a probe differently from --tokenizer."""
-    from eagle3kit.gen import servers
+    import eagle3kit.gen.servers as servers
 
     local = renderer.tokenizer.encode(PROBE_TEXT, add_special_tokens=False)
     for backend in backends:

@@ -15,11 +15,12 @@ import asyncio
 import signal
 import time
 
+import eagle3kit.gen.servers as servers
+import eagle3kit.gen.signals as signals
 from eagle3kit import _ui
 from eagle3kit.chat.render import Renderer
 from eagle3kit.errors import UserError
 from eagle3kit.format import DatasetWriter
-from eagle3kit.gen import servers, signals
 from eagle3kit.gen.backends import Backend, HttpBackend
 from eagle3kit.gen.config import GenConfig
 from eagle3kit.gen.jobs import Chain, Job, Unsendable, build_job

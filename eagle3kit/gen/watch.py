@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 
+import eagle3kit.gen.servers as servers
 from eagle3kit import _ui
 from eagle3kit.errors import UserError
-from eagle3kit.gen import servers
 from eagle3kit.gen.backends import Backend, HttpBackend
 from eagle3kit.gen.config import GenConfig
 from eagle3kit.gen.supervisor import Supervisor

@@ -1,9 +1,9 @@
 """The target's head: its embedding, final norm and lm_head, and the full- and
 draft-vocabulary distributions they give over a state after the last decoder layer.
 
-Offline training and hidden_convert load only these from a checkpoint (`TargetHead.load`,
-a meta model names the tensors, only they are read); online training takes them from the
-loaded model (`TargetHead.of`). Logits are computed in chunks: never a [tokens, V] tensor
+Offline training and convert's hidden-state export load only these from a checkpoint
+(`TargetHead.load`, a meta model names the tensors, only they are read); online training
+takes them from the loaded model (`TargetHead.of`). Logits are computed in chunks: never a [tokens, V] tensor
 for a whole batch.
 """
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from eagle3kit._lazy import attribute_loader
 from eagle3kit.train.config import DataSpec, TrainConfig, TrainResult
+from eagle3kit.train.run import run
 
 _HOMES = {
     "Trainer": "loop",
@@ -52,13 +53,6 @@ if TYPE_CHECKING:
         predicted_acceptance_length,
         step_counts,
     )
-
-
-def run(cfg: TrainConfig) -> TrainResult:
-    """Train (or continue) the run `cfg` describes; see eagle3kit.train.loop.run."""
-    from eagle3kit.train.loop import run as train
-
-    return train(cfg)
 
 
 __getattr__ = attribute_loader(__name__, _HOMES)

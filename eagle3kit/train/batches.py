@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from eagle3kit.train import data as tdata
-from eagle3kit.train import sharding
+import eagle3kit.train.data as tdata
+import eagle3kit.train.sharding as sharding
 from eagle3kit.train.target import TargetBatch
 from eagle3kit.train.ttt import EvalResult, evaluate
 

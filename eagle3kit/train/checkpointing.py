@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+import eagle3kit.train.sharding as sharding
 from eagle3kit import __version__
 from eagle3kit._durable import write_json_atomic
 from eagle3kit.checkpoints.native import drafter_weights, save_drafter
@@ -20,7 +21,6 @@ from eagle3kit.checkpoints.rundir import (
     save_rng_state,
 )
 from eagle3kit.errors import UserError
-from eagle3kit.train import sharding
 from eagle3kit.train.config import TrainConfig
 
 

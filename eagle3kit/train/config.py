@@ -355,7 +355,7 @@ def _check_choices(cfg: TrainConfig, found: list[str]) -> None:
 
 
 def _check_servers(cfg: TrainConfig, found: list[str]) -> None:
-    from eagle3kit.gen.config import parse_server
+    from eagle3kit.gen import parse_server
 
     for flag, value in (("--concurrency", cfg.concurrency), ("--prefetch", cfg.prefetch)):
         if value is not None and not value >= 1:

@@ -22,14 +22,14 @@ from typing import Any
 
 import torch
 
+import eagle3kit.train.data as tdata
+import eagle3kit.train.sharding as sharding
 from eagle3kit import _ui
 from eagle3kit._ranks import Ranks
 from eagle3kit._signals import EXIT_CODES, STOP_SIGNALS, continue_command
 from eagle3kit.checkpoints.rundir import RunDir
 from eagle3kit.model import attention
 from eagle3kit.target import TargetInfo, dtype_name, location
-from eagle3kit.train import data as tdata
-from eagle3kit.train import sharding
 from eagle3kit.train.batches import Batches
 from eagle3kit.train.checkpointing import Checkpointing, _now
 from eagle3kit.train.config import TrainConfig, TrainResult
@@ -98,7 +98,7 @@ class Trainer(Setup, Checkpointing, Batches):
         self.ranks.barrier()
         if not cfg.servers:
             return self._train(start)
-        from eagle3kit.train import online_server
+        import eagle3kit.train.online_server as online_server
 
         self.served = online_server.open_for(self, start)
         try:

@@ -1,7 +1,7 @@
 """`train --online --server`: the target's states fetched from vLLM servers ahead of the step.
 
 Each server runs the `extract_hidden_states` method (SERVER_APIS.md §7); the requests, the
-file protocol, the checks and the refusals are extract's (eagle3kit.extract_vllm.VllmEngine),
+file protocol, the checks and the refusals are extract's (eagle3kit.extract.vllm.VllmEngine),
 one engine per server. This module only schedules them:
 
 - The training order is the plan's (a pure function of the data and the seed), so the
@@ -200,7 +200,7 @@ class ServedStates:
                 self._cond.wait(WAIT_TICK_S)
 
     def _worker(self, slot: Slot) -> None:
-        from eagle3kit.extract_vllm import BadFile, ServerUnreachable
+        from eagle3kit.extract.vllm import BadFile, ServerUnreachable
 
         while (job := self._next_job(slot)) is not None:
             try:
@@ -306,7 +306,7 @@ def connect(urls: list[tuple[str, int]], model: str | None, layers: list[int],
     """One extract engine per server (url, slots): each lists its model and is refused with
     extract's message when prefix caching is on. They share `storage` (a StorageDir), so a
     file one server named is refused when another names it too."""
-    from eagle3kit.extract_vllm import VllmEngine
+    from eagle3kit.extract.vllm import VllmEngine
 
     engines: list[Any] = []
     try:
@@ -333,7 +333,7 @@ def connect(urls: list[tuple[str, int]], model: str | None, layers: list[int],
 def my_items(trainer: Any, start: int) -> Iterator[Any]:
     """This rank's training items from step `start` on, in the order the steps take them:
     each step's micro-batches of this rank (tdata.split_parts), each in its item order."""
-    from eagle3kit.train import data as tdata
+    import eagle3kit.train.data as tdata
 
     cfg, ranks = trainer.cfg, trainer.ranks
     for step in range(start, trainer.plan.total_steps):
@@ -351,7 +351,6 @@ def _order(trainer: Any, start: int) -> Iterator[tuple[np.ndarray, int]]:
 def open_for(trainer: Any, start: int) -> ServedStates:
     """Connect to the servers and start fetching this rank's samples from step `start`."""
     from eagle3kit._served_files import StorageDir
-    from eagle3kit.extract import _size
 
     cfg = trainer.cfg
     hidden = int(trainer.target_cfg.hidden_size)
@@ -363,5 +362,5 @@ def open_for(trainer: Any, start: int) -> ServedStates:
     slots = [n for _, n in cfg.server_slots]
     _ui.info(f"train: states from {len(engines)} server(s), {sum(slots)} requests in flight"
              f"{' per rank' if trainer.ranks.world > 1 else ''}, up to {depth} samples "
-             f"ahead: at most {_size(bound)} of states held in host memory", cfg.output)
+             f"ahead: at most {_ui.human_bytes(bound)} of states held in host memory", cfg.output)
     return ServedStates(engines, slots, depth, _order(trainer, start), bound)

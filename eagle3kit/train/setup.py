@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+import eagle3kit.train.data as tdata
+import eagle3kit.train.sharding as sharding
 from eagle3kit import _ui
 from eagle3kit.checkpoints.rundir import settings_diff
 from eagle3kit.errors import UserError
@@ -27,8 +29,6 @@ from eagle3kit.target import (
     resolve_dtype,
     resolve_layer_ids,
 )
-from eagle3kit.train import data as tdata
-from eagle3kit.train import sharding
 from eagle3kit.train.init_from import _check_init, _check_init_variant, _load_init
 from eagle3kit.train.target import OfflineTarget, OnlineTarget, TargetHead
 from eagle3kit.train.ttt import TTTLoss

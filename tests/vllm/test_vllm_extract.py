@@ -16,7 +16,7 @@ import pytest
 from conftest import LAYERS, PLAIN_ARGS, World
 
 from eagle3kit import _ui, extract
-from eagle3kit.extract_vllm import ServerError
+from eagle3kit.extract.vllm import ServerError
 from eagle3kit.format import HiddenDataset
 from eagle3kit.format.hidden import to_bf16
 

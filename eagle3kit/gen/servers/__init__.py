@@ -14,7 +14,8 @@ import time
 
 import httpx
 
-from eagle3kit.gen.servers import sglang, vllm
+import eagle3kit.gen.servers.sglang as sglang
+import eagle3kit.gen.servers.vllm as vllm
 from eagle3kit.gen.servers.api import API_CHOICES, Reply, ServerInfo, TokenIdApi, completion
 from eagle3kit.gen.servers.errors import (
     BadAnswer,

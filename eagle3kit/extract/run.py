@@ -13,26 +13,24 @@ rerunning the same command, with any number of ranks, continues where a run stop
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 import xxhash
 
-from eagle3kit import _hf, _ui
-from eagle3kit._options import OutputOptions, WriteOptions
+from eagle3kit import _ui
 from eagle3kit._ranks import Ranks
-from eagle3kit._served_files import served_dir_problems
-from eagle3kit._urls import server_url
 from eagle3kit.errors import UserError
+from eagle3kit.extract.config import ExtractConfig
+from eagle3kit.extract.hf import HfEngine
+from eagle3kit.extract.result import ExtractResult
 from eagle3kit.format import (
-    CODECS,
     Dataset,
     HiddenDataset,
     HiddenSample,
@@ -43,148 +41,16 @@ from eagle3kit.format import (
 )
 from eagle3kit.target import (
     TargetInfo,
-    check_layer_ids,
     has_tokenizer,
     identity_mismatch,
-    parse_layer_ids,
+    resolve_device,
     resolve_layer_ids,
     tokenizer_identity,
     tokenizer_mismatch,
 )
-from eagle3kit.target.capture import Capture
-from eagle3kit.target.device import device_problem, parse_dtype, resolve_device, resolve_dtype
 
-ENGINES = ("hf", "vllm")
 DISK_MARGIN = 1.05
 """Free space asked for beyond the estimate: shard headers, ids, a commit in flight."""
-
-
-@dataclass
-class ExtractConfig:
-    tokens: Path
-    """The token dataset to extract states for (written by gen or convert)."""
-    out: Path
-    """The hidden-state dataset to write or continue."""
-    target: Path | None
-    """The target model directory (HF); with --engine vllm its config.json and tokenizer.
-    Required: None is refused by name, with any other problems of the command line."""
-    layers: list[int] | str | None = None
-    """Auxiliary layer ids, boundary convention ("2,18,33"); default (2, N//2, N-3)."""
-    tokenizer: Path | None = None
-    """The tokenizer the token ids came from; default the one stored in the token dataset."""
-    engine: str = "hf"
-    """hf: transformers in this process; vllm: a vLLM server with extract_hidden_states."""
-    server: str | None = None
-    """--engine vllm: the server's URL."""
-    model: str | None = None
-    """--engine vllm: the served model name (default: the server's first)."""
-    concurrency: int = 8
-    """--engine vllm: requests in flight."""
-    request_timeout: float = 600.0
-    """--engine vllm: seconds one request may take."""
-    hidden_states_dir: Path | None = None
-    """--engine vllm: the server's shared_storage_path as this machine sees it; only
-    `.safetensors` files inside it that the server names are read, then deleted. Required."""
-    api_key: str | None = field(default=None, repr=False)
-    """--engine vllm: bearer token for the server (never stored)."""
-    device: str = "auto"
-    """cpu, cuda, cuda:N; auto: cuda when there is one (under torchrun, the rank's)."""
-    dtype: str = "auto"
-    """bfloat16, float16, float32; auto: bfloat16 on GPU, float32 on CPU."""
-    device_map: str | None = None
-    """Spread a model bigger than one GPU with accelerate (e.g. auto); replaces --device."""
-    batch_tokens: int = 8192
-    """Tokens per forward pass, padding included; a longer sample runs alone."""
-    codec: str = "raw"
-    """raw (bf16), fp8 (e4m3, a scale per token and state) or zstd (bf16 byte planes)."""
-    trust_remote_code: bool = False
-    """Run code the target directory or the dataset's stored tokenizer ships (auto_map);
-    only ever from the flag, never from what the token dataset records."""
-    ignore_disk_check: bool = False
-    """Start even when the free disk is short of the estimate."""
-    dry_run: bool = False
-    """Print the estimate and exit; nothing is written."""
-    write: WriteOptions = field(default_factory=lambda: WriteOptions(commit_every=256))
-    """--resume/--overwrite/--force and the commit cadence (256 samples: states are big)."""
-    output: OutputOptions = field(default_factory=OutputOptions)
-
-    def __post_init__(self) -> None:
-        self.tokens, self.out = Path(self.tokens), Path(self.out)
-        problems = self._problems()
-        if problems:
-            raise UserError("; ".join(problems))
-
-    def _problems(self) -> list[str]:
-        found = []
-        try:
-            self.layers = parse_layer_ids(self.layers)
-            if self.layers is not None:
-                check_layer_ids(self.layers)
-        except UserError as exc:
-            found.append(str(exc))
-        if self.target is None:
-            found.append("--target is required (the target model directory)")
-        elif not Path(self.target).is_dir():
-            found.append(f"--target {self.target}: no such directory")
-        if self.engine not in ENGINES:
-            found.append(f"--engine must be one of {', '.join(ENGINES)} (got {self.engine!r})")
-        if self.engine == "vllm" and not self.server:
-            found.append("--engine vllm needs --server URL")
-        elif self.server:
-            try:
-                self.server = server_url(self.server)
-            except UserError as exc:
-                found.append(str(exc))
-        if self.hidden_states_dir is not None:
-            self.hidden_states_dir = Path(self.hidden_states_dir)
-        if self.engine == "hf" and self.server:
-            found.append("--server applies to --engine vllm only")
-        found += served_dir_problems(self.hidden_states_dir, self.engine == "vllm",
-                                     "--engine vllm")
-        if self.codec not in CODECS:
-            found.append(f"--codec must be one of {', '.join(CODECS)} (got {self.codec!r})")
-        in_process = self.engine == "hf" and not self.device_map
-        device = device_problem(self.device) if in_process else None
-        if device:
-            found.append(device)
-        try:
-            self.dtype, note = parse_dtype(self.dtype)
-            if note:
-                _ui.warn(note)
-        except UserError as exc:
-            found.append(str(exc))
-        for flag, value in (("--batch-tokens", self.batch_tokens),
-                            ("--concurrency", self.concurrency)):
-            if value < 1:
-                found.append(f"{flag} must be at least 1 (got {value})")
-        if not (self.request_timeout > 0 and math.isfinite(self.request_timeout)):
-            found.append(f"--request-timeout must be a finite number > 0 of seconds (got "
-                         f"{self.request_timeout})")
-        return found
-
-
-@dataclass
-class ExtractResult:
-    output: str
-    total: int
-    """Samples in the token dataset."""
-    previously_done: int
-    written: int
-    skipped: dict[str, str]
-    """Sample id -> why it was left out (NaN states, longer than the target's context...)."""
-    tokens: int
-    """Tokens written by this run (this rank)."""
-    elapsed: float
-    tokens_per_s: float
-    cpu_seconds: float
-    """Process CPU time of the extraction (all threads): steadier than elapsed on a busy host."""
-    estimate_bytes: int
-    free_bytes: int
-    codec: str
-    layer_ids: list[int]
-    dry_run: bool = False
-    rank: int = 0
-    world: int = 1
 
 
 # The token dataset ------------------------------------------------------------------------
@@ -298,22 +164,15 @@ def free_bytes(path: Path) -> int:
     return shutil.disk_usage(probe).free
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
 def check_disk(cfg: ExtractConfig, need: int, free: int, bytes_per_token: float,
                p: Plan) -> None:
     _ui.info(f"extract: {p.total - p.done_before:,} of {p.total:,} samples to do "
-             f"({p.remaining_tokens:,} tokens); about {_size(need)} at "
-             f"{bytes_per_token:,.0f} bytes/token ({cfg.codec}); {_size(free)} free at "
+             f"({p.remaining_tokens:,} tokens); about {_ui.human_bytes(need)} at "
+             f"{bytes_per_token:,.0f} bytes/token ({cfg.codec}); {_ui.human_bytes(free)} free at "
              f"{cfg.out}", cfg.output)
     if need > free and not (cfg.ignore_disk_check or cfg.dry_run):
-        raise UserError(f"{cfg.out}: about {_size(need)} needed, only {_size(free)} free. "
+        raise UserError(f"{cfg.out}: about {_ui.human_bytes(need)} needed, only "
+                        f"{_ui.human_bytes(free)} free. "
                         "Free some space, pick --codec fp8 (about half the size), write "
                         "elsewhere, or pass --ignore-disk-check to start anyway (a full disk "
                         "stops the run; what was committed stays intact).")
@@ -449,55 +308,10 @@ def _closing(engine: Any) -> Iterator[None]:
 
 def _engine(cfg: ExtractConfig, target: TargetInfo, layers: list[int], ranks: Ranks) -> Any:
     if cfg.engine == "vllm":
-        from eagle3kit.extract_vllm import VllmEngine
+        from eagle3kit.extract.vllm import VllmEngine
 
         return VllmEngine.connect(cfg, target, layers)
     return HfEngine.load(cfg, target, layers, ranks)
-
-
-class HfEngine:
-    """A transformers target whose hooked forward (the one `Capture`, online training's too)
-    keeps only the states wanted: the aux ids and the last decoder layer's output, before
-    the final norm."""
-
-    def __init__(self, model: Any, layers: list[int]) -> None:
-        self.model = model
-        self.layers = layers
-        self.capture = Capture(model, layers, who="extract")
-        self.device = self.capture.device
-
-    @classmethod
-    def load(cls, cfg: ExtractConfig, target: TargetInfo, layers: list[int],
-             ranks: Ranks) -> HfEngine:
-        device = resolve_device(cfg.device, ranks.local_rank)
-        options: dict = {"dtype": resolve_dtype(cfg.dtype, device, bool(cfg.device_map))}
-        if cfg.device_map:
-            options["device_map"] = cfg.device_map
-        model = _hf.load_causal_lm(target.path, bool(cfg.trust_remote_code), **options)
-        if not cfg.device_map:
-            model.to(device)
-        model.eval()
-        return cls(model, layers)
-
-    def states(self, ids: list[Any]) -> Iterator[tuple[Any, Any] | None]:
-        """Per sample (aux [T, 3H], last [T, H]) as float32 numpy, or None when not finite."""
-        import torch
-
-        longest = max(len(x) for x in ids)
-        batch = torch.zeros((len(ids), longest), dtype=torch.long)
-        mask = torch.zeros_like(batch)
-        for row, x in enumerate(ids):
-            batch[row, : len(x)] = torch.from_numpy(x.astype("int64"))
-            mask[row, : len(x)] = 1
-        with torch.inference_mode():
-            aux, last = self.capture(batch.to(self.device),
-                                     mask.to(self.device) if len(ids) > 1 else None)
-            ok = (torch.isfinite(aux).all(-1) & torch.isfinite(last).all(-1)) | (mask == 0).to(
-                aux.device)
-            fine = ok.all(-1).tolist()
-            aux, last = aux.float().cpu().numpy(), last.float().cpu().numpy()
-        for row, x in enumerate(ids):
-            yield (aux[row, : len(x)], last[row, : len(x)]) if fine[row] else None
 
 
 def _report(result: ExtractResult, cfg: ExtractConfig) -> None:

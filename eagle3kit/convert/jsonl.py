@@ -1,4 +1,5 @@
-"""`eagle3kit convert`: a dataset to JSONL and JSONL to a dataset, losslessly.
+"""`eagle3kit convert` for token datasets: a dataset to JSONL and JSONL to a dataset,
+losslessly.
 
 One sample per line: `sample_id`, `prompt_ids`, `completion_ids`, `finish_reason`,
 `partition`, `metadata`, plus `loss_mask` (only when it is not the completion positions),
@@ -6,7 +7,7 @@ One sample per line: `sample_id`, `prompt_ids`, `completion_ids`, `finish_reason
 export adds `prompt_text` and `completion_text`, which import ignores.
 
 Hidden-state datasets go to and from speculators' and SpecForge's per-sample files instead
-(`--to`, eagle3kit/hidden_convert.py).
+(`--to`, eagle3kit/convert/hidden.py).
 """
 
 from __future__ import annotations
@@ -14,114 +15,23 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import stat
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
 from eagle3kit import _ui
 from eagle3kit._durable import replace_durably
-from eagle3kit._options import WriteOptions
+from eagle3kit.convert.config import ConvertConfig
+from eagle3kit.convert.result import ConvertResult
 from eagle3kit.errors import UserError
-from eagle3kit.format import Dataset, DatasetWriter, TokenSample, is_dataset
-from eagle3kit.target import parse_layer_ids
+from eagle3kit.format import Dataset, DatasetWriter, TokenSample
 
 REQUIRED = ("sample_id", "prompt_ids", "completion_ids")
 OPTIONAL = ("finish_reason", "partition", "metadata", "loss_mask", "source", "server",
             "latency", "counts")
 TEXT_KEYS = ("prompt_text", "completion_text")
-
-
-@dataclass
-class ConvertConfig:
-    src: Path
-    """A dataset directory (exported to JSONL) or a JSONL file (imported into a dataset)."""
-    dst: Path
-    """The JSONL file to write ('-' for stdout), or the dataset directory to write."""
-    tokenizer: Path | None = None
-    """Export: add decoded prompt_text and completion_text with this tokenizer."""
-    partition: str | None = None
-    """Export: only this partition."""
-    skip_bad_lines: bool = False
-    """Import: skip and count malformed lines instead of stopping at the first."""
-    write: WriteOptions = field(default_factory=WriteOptions)
-    """Import: --resume/--overwrite/--force and the commit cadence."""
-    trust_remote_code: bool = False
-    """Export: run code the --tokenizer directory ships (auto_map)."""
-    output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
-    to: str | None = None
-    """Hidden-state export: speculators or specforge (eagle3kit/hidden_convert.py)."""
-    target: Path | None = None
-    """Hidden states: the target model (its final norm for --to specforge; identity and
-    default layers for an import)."""
-    layers: list[int] | str | None = None
-    """Hidden-state import: the aux layer ids, boundary convention."""
-    hidden: str | None = field(default=None, init=False)
-    """"export" or "import" when the conversion is of hidden states, else None."""
-
-    def __post_init__(self) -> None:
-        self.src, self.dst = Path(self.src), Path(self.dst)
-        if not self.src.exists():
-            raise UserError(f"{self.src}: no such file or directory")
-        self.layers = parse_layer_ids(self.layers)
-        from eagle3kit import hidden_convert
-
-        self.hidden = hidden_convert.check_config(self)
-        if str(self.dst) != "-":
-            check_dst_kind(self.dst, file=not self.hidden and self.exporting)
-        if self.hidden:
-            return
-        if self.exporting:
-            if self.skip_bad_lines or self.write.mode != "auto" or self.write.force:
-                raise UserError("--skip-bad-lines, --resume, --overwrite and --force apply to "
-                                "import only")
-            if str(self.dst) == "-" and self.output.json:
-                raise UserError("--json and '-' (samples to stdout) both write to stdout; "
-                                "choose one")
-        elif self.tokenizer or self.partition:
-            raise UserError("--tokenizer and --partition apply to export (a dataset to JSONL) only")
-        elif self.src.is_dir():
-            raise UserError(f"{self.src}: a directory but not an eagle3kit dataset")
-
-    @property
-    def exporting(self) -> bool:
-        return is_dataset(self.src)
-
-
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"))
-
-
-def check_dst_kind(dst: Path, file: bool) -> None:
-    """Refuse an OUT that convert would replace or write into and must not: a JSONL file is
-    renamed over OUT, which turns a FIFO or a device (/dev/null, as root) into a plain file
-    and a link into a file of its own, so it goes only over a regular file; a dataset goes
-    only into a directory (a link to one is fine)."""
-    try:
-        mode = os.lstat(dst).st_mode
-        if not file and stat.S_ISLNK(mode):
-            mode = os.stat(dst).st_mode
-    except OSError:
-        return  # nothing there (or nothing that can be looked at): the stage says what
-    if stat.S_ISREG(mode) or (not file and stat.S_ISDIR(mode)):
-        return
-    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-    if file:
-        raise UserError(f"{dst}: {kind}, not a regular file; convert replaces OUT with the "
-                        "JSONL file, so give a file path (or '-' for stdout)")
-    raise UserError(f"{dst}: {kind}, not a dataset directory; give a directory path")
-
-
-@dataclass
-class ConvertResult:
-    direction: str
-    written: int
-    skipped_existing: int = 0
-    bad_lines: int = 0
-    dst: str = ""
 
 
 # Export ------------------------------------------------------------------------------------
@@ -375,15 +285,3 @@ def _import_line(cfg: ConvertConfig, line: bytes, mark: SourceMark, writer: Data
     else:
         result.skipped_existing += 1
     progress.add(1, tokens=sample.num_tokens)
-
-
-def run(cfg: ConvertConfig) -> ConvertResult:
-    if cfg.hidden:
-        from eagle3kit import hidden_convert
-
-        result = hidden_convert.run(cfg)
-    else:
-        result = export_jsonl(cfg) if cfg.exporting else import_jsonl(cfg)
-    if cfg.output.json:
-        _ui.print_json(result.__dict__)
-    return result

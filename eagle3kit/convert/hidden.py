@@ -52,7 +52,8 @@ from eagle3kit.target import (
 )
 
 if TYPE_CHECKING:
-    from eagle3kit.convert import ConvertConfig, ConvertResult
+    from eagle3kit.convert.config import ConvertConfig
+    from eagle3kit.convert.result import ConvertResult
 
 TOOLS = ("speculators", "specforge")
 SIDECAR = "eagle3kit-export.json"
@@ -149,7 +150,7 @@ def run(cfg: ConvertConfig) -> ConvertResult:
 # Shared pieces -----------------------------------------------------------------------------
 def _result(direction: str, dst: Path, written: int, skipped: int = 0, bad: int = 0
             ) -> ConvertResult:
-    from eagle3kit.convert import ConvertResult
+    from eagle3kit.convert.result import ConvertResult
 
     return ConvertResult(direction, written, skipped_existing=skipped, bad_lines=bad,
                          dst=str(dst))

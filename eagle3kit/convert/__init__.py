@@ -1,0 +1,8 @@
+"""`eagle3kit convert`: token datasets to and from JSONL (jsonl.py), hidden-state datasets to
+and from speculators' and SpecForge's files (hidden.py); the face other code imports."""
+
+from eagle3kit.convert.config import ConvertConfig
+from eagle3kit.convert.result import ConvertResult
+from eagle3kit.convert.run import run
+
+__all__ = ["ConvertConfig", "ConvertResult", "run"]

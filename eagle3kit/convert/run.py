@@ -1,0 +1,20 @@
+"""`eagle3kit convert`'s orchestration: JSONL (jsonl.py) or hidden states (hidden.py)."""
+
+from __future__ import annotations
+
+from eagle3kit import _ui
+from eagle3kit.convert.config import ConvertConfig
+from eagle3kit.convert.jsonl import export_jsonl, import_jsonl
+from eagle3kit.convert.result import ConvertResult
+
+
+def run(cfg: ConvertConfig) -> ConvertResult:
+    if cfg.hidden:
+        from eagle3kit.convert.hidden import run as run_hidden
+
+        result = run_hidden(cfg)
+    else:
+        result = export_jsonl(cfg) if cfg.exporting else import_jsonl(cfg)
+    if cfg.output.json:
+        _ui.print_json(result.__dict__)
+    return result
