@@ -109,21 +109,6 @@ def imports(source: str, module: str, is_package: bool, known: set[str],
     return found
 
 
-def face_names(package: str) -> set[str]:
-    """The names a package's face binds itself: `from eagle3kit.extract import run` takes the
-    face's function `run`, not the module run.py it shadows."""
-    path = PACKAGE.parent.joinpath(*package.split("."), "__init__.py")
-    if not path.is_file():
-        return set()
-    bound: set[str] = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ImportFrom):
-            bound |= {a.asname or a.name for a in node.names}
-        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-    return bound
-
-
 def in_room(module: str, room: str) -> bool:
     return module == room or module.startswith(room + ".")
 

@@ -3,8 +3,8 @@ draft-vocabulary distributions they give over a state after the last decoder lay
 
 Offline training and convert's hidden-state export load only these from a checkpoint
 (`TargetHead.load`, a meta model names the tensors, only they are read); online training
-takes them from the loaded model (`TargetHead.of`). Logits are computed in chunks: never a [tokens, V] tensor
-for a whole batch.
+takes them from the loaded model (`TargetHead.of`). Logits are computed in chunks: never a
+[tokens, V] tensor for a whole batch.
 """
 
 from __future__ import annotations
