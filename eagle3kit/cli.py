@@ -16,11 +16,18 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from eagle3kit import __version__
+from eagle3kit._command import Group, Stage, stages_group
 from eagle3kit._help import HelpGroup, stage_command
 from eagle3kit.errors import UserError
 
+STAGES: dict[str, Stage | Group] = {
+    "validate": Stage("eagle3kit.validate:ValidateConfig", "eagle3kit.validate:run", "Datasets",
+                      "Check a token dataset before training (exit 1 when a check fails)."),
+}
+"""Each command: its config class (whose fields are its options), its run, its help panel."""
+
 app = typer.Typer(
-    name="eagle3kit", cls=HelpGroup,
+    name="eagle3kit", cls=stages_group(STAGES),
     help="Exact training data, crash-safe datasets and acceptance forecasts for EAGLE-3 drafters.",
     no_args_is_help=True,
     add_completion=False,
@@ -167,45 +174,6 @@ def convert(
                      commit_interval),
         output=_output(json, quiet, no_progress, log_every),
     ))
-
-
-@app.command(rich_help_panel="Datasets",
-             cls=stage_command("eagle3kit.validate:ValidateConfig"))
-def validate(
-    path: Annotated[Path, typer.Argument(help="A token dataset directory.")],
-    tokenizer: Annotated[Path | None, typer.Option(
-        help="Override the tokenizer stored in the dataset.")] = None,
-    chat_template: Annotated[Path | None, typer.Option(
-        help="Override the stored chat template (a Jinja file).")] = None,
-    think_start: Annotated[str | None, typer.Option(
-        metavar="TOKEN", help="Reasoning start token (with --think-end).")] = None,
-    think_end: Annotated[str | None, typer.Option(
-        metavar="TOKEN", help="Reasoning end token (with --think-start).")] = None,
-    max_truncation: Annotated[float | None, typer.Option(
-        metavar="SHARE", help="Largest share finished by length.")] = None,
-    min_reasoning: Annotated[float | None, typer.Option(
-        metavar="SHARE", help="Smallest share with reasoning.")] = None,
-    only: Annotated[str | None, typer.Option(metavar="A,B", help="Run only these checks.")] = None,
-    skip: Annotated[str | None, typer.Option(metavar="A,B", help="Leave out these checks.")] = None,
-    write_clean: Annotated[Path | None, typer.Option(
-        metavar="OUT", help="Write a new dataset without the flagged samples.")] = None,
-    trust_remote_code: TrustRemoteCode = False,
-    json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
-    log_every: LogEvery = None,
-) -> None:
-    """Check a token dataset before training (exit 1 when a check fails)."""
-    from eagle3kit import validate as stage
-
-    def names(text: str | None) -> list[str] | None:
-        return None if text is None else [n.strip() for n in text.split(",") if n.strip()]
-
-    report = _run(stage.run, lambda: stage.ValidateConfig(
-        path, tokenizer=tokenizer, chat_template=chat_template, think_start=think_start,
-        think_end=think_end, only=names(only), skip=names(skip), write_clean=write_clean,
-        trust_remote_code=trust_remote_code,
-        output=_output(json, quiet, no_progress, log_every),
-        **_given(max_truncation=max_truncation, min_reasoning=min_reasoning)))
-    raise typer.Exit(report.exit_code)
 
 
 # gen's help groups its options by what they are about (Typer's rich_help_panel).

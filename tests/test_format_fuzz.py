@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from eagle3kit.gen.reasoning import Profile
 from shardcraft import (
     Arrays,
     bomb,
@@ -41,7 +42,6 @@ from shardcraft import (
 
 from eagle3kit.format import Dataset, DatasetError
 from eagle3kit.format.layout import MANIFEST, MARKER
-from eagle3kit.gen.reasoning import Profile
 from eagle3kit.validate.figures import scan
 
 SEED = 25
