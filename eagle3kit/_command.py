@@ -187,7 +187,8 @@ def build(cls: type, values: dict[str, Any], base: Any = None) -> Any:
         if spec.last:
             value = list(value or [])
             given[spec.last] = value.pop() if value else None
-        if value is not None and value is not False:
+        two_way = "/" in "".join(spec.flags)  # --x/--no-x: False is given too
+        if value is not None and (value is not False or two_way):
             given[f.name] = (not value) if spec.negate else value
         elif default is NOTHING:
             given[f.name] = value

@@ -23,6 +23,8 @@ from eagle3kit.errors import UserError
 STAGES: dict[str, Stage | Group] = {
     "validate": Stage("eagle3kit.validate:ValidateConfig", "eagle3kit.validate:run", "Datasets",
                       "Check a token dataset before training (exit 1 when a check fails)."),
+    "train": Stage("eagle3kit.train.config:TrainConfig", "eagle3kit.train:run", "Stages",
+                   "Train an EAGLE-3 drafter (resumable; torchrun for several processes)."),
 }
 """Each command: its config class (whose fields are its options), its run, its help panel."""
 
@@ -474,150 +476,6 @@ def extract(
         **_given(engine=engine, concurrency=concurrency, request_timeout=request_timeout,
                  device=device, dtype=dtype, batch_tokens=batch_tokens, codec=codec),
     ))
-
-
-@app.command(rich_help_panel="Stages", cls=stage_command("eagle3kit.train.config:TrainConfig"))
-def train(
-    paths: Annotated[list[str], typer.Argument(
-        metavar="DATA[:WEIGHT]... RUN",
-        help="Hidden-state datasets (or token datasets with --online), then the run "
-             "directory last; DATA:0.3 weights a dataset.")],
-    target: Annotated[Path | None, typer.Option(help="The target model directory.")] = None,
-    online: Annotated[bool, typer.Option(
-        "--online", help="Run the target in the loop on token datasets.")] = False,
-    layers: Annotated[str | None, typer.Option(
-        metavar="2,18,33", help="--online: aux layer ids, boundary convention "
-                                "(default 2,N//2,N-3).")] = None,
-    server: Annotated[list[str] | None, typer.Option(
-        "--server", metavar="URL[@N]",
-        help="--online: a vLLM server running extract_hidden_states gives the states "
-             "instead of the target in this process; repeat for several; @N: its requests "
-             "in flight.")] = None,
-    prefetch: Annotated[int | None, typer.Option(
-        metavar="SAMPLES", help="--server: samples fetched ahead of the step (the queue's "
-                                "depth; default max(64, 2 x slots)).")] = None,
-    concurrency: Annotated[int | None, typer.Option(
-        help="--server: requests in flight per server (and rank).")] = None,
-    request_timeout: Annotated[float | None, typer.Option(
-        metavar="SECONDS", help="--server: seconds one request may take.")] = None,
-    model: Annotated[str | None, typer.Option(
-        help="--server: the served model name (default: the server's first).")] = None,
-    draft_vocab: Annotated[int | None, typer.Option(
-        metavar="N", help="Draft vocabulary size (at most the target's).")] = None,
-    init_from: Annotated[Path | None, typer.Option(
-        metavar="DIR", help="Warm-start from an EAGLE-3 checkpoint (keeps its vocabulary).")
-    ] = None,
-    variant: Annotated[str | None, typer.Option(
-        metavar="NAME", help="A new drafter's layout: eagle3 (the reference, default), "
-                             "speculators (speculators 0.9.0's defaults) or eagle3.1.")] = None,
-    norm_before_residual: Annotated[bool | None, typer.Option(
-        "--norm-before-residual/--no-norm-before-residual",
-        help="Layout: the residual is the normed hidden input.", show_default=False)] = None,
-    norm_before_fc: Annotated[bool | None, typer.Option(
-        "--norm-before-fc/--no-norm-before-fc",
-        help="Layout: one RMSNorm over the aux states before fc.", show_default=False)] = None,
-    fc_norm: Annotated[bool | None, typer.Option(
-        "--fc-norm/--no-fc-norm", help="Layout: one RMSNorm per aux state before fc.",
-        show_default=False)] = None,
-    norm_output: Annotated[bool | None, typer.Option(
-        "--norm-output/--no-norm-output",
-        help="Layout: the next step reads the final norm's output.", show_default=False)
-    ] = None,
-    num_hidden_layers: Annotated[int | None, typer.Option(
-        metavar="N", help="Layout: decoder layers.")] = None,
-    embed_requires_grad: Annotated[bool | None, typer.Option(
-        "--embed-requires-grad/--no-embed-requires-grad",
-        help="Layout: train the drafter's own embedding.", show_default=False)] = None,
-    ttt_steps: Annotated[int | None, typer.Option(help="Training-time-test steps.")] = None,
-    ttt_decay: Annotated[float | None, typer.Option(
-        help="Step k's loss weight is decay^k.")] = None,
-    max_len: Annotated[int | None, typer.Option(
-        metavar="TOKENS", help="Longest sample trained on (default: the target's context "
-                               "length; see --long-samples).")] = None,
-    long_samples: Annotated[str | None, typer.Option(
-        help="Samples longer than --max-len: truncate or drop.")] = None,
-    lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
-    min_lr: Annotated[float | None, typer.Option(
-        help="Learning rate at the end of the decay.")] = None,
-    schedule: Annotated[str | None, typer.Option(
-        help="After the warm-up: cosine, linear or constant.")] = None,
-    lm_head: Annotated[str | None, typer.Option(
-        help="target (starts as the target's rows, then trains; the default), train (a fresh "
-             "one) or frozen (the target's rows, untrained).")] = None,
-    data_order: Annotated[str | None, typer.Option(
-        help="shuffle (anew each epoch) or fixed (one seeded order).")] = None,
-    warmup: Annotated[float | None, typer.Option(
-        help="Linear warm-up: a share of the steps (< 1) or a number of steps.")] = None,
-    weight_decay: Annotated[float | None, typer.Option(help="AdamW weight decay.")] = None,
-    grad_clip: Annotated[float | None, typer.Option(
-        help="Gradient norm clip; 0 turns it off.")] = None,
-    batch_tokens: Annotated[int | None, typer.Option(
-        metavar="N", help="Tokens per micro-batch and rank.")] = None,
-    grad_accum: Annotated[int | None, typer.Option(
-        help="Micro-batches per rank and optimizer step.")] = None,
-    epochs: Annotated[float | None, typer.Option(
-        help="Passes over the data (1 when not given, or as many as --max-steps needs).")
-    ] = None,
-    max_steps: Annotated[int | None, typer.Option(help="Stop after N steps.")] = None,
-    seed: Annotated[int | None, typer.Option(
-        help="Seeds the drafter's initialisation and the data order.")] = None,
-    device: Annotated[str | None, typer.Option(
-        help="auto (cuda when there is one), cpu, cuda, cuda:N.")] = None,
-    dtype: Annotated[str | None, typer.Option(
-        help="The drafter's autocast: auto (bfloat16 on GPU, float32 on CPU), bfloat16, "
-             "float32.")] = None,
-    precision: Annotated[str | None, typer.Option(
-        hidden=True, help="--dtype's old name (auto, bf16, fp32), still accepted.")] = None,
-    eval_split: Annotated[float | None, typer.Option(
-        metavar="SHARE|COUNT", help="Held-out samples, chosen by id hash; 0: none.")] = None,
-    eval_every: Annotated[int | None, typer.Option(
-        metavar="STEPS", help="Evaluate every N steps and at the end; 0: only at the end.")
-    ] = None,
-    eval_k: Annotated[int | None, typer.Option(
-        help="Chain length of the predicted acceptance length.")] = None,
-    checkpoint_every: Annotated[int | None, typer.Option(
-        metavar="STEPS", help="Checkpoint every N steps and at the end.")] = None,
-    checkpoint_interval: Annotated[float | None, typer.Option(
-        metavar="MINUTES", help="Also checkpoint every N minutes; 0 off.")] = None,
-    keep: Annotated[int | None, typer.Option(help="Checkpoints kept.")] = None,
-    fsdp: Annotated[bool, typer.Option(
-        "--fsdp", help="Shard the drafter and optimizer state over the ranks (FSDP2; "
-                       "without it, DDP).")] = False,
-    trust_remote_code: TrustRemoteCode = False,
-    resume: Resume = False, overwrite: Overwrite = False, force: Force = False,
-    json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
-    log_every: LogEvery = None,
-) -> None:
-    """Train an EAGLE-3 drafter (resumable; torchrun for several processes)."""
-    from eagle3kit import train as stage
-
-    def config() -> stage.TrainConfig:
-        return stage.TrainConfig.from_paths(
-            paths, target=target, online=online, layers=layers, servers=list(server or []),
-            model=model, init_from=init_from,
-            fsdp=fsdp, write=_write(stage.TrainConfig, resume, overwrite, force),
-            trust_remote_code=trust_remote_code,
-            output=_output(json, quiet, no_progress, log_every),
-            **_given(draft_vocab=draft_vocab, variant=variant,
-                     norm_before_residual=norm_before_residual, norm_before_fc=norm_before_fc,
-                     fc_norm=fc_norm, norm_output=norm_output,
-                     num_hidden_layers=num_hidden_layers,
-                     embed_requires_grad=embed_requires_grad, ttt_steps=ttt_steps,
-                     ttt_decay=ttt_decay,
-                     max_len=max_len, long_samples=long_samples, lr=lr, min_lr=min_lr,
-                     schedule=schedule, lm_head=lm_head, data_order=data_order,
-                     warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
-                     batch_tokens=batch_tokens, grad_accum=grad_accum, epochs=epochs,
-                     max_steps=max_steps, seed=seed, device=device, dtype=dtype,
-                     precision=precision,
-                     eval_split=eval_split, eval_every=eval_every, eval_k=eval_k,
-                     checkpoint_every=checkpoint_every,
-                     checkpoint_interval=checkpoint_interval, keep=keep, prefetch=prefetch,
-                     concurrency=concurrency, request_timeout=request_timeout))
-
-    result = _run(stage.run, config)
-    if result.exit_code:  # stopped by a signal, after its checkpoint
-        raise typer.Exit(result.exit_code)
 
 
 @app.command(rich_help_panel="Stages",
