@@ -15,15 +15,37 @@ positionals in the usage line as a user types them (`PROMPTS... OUTPUT`, `RUN OU
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
+import inspect
+import textwrap
+from functools import cache
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, ClassVar
 
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 _TYPE_WORDS = {int: "INTEGER", float: "NUMBER", str: "TEXT", Path: "PATH"}
-_NOTHING = object()
+NOTHING = object()
+"""The default of a field that has none (a required option)."""
+_NOTHING = NOTHING
+
+
+@cache
+def docstrings(cls: type) -> dict[str, str]:
+    """Field name -> its docstring (the string right after it in the class body), on one
+    line: an option's help. Read from the source once, and only when help is drawn."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    found = {}
+    for node, after in pairwise(body):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)):
+            found[node.target.id] = " ".join(after.value.value.split())
+    return found
 
 
 def config_fields(*configs: str | type) -> dict[str, dataclasses.Field]:
@@ -45,8 +67,8 @@ def config_fields(*configs: str | type) -> dict[str, dataclasses.Field]:
 
 
 def _defaulted(f: dataclasses.Field, value: Any) -> dataclasses.Field:
-    """A copy of `f` whose default is `value`."""
-    copy = dataclasses.field(default=value)
+    """A copy of `f` whose default is `value` (none when `value` is NOTHING)."""
+    copy = dataclasses.field() if value is NOTHING else dataclasses.field(default=value)
     copy.name, copy.type = f.name, f.type
     return copy
 
@@ -88,6 +110,18 @@ class StageCommand(TyperCommand):
 
     def describe(self, ctx: Any) -> None:
         """Put the configs' defaults, required marks and plain type words on the parameters."""
+        made = {o.field.name: o for o in getattr(self, "option_list", ())}
+        if made:  # built from its config (eagle3kit._command): help from the docstrings
+            for param in self.get_params(ctx):
+                o = made.get(param.name or "")
+                f = None if o is None else _defaulted(o.field, o.default)
+                if o is not None:
+                    param.help = param.help or docstrings(o.owner).get(o.field.name)
+                if isinstance(param, TyperOption):
+                    _describe_option(param, f)
+                elif isinstance(param, TyperArgument):
+                    _describe_argument(param, f)
+            return
         fields = config_fields(*self.configs)
         for param in self.get_params(ctx):
             f = fields.get(self.fields_of.get(param.name or "", param.name or ""))

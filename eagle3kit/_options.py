@@ -8,15 +8,68 @@
   A stage with another cadence embeds it with its own default, e.g. extract's
   `WriteOptions(commit_every=256)`; `eagle3kit --help` shows that default (eagle3kit._help).
 
+Each option is declared once, on its config field: `field(default=..., metadata=opt(...))`
+gives its flag names, metavar and help panel; its help is the field's docstring and its
+default the field's default (eagle3kit._command builds the command line from the configs).
+
 Light: configs import this before anything heavy loads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from eagle3kit.errors import UserError
+
+CLI = "cli"
+"""The key of a field's metadata that makes it an option (its value: a `Cli`)."""
+
+
+@dataclass(frozen=True)
+class Cli:
+    """How a config field appears on the command line; help and default are the field's."""
+
+    flags: tuple[str, ...] = ()
+    """Its names (`--commit-every`, `-q`, `--fc-norm/--no-fc-norm`); none: `--field-name`."""
+    metavar: str | None = None
+    panel: str | None = None
+    """The help panel it is listed in (Typer's rich_help_panel); none: Options."""
+    envvar: str | None = None
+    hidden: bool = False
+    argument: bool = False
+    """A positional argument rather than an option."""
+    optional: bool = False
+    """A positional that the command line may leave out although the field has no default
+    (the config refuses the omission in its own words)."""
+    negate: bool = False
+    """A flag that turns the (true by default) field off, e.g. --no-verify for `verify`."""
+    type: Any = None
+    """What the command line parses the value as, when the field's type does not say."""
+    last: str | None = None
+    """A positional taking several values whose last one fills this other field
+    (`PROMPTS... OUTPUT`)."""
+    embed: bool = False
+    """A field holding another options dataclass, whose options count as the config's own."""
+    only: tuple[str, ...] = ()
+    """embed: only these of the embedded options (none: all)."""
+
+
+def opt(*flags: str, **how: Any) -> dict[str, Cli]:
+    """Field metadata making the field an option: `field(default=1, metadata=opt("--n"))`."""
+    return {CLI: Cli(flags, **how)}
+
+
+def arg(**how: Any) -> dict[str, Cli]:
+    """Field metadata making the field a positional argument."""
+    return {CLI: Cli(argument=True, **how)}
+
+
+def embed(*only: str, panel: str | None = None) -> dict[str, Cli]:
+    """Field metadata embedding another options dataclass (`only` these of its options); its
+    options without a panel of their own go to `panel`."""
+    return {CLI: Cli(embed=True, only=only, panel=panel)}
+
 
 OPEN_MODES = ("auto", "resume", "overwrite")
 WRITE_KEYS = ("mode", "force", "commit_every", "commit_interval")
@@ -27,10 +80,16 @@ WRITE_KEYS = ("mode", "force", "commit_every", "commit_interval")
 class OutputOptions:
     """The shared output flags; cli.py builds one and every stage config carries it."""
 
-    json: bool = False  # machine output on stdout
-    quiet: bool = False  # only warnings and errors on stderr
-    no_progress: bool = False  # no live display; plain status lines still appear
-    log_every: float = 30.0  # seconds between plain status lines
+    json: bool = field(default=False, metadata=opt("--json", envvar="EAGLE3KIT_JSON"))
+    """Print the result as JSON on stdout."""
+    quiet: bool = field(default=False, metadata=opt("--quiet", "-q", envvar="EAGLE3KIT_QUIET"))
+    """Only warnings and errors on stderr."""
+    no_progress: bool = field(default=False, metadata=opt(
+        "--no-progress", envvar="EAGLE3KIT_NO_PROGRESS"))
+    """No live display; plain status lines only."""
+    log_every: float = field(default=30.0, metadata=opt(
+        "--log-every", envvar="EAGLE3KIT_LOG_EVERY", metavar="SECONDS"))
+    """Seconds between status lines when stderr is not a terminal."""
 
     def __post_init__(self) -> None:
         if not self.log_every > 0:  # written this way so NaN is refused too
@@ -43,16 +102,28 @@ class WriteOptions:
 
     mode: str = "auto"
     """auto continues an output when there is one; resume requires one; overwrite starts
-    afresh."""
-    force: bool = False
-    """Continue an output whose settings differ from this run's."""
-    commit_every: int = 1000
-    """Commit after this many samples..."""
-    commit_interval: float = 60.0
-    """...or after this many seconds, whichever comes first (a dataset's commits; train
-    checkpoints on its own --checkpoint-every)."""
+    afresh (--resume, --overwrite)."""
+    commit_every: int = field(default=1000, metadata=opt("--commit-every", metavar="N"))
+    """Commit after N samples..."""
+    commit_interval: float = field(default=60.0, metadata=opt(
+        "--commit-interval", metavar="SECONDS"))
+    """...or after S seconds, whichever is first."""
+    resume: bool = field(default=False, metadata=opt("--resume"))
+    """Continue the output; fail if there is none."""
+    overwrite: bool = field(default=False, metadata=opt("--overwrite"))
+    """Start the output afresh."""
+    force: bool = field(default=False, metadata=opt("--force"))
+    """Accept settings that differ from those the output was started with."""
 
     def __post_init__(self) -> None:
+        # --resume and --overwrite are read into `mode` and cleared, so that replace() and
+        # comparisons see the mode alone.
+        if self.resume and self.overwrite:
+            raise UserError("--resume and --overwrite exclude each other")
+        if self.resume or self.overwrite:
+            object.__setattr__(self, "mode", "resume" if self.resume else "overwrite")
+            object.__setattr__(self, "resume", False)
+            object.__setattr__(self, "overwrite", False)
         problems = self.problems()
         if problems:
             raise UserError("; ".join(problems))

@@ -9,18 +9,27 @@ no help string here restates one.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
 from eagle3kit import __version__
+from eagle3kit._command import Group, Stage, interrupted, stages_group
+from eagle3kit._command import run_stage as _run
 from eagle3kit._help import HelpGroup, stage_command
 from eagle3kit.errors import UserError
 
+STAGES: dict[str, Stage | Group] = {
+    "validate": Stage("eagle3kit.validate:ValidateConfig", "eagle3kit.validate:run", "Datasets",
+                      "Check a token dataset before training (exit 1 when a check fails)."),
+    "train": Stage("eagle3kit.train.config:TrainConfig", "eagle3kit.train:run", "Stages",
+                   "Train an EAGLE-3 drafter (resumable; torchrun for several processes)."),
+}
+"""Each command: its config class (whose fields are its options), its run, its help panel."""
+
 app = typer.Typer(
-    name="eagle3kit", cls=HelpGroup,
+    name="eagle3kit", cls=stages_group(STAGES),
     help="Exact training data, crash-safe datasets and acceptance forecasts for EAGLE-3 drafters.",
     no_args_is_help=True,
     add_completion=False,
@@ -81,35 +90,6 @@ def _write(config: type, resume: bool, overwrite: bool, force: bool = False,
 
     return WriteOptions.for_stage(config, resume, overwrite, force, **_given(
         commit_every=commit_every, commit_interval=commit_interval))
-
-
-def _fail(exc: UserError) -> NoReturn:
-    from eagle3kit import _ui
-
-    _ui.error(str(exc))
-    raise typer.Exit(exc.exit_code)
-
-
-def _run(run: Callable[[Any], Any], make_config: Callable[[], Any]) -> Any:
-    """Build the config and run the stage; user errors and stop signals end in one line."""
-    from eagle3kit._signals import StopAsInterrupt
-
-    with StopAsInterrupt():  # still caught while the line is printed: a repeat is ignored
-        try:
-            return run(make_config())
-        except UserError as exc:
-            _fail(exc)
-        except KeyboardInterrupt as exc:
-            raise typer.Exit(_interrupted(exc)) from None
-
-
-def _interrupted(exc: KeyboardInterrupt) -> int:
-    """Say how to continue a run a signal stopped; its exit status (130, or 143)."""
-    from eagle3kit import _ui
-    from eagle3kit._signals import EXIT_CODES, stop_signal, stopped_line
-
-    _ui.error(stopped_line(exc))
-    return EXIT_CODES[stop_signal(exc)]
 
 
 def _version(value: bool) -> None:
@@ -179,45 +159,6 @@ def convert(
                      commit_interval),
         output=_output(json, quiet, no_progress, log_every),
     ))
-
-
-@app.command(rich_help_panel="Datasets",
-             cls=stage_command("eagle3kit.validate:ValidateConfig"))
-def validate(
-    path: Annotated[Path, typer.Argument(help="A token dataset directory.")],
-    tokenizer: Annotated[Path | None, typer.Option(
-        help="Override the tokenizer stored in the dataset.")] = None,
-    chat_template: Annotated[Path | None, typer.Option(
-        help="Override the stored chat template (a Jinja file).")] = None,
-    think_start: Annotated[str | None, typer.Option(
-        metavar="TOKEN", help="Reasoning start token (with --think-end).")] = None,
-    think_end: Annotated[str | None, typer.Option(
-        metavar="TOKEN", help="Reasoning end token (with --think-start).")] = None,
-    max_truncation: Annotated[float | None, typer.Option(
-        metavar="SHARE", help="Largest share finished by length.")] = None,
-    min_reasoning: Annotated[float | None, typer.Option(
-        metavar="SHARE", help="Smallest share with reasoning.")] = None,
-    only: Annotated[str | None, typer.Option(metavar="A,B", help="Run only these checks.")] = None,
-    skip: Annotated[str | None, typer.Option(metavar="A,B", help="Leave out these checks.")] = None,
-    write_clean: Annotated[Path | None, typer.Option(
-        metavar="OUT", help="Write a new dataset without the flagged samples.")] = None,
-    trust_remote_code: TrustRemoteCode = False,
-    json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
-    log_every: LogEvery = None,
-) -> None:
-    """Check a token dataset before training (exit 1 when a check fails)."""
-    from eagle3kit import validate as stage
-
-    def names(text: str | None) -> list[str] | None:
-        return None if text is None else [n.strip() for n in text.split(",") if n.strip()]
-
-    report = _run(stage.run, lambda: stage.ValidateConfig(
-        path, tokenizer=tokenizer, chat_template=chat_template, think_start=think_start,
-        think_end=think_end, only=names(only), skip=names(skip), write_clean=write_clean,
-        trust_remote_code=trust_remote_code,
-        output=_output(json, quiet, no_progress, log_every),
-        **_given(max_truncation=max_truncation, min_reasoning=min_reasoning)))
-    raise typer.Exit(report.exit_code)
 
 
 # gen's help groups its options by what they are about (Typer's rich_help_panel).
@@ -523,153 +464,6 @@ def extract(
     ))
 
 
-@app.command(rich_help_panel="Stages", cls=stage_command("eagle3kit.train.config:TrainConfig"))
-def train(
-    paths: Annotated[list[str], typer.Argument(
-        metavar="DATA[:WEIGHT]... RUN",
-        help="Hidden-state datasets (or token datasets with --online), then the run "
-             "directory last; DATA:0.3 weights a dataset.")],
-    target: Annotated[Path | None, typer.Option(help="The target model directory.")] = None,
-    online: Annotated[bool, typer.Option(
-        "--online", help="Run the target in the loop on token datasets.")] = False,
-    layers: Annotated[str | None, typer.Option(
-        metavar="2,18,33", help="--online: aux layer ids, boundary convention "
-                                "(default 2,N//2,N-3).")] = None,
-    server: Annotated[list[str] | None, typer.Option(
-        "--server", metavar="URL[@N]",
-        help="--online: a vLLM server running extract_hidden_states gives the states "
-             "instead of the target in this process; repeat for several; @N: its requests "
-             "in flight.")] = None,
-    prefetch: Annotated[int | None, typer.Option(
-        metavar="SAMPLES", help="--server: samples fetched ahead of the step (the queue's "
-                                "depth; default max(64, 2 x slots)).")] = None,
-    concurrency: Annotated[int | None, typer.Option(
-        help="--server: requests in flight per server (and rank).")] = None,
-    request_timeout: Annotated[float | None, typer.Option(
-        metavar="SECONDS", help="--server: seconds one request may take.")] = None,
-    model: Annotated[str | None, typer.Option(
-        help="--server: the served model name (default: the server's first).")] = None,
-    hidden_states_dir: HiddenStatesDir = None,
-    api_key: ApiKey = None,
-    draft_vocab: Annotated[int | None, typer.Option(
-        metavar="N", help="Draft vocabulary size (at most the target's).")] = None,
-    init_from: Annotated[Path | None, typer.Option(
-        metavar="DIR", help="Warm-start from an EAGLE-3 checkpoint (keeps its vocabulary).")
-    ] = None,
-    variant: Annotated[str | None, typer.Option(
-        metavar="NAME", help="A new drafter's layout: eagle3 (the reference, default), "
-                             "speculators (speculators 0.9.0's defaults) or eagle3.1.")] = None,
-    norm_before_residual: Annotated[bool | None, typer.Option(
-        "--norm-before-residual/--no-norm-before-residual",
-        help="Layout: the residual is the normed hidden input.", show_default=False)] = None,
-    norm_before_fc: Annotated[bool | None, typer.Option(
-        "--norm-before-fc/--no-norm-before-fc",
-        help="Layout: one RMSNorm over the aux states before fc.", show_default=False)] = None,
-    fc_norm: Annotated[bool | None, typer.Option(
-        "--fc-norm/--no-fc-norm", help="Layout: one RMSNorm per aux state before fc.",
-        show_default=False)] = None,
-    norm_output: Annotated[bool | None, typer.Option(
-        "--norm-output/--no-norm-output",
-        help="Layout: the next step reads the final norm's output.", show_default=False)
-    ] = None,
-    num_hidden_layers: Annotated[int | None, typer.Option(
-        metavar="N", help="Layout: decoder layers.")] = None,
-    embed_requires_grad: Annotated[bool | None, typer.Option(
-        "--embed-requires-grad/--no-embed-requires-grad",
-        help="Layout: train the drafter's own embedding.", show_default=False)] = None,
-    ttt_steps: Annotated[int | None, typer.Option(help="Training-time-test steps.")] = None,
-    ttt_decay: Annotated[float | None, typer.Option(
-        help="Step k's loss weight is decay^k.")] = None,
-    max_len: Annotated[int | None, typer.Option(
-        metavar="TOKENS", help="Longest sample trained on (default: the target's context "
-                               "length; see --long-samples).")] = None,
-    long_samples: Annotated[str | None, typer.Option(
-        help="Samples longer than --max-len: truncate or drop.")] = None,
-    lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
-    min_lr: Annotated[float | None, typer.Option(
-        help="Learning rate at the end of the decay.")] = None,
-    schedule: Annotated[str | None, typer.Option(
-        help="After the warm-up: cosine, linear or constant.")] = None,
-    lm_head: Annotated[str | None, typer.Option(
-        help="target (starts as the target's rows, then trains; the default), train (a fresh "
-             "one) or frozen (the target's rows, untrained).")] = None,
-    data_order: Annotated[str | None, typer.Option(
-        help="shuffle (anew each epoch) or fixed (one seeded order).")] = None,
-    warmup: Annotated[float | None, typer.Option(
-        help="Linear warm-up: a share of the steps (< 1) or a number of steps.")] = None,
-    weight_decay: Annotated[float | None, typer.Option(help="AdamW weight decay.")] = None,
-    grad_clip: Annotated[float | None, typer.Option(
-        help="Gradient norm clip; 0 turns it off.")] = None,
-    batch_tokens: Annotated[int | None, typer.Option(
-        metavar="N", help="Tokens per micro-batch and rank.")] = None,
-    grad_accum: Annotated[int | None, typer.Option(
-        help="Micro-batches per rank and optimizer step.")] = None,
-    epochs: Annotated[float | None, typer.Option(
-        help="Passes over the data (1 when not given, or as many as --max-steps needs).")
-    ] = None,
-    max_steps: Annotated[int | None, typer.Option(help="Stop after N steps.")] = None,
-    seed: Annotated[int | None, typer.Option(
-        help="Seeds the drafter's initialisation and the data order.")] = None,
-    device: Annotated[str | None, typer.Option(
-        help="auto (cuda when there is one), cpu, cuda, cuda:N.")] = None,
-    dtype: Annotated[str | None, typer.Option(
-        help="The drafter's autocast: auto (bfloat16 on GPU, float32 on CPU), bfloat16, "
-             "float32.")] = None,
-    precision: Annotated[str | None, typer.Option(
-        hidden=True, help="--dtype's old name (auto, bf16, fp32), still accepted.")] = None,
-    eval_split: Annotated[float | None, typer.Option(
-        metavar="SHARE|COUNT", help="Held-out samples, chosen by id hash; 0: none.")] = None,
-    eval_every: Annotated[int | None, typer.Option(
-        metavar="STEPS", help="Evaluate every N steps and at the end; 0: only at the end.")
-    ] = None,
-    eval_k: Annotated[int | None, typer.Option(
-        help="Chain length of the predicted acceptance length.")] = None,
-    checkpoint_every: Annotated[int | None, typer.Option(
-        metavar="STEPS", help="Checkpoint every N steps and at the end.")] = None,
-    checkpoint_interval: Annotated[float | None, typer.Option(
-        metavar="MINUTES", help="Also checkpoint every N minutes; 0 off.")] = None,
-    keep: Annotated[int | None, typer.Option(help="Checkpoints kept.")] = None,
-    fsdp: Annotated[bool, typer.Option(
-        "--fsdp", help="Shard the drafter and optimizer state over the ranks (FSDP2; "
-                       "without it, DDP).")] = False,
-    trust_remote_code: TrustRemoteCode = False,
-    resume: Resume = False, overwrite: Overwrite = False, force: Force = False,
-    json: Json = False, quiet: Quiet = False, no_progress: NoProgress = False,
-    log_every: LogEvery = None,
-) -> None:
-    """Train an EAGLE-3 drafter (resumable; torchrun for several processes)."""
-    from eagle3kit import train as stage
-
-    def config() -> stage.TrainConfig:
-        return stage.TrainConfig.from_paths(
-            paths, target=target, online=online, layers=layers, servers=list(server or []),
-            model=model, hidden_states_dir=hidden_states_dir, api_key=api_key,
-            init_from=init_from,
-            fsdp=fsdp, write=_write(stage.TrainConfig, resume, overwrite, force),
-            trust_remote_code=trust_remote_code,
-            output=_output(json, quiet, no_progress, log_every),
-            **_given(draft_vocab=draft_vocab, variant=variant,
-                     norm_before_residual=norm_before_residual, norm_before_fc=norm_before_fc,
-                     fc_norm=fc_norm, norm_output=norm_output,
-                     num_hidden_layers=num_hidden_layers,
-                     embed_requires_grad=embed_requires_grad, ttt_steps=ttt_steps,
-                     ttt_decay=ttt_decay,
-                     max_len=max_len, long_samples=long_samples, lr=lr, min_lr=min_lr,
-                     schedule=schedule, lm_head=lm_head, data_order=data_order,
-                     warmup=warmup, weight_decay=weight_decay, grad_clip=grad_clip,
-                     batch_tokens=batch_tokens, grad_accum=grad_accum, epochs=epochs,
-                     max_steps=max_steps, seed=seed, device=device, dtype=dtype,
-                     precision=precision,
-                     eval_split=eval_split, eval_every=eval_every, eval_k=eval_k,
-                     checkpoint_every=checkpoint_every,
-                     checkpoint_interval=checkpoint_interval, keep=keep, prefetch=prefetch,
-                     concurrency=concurrency, request_timeout=request_timeout))
-
-    result = _run(stage.run, config)
-    if result.exit_code:  # stopped by a signal, after its checkpoint
-        raise typer.Exit(result.exit_code)
-
-
 @app.command(rich_help_panel="Stages",
              cls=stage_command("eagle3kit.export:ExportConfig", run_dir="run"))
 def export(
@@ -942,4 +736,4 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt as exc:
-        raise SystemExit(_interrupted(exc)) from None
+        raise SystemExit(interrupted(exc)) from None

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 
 import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from eagle3kit._options import WRITE_KEYS, OutputOptions, WriteOptions
+from eagle3kit._options import WRITE_KEYS, OutputOptions, WriteOptions, arg, opt
 from eagle3kit.bench.accept import AcceptConfig
 from eagle3kit.bench.parity import ParityConfig
 from eagle3kit.bench.server import ServerBenchConfig
@@ -180,3 +181,43 @@ def test_top_level_and_bench_help_have_no_type_names():
     for path in ((), ("bench",)):
         result = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "250"})
         assert result.exit_code == 0 and not TYPE_NAMES.search(result.output), result.output
+
+
+@dataclasses.dataclass
+class Throwaway:
+    """A stage config made up here: its fields are all its command line is told."""
+
+    out: Path = dataclasses.field(metadata=arg())
+    """Where the made-up stage writes."""
+    shards: int = dataclasses.field(default=7, metadata=opt("--shards", metavar="N",
+                                                            panel="Made up"))
+    """How many shards the made-up stage cuts its output into."""
+
+
+RAN: list[Throwaway] = []
+
+
+def run_throwaway(config: Throwaway) -> None:
+    RAN.append(config)
+
+
+def test_an_option_added_to_a_config_alone_is_on_the_command_line(tmp_path):
+    """Adding an option to a stage touches its config alone: the field above is shown in
+    --help with its default, docstring, metavar and panel, and parsed into the config."""
+    import typer
+
+    from eagle3kit._command import Stage, stages_group
+
+    made_up = typer.Typer(cls=stages_group({"made-up": Stage(
+        f"{__name__}:Throwaway", f"{__name__}:run_throwaway", summary="A made-up stage.")}))
+    made_up.callback()(lambda: None)  # a group, as `eagle3kit` is
+    text = CliRunner().invoke(made_up, ["made-up", "--help"], env={"COLUMNS": "250"}).output
+    required, body = option_rows(text)["--shards"]
+    assert not required and "N" in body and DEFAULT.findall(body) == ["7"]
+    assert "How many shards the made-up stage cuts its output into." in body
+    assert "╭─ Made up ─" in text and "Where the made-up stage writes." in text
+    result = CliRunner().invoke(made_up, ["made-up", str(tmp_path), "--shards", "3"])
+    assert result.exit_code == 0, result.output
+    assert RAN[-1] == Throwaway(tmp_path, shards=3)
+    CliRunner().invoke(made_up, ["made-up", str(tmp_path)])
+    assert RAN[-1] == Throwaway(tmp_path)  # not given: the field's default

@@ -44,8 +44,9 @@ def command(stage: str, tiny: dict, out: Path, url: str, *extra: str) -> list[st
 def run(stage: str, tiny: dict, tmp_path: Path, server: FakeVllmHidden, *extra: str,
         storage: Path | None = None, out: str = "out") -> subprocess.CompletedProcess[str]:
     """The command against `server`, with --hidden-states-dir `storage` (default: the
-    server's own folder)."""
-    flags = ["--hidden-states-dir", str(storage or server.storage), *extra]
+    server's own folder). One request in flight: a server that names one bad file for every
+    request is otherwise refused for naming it twice as often as for the file itself."""
+    flags = ["--hidden-states-dir", str(storage or server.storage), "--concurrency", "1", *extra]
     return subprocess.run(command(stage, tiny, tmp_path / out, server.url, *flags),
                           capture_output=True, text=True, env=env(), timeout=WITHIN_S)
 

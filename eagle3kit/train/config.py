@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3kit import _ui
-from eagle3kit._options import OutputOptions, WriteOptions
+from eagle3kit._options import OutputOptions, WriteOptions, arg, embed, opt
 from eagle3kit._served_files import served_dir_problems
 from eagle3kit.errors import UserError
 from eagle3kit.target import check_layer_ids, device_problem, parse_dtype, parse_layer_ids
@@ -69,116 +69,122 @@ class DataSpec:
 
 @dataclass
 class TrainConfig:
-    data: list[DataSpec]
+    data: list[DataSpec] = field(metadata=arg(
+        metavar="DATA[:WEIGHT]... RUN", last="out", type=list[str]))
     """Hidden-state datasets (offline), or token datasets with --online; `DIR:W` weights one."""
     out: Path
     """The run directory (created, or continued when it holds a run)."""
-    target: Path | None
+    target: Path | None = field(metadata=opt())
     """The target model directory (HF layout). Required: None is refused by name, with any
     other problems of the command line."""
-    online: bool = False
+    online: bool = field(default=False, metadata=opt())
     """Run the frozen target in the loop on token datasets instead of reading stored states."""
-    servers: list[str] = field(default_factory=list)
+    layers: list[int] | str | None = field(default=None, metadata=opt(metavar="2,18,33", type=str))
+    """Aux layer ids (boundary convention) for --online; offline they come from the data."""
+    servers: list[str] = field(default_factory=list, metadata=opt("--server", metavar="URL[@N]"))
     """--online --server: vLLM servers running extract_hidden_states (`URL` or `URL@SLOTS`)
     give the states; no target weights but the final norm, lm_head and embedding load."""
-    prefetch: int | None = None
+    prefetch: int | None = field(default=None, metadata=opt(metavar="SAMPLES"))
     """--server: samples fetched ahead of the training step and held (the queue's depth);
     default max(64, 2 x all servers' slots)."""
-    concurrency: int = 8
+    concurrency: int = field(default=8, metadata=opt())
     """--server: requests in flight per server (and rank) unless URL@SLOTS says."""
-    request_timeout: float = 600.0
+    request_timeout: float = field(default=600.0, metadata=opt(metavar="SECONDS"))
     """--server: seconds one request may take before the server counts as stalled."""
-    model: str | None = None
+    model: str | None = field(default=None, metadata=opt())
     """--server: the served model name (default: each server's first)."""
-    hidden_states_dir: Path | None = None
+    hidden_states_dir: Path | None = field(default=None, metadata=opt(metavar="DIR"))
     """--server: the servers' shared_storage_path as this machine sees it (or a folder
     holding them all); only `.safetensors` files inside it that a server names are read,
     then deleted. Required with --server."""
-    api_key: str | None = field(default=None, repr=False)
+    api_key: str | None = field(default=None, repr=False, metadata=opt(
+        envvar="EAGLE3KIT_API_KEY"))
     """--server: bearer token for the servers (never stored)."""
-    layers: list[int] | str | None = None
-    """Aux layer ids (boundary convention) for --online; offline they come from the data."""
-    draft_vocab: int = 32000
+    draft_vocab: int = field(default=32000, metadata=opt(metavar="N"))
     """Draft vocabulary size: the most frequent loss-carrying tokens (capped at the target's)."""
-    init_from: Path | None = None
+    init_from: Path | None = field(default=None, metadata=opt(metavar="DIR"))
     """Warm-start from an EAGLE-3 checkpoint, keeping its draft vocabulary."""
-    variant: str | None = None
+    variant: str | None = field(default=None, metadata=opt(metavar="NAME"))
     """The layout of a new drafter: eagle3 (the reference EAGLE-3 drafter), speculators
     (speculators 0.9.0's CLI defaults) or eagle3.1; None: eagle3, or --init-from's own."""
-    norm_before_residual: bool | None = None
+    norm_before_residual: bool | None = field(default=None, metadata=opt(
+        "--norm-before-residual/--no-norm-before-residual"))
     """Override the variant: the first layer's residual is the normed hidden input."""
-    norm_before_fc: bool | None = None
+    norm_before_fc: bool | None = field(default=None, metadata=opt(
+        "--norm-before-fc/--no-norm-before-fc"))
     """Override the variant: one RMSNorm over the concatenated aux states before fc."""
-    fc_norm: bool | None = None
+    fc_norm: bool | None = field(default=None, metadata=opt("--fc-norm/--no-fc-norm"))
     """Override the variant: one RMSNorm per aux state before fc."""
-    norm_output: bool | None = None
+    norm_output: bool | None = field(default=None, metadata=opt("--norm-output/--no-norm-output"))
     """Override the variant: feed the final norm's output to the next step."""
-    num_hidden_layers: int | None = None
+    num_hidden_layers: int | None = field(default=None, metadata=opt(metavar="N"))
     """Override the variant: decoder layers."""
-    embed_requires_grad: bool | None = None
+    embed_requires_grad: bool | None = field(default=None, metadata=opt(
+        "--embed-requires-grad/--no-embed-requires-grad"))
     """Override the variant: train the drafter's own embedding (stored in its checkpoints)."""
-    ttt_steps: int = 7
+    ttt_steps: int = field(default=7, metadata=opt())
     """Training-time-test steps."""
-    ttt_decay: float = 0.8
+    ttt_decay: float = field(default=0.8, metadata=opt())
     """Weight of step k's loss: decay**k."""
-    max_len: int | None = None
+    max_len: int | None = field(default=None, metadata=opt(metavar="TOKENS"))
     """Longest sample trained on, in tokens (default: the target's context length, its
     max_position_embeddings: whole samples)."""
-    long_samples: str = "truncate"
+    long_samples: str = field(default="truncate", metadata=opt())
     """What happens to longer samples: truncate or drop."""
-    lr: float = 1e-4
-    min_lr: float = 0.0
+    lr: float = field(default=1e-4, metadata=opt())
+    min_lr: float = field(default=0.0, metadata=opt())
     """Learning rate the decay ends at."""
-    schedule: str = "cosine"
+    schedule: str = field(default="cosine", metadata=opt())
     """After the warm-up: cosine or linear decay to --min-lr, or constant (docs/train.md,
     "Why these defaults")."""
-    lm_head: str = "target"
+    lm_head: str = field(default="target", metadata=opt())
     """The drafter's lm_head: target (starts as the target's rows of the draft vocabulary,
     trained; the default, docs/train.md "Why these defaults"), train (fresh) or frozen (the
     target's rows, never trained, as speculators 0.9.0 does)."""
-    data_order: str = "shuffle"
+    data_order: str = field(default="shuffle", metadata=opt())
     """shuffle: a fresh seeded order each epoch; fixed: one seeded order for every epoch."""
-    warmup: float = 0.015
+    warmup: float = field(default=0.015, metadata=opt())
     """Linear warm-up: a share of the steps when < 1, else a number of steps."""
-    weight_decay: float = 0.0
-    grad_clip: float = 0.5
+    weight_decay: float = field(default=0.0, metadata=opt())
+    grad_clip: float = field(default=0.5, metadata=opt())
     """Largest global gradient norm; 0 turns clipping off."""
-    batch_tokens: int = 8192
+    batch_tokens: int = field(default=8192, metadata=opt(metavar="N"))
     """Tokens per micro-batch and rank; a step is batch_tokens x ranks x grad_accum."""
-    grad_accum: int = 1
+    grad_accum: int = field(default=1, metadata=opt())
     """Micro-batches per rank and optimizer step."""
-    epochs: float | None = None
+    epochs: float | None = field(default=None, metadata=opt())
     """Passes over the training split (default 1, or as many as --max-steps needs)."""
-    max_steps: int | None = None
+    max_steps: int | None = field(default=None, metadata=opt())
     """Stop after this many optimizer steps."""
-    seed: int = 0
-    device: str = "auto"
+    seed: int = field(default=0, metadata=opt())
+    device: str = field(default="auto", metadata=opt())
     """auto (cuda when available), cpu, cuda, cuda:N."""
-    dtype: str = "auto"
+    dtype: str = field(default="auto", metadata=opt())
     """The drafter's autocast: auto (bfloat16 on GPU, float32 on CPU), bfloat16 or float32."""
-    eval_split: float = 0.05
+    eval_split: float = field(default=0.05, metadata=opt(metavar="SHARE|COUNT"))
     """Held-out samples: a share when < 1, else a count; chosen by sample-id hash; 0: none."""
-    eval_every: int = 500
+    eval_every: int = field(default=500, metadata=opt(metavar="STEPS"))
     """Evaluate the held-out split every N steps (and at the end); 0: only at the end."""
-    eval_k: int = 3
+    eval_k: int = field(default=3, metadata=opt())
     """Draft chain length for the predicted acceptance length."""
-    checkpoint_every: int = 1000
+    checkpoint_every: int = field(default=1000, metadata=opt(metavar="STEPS"))
     """Write a resumable checkpoint every N steps (and at the end)."""
-    checkpoint_interval: float = 30.0
+    checkpoint_interval: float = field(default=30.0, metadata=opt(metavar="MINUTES"))
     """Also write one when N minutes have passed since the last (0: off)."""
-    fsdp: bool = False
+    keep: int = field(default=2, metadata=opt())
+    """How many checkpoints to keep."""
+    fsdp: bool = field(default=False, metadata=opt())
     """Shard the drafter, its gradients and optimizer state over the ranks (FSDP2) instead
     of a whole copy per rank (DDP)."""
-    keep: int = 2
-    """How many checkpoints to keep."""
-    trust_remote_code: bool = False
+    trust_remote_code: bool = field(default=False, metadata=opt())
     """Run code the target directory ships (auto_map); only ever from the flag, never from
     what a dataset records."""
-    write: WriteOptions = field(default_factory=WriteOptions)
+    write: WriteOptions = field(default_factory=WriteOptions, metadata=embed(
+        "resume", "overwrite", "force"))
     """--resume/--overwrite/--force: whether a run continues (auto), must (resume) or starts
     afresh, and whether one started with other settings may (force)."""
     output: OutputOptions = field(default_factory=OutputOptions)
-    precision: InitVar[str | None] = None
+    precision: InitVar[str | None] = field(default=None, metadata=opt(hidden=True))
     """--dtype's old name (with bf16 or fp32), still accepted with a note."""
 
     @classmethod
@@ -191,6 +197,8 @@ class TrainConfig:
                    **options)
 
     def __post_init__(self, precision: str | None) -> None:
+        if self.out is None:  # a single path on the command line
+            raise UserError("give the datasets, then the run directory last")
         self.data = [DataSpec.parse(d) for d in self.data]
         self.out = Path(self.out)
         self.target = None if self.target is None else Path(self.target)

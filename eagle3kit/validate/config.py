@@ -6,39 +6,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3kit import _ui
+from eagle3kit._options import arg, opt
 from eagle3kit.errors import UserError
 from eagle3kit.validate.checks import CHECKS
 
 
 @dataclass
 class ValidateConfig:
-    path: Path
-    """The token dataset directory to check."""
-    tokenizer: Path | None = None
+    path: Path = field(metadata=arg())
+    """A token dataset directory."""
+    tokenizer: Path | None = field(default=None, metadata=opt())
     """Tokenizer directory overriding the one stored in the dataset (DIR/tokenizer)."""
-    chat_template: Path | None = None
+    chat_template: Path | None = field(default=None, metadata=opt())
     """Chat template file overriding the stored one."""
-    think_start: str | None = None
+    think_start: str | None = field(default=None, metadata=opt(metavar="TOKEN"))
     """Reasoning start token, overriding what the tokenizer suggests."""
-    think_end: str | None = None
+    think_end: str | None = field(default=None, metadata=opt(metavar="TOKEN"))
     """Reasoning end token, overriding what the tokenizer suggests."""
-    max_truncation: float = 0.05
+    max_truncation: float = field(default=0.05, metadata=opt(metavar="SHARE"))
     """Largest share of samples finished by length that passes."""
-    min_reasoning: float = 0.5
+    min_reasoning: float = field(default=0.5, metadata=opt(metavar="SHARE"))
     """Smallest share of samples with a non-empty reasoning segment that passes."""
-    only: list[str] | None = None
+    only: list[str] | str | None = field(default=None, metadata=opt(metavar="A,B"))
     """Run only these checks."""
-    skip: list[str] | None = None
+    skip: list[str] | str | None = field(default=None, metadata=opt(metavar="A,B"))
     """Leave out these checks."""
-    write_clean: Path | None = None
+    write_clean: Path | None = field(default=None, metadata=opt(metavar="OUT"))
     """Write a new dataset without the samples any check flagged."""
-    trust_remote_code: bool = False
+    trust_remote_code: bool = field(default=False, metadata=opt("--trust-remote-code"))
     """Run code the tokenizer ships (auto_map); only ever from the flag. Without it, a stored
     tokenizer that needs its code is not loaded and the checks needing it are skipped."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
+        self.only, self.skip = _names(self.only), _names(self.skip)
         for flag, value in (("--max-truncation", self.max_truncation),
                             ("--min-reasoning", self.min_reasoning)):
             if not 0.0 <= value <= 1.0:
@@ -58,3 +60,10 @@ class ValidateConfig:
     def selected(self) -> list[str]:
         chosen = [c for c in CHECKS if self.only is None or c in self.only]
         return [c for c in chosen if c not in (self.skip or [])]
+
+
+def _names(given: list[str] | str | None) -> list[str] | None:
+    """--only/--skip: a list, or names separated by commas as the command line gives them."""
+    if isinstance(given, str):
+        return [n.strip() for n in given.split(",") if n.strip()]
+    return given
