@@ -205,13 +205,13 @@ def human_count(x: float) -> str:
     return f"{x:.3g}"
 
 
-
 def human_bytes(x: float) -> str:
     """2.7e9 -> '2.52 GiB': sizes on disk and in memory, to three figures."""
     for scale, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
         if abs(x) >= scale:
             return f"{x / scale:.3g} {name}"
     return f"{x:.0f} B"
+
 
 def _duration(seconds: float) -> str:
     s = int(seconds)

@@ -63,7 +63,7 @@ def test_status_line_without_total_counters_and_gauges(capsys: pytest.CaptureFix
         p.set(in_flight=64)
         p.set(in_flight=8)  # a gauge is overwritten, not summed
         line = p.status_line()
-    assert line.startswith("fetch 90 requests 1.00 requests/s ")
+    assert line.startswith("fetch 90 requests 1 requests/s ")
     assert "errors 3" in line and "truncated 2 (2.2%)" in line and "in_flight 8" in line
     assert "retries" not in line  # zero counters stay out of the way
     assert "tok/s" not in line and "mean" not in line and "ETA" not in line
@@ -188,7 +188,7 @@ def test_plain_mode_logs_at_most_once_per_interval_and_ends_with_totals(
     # Lines at 10 s, 20 s, 30 s, then the final one at 35 s.
     assert len(lines) == 4
     assert [line.split()[1] for line in lines] == ["10/35", "20/35", "30/35", "35/35"]
-    assert lines[-1].startswith("convert 35/35 (100.0%) 1.00 samples/s 100 tok/s errors 0")
+    assert lines[-1].startswith("convert 35/35 (100.0%) 1 samples/s 100 tok/s errors 0")
     assert "ETA" not in lines[-1]
 
 
