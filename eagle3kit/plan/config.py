@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from eagle3kit._options import embed, opt
 from eagle3kit.errors import UserError
-from eagle3kit.gen.config import GenConfig
+from eagle3kit.gen import GenConfig
 from eagle3kit.target import check_layer_ids, parse_layer_ids
 
 PLAN = "The forecast"
