@@ -151,10 +151,11 @@ def _parameter(o: Option) -> inspect.Parameter:
         from eagle3kit._help import NOTHING
 
         required = o.default is NOTHING and not spec.optional
-        info: Any = typer.Argument(... if required else None, metavar=spec.metavar,
-                                   show_default=False)
+        info: Any = typer.Argument(metavar=spec.metavar, show_default=False)
+        # An optional one's default goes on the parameter: Typer refuses it inside Annotated.
         return inspect.Parameter(o.field.name, inspect.Parameter.KEYWORD_ONLY,
-                                 annotation=Annotated[kind if required else kind | None, info])
+                                 annotation=Annotated[kind if required else kind | None, info],
+                                 default=inspect.Parameter.empty if required else None)
     flag = kind is bool
     flags = spec.flags or ((f"--{o.field.name.replace('_', '-')}",) if flag else ())
     info = typer.Option(*flags, metavar=spec.metavar, rich_help_panel=o.panel,

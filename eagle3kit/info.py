@@ -7,19 +7,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3kit import _ui
+from eagle3kit._options import arg, opt
 from eagle3kit.errors import CheckFailed, UserError
 from eagle3kit.format import Dataset
 
 
 @dataclass
 class InfoConfig:
-    path: Path
-    """The dataset directory to describe."""
-    verify: bool = True
-    """Check every shard against its checksums (reads all the data once)."""
-    output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
-    target: Path | None = None
+    path: Path = field(metadata=arg())
+    """A dataset, run or checkpoint directory."""
+    verify: bool = field(default=True, metadata=opt("--no-verify", negate=True))
+    """Skip reading every shard against its checksums (by default all the data is read
+    once)."""
+    target: Path | None = field(default=None, metadata=opt())
     """Checkpoints: the target model directory to check the checkpoint against."""
+    output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
@@ -48,6 +50,11 @@ class InfoReport:
     runs: list[dict]
     problems: list[str]
     warnings: list[str]
+
+    @property
+    def exit_code(self) -> int:
+        """1 when the dataset has problems: `eagle3kit info`'s exit status."""
+        return 1 if self.problems else 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

@@ -25,7 +25,7 @@ from typing import Any
 
 from eagle3kit import _ui
 from eagle3kit._durable import write_text_atomic
-from eagle3kit._options import OutputOptions, WriteOptions
+from eagle3kit._options import OutputOptions, WriteOptions, arg, embed, opt
 from eagle3kit._signals import interrupt
 from eagle3kit.checkpoints.rundir import RunDir
 from eagle3kit.errors import UserError
@@ -38,23 +38,23 @@ K = 3
 
 @dataclass
 class QuickstartConfig:
-    out: Path = Path("eagle3kit-quickstart")
-    """The directory everything goes into (continued when it holds a quickstart)."""
-    prompts: int = 96
+    out: Path = field(default=Path("eagle3kit-quickstart"), metadata=arg(metavar="[DIR]"))
+    """Where everything goes (continued when it holds a quickstart)."""
+    prompts: int = field(default=96, metadata=opt())
     """Held-out docstring prompts gen answers: the drafter's training data."""
-    bench_prompts: int = 24
+    bench_prompts: int = field(default=24, metadata=opt())
     """Further held-out prompts bench accept measures on."""
-    target_steps: int = 300
-    """Optimizer steps of the tiny target's own training."""
-    train_steps: int = 60
-    """Optimizer steps of the drafter's training."""
-    max_tokens: int = 256
+    target_steps: int = field(default=300, metadata=opt())
+    """Training (optimizer) steps of the tiny target."""
+    train_steps: int = field(default=60, metadata=opt())
+    """Training (optimizer) steps of the drafter."""
+    max_tokens: int = field(default=256, metadata=opt())
     """Longest completion gen asks for."""
-    threads: int = 1
+    threads: int = field(default=1, metadata=opt())
     """torch threads: matrices this small gain little from more, and lose a lot on a busy
     machine where threads spin waiting for each other."""
     write: WriteOptions = field(default_factory=lambda: WriteOptions(
-        commit_every=16, commit_interval=10.0))
+        commit_every=16, commit_interval=10.0), metadata=embed("overwrite"))
     """--overwrite: start afresh, removing what an earlier quickstart left in `out`; the
     commit cadence gen uses (small: the quickstart's datasets are small)."""
     output: OutputOptions = field(default_factory=OutputOptions)

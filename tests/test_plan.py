@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from eagle3kit import gen, plan
 from eagle3kit._ui import OutputOptions
 from eagle3kit.cli import app
+from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, hidden_bytes_per_token
 from eagle3kit.gen.config import ServerSpec
 from eagle3kit.plan import Estimate
@@ -270,7 +271,7 @@ def test_target_shape_comes_from_its_config(tmp_path, tokenizer):
                         tokenizer=tokenizer, target=tmp_path)
     assert plan.target_shape(plan.PlanConfig(cfg)) == (7168, 3)
     assert plan.target_shape(plan.PlanConfig(cfg, layers="2,30,58,60")) == (7168, 4)
-    with pytest.raises(plan.UserError, match=r"must lie in 0\.\.61 for this 61-layer target"):
+    with pytest.raises(UserError, match=r"must lie in 0\.\.61 for this 61-layer target"):
         plan.target_shape(plan.PlanConfig(cfg, layers="2,30,62"))
     assert plan.target_shape(plan.PlanConfig(cfg, hidden_size=512)) == (512, 3)
 

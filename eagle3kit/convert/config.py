@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3kit import _ui
-from eagle3kit._options import WriteOptions
+from eagle3kit._options import WriteOptions, arg, opt
 from eagle3kit.errors import UserError
 from eagle3kit.format import is_dataset
 from eagle3kit.target import parse_layer_ids
@@ -16,28 +16,31 @@ from eagle3kit.target import parse_layer_ids
 
 @dataclass
 class ConvertConfig:
-    src: Path
-    """A dataset directory (exported to JSONL) or a JSONL file (imported into a dataset)."""
-    dst: Path
-    """The JSONL file to write ('-' for stdout), or the dataset directory to write."""
-    tokenizer: Path | None = None
+    src: Path = field(metadata=arg())
+    """A dataset directory (exported to JSONL), or a JSONL file to import into a dataset."""
+    dst: Path = field(metadata=arg())
+    """The JSONL file to write ('-': stdout), or the dataset directory to write."""
+    tokenizer: Path | None = field(default=None, metadata=opt())
     """Export: add decoded prompt_text and completion_text with this tokenizer."""
-    partition: str | None = None
+    partition: str | None = field(default=None, metadata=opt())
     """Export: only this partition."""
-    skip_bad_lines: bool = False
+    skip_bad_lines: bool = field(default=False, metadata=opt("--skip-bad-lines"))
     """Import: skip and count malformed lines instead of stopping at the first."""
-    write: WriteOptions = field(default_factory=WriteOptions)
-    """Import: --resume/--overwrite/--force and the commit cadence."""
-    trust_remote_code: bool = False
-    """Export: run code the --tokenizer directory ships (auto_map)."""
-    output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
-    to: str | None = None
-    """Hidden-state export: speculators or specforge (eagle3kit/convert/hidden.py)."""
-    target: Path | None = None
+    to: str | None = field(default=None, metadata=opt())
+    """Hidden states: export to speculators or specforge files (eagle3kit/convert/hidden.py)."""
+    target: Path | None = field(default=None, metadata=opt())
     """Hidden states: the target model (its final norm for --to specforge; identity and
     default layers for an import)."""
-    layers: list[int] | str | None = None
+    layers: list[int] | str | None = field(default=None, metadata=opt(
+        metavar="2,18,33", type=str))
     """Hidden-state import: the aux layer ids, boundary convention."""
+    trust_remote_code: bool = field(default=False, metadata=opt("--trust-remote-code"))
+    """Run the Python code a model or tokenizer directory ships (auto_map in its config), here
+    the --tokenizer's on export. Only this flag allows it: what a dataset or run records
+    never does."""
+    write: WriteOptions = field(default_factory=WriteOptions)
+    """Import: --resume/--overwrite/--force and the commit cadence."""
+    output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
     hidden: str | None = field(default=None, init=False)
     """"export" or "import" when the conversion is of hidden states, else None."""
 

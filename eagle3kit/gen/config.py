@@ -6,12 +6,14 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from eagle3kit import _json
-from eagle3kit._options import OutputOptions, WriteOptions
+from eagle3kit._options import OutputOptions, WriteOptions, arg, embed, opt
 from eagle3kit.errors import UserError
 
+PATHS_LAST = ("give the prompt files, then the output directory last (or --dataset NAME, then "
+              "the output directory)")
 _SLOTS = re.compile(r"^(?P<url>.*?)@(?P<slots>\d+)$")
 
 
@@ -55,88 +57,123 @@ def parse_server(text: str) -> ServerSpec:
     return ServerSpec(server_url(url, "--server", concurrency=True), slots)
 
 
+# gen's help groups its options by what they are about (Typer's rich_help_panel).
+INPUT, SERVERS, RENDER, SAMPLING, RUN = (
+    "Prompts", "Servers", "Rendering the prompts", "Sampling and lengths", "The run")
+
+
 @dataclass
 class GenConfig:
-    prompts: list[Path]
-    """Prompt files: JSONL, JSON or parquet."""
+    prompts: list[Path] = field(metadata=arg(
+        metavar="PROMPTS... OUTPUT", last="out", type=list[Path]))
+    """Prompt files (JSONL, JSON, parquet), then the output dataset directory last."""
     out: Path
     """The token dataset to write (created, or continued when it exists)."""
-    dataset: str | None = None
-    """An HF dataset name or path, read with the `hf` extra."""
-    dataset_split: str = "train"
-    format: str = "auto"
+    dataset: str | None = field(default=None, metadata=opt(metavar="NAME_OR_PATH", panel=INPUT))
+    """Read prompts through HF datasets (the hf extra): a dataset name or path."""
+    dataset_split: str = field(default="train", metadata=opt(panel=INPUT))
+    """The --dataset split to read."""
+    format: str = field(default="auto", metadata=opt(panel=INPUT))
     """Prompt file shape: auto, messages, sharegpt, conversations, prompt, mtbench."""
-    partition_field: str | None = None
+    partition_field: str | None = field(default=None, metadata=opt(panel=INPUT))
     """Record field naming each prompt's partition (default: the file name)."""
-    partition: str | None = None
-    """Only this partition ('all' for every one)."""
-    max_samples: int | None = None
-    """At most this many conversations (after --partition and --shuffle-seed)."""
-    shuffle_seed: int | None = None
-    skip_bad_lines: bool = False
-    tokenizer: Path | None = None
-    """The target's tokenizer directory (default: --target with --engine hf)."""
-    trust_remote_code: bool = False
-    """Run code the tokenizer or target directory ships (auto_map); recorded in the dataset,
-    so later stages run it without being told again."""
-    chat_template: Path | None = None
-    chat_template_kwargs: dict | str = field(default_factory=dict)
-    system: str | None = None
-    """A system prompt for conversations that have none."""
-    history: Literal["own", "dataset"] = "own"
-    """Later turns see the model's own earlier answers, or the dataset's."""
-    servers: list[ServerSpec | str] = field(default_factory=list)
-    api: str = "auto"
-    engine: Literal["server", "hf"] = "server"
-    target: Path | None = None
-    api_key: str | None = field(default=None, repr=False)
-    tokenizer_check: bool = True
-    concurrency: int = 64
-    max_tokens: int = 4096
-    max_seq_len: int | None = None
-    """Prompt + completion cap (default: the server's context length)."""
-    long_threshold: int | None = None
-    """Prompts with at least this many tokens use the long settings."""
-    short_concurrency: int | None = None
-    long_concurrency: int | None = None
-    short_max_tokens: int | None = None
-    long_max_tokens: int | None = None
-    min_completion_tokens: int = 0
-    temperature: float = 0.7
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    n: int = 1
+    partition: str | None = field(default=None, metadata=opt(panel=INPUT))
+    """Only this partition, or all."""
+    max_samples: int | None = field(default=None, metadata=opt(panel=INPUT))
+    """At most N conversations (after --partition and --shuffle-seed)."""
+    shuffle_seed: int | None = field(default=None, metadata=opt(panel=INPUT))
+    """Shuffle the conversations with this seed before --max-samples picks."""
+    skip_bad_lines: bool = field(default=False, metadata=opt("--skip-bad-lines", panel=INPUT))
+    """Skip and count malformed prompt lines instead of stopping at the first."""
+    servers: list[ServerSpec | str] = field(default_factory=list, metadata=opt(
+        "--server", metavar="URL[@N]", panel=SERVERS))
+    """An SGLang or vLLM server; repeat for several; @N sets its own concurrency. Required
+    unless --engine hf."""
+    api: str = field(default="auto", metadata=opt(panel=SERVERS))
+    """auto, sglang, vllm, or openai-chat (text fallback, marked reconstructed)."""
+    api_key: str | None = field(default=None, repr=False, metadata=opt(
+        envvar="EAGLE3KIT_API_KEY", panel=SERVERS))
+    """Bearer token for the servers (never stored)."""
+    engine: Literal["server", "hf"] = field(default="server", metadata=opt(panel=SERVERS))
+    """server, or hf: transformers in-process with --target."""
+    target: Path | None = field(default=None, metadata=opt(panel=SERVERS))
+    """The target model directory (for --engine hf)."""
+    concurrency: int = field(default=64, metadata=opt(panel=SERVERS))
+    """Requests in flight per server."""
+    request_timeout: float | None = field(default=None, metadata=opt(
+        metavar="SECONDS", panel=SERVERS))
+    """Limit on one whole generation (default none: long reasoning takes long)."""
+    max_attempts: int | None = field(default=None, metadata=opt(panel=SERVERS))
+    """Attempts per request on a server that is up (default: no limit, --retry-for bounds
+    it)."""
+    retry_for: float | str = field(default=900.0, metadata=opt(metavar="DURATION", panel=SERVERS))
+    """Retry a failing request for this long, e.g. 15m, 1h, 900 (seconds): the backoff between
+    its attempts adds up to at most this; time its server is down does not count."""
+    stall_after: float | str = field(default=600.0, metadata=opt(
+        metavar="DURATION", panel=SERVERS))
+    """Warn about a request with no answer for this long."""
+    long_threshold: int | None = field(default=None, metadata=opt(panel=SERVERS))
+    """Prompts with at least N tokens use the --long-* settings, others --short-*."""
+    short_concurrency: int | None = field(default=None, metadata=opt(panel=SERVERS))
+    """Requests in flight per server for short prompts (default --concurrency)."""
+    long_concurrency: int | None = field(default=None, metadata=opt(panel=SERVERS))
+    """Requests in flight per server for long prompts (default --concurrency)."""
+    tokenizer: Path | None = field(default=None, metadata=opt(panel=RENDER))
+    """The target's tokenizer directory. Required, except with --engine hf (then --target's)."""
+    trust_remote_code: bool = field(default=False, metadata=opt(
+        "--trust-remote-code", panel=RENDER))
+    """Run the Python code the tokenizer or target ships (auto_map); recorded in the dataset,
+    so later stages need it no more."""
+    chat_template: Path | None = field(default=None, metadata=opt(panel=RENDER))
+    """A Jinja chat template file (default: the tokenizer's)."""
+    chat_template_kwargs: dict | str = field(default_factory=dict, metadata=opt(
+        metavar="JSON", panel=RENDER))
+    """Template variables, e.g. '{"enable_thinking": false}'."""
+    system: str | None = field(default=None, metadata=opt(metavar="PROMPT", panel=RENDER))
+    """System prompt for conversations without one."""
+    history: Literal["own", "dataset"] = field(default="own", metadata=opt(panel=RENDER))
+    """Later turns see the model's own answers (own) or the dataset's (dataset)."""
+    tokenizer_check: bool = field(default=True, metadata=opt(
+        "--no-tokenizer-check", negate=True, panel=RENDER))
+    """Skip checking that each server tokenizes a probe text as --tokenizer does (checked by
+    default)."""
+    max_tokens: int = field(default=4096, metadata=opt(panel=SAMPLING))
+    """Longest completion asked for."""
+    max_seq_len: int | None = field(default=None, metadata=opt(panel=SAMPLING))
+    """Prompt + completion cap (default the server's context length)."""
+    short_max_tokens: int | None = field(default=None, metadata=opt(panel=SAMPLING))
+    """--max-tokens for short prompts (with --long-threshold)."""
+    long_max_tokens: int | None = field(default=None, metadata=opt(panel=SAMPLING))
+    """--max-tokens for long prompts (with --long-threshold)."""
+    min_completion_tokens: int = field(default=0, metadata=opt(panel=SAMPLING))
+    """Shorter completions are recorded as filtered."""
+    temperature: float = field(default=0.7, metadata=opt(panel=SAMPLING))
+    """Sampling temperature; 0 is greedy."""
+    top_p: float = field(default=1.0, metadata=opt(panel=SAMPLING))
+    """Nucleus sampling: the smallest set of tokens holding this much probability."""
+    top_k: int = field(default=-1, metadata=opt(panel=SAMPLING))
+    """Sample among the k likeliest tokens; -1 off."""
+    min_p: float = field(default=0.0, metadata=opt(panel=SAMPLING))
+    """Drop tokens less likely than this share of the likeliest one's probability."""
+    n: int = field(default=1, metadata=opt("--n", panel=SAMPLING))
     """Samples per prompt; each has its own seed derived from its sample id."""
-    sampling_seed: int | None = None
-    request_timeout: float | None = None
-    """Seconds for one whole generation; none by default (long reasoning takes long)."""
-    max_attempts: int | None = None
-    """Attempts per request on a server that is up; none by default: --retry-for bounds it."""
-    retry_for: float | str = 900.0
-    """How long one request is retried (the backoff between its attempts adds up to at most
-    this; time its server spends down does not count): seconds, or '15m', '1h'."""
-    retry_failed: bool = True
-    """A rerun retries the samples an earlier run recorded as skipped:failed (--keep-failed:
-    leave them)."""
-    stall_after: float | str = 600.0
-    """Warn when a request has had no answer for this long."""
-    strict: bool = False
-    grace: float = 30.0
-    """Seconds in-flight requests get to finish after SIGINT/SIGTERM."""
-    write: WriteOptions = field(default_factory=WriteOptions)
+    sampling_seed: int | None = field(default=None, metadata=opt(panel=SAMPLING))
+    """Each sample's seed derives from it and the sample id (default: unseeded)."""
+    strict: bool = field(default=False, metadata=opt("--strict", panel=RUN))
+    """Stop at the first response that breaks an invariant."""
+    grace: float = field(default=30.0, metadata=opt(metavar="SECONDS", panel=RUN))
+    """Time in-flight requests get to finish after Ctrl-C (SIGINT) or SIGTERM."""
+    write: WriteOptions = field(default_factory=WriteOptions, metadata=embed(panel=RUN))
     """--resume/--overwrite/--force and the commit cadence."""
+    retry_failed: bool = field(default=True, metadata=opt(
+        "--keep-failed", negate=True, panel=RUN))
+    """Leave the samples an earlier run recorded as skipped:failed (by default a rerun retries
+    them)."""
     output: OutputOptions = field(default_factory=OutputOptions)
 
-    @classmethod
-    def from_paths(cls, paths: list[Path], **options: Any) -> GenConfig:
-        """PROMPTS... OUTPUT as the command line gives them: the output directory last."""
-        if len(paths) < 2 and not (options.get("dataset") and paths):
-            raise UserError("give the prompt files, then the output directory last")
-        *inputs, out = paths
-        return cls(inputs, out, **options)
-
     def __post_init__(self) -> None:
+        if self.out is None:  # a single path on the command line
+            raise UserError(PATHS_LAST)
         self.prompts = [Path(p) for p in self.prompts]
         self.out = Path(self.out)
         self.servers = [s if isinstance(s, ServerSpec) else parse_server(s)
@@ -151,7 +188,7 @@ class GenConfig:
 
     def _check_inputs(self) -> None:
         if not self.prompts and not self.dataset:
-            raise UserError("give at least one prompt file, or --dataset")
+            raise UserError(PATHS_LAST)
         for path in self.prompts:
             if not path.is_file():
                 raise UserError(f"{path}: no such prompt file")

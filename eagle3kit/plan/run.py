@@ -27,7 +27,7 @@ import math
 import random
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,8 @@ from eagle3kit import _ui
 from eagle3kit.errors import UserError
 from eagle3kit.format import CODECS, Dataset, hidden_bytes_per_token
 from eagle3kit.gen import Chain, GenConfig, resume_point
-from eagle3kit.target import check_layer_ids, config_dict, parse_layer_ids
+from eagle3kit.plan.config import PlanConfig
+from eagle3kit.target import check_layer_ids, config_dict
 
 PILOT_SHARE = 0.01
 PILOT_MIN = 200
@@ -47,7 +48,6 @@ TIME_MARGIN = 0.05
 """Time ranges widen by this share each way: the servers' speed drifts between the pilot and
 the run (other load, batching) by more than the pilot's own spread shows. Against the test
 server the forecast falls within ±8% of the measured run (ten trials)."""
-REPLICATES = 200
 DRAW_BUDGET = 40_000_000
 """Most requests drawn over all replicates; bigger runs get fewer replicates (20 at least)."""
 STEP_BUDGET = 1_500_000
@@ -59,64 +59,6 @@ only add up: every slot is busy there."""
 
 class PilotStopped(UserError):
     exit_code = 130
-
-
-@dataclass
-class PlanConfig:
-    gen: GenConfig
-    """The gen run to forecast: the same prompts, servers, output and settings."""
-    pilot: str | float | None = None
-    """Pilot size: a count (200) or a share of the run (0.05); default 1% or 200."""
-    hidden_size: int | None = None
-    """The target's hidden size (default: from --target's config.json)."""
-    layers: list[int] | str | None = None
-    """Auxiliary layer ids (boundary convention, '2,18,33'); their count sets the states."""
-    batch_tokens: int | None = None
-    """Training tokens per optimizer step: gives the steps per epoch."""
-    train_tokens_per_s: float | None = None
-    """Training throughput: gives the time per epoch."""
-    extract_tokens_per_s: float | None = None
-    """extract's throughput (the tokens_per_s it reports, summed over ranks): gives its time."""
-    seed: int = 0
-    """Chooses the pilot's prompts and the bootstrap's draws."""
-    replicates: int = REPLICATES
-
-    @classmethod
-    def own_options(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """Take plan's own options out of the command line's (the rest are gen's)."""
-        own = {f.name for f in fields(cls)} - {"gen"}
-        return {name: options.pop(name) for name in list(options) if name in own}
-
-    def __post_init__(self) -> None:
-        self.pilot = parse_pilot(self.pilot)
-        for flag, value in (("--hidden-size", self.hidden_size),
-                            ("--batch-tokens", self.batch_tokens)):
-            if value is not None and value < 1:
-                raise UserError(f"{flag} must be at least 1 (got {value})")
-        for flag, rate in (("--train-tokens-per-s", self.train_tokens_per_s),
-                           ("--extract-tokens-per-s", self.extract_tokens_per_s)):
-            if rate is not None and not rate > 0:
-                raise UserError(f"{flag} must be > 0 (got {rate})")
-        self.layers = parse_layer_ids(self.layers)
-        if self.layers is not None:
-            check_layer_ids(self.layers)
-        if self.replicates < 20:
-            raise UserError(f"replicates must be at least 20 (got {self.replicates})")
-
-
-def parse_pilot(value: str | float | None) -> float | None:
-    """'200' -> 200 prompts; '0.05' or '5%' -> that share of the run; None -> the default."""
-    if value is None:
-        return None
-    text = str(value).strip()
-    try:
-        number = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        number = math.nan
-    if not number > 0 or (number >= 1 and not number.is_integer()):
-        raise UserError(f"--pilot {value}: give a number of prompts (200) or a share of the "
-                        "run between 0 and 1 (0.05, or 5%)")
-    return number
 
 
 # Results ------------------------------------------------------------------------------------
