@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -51,21 +51,27 @@ class TargetBatch:
                                                     self.aux, self.normed, self.argmax)))
 
 
-def _meta_model(config: Any, trust_remote_code: bool = False) -> nn.Module:
+HfModel = Any
+"""A transformers model of any architecture (remote code included), used by its duck-typed
+methods (get_decoder, get_input_embeddings, base_model_prefix, ...): nn.Module's typing knows
+none of them."""
+
+
+def _meta_model(config: Any, trust_remote_code: bool = False) -> HfModel:
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
 
 
-def _param_name(model: nn.Module, param: torch.Tensor) -> str:
+def _param_name(model: nn.Module, param: object) -> str:
     for name, p in model.named_parameters(remove_duplicate=False):
         if p is param:
             return name
     raise KeyError("parameter not found")
 
 
-def _final_norm(model: nn.Module) -> nn.Module:
+def _final_norm(model: HfModel) -> nn.Module:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     norm = getattr(decoder, "norm", None)
     if norm is None:
@@ -128,7 +134,7 @@ class TargetHead(nn.Module):
         return cls(embedding, norm, lm_head)
 
     @classmethod
-    def of(cls, model: nn.Module) -> TargetHead:
+    def of(cls, model: HfModel) -> TargetHead:
         out = model.get_output_embeddings()
         emb = model.get_input_embeddings().weight
         return cls(emb, _final_norm(model), emb if out is None else out.weight)
@@ -199,9 +205,10 @@ class OfflineTarget:
 class OnlineTarget:
     """The whole target in the loop, frozen; hooks keep the aux and last states."""
 
-    def __init__(self, model: nn.Module, layers: list[int], device: torch.device) -> None:
+    def __init__(self, model: HfModel, layers: list[int], device: torch.device) -> None:
         self.model, self.layers, self.device = model, layers, device
-        self.base = getattr(model, model.base_model_prefix, model)
+        # (cast: getattr with a default is typed as possibly None, which it never is here)
+        self.base = cast(HfModel, getattr(model, model.base_model_prefix, model))
         blocks = getattr(self.base, "layers", None)
         if blocks is None:
             raise UserError(f"--target: {type(model).__name__} has no `layers` list of "
