@@ -181,6 +181,7 @@ class Trainer:
     # The whole run ------------------------------------------------------------------------
     def run(self) -> TrainResult:
         cfg = self.cfg
+        assert cfg.target is not None  # TrainConfig refuses a run without --target
         self.trust_remote_code = tdata.trust_remote_code(cfg)
         target = TargetInfo.load(cfg.target, self.trust_remote_code)
         self.target_cfg = target.config
@@ -251,6 +252,7 @@ class Trainer:
             return list(self.previous["layer_ids"])
         n = self.target_cfg.num_hidden_layers
         if self.cfg.layers is not None:
+            assert not isinstance(self.cfg.layers, str)  # TrainConfig parsed --layers
             return check_layer_ids(self.cfg.layers, n, count=3)
         if self.cfg.init_from is not None:
             import json
@@ -267,6 +269,7 @@ class Trainer:
 
     def _load_target(self) -> None:
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
+        assert self.cfg.target is not None  # TrainConfig refuses a run without --target
         if self.cfg.online and not self.cfg.servers:
             self.online = OnlineTarget.load(self.cfg.target, self.layers, self.device,
                                             self.trust_remote_code)
@@ -529,6 +532,7 @@ class Trainer:
         """The target tokenizer's think / tool-call markers (bench accept's), for the
         held-out prediction per reasoning phase; None without a loadable tokenizer."""
         if not hasattr(self, "_phase_markers"):
+            assert self.cfg.target is not None  # TrainConfig refuses a run without --target
             self._phase_markers = _markers_of(self.cfg.target, self.trust_remote_code)
         return self._phase_markers
 
@@ -619,6 +623,7 @@ class Trainer:
                                  self.drafter.config.norm_before_residual,
                                  **self.drafter.config.variant}})
         if stopped:
+            assert self.stop_signal is not None  # set with the stop
             result.stopped = self.stop_signal.name
             result.exit_code = EXIT_CODES[self.stop_signal]
             result.resume_command = resume_command(self.ranks)
