@@ -49,7 +49,7 @@ from eagle3kit.format.layout import (
 )
 from eagle3kit.format.lock import RunLock, acquire, new_run_id
 from eagle3kit.format.reader import read_committed_ids
-from eagle3kit.format.sample import TokenSample, check_sample_id
+from eagle3kit.format.sample import IntSeq, TokenSample, check_sample_id
 from eagle3kit.format.shard import write_shard
 
 OpenMode = Literal["auto", "resume", "overwrite"]
@@ -90,8 +90,8 @@ class _TokenBuffer:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def _pack(self, ids: object) -> None:
-        n = len(ids)  # type: ignore[arg-type]
+    def _pack(self, ids: IntSeq) -> None:
+        n = len(ids)
         if self.n_tokens + n > self.tokens.size:
             grown = np.empty(max(2 * self.tokens.size, self.n_tokens + n), np.int32)
             grown[: self.n_tokens] = self.tokens[: self.n_tokens]
@@ -147,7 +147,7 @@ class _TokenBuffer:
         names = sorted(set(self.partitions))
         index = {p: i for i, p in enumerate(names)}
         spans = np.array([pair for sample in self.spans for pair in sample], np.int32)
-        arrays = {
+        arrays: dict[str, np.ndarray] = {
             "tokens": self.tokens[: self.n_tokens],
             "offsets": np.asarray(self.offsets, np.int64),
             "prompt_lens": np.asarray(self.prompt_lens, np.int32),
@@ -496,7 +496,8 @@ class DatasetWriter:
             "samples": str(len(buffer)), "partitions": orjson.dumps(partitions).decode(),
             # Resuming reads only the ids; their own checksum keeps a damaged id from
             # letting a sample in twice, without reading the whole shard.
-            "sample_ids_xxh3": xxhash.xxh3_128_hexdigest(arrays["sample_ids"]),
+            "sample_ids_xxh3": xxhash.xxh3_128_hexdigest(
+                arrays["sample_ids"]),  # type: ignore[arg-type]  # numpy's stubs give ndarray the buffer protocol for Python >= 3.12 only
             **buffer.shard_metadata(),
         }, buffer.dtypes)
         fsync_dir(shard_dir)

@@ -194,7 +194,8 @@ class TrainConfig:
             raise UserError("; ".join(found))
 
     def _check_ranges(self, found: list[str]) -> None:
-        positive: dict[str, float] = {"--draft-vocab": self.draft_vocab, "--ttt-steps": self.ttt_steps,
+        positive: dict[str, float] = {
+                    "--draft-vocab": self.draft_vocab, "--ttt-steps": self.ttt_steps,
                     "--batch-tokens": self.batch_tokens,
                     "--grad-accum": self.grad_accum, "--eval-k": self.eval_k,
                     "--checkpoint-every": self.checkpoint_every, "--keep": self.keep}
