@@ -149,7 +149,8 @@ class Scheduler:
         self.writer, self.progress = writer, progress
         self.context_len = context_len
         self.probe_ids = probe_ids
-        self.queues = {False: asyncio.Queue(), True: asyncio.Queue()}
+        self.queues: dict[bool, asyncio.Queue[Job]] = {False: asyncio.Queue(),
+                                                        True: asyncio.Queue()}
         self.outstanding = 0
         self.in_flight = 0
         self.feeding = True
