@@ -497,11 +497,11 @@ class Progress:
         if f.tok_rate is not None:
             parts.append(f"{human_count(f.tok_rate)} tok/s")
         for name, value in {**dict.fromkeys(_ALWAYS_SHOWN, 0.0), **counters}.items():
-            if name == "truncated":  # shown even at 0: a clean run is worth knowing about
+            if value is None:  # a gauge with no reading yet (train's AL before evaluating)
+                parts.append(f"{name} –")
+            elif name == "truncated":  # shown even at 0: a clean run is worth knowing about
                 share = "" if f.truncation is None else f" ({100 * f.truncation:.1f}%)"
                 parts.append(f"truncated {_number(value)}{share}")
-            elif value is None:  # a gauge with no reading yet (train's AL before evaluating)
-                parts.append(f"{name} –")
             elif name != "tokens" and (value or name in _ALWAYS_SHOWN):
                 parts.append(f"{name} {_number(value)}")
         if f.mean_tokens is not None:

@@ -285,8 +285,8 @@ class ShardFile:
             raise self._damaged(f"tensor {name!r} is {spec['dtype']} {spec['shape']}, "
                                 f"expected {ndim}-D {dtype}")
         start, stop = spec["data_offsets"]
-        dtype = DTYPES[spec["dtype"]]
-        flat = np.frombuffer(self._map, dtype=dtype, count=(stop - start) // dtype.itemsize,
+        stored = DTYPES[spec["dtype"]]
+        flat = np.frombuffer(self._map, dtype=stored, count=(stop - start) // stored.itemsize,
                              offset=self._data_start + start)
         return flat.reshape(spec["shape"])
 

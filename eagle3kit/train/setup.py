@@ -246,7 +246,8 @@ class Setup(TrainerState):
         if self.ranks.world > 1:
             _ui.info(f"train: {self.ranks.world} ranks, "
                      + ("FSDP: parameters, gradients and optimizer state sharded"
-                        if sharding.parallel(self.model, self.ranks.world) == "fsdp" else "DDP: a whole drafter per rank"),
+                        if sharding.parallel(self.model, self.ranks.world) == "fsdp"
+                        else "DDP: a whole drafter per rank"),
                      opts)
         _ui.info(f"train: {sum(len(t) for t in self.pool.train):,} training samples, "
                  f"{len(self.pool.heldout):,} held out, {self.plan.total_steps:,} steps"
