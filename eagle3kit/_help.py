@@ -100,7 +100,7 @@ def shown(value: Any) -> str | None:
 class StageCommand(TyperCommand):
     """A subcommand whose help takes defaults and required marks from its stage configs."""
 
-    configs: ClassVar[tuple[str, ...]] = ()
+    configs: tuple[str | type, ...] = ()  # a LazyCommand sets its own, once made
     fields_of: ClassVar[dict[str, str]] = {}
     """Option parameter name -> config field name, where the two differ."""
 
