@@ -141,8 +141,8 @@ def _cell(value: object) -> str:
 
 
 def table(
-    title: str, columns: list[str], rows: list[list[object]], opts: OutputOptions | None = None,
-    fold: bool = False,
+    title: str, columns: list[str], rows: Sequence[Sequence[object]],
+    opts: OutputOptions | None = None, fold: bool = False,
 ) -> None:
     """A titled table on stderr; numeric columns are right-aligned so figures line up.
 
@@ -182,7 +182,7 @@ def checklist(items: list[tuple[bool | None, str, str]], opts: OutputOptions | N
         console.print(line, soft_wrap=True)
 
 
-def kv(title: str, pairs: list[tuple[str, object]], opts: OutputOptions | None = None) -> None:
+def kv(title: str, pairs: Sequence[tuple[str, object]], opts: OutputOptions | None = None) -> None:
     """A title and an aligned 'key  value' block, for info-style summaries."""
     if _quiet(opts):
         return
