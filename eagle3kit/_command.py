@@ -16,7 +16,7 @@ import inspect
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -72,7 +72,7 @@ class Option:
 def _fields(cls: type) -> Iterator[dataclasses.Field]:
     """The init fields of `cls`, InitVars included, in their declared order."""
     for f in cls.__dataclass_fields__.values():  # type: ignore[attr-defined]
-        if f._field_type is not _CLASSVAR and f.init:  # type: ignore[attr-defined]
+        if f._field_type is not _CLASSVAR and f.init:  # its private kind: ClassVars out
             yield f
 
 
@@ -137,7 +137,7 @@ def _parsed_as(hint: Any) -> Any:
         kinds = [a for a in typing.get_args(hint) if a is not type(None)]
         return _parsed_as(kinds[0]) if len(kinds) == 1 else str
     if origin is list:
-        return list[_parsed_as(typing.get_args(hint)[0])]
+        return types.GenericAlias(list, (_parsed_as(typing.get_args(hint)[0]),))  # list[...]
     if origin is Literal or hint not in (bool, int, float, str, Path):
         return str
     return hint
@@ -241,22 +241,24 @@ class LazyCommand(StageCommand):
     it in `eagle3kit --help` imports nothing."""
 
     def __init__(self, name: str, stage: Stage, **settings: Any) -> None:
-        self.stage, self._params = stage, None
+        self.stage = stage
+        self._params: list | None = None
         super().__init__(name=name, help=stage.summary, rich_help_panel=stage.panel,
                          params=[], callback=None, **settings)
 
-    @property  # type: ignore[override]
-    def params(self) -> list:  # type: ignore[override]
+    @property
+    def params(self) -> list:
         if self._params is None:
-            self._make()
-        return self._params  # type: ignore[return-value]
+            self._params = self._make()
+        return self._params
 
     @params.setter
     def params(self, value: list) -> None:
         if value:
             self._params = value
 
-    def _make(self) -> None:
+    def _make(self) -> list:
+        """The command's parameters, made from its config; the callback set to run it."""
         config = load(self.stage.config)
         self.configs = (config,)
         self.option_list = options(config)
@@ -264,17 +266,17 @@ class LazyCommand(StageCommand):
         command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
             [_parameter(o) for o in self.option_list])
         params, context = _get_params_name_from_function(command)
-        self._params = params
         self.callback = get_callback(callback=command, params=params,
                                      context_param_name=context, pretty_exceptions_short=True)
+        return params
 
 
 class StagesGroup(HelpGroup):
     """`eagle3kit` (and `eagle3kit bench`): the stages of `stages`, as lazy commands."""
 
-    stages: typing.ClassVar[dict[str, Stage | Group]] = {}
+    stages: typing.ClassVar[Mapping[str, Stage | Group]] = {}
 
-    def __init__(self, *args: Any, stages: dict[str, Stage | Group] | None = None,
+    def __init__(self, *args: Any, stages: Mapping[str, Stage | Group] | None = None,
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for name, stage in (self.stages if stages is None else stages).items():
@@ -286,5 +288,5 @@ class StagesGroup(HelpGroup):
                 self.add_command(LazyCommand(name, stage))
 
 
-def stages_group(stages: dict[str, Stage | Group]) -> type[StagesGroup]:
+def stages_group(stages: Mapping[str, Stage | Group]) -> type[StagesGroup]:
     return type("StagesGroup", (StagesGroup,), {"stages": stages})

@@ -100,7 +100,7 @@ def shown(value: Any) -> str | None:
 class StageCommand(TyperCommand):
     """A subcommand whose help takes defaults and required marks from its stage configs."""
 
-    configs: ClassVar[tuple[str, ...]] = ()
+    configs: tuple[str | type, ...] = ()  # a LazyCommand sets its own, once made
     fields_of: ClassVar[dict[str, str]] = {}
     """Option parameter name -> config field name, where the two differ."""
 
@@ -115,7 +115,7 @@ class StageCommand(TyperCommand):
             for param in self.get_params(ctx):
                 o = made.get(param.name or "")
                 f = None if o is None else _defaulted(o.field, o.default)
-                if o is not None:
+                if o is not None and isinstance(param, TyperOption | TyperArgument):
                     param.help = param.help or docstrings(o.owner).get(o.field.name)
                 if isinstance(param, TyperOption):
                     _describe_option(param, f)

@@ -146,7 +146,9 @@ class WriteOptions:
         if resume and overwrite:
             raise UserError("--resume and --overwrite exclude each other")
         mode = "resume" if resume else "overwrite" if overwrite else "auto"
-        base = next(f for f in fields(config) if f.name == "write").default_factory()
+        factory = next(f for f in fields(config) if f.name == "write").default_factory
+        assert callable(factory)  # every stage's `write` field has a default_factory
+        base = factory()
         return replace(base, mode=mode, force=force, **given)
 
     def writer_options(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -141,8 +141,8 @@ def _cell(value: object) -> str:
 
 
 def table(
-    title: str, columns: list[str], rows: list[list[object]], opts: OutputOptions | None = None,
-    fold: bool = False,
+    title: str, columns: list[str], rows: Sequence[Sequence[object]],
+    opts: OutputOptions | None = None, fold: bool = False,
 ) -> None:
     """A titled table on stderr; numeric columns are right-aligned so figures line up.
 
@@ -182,7 +182,7 @@ def checklist(items: list[tuple[bool | None, str, str]], opts: OutputOptions | N
         console.print(line, soft_wrap=True)
 
 
-def kv(title: str, pairs: list[tuple[str, object]], opts: OutputOptions | None = None) -> None:
+def kv(title: str, pairs: Sequence[tuple[str, object]], opts: OutputOptions | None = None) -> None:
     """A title and an aligned 'key  value' block, for info-style summaries."""
     if _quiet(opts):
         return
@@ -240,13 +240,13 @@ class _Tally:
     total: int | None = None
     initial: int = 0  # done by an earlier run: counts towards done, not towards rates
     done: int = 0
-    counters: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, float | None] = field(default_factory=dict)  # a None gauge shows "–"
 
     def add(self, n: int, increments: dict[str, float]) -> None:
         self.done += n
         counters = self.counters
         for name, inc in increments.items():
-            counters[name] = counters.get(name, 0) + inc
+            counters[name] = (counters.get(name) or 0) + inc
 
 
 @dataclass(frozen=True)
@@ -275,7 +275,7 @@ def _figures(tally: _Tally, elapsed: float) -> Figures:
     per_second = 1 / elapsed if elapsed > 0 else 0.0
     rate = (done - tally.initial) * per_second
     # Skipped items (never sent, or given up on) have no output: they would dilute the means.
-    with_output = done - tally.initial - counters.get("skipped", 0)
+    with_output = done - tally.initial - (counters.get("skipped") or 0)
     tokens, truncated = counters.get("tokens"), counters.get("truncated")
     return Figures(
         done=done,
@@ -284,7 +284,7 @@ def _figures(tally: _Tally, elapsed: float) -> Figures:
         tok_rate=None if tokens is None else tokens * per_second,
         mean_tokens=tokens / with_output if tokens is not None and with_output > 0 else None,
         in_flight=counters.get("in_flight"),
-        errors=counters.get("errors", 0),
+        errors=counters.get("errors") or 0,
         retries=counters.get("retries"),
         truncation=truncated / with_output if truncated is not None and with_output > 0 else None,
         eta=(total - done) / rate if total and rate > 0 and done < total else None,
@@ -336,7 +336,7 @@ def _summary_cells(f: Figures, unit: str) -> dict[str, object]:
     }
 
 
-def _shown(rows: Iterable[dict[str, object]], always: Iterable[str]) -> list[str]:
+def _shown(rows: Iterable[Mapping[str, object]], always: Iterable[str]) -> list[str]:
     """The columns worth a place: those always shown, and those with a value in some row."""
     rows = list(rows)
     keep = set(always)
@@ -421,9 +421,10 @@ class Progress:
             self._row(key).add(n, increments)
         self._tick()
 
-    def set(self, *, rows: Sequence[str] = (), **values: float | None) -> None:
+    def set(self, rows: Sequence[str] = (), /, **values: float | None) -> None:
         """Overwrite gauges that go up and down, such as in_flight: the run's, or the rows'.
-        None shows the gauge as "–": not measured yet."""
+        None shows the gauge as "–": not measured yet. (`rows` is positional only, so any
+        gauge name, taken from a dict, is a gauge.)"""
         if not rows:
             self._all.counters.update(values)
         for key in (rows,) if isinstance(rows, str) else rows:
@@ -457,7 +458,7 @@ class Progress:
         return self._all.done
 
     @property
-    def counters(self) -> dict[str, float]:
+    def counters(self) -> dict[str, float | None]:
         return dict(self._all.counters)
 
     @property
@@ -496,11 +497,11 @@ class Progress:
         if f.tok_rate is not None:
             parts.append(f"{human_count(f.tok_rate)} tok/s")
         for name, value in {**dict.fromkeys(_ALWAYS_SHOWN, 0.0), **counters}.items():
-            if name == "truncated":  # shown even at 0: a clean run is worth knowing about
+            if value is None:  # a gauge with no reading yet (train's AL before evaluating)
+                parts.append(f"{name} –")
+            elif name == "truncated":  # shown even at 0: a clean run is worth knowing about
                 share = "" if f.truncation is None else f" ({100 * f.truncation:.1f}%)"
                 parts.append(f"truncated {_number(value)}{share}")
-            elif value is None:  # a gauge with no reading yet (train's AL before evaluating)
-                parts.append(f"{name} –")
             elif name != "tokens" and (value or name in _ALWAYS_SHOWN):
                 parts.append(f"{name} {_number(value)}")
         if f.mean_tokens is not None:

@@ -297,6 +297,7 @@ def bench_accept(
 
     def config() -> stage.AcceptConfig:
         _bench_required(target=target, drafter=drafter)
+        assert target is not None and drafter is not None  # _bench_required refused a None
         files = _bench_prompts(prompts, prompts_option)
         if k is not None and tree is not None:
             raise UserError("--k and --tree exclude each other: a tree's depth is its second "
@@ -351,6 +352,7 @@ def bench_server(
         _bench_required(server=server)
         files = _bench_prompts(prompts, prompts_option)
         _bench_required(tokenizer=tokenizer)
+        assert server is not None and tokenizer is not None  # _bench_required refused a None
         return stage.ServerBenchConfig(
             server, files, tokenizer, baseline=baseline, chat_template=chat_template,
             max_samples=max_samples, max_turns=max_turns, k=k, api_key=api_key,
@@ -403,6 +405,8 @@ def bench_parity(
         _bench_required(server=server)
         files = _bench_prompts(prompts, None)
         _bench_required(target=target, drafter=drafter)
+        # _bench_required refused a None
+        assert server is not None and target is not None and drafter is not None
         return stage.ParityConfig(
             server, files, target, drafter, speculative_config=speculative_config,
             max_samples=max_samples, max_turns=max_turns, k=k, api_key=api_key,

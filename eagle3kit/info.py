@@ -131,7 +131,7 @@ def _show(report: InfoReport, opts: _ui.OutputOptions) -> None:
         _ui.error(p)
 
 
-def run(cfg: InfoConfig) -> InfoReport:
+def run(cfg: InfoConfig) -> InfoReport | CheckpointReport:
     if checkpoint_dirs(cfg.path):
         return run_checkpoint(cfg)
     if cfg.target is not None:

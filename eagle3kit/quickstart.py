@@ -18,7 +18,7 @@ import json
 import shlex
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -310,7 +310,8 @@ def train_options(cfg: QuickstartConfig) -> dict[str, Any]:
 def stage_train(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
     from eagle3kit import train
 
-    result = train.run(train.TrainConfig([lay.hidden], lay.run, lay.target, output=out,
+    data = [train.DataSpec.parse(lay.hidden)]
+    result = train.run(train.TrainConfig(data, lay.run, lay.target, output=out,
                                          **train_options(cfg)))
     if result.steps < result.total_steps:
         raise interrupt(result.exit_code)
@@ -443,7 +444,7 @@ def show(r: QuickstartResult, opts: OutputOptions) -> None:
         spent += f"; this run {r.seconds['this run']:.0f} s ({', '.join(r.skipped)} done earlier)"
     if r.continued:
         spent += "; continued " + ", ".join(f"{k} from {v:,}" for k, v in r.continued.items())
-    rows: list[list[object]] = [
+    rows: list[Sequence[object]] = [
         ["predicted acceptance length", _fmt(r.predicted_acceptance_length, ".2f")],
         ["measured acceptance length", measured],
         ["samples", f"{r.samples:,}"],

@@ -109,7 +109,7 @@ def target_config(vocab_size: int, arch: str = "llama", num_layers: int = 8,
     """
     from transformers import LlamaConfig, Qwen3Config
 
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads,
         intermediate_size=intermediate_size or 2 * hidden_size,

@@ -96,8 +96,8 @@ def test_rows_accumulate_and_derive_their_own_figures(capsys: pytest.CaptureFixt
         p.add(0, retries=2, rows="server:http://a:30000")  # one key may be a plain str
         p.add(0, errors=1, rows=("server:http://a:30000",))
         p.set(in_flight=64)
-        p.set(in_flight=24, rows=("server:http://a:30000",))
-        p.set(in_flight=40, rows=("server:http://b:30000",))  # rows only: the run keeps 64
+        p.set(("server:http://a:30000",), in_flight=24)
+        p.set(("server:http://b:30000",), in_flight=40)  # rows only: the run keeps 64
 
     # Grouped by the prefix before ':', each group in order of appearance.
     assert p.rows == ["partition:math", "partition:code", "server:http://b:30000",
@@ -282,7 +282,7 @@ with Progress("plain", 4, OutputOptions(log_every=0.001)) as p:
     p.set_total("partition:a", 4)
     for _ in range(4):
         p.add(rows=("partition:a", "server:x"), tokens=5, truncated=0)
-        p.set(in_flight=1, rows=("server:x",))
+        p.set(("server:x",), in_flight=1)
 p.columns, p.summary_rows(), p.figures("server:x")
 assert 'rich' not in sys.modules, 'rich imported'
 """
@@ -366,7 +366,7 @@ with Progress("rowlabel", 24, OutputOptions(), unit="requests") as p:
     for i in range(24):
         rows = ("partition:mathpart" if i % 2 else "partition:codepart", servers[i % 2])
         p.add(rows=rows, tokens=700 + i, truncated=int(i % 6 == 0))
-        p.set(in_flight=3, rows=(servers[i % 2],))
+        p.set((servers[i % 2],), in_flight=3)
         time.sleep(0.05)
 """
 

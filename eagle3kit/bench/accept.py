@@ -10,9 +10,10 @@ speculation chose is within --tie-epsilon of the top logit), or the run fails (e
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
@@ -186,16 +187,19 @@ def load_target(path: Path, device: Any, dtype: Any, trust_remote_code: bool = F
 def load_drafter(path: Path, embedding: Any, target_config: Any) -> tuple[Any, list[str]]:
     """The drafter and what is doubtful about its checkpoint: any layout `eagle3kit info`
     reads (checkpoints.load), else eagle3kit's own (checkpoints.native)."""
+    loader: Callable[..., tuple[Any, Any]] | None
     try:
         from eagle3kit.checkpoints.load import load_any
     except ImportError:
-        load_any = None
+        loader = None
+    else:
+        loader = load_any
     try:
-        if load_any is None:
+        if loader is None:
             from eagle3kit.checkpoints.native import load_drafter as load
 
             return load(path, embedding=embedding), []
-        drafter, info = load_any(path, embedding, target_config=target_config)
+        drafter, info = loader(path, embedding, target_config=target_config)
         return drafter, [*info.problems, *info.warnings]
     except UserError as exc:
         raise UserError(f"--drafter {path}: {exc}") from None
@@ -328,7 +332,13 @@ def run_one(target: Any, drafter: Any, prompt: list[int], cfg: AcceptConfig,
 
 
 # Summarizing --------------------------------------------------------------------------------
-def _speed(results: list[PromptResult]) -> dict[str, float | None]:
+class _Speed(TypedDict):
+    spec_tokens_per_s: float | None
+    plain_tokens_per_s: float | None
+    speedup: float | None
+
+
+def _speed(results: list[PromptResult]) -> _Speed:
     tokens = sum(r.tokens for r in results)
     spec = sum(r.spec_seconds for r in results)
     plain = sum(r.plain_seconds for r in results)

@@ -18,7 +18,7 @@ import inspect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -102,7 +102,9 @@ class Target:
         logits = out.logits.float()
         if not aux:
             return logits, None
-        states = [self._last if k == self.num_layers else out.hidden_states[k]
+        # (cast: the hook set _last during this forward, as num_layers is among the ids)
+        states = [cast(torch.Tensor, self._last) if k == self.num_layers
+                  else out.hidden_states[k]
                   for k in self.layer_ids]
         return logits, torch.cat(states, dim=-1)
 

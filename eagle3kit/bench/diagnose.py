@@ -147,8 +147,9 @@ def run_findings(info: Any, provenance: dict | None, run_info: Any | None) -> li
             f"{where}: norm_before_residual is {str(info.norm_before_residual).lower()} but the "
             f"run trained with {str(run_info.norm_before_residual).lower()}: the engine adds "
             f"the residual from the wrong tensor")))
-    trained, served = getattr(run_info, "variant", None), getattr(info, "variant", None)
-    for name in (trained or {}) if served else ():
+    trained = getattr(run_info, "variant", None) or {}
+    served = getattr(info, "variant", None) or {}
+    for name in trained if served else ():
         if trained[name] != served.get(name):
             out.append(Finding("norm" if "norm" in name else "checkpoint", (
                 f"{where}: {name} is {_flag(served.get(name))} but the run trained with "

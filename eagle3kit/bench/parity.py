@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import eagle3kit.bench.diagnose as diagnose
 from eagle3kit import _ui
@@ -160,7 +160,9 @@ def inspect_server(cfg: ParityConfig, api: str, first_messages: list[dict] | Non
         else:
             _vllm_served(served, client, cfg, first_messages)
     if served.source is None and cfg.speculative_config:
-        _from_speculative_config(served, cfg.speculative_config, "--speculative-config")
+        # (cast: ParityConfig parsed --speculative-config to a dict)
+        _from_speculative_config(served, cast(dict[str, Any], cfg.speculative_config),
+                                 "--speculative-config")
     return served
 
 
@@ -249,6 +251,7 @@ def run(cfg: ParityConfig) -> ParityReport:
 
     info = inspect(cfg.drafter, cfg.target)
     target_config, _ = target_dict(cfg.target)
+    assert target_config is not None  # None only for no target; --target is required
     _ui.info(f"bench parity: {cfg.server} against bench accept with {cfg.drafter}", cfg.output)
     online = server.run(cfg.server_config())
     k = online.k or cfg.k or 3
@@ -275,7 +278,7 @@ def run(cfg: ParityConfig) -> ParityReport:
                                           ours, renderer.tokenizer.bos_token_id)]
     engine_length = (online.acceptance_length_without_prefill if online.api == "sglang"
                      else online.acceptance_length)
-    offline_figures = {
+    offline_figures: dict[str, Any] = {
         "acceptance_length": offline.acceptance_length if offline else None,
         "per_position": offline.per_position if offline else [],
         "lossless": offline.lossless if offline else None,

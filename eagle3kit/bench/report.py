@@ -99,7 +99,7 @@ def _accept_summary(report: AcceptReport) -> list[tuple[str, object]]:
 
 def _position_rows(report: AcceptReport) -> list[list[object]]:
     predicted = (report.predicted or {}).get("per_position")
-    rows = []
+    rows: list[list[object]] = []
     for n, (p, c) in enumerate(zip(report.per_position, report.per_position_conditional,
                                    strict=True)):
         guess = predicted[n] if isinstance(predicted, list) and n < len(predicted) else None

@@ -84,11 +84,11 @@ def by_phase(per_prompt: Sequence[tuple[list[str], Sequence[int]]], k: int
             counts.setdefault(phase, []).append(accepted)
     out = {}
     for phase in PHASES:
-        accepted = counts.get(phase)
-        if not accepted:
+        per_round = counts.get(phase)
+        if not per_round:
             continue
-        n = len(accepted)
-        out[phase] = {"rounds": n, "acceptance_length": 1 + sum(accepted) / n,
-                      "per_position": [sum(a >= i for a in accepted) / n
+        n = len(per_round)
+        out[phase] = {"rounds": n, "acceptance_length": 1 + sum(per_round) / n,
+                      "per_position": [sum(a >= i for a in per_round) / n
                                        for i in range(1, k + 1)]}
     return out

@@ -121,13 +121,15 @@ class Renderer:
                add_generation_prompt: bool) -> str:
         from jinja2 import TemplateError, TemplateSyntaxError
 
+        refused: tuple[type[Exception], ...] = (TemplateError, *TEMPLATE_ERRORS)
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, tools=tools, chat_template=self.template, tokenize=False,
+                messages, tools=tools,  # type: ignore[arg-type]  # transformers: list[dict | Callable], invariant, so a list[dict] is refused
+                chat_template=self.template, tokenize=False,
                 add_generation_prompt=add_generation_prompt, **self.chat_template_kwargs)
         except TemplateSyntaxError as exc:
             raise RenderError(f"line {exc.lineno}: {exc.message}") from None
-        except (TemplateError, *TEMPLATE_ERRORS) as exc:
+        except refused as exc:
             raise RenderError(f"{type(exc).__name__}: {exc}") from None
         return str(text)
 

@@ -67,12 +67,12 @@ class CheckpointInfo:
     verifier: str | None
     has_embedding: bool
     dtype: str | None
+    weights: Weights = field(repr=False)
     tensors: dict[str, list] = field(default_factory=dict)
     """name -> [shape, dtype], as the file stores them."""
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     config: dict = field(default_factory=dict, repr=False)
-    weights: Weights | None = field(default=None, repr=False)
     rename: Callable[[str], str] = field(default=lambda n: n, repr=False)
     drafter_config: DrafterConfig | None = field(default=None, repr=False)
 

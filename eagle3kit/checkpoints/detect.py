@@ -68,7 +68,7 @@ def inspect(path: str | Path, target_config: Any = None) -> CheckpointInfo:
         raise UserError(f"{directory}: no such checkpoint directory")
     config = config_dict(directory, f"{directory}: not a checkpoint directory (no config.json)")
     weights = Weights(directory)
-    shapes = {n: weights.shape(n) for n in weights.names}
+    shapes = {n: weights.meta[n][0] for n in weights.names}
     try:
         layout = detect_layout(config, weights.names, shapes)
     except UserError as exc:

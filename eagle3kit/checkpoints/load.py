@@ -38,6 +38,8 @@ def drafter_config_of(info: CheckpointInfo) -> DrafterConfig:
 
 def _drafter_config(info: CheckpointInfo, layer: dict, hidden: int, heads: int, theta: float,
                     scaling: dict | None, verifier: dict) -> DrafterConfig:
+    # drafter_config_of refused a checkpoint without these
+    assert info.vocab_size and info.draft_vocab_size and info.aux_layer_ids is not None
     return DrafterConfig(
         hidden_size=hidden,
         intermediate_size=_int(layer.get("intermediate_size")) or 0,

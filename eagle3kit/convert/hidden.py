@@ -31,6 +31,7 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -256,7 +257,7 @@ def export_speculators(cfg: ConvertConfig) -> ConvertResult:
         states = np.concatenate([s.aux.reshape(n, -1, h), s.last.reshape(n, 1, h)], axis=1)
         tensors = {"hidden_states": _bf16(states),
                    "token_ids": torch.from_numpy(np.asarray(s.input_ids, np.int64))}
-        write_atomic(path, lambda tmp, t=tensors: save_file(t, str(tmp)))
+        write_atomic(path, partial(save_file, tensors))  # save_file(tensors, tmp)
         written += 1
     _save_token_data(datasets, cfg.dst, ids, masks)
     out.finish(records)
@@ -326,7 +327,7 @@ def export_specforge(cfg: ConvertConfig) -> ConvertResult:
             "aux_hidden_state": _bf16(s.aux)[None],
             "hidden_state": last.to(torch.bfloat16)[None],
         }
-        write_atomic(path, lambda tmp, r=record: torch.save(r, str(tmp)))
+        write_atomic(path, partial(torch.save, record))  # torch.save(record, tmp)
         written += 1
     out.finish(records)
     _ui.info(f"{cfg.dst}: {len(ds):,} samples for SpecForge ({written:,} written, {kept:,} "
@@ -399,9 +400,9 @@ def _read_speculators(path: Path, ids: np.ndarray, mask: np.ndarray
     if not np.array_equal(echoed.numpy().reshape(-1), ids):
         raise BadFile(f"{path}: token_ids differ from row {path.stem[3:]}'s input_ids in the "
                       "token data")
-    states = states.float().numpy()
+    stacked = states.float().numpy()
     n = len(ids)
-    return ids, mask, states[:, :-1].reshape(n, -1), states[:, -1]
+    return ids, mask, stacked[:, :-1].reshape(n, -1), stacked[:, -1]
 
 
 def _read_specforge(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -190,11 +190,12 @@ class SourceMark:
     def from_json(cls, source: str, saved: object) -> SourceMark | None:
         if not isinstance(saved, dict) or saved.get("source") != source:
             return None
-        fields = [saved.get(k) for k in ("bytes", "line", "samples", "bad_lines")]
-        if not all(type(v) is int and v >= 0 for v in fields) or not isinstance(
+        counts = [saved.get(k) for k in ("bytes", "line", "samples", "bad_lines")]
+        if not all(type(v) is int and v >= 0 for v in counts) or not isinstance(
                 saved.get("xxh3"), str):
             return None
-        return cls(source, *fields, xxh3=saved["xxh3"])
+        return cls(source, saved["bytes"], saved["line"], saved["samples"], saved["bad_lines"],
+                   xxh3=saved["xxh3"])
 
 
 def _resume_point(f, saved: SourceMark | None, hasher) -> SourceMark | None:

@@ -54,7 +54,8 @@ def _as_sequence(items: IntItems) -> list[SupportsIndex] | tuple[SupportsIndex, 
 
 def _check_out(out: object, offset: int, n: int) -> None:
     """The buffer checks struct would make less clearly (or not at all: a strided view)."""
-    with memoryview(out) as mv:  # TypeError if out is not a buffer
+    # TypeError if out is not a buffer (the check: any object may come in)
+    with memoryview(out) as mv:  # type: ignore[arg-type]
         if mv.readonly:
             raise ValueError("out is not writable")
         if not mv.c_contiguous:
@@ -101,7 +102,7 @@ def pack_int32_into(
     try:
         # One format per row length; struct caches compiled formats internally,
         # and "<" pins little-endian with no padding.
-        struct.pack_into(f"<{n}i", out, offset * 4, *seq)
+        struct.pack_into(f"<{n}i", out, offset * 4, *seq)  # type: ignore[arg-type]  # numpy's stubs give ndarray the buffer protocol for Python >= 3.12 only
     except struct.error:
         _raise_first_bad(seq)
         raise  # unreachable unless struct and operator.index disagree

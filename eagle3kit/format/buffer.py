@@ -11,7 +11,7 @@ import orjson
 import zstandard
 
 from eagle3kit.format._ints import pack_int32_into, to_int32
-from eagle3kit.format.sample import TokenSample
+from eagle3kit.format.sample import IntSeq, TokenSample
 from eagle3kit.format.shard import META_PER_SAMPLE, META_PER_TOKEN, META_SLACK, meta_bound
 
 
@@ -50,8 +50,8 @@ class _TokenBuffer:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def _pack(self, ids: object) -> None:
-        n = len(ids)  # type: ignore[arg-type]
+    def _pack(self, ids: IntSeq) -> None:
+        n = len(ids)
         if self.n_tokens + n > self.tokens.size:
             grown = np.empty(max(2 * self.tokens.size, self.n_tokens + n), np.int32)
             grown[: self.n_tokens] = self.tokens[: self.n_tokens]
@@ -116,7 +116,7 @@ class _TokenBuffer:
         names = sorted(set(self.partitions))
         index = {p: i for i, p in enumerate(names)}
         spans = np.array([pair for sample in self.spans for pair in sample], np.int32)
-        arrays = {
+        arrays: dict[str, np.ndarray] = {
             "tokens": self.tokens[: self.n_tokens],
             "offsets": np.asarray(self.offsets, np.int64),
             "prompt_lens": np.asarray(self.prompt_lens, np.int32),

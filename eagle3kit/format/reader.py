@@ -7,7 +7,7 @@ import os
 import stat
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate
@@ -236,7 +236,7 @@ def check_token_count(path: Path, entry: dict, offsets: np.ndarray, n_tokens: in
 
 def own_counts(offsets: np.ndarray, prompt_lens: np.ndarray, loss: np.ndarray,
                partition_index: np.ndarray, names: list[str],
-               finish: list[str] | None) -> dict:
+               finish: Sequence[str | None] | None) -> dict:
     """A shard's loss tokens and per-partition counts, from its own arrays."""
     lengths = np.diff(np.asarray(offsets, np.int64))
     part = np.asarray(partition_index, np.int64)
@@ -247,9 +247,10 @@ def own_counts(offsets: np.ndarray, prompt_lens: np.ndarray, loss: np.ndarray,
         m = part == j
         if not m.any():
             continue
-        reasons: dict[str, int] = {}
-        for i in np.flatnonzero(m).tolist() if finish is not None else []:
-            reasons[finish[i]] = reasons.get(finish[i], 0) + 1
+        reasons: dict[str | None, int] = {}
+        for reason in ([finish[i] for i in np.flatnonzero(m).tolist()]
+                       if finish is not None else []):
+            reasons[reason] = reasons.get(reason, 0) + 1
         partitions[name] = {"samples": int(m.sum()), "tokens": int(lengths[m].sum()),
                             "loss_tokens": int(loss[m].sum()),
                             "completion_tokens": int(comp[m].sum()), "finish": reasons}

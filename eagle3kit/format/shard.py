@@ -110,7 +110,8 @@ def _dtype_name(array: np.ndarray, override: str | None) -> str:
 def _byte_view(array: np.ndarray) -> memoryview:
     # Flattened first: memoryview refuses to cast an empty multi-dimensional array, such as
     # the (0, 2) loss_spans of a commit whose samples have no loss tokens (all prompts only).
-    return memoryview(np.ascontiguousarray(array).reshape(-1)).cast("B")
+    flat = np.ascontiguousarray(array).reshape(-1)
+    return memoryview(flat).cast("B")  # type: ignore[arg-type]  # numpy's stubs give ndarray the buffer protocol for Python >= 3.12 only
 
 
 def content_checksum(tensors: dict[str, tuple[str, np.ndarray]]) -> str:
@@ -155,7 +156,9 @@ def write_shard(
     file_hash = xxhash.xxh3_128()
     try:
         with open_new(tmp) as f:
-            for chunk in [prefix, *(_byte_view(tensors[n][1]) for n in order)]:
+            chunks: list[bytes | memoryview] = [prefix,
+                                                *(_byte_view(tensors[n][1]) for n in order)]
+            for chunk in chunks:
                 f.write(chunk)
                 file_hash.update(chunk)
             f.flush()
@@ -282,8 +285,8 @@ class ShardFile:
             raise self._damaged(f"tensor {name!r} is {spec['dtype']} {spec['shape']}, "
                                 f"expected {ndim}-D {dtype}")
         start, stop = spec["data_offsets"]
-        dtype = DTYPES[spec["dtype"]]
-        flat = np.frombuffer(self._map, dtype=dtype, count=(stop - start) // dtype.itemsize,
+        stored = DTYPES[spec["dtype"]]
+        flat = np.frombuffer(self._map, dtype=stored, count=(stop - start) // stored.itemsize,
                              offset=self._data_start + start)
         return flat.reshape(spec["shape"])
 

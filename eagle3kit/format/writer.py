@@ -222,7 +222,8 @@ class DatasetWriter(Opening, AttachedFiles, Dropping):
             "samples": str(len(buffer)), "partitions": orjson.dumps(partitions).decode(),
             # Resuming reads only the ids; their own checksum keeps a damaged id from
             # letting a sample in twice, without reading the whole shard.
-            "sample_ids_xxh3": xxhash.xxh3_128_hexdigest(arrays["sample_ids"]),
+            "sample_ids_xxh3": xxhash.xxh3_128_hexdigest(
+                arrays["sample_ids"]),  # type: ignore[arg-type]  # numpy's stubs give ndarray the buffer protocol for Python >= 3.12 only
             **buffer.shard_metadata(),
         }, buffer.dtypes)
         fsync_dir(shard_dir)

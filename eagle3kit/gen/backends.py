@@ -18,9 +18,13 @@ PROBE_TEXT = "Hello, world! 12345 ünïcödé 你好 <tag> \n\tdone."
 
 
 class Backend(Protocol):
-    name: str
     slots: int
-    max_model_len: int | None
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def max_model_len(self) -> int | None: ...
 
     async def generate(self, request: GenRequest) -> Completion: ...
 

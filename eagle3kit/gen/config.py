@@ -6,7 +6,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from eagle3kit import _json
 from eagle3kit._options import OutputOptions, WriteOptions, arg, embed, opt
@@ -209,8 +209,9 @@ class GenConfig:
                 raise UserError("give at least one --server URL (or --engine hf --target PATH)")
             from eagle3kit._urls import server_url
 
+            # (cast: __post_init__ parsed every --server before this check)
             self.servers = [ServerSpec(server_url(s.url, concurrency=True), s.concurrency)
-                            for s in self.servers]
+                            for s in cast(list[ServerSpec], self.servers)]
             if self.api not in API_CHOICES:
                 raise UserError(f"--api must be one of {', '.join(API_CHOICES)} (got {self.api})")
         else:
@@ -244,10 +245,13 @@ class GenConfig:
             raise UserError(f"--min-p must be in [0, 1] (got {self.min_p})")
         if self.min_completion_tokens < 0:
             raise UserError("--min-completion-tokens must be >= 0")
-        for flag, value in (("--grace", self.grace), ("--request-timeout", self.request_timeout),
-                            ("--retry-for", self.retry_for), ("--stall-after", self.stall_after)):
-            if value is not None and not (value > 0 and math.isfinite(value)):
-                raise UserError(f"{flag} must be a finite number > 0 of seconds (got {value})")
+        # (cast: __post_init__ parsed --retry-for and --stall-after to seconds before this)
+        seconds = {"--grace": self.grace, "--request-timeout": self.request_timeout,
+                   "--retry-for": cast(float, self.retry_for),
+                   "--stall-after": cast(float, self.stall_after)}
+        for flag, secs in seconds.items():
+            if secs is not None and not (secs > 0 and math.isfinite(secs)):
+                raise UserError(f"{flag} must be a finite number > 0 of seconds (got {secs})")
         long_flags = (self.short_concurrency, self.long_concurrency, self.short_max_tokens,
                       self.long_max_tokens)
         if self.long_threshold is None and any(v is not None for v in long_flags):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
+from typing import cast
 
 import eagle3kit.gen.servers as servers
 from eagle3kit import _ui
@@ -73,7 +74,7 @@ class Retries:
     def _spent(self, job: Job) -> bool:
         cfg = self.cfg
         return (cfg.max_attempts is not None and job.attempts >= cfg.max_attempts) or \
-            job.retry_spent >= cfg.retry_for
+            job.retry_spent >= cast(float, cfg.retry_for)  # GenConfig parsed it to seconds
 
     def _give_up(self, backend: Backend, job: Job) -> None:
         self.stats["failed"] += 1

@@ -9,6 +9,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable
+from typing import cast
 
 import eagle3kit.gen.prompts as prompts
 from eagle3kit import _ui
@@ -18,7 +19,7 @@ from eagle3kit.chat.render import Renderer
 from eagle3kit.errors import UserError
 from eagle3kit.format import DatasetWriter
 from eagle3kit.gen.backends import PROBE_TEXT, Backend, HttpBackend, connect
-from eagle3kit.gen.config import GenConfig
+from eagle3kit.gen.config import GenConfig, ServerSpec
 from eagle3kit.gen.jobs import Chain, make_chains
 from eagle3kit.gen.result import GenResult, report
 from eagle3kit.gen.resume import check_complete, retry_failed, starting_points
@@ -36,8 +37,11 @@ def run(cfg: GenConfig, *, select: Callable[[list[Chain]], list[Chain]] | None =
     convs, duplicates, bad_lines = load(cfg)
     if not convs:
         raise UserError("no prompts to generate from (check --partition and --max-samples)")
+    assert cfg.tokenizer is not None  # GenConfig refuses a run without one
+    # (cast: GenConfig parsed --chat-template-kwargs to a dict)
     renderer = Renderer.load(cfg.tokenizer, chat_template=cfg.chat_template,
-                             chat_template_kwargs=cfg.chat_template_kwargs, system=cfg.system,
+                             chat_template_kwargs=cast(dict, cfg.chat_template_kwargs),
+                             system=cfg.system,
                              trust_remote_code=cfg.trust_remote_code)
     chains = make_chains(convs, cfg.n)
     if select is not None:
@@ -119,12 +123,14 @@ async def _backends(cfg: GenConfig, renderer: Renderer) -> list[Backend]:
     if cfg.engine == "hf":
         from eagle3kit.gen.hf_engine import HfBackend
 
+        assert cfg.target is not None  # GenConfig refuses --engine hf without --target
         return [HfBackend.load(cfg.target, slots=cfg.concurrency,
                                trust_remote_code=cfg.trust_remote_code)]
     chat = {"chat_rebuild": text_rebuilder(renderer),
             "chat_template_kwargs": cfg.chat_template_kwargs} if cfg.api == "openai-chat" else {}
     return [await connect(s.url, cfg.api, s.concurrency or cfg.concurrency, cfg.api_key,
-                          cfg.request_timeout, **chat) for s in cfg.servers]
+                          cfg.request_timeout, **chat)
+            for s in cast(list[ServerSpec], cfg.servers)]  # GenConfig parsed every --server
 
 
 def _context_len(cfg: GenConfig, backends: list[Backend]) -> int | None:
@@ -194,7 +200,7 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
     stats = scheduler.stats
     return GenResult(
         output=str(cfg.out), total=total, previously_done=done_before, written=written,
-        truncated=stats["truncated"], skipped=int(progress.counters.get("skipped", 0)),
+        truncated=stats["truncated"], skipped=int(progress.counters.get("skipped") or 0),
         failed=stats["failed"], retries=stats["retries"], violations=stats["violations"],
         duplicates=duplicates, stopped=stopped, elapsed=round(time.monotonic() - started, 3),
         resume_command=continue_command(), filtered=stats["filtered"],

@@ -132,8 +132,8 @@ class Scheduler:
         self.in_flight += delta
         self.watch.in_flight_by[backend.name] += delta
         self.progress.set(in_flight=self.in_flight)
-        self.progress.set(in_flight=self.watch.in_flight_by[backend.name],
-                          rows=(f"server:{backend.name}",))
+        self.progress.set((f"server:{backend.name}",),
+                          in_flight=self.watch.in_flight_by[backend.name])
 
     async def _attempt(self, backend: Backend, job: Job, queue: asyncio.Queue) -> None:
         self._count_in_flight(backend, 1)

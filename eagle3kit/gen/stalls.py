@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
+from typing import cast
 
 from eagle3kit import _ui
 from eagle3kit.gen.config import GenConfig
@@ -41,7 +42,8 @@ class Stalls:
     def warn(self) -> None:
         """A request with no answer for --stall-after: warn once for it, count it in the
         status line."""
-        now, limit = time.monotonic(), self.cfg.stall_after
+        # (cast: GenConfig parsed --stall-after to seconds)
+        now, limit = time.monotonic(), cast(float, self.cfg.stall_after)
         stalled = [r for r in self.running.values() if now - r.since >= limit]
         self.progress.set(stalled=len(stalled))
         fresh: dict[str, list[Running]] = {}

@@ -127,6 +127,7 @@ class ServerWatch:
             return
         if name in self.wrong:
             del self.wrong[name]
+            assert isinstance(backend, HttpBackend)  # only a server's identity can change
             _ui.warn(f"{name}: serves {backend.info.model!r} again; resuming")
         elif name in self.down:
             _ui.info(f"{name}: back; resuming", self.cfg.output)

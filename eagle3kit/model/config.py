@@ -45,9 +45,8 @@ def rope_of(target_config: Any) -> tuple[float, dict | None]:
     params = getattr(target_config, "rope_parameters", None)
     if isinstance(params, dict) and "rope_theta" in params:
         scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-        if scaling.get("rope_type", "default") == "default":
-            scaling = None
-        return float(params["rope_theta"]), scaling
+        plain = scaling.get("rope_type", "default") == "default"
+        return float(params["rope_theta"]), None if plain else scaling
     theta = getattr(target_config, "rope_theta", None) or 10000.0
     return float(theta), getattr(target_config, "rope_scaling", None)
 

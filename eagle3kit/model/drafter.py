@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -171,6 +172,7 @@ class DraftCache:
 
     def crop(self, length: int) -> None:
         if self.keys is not None:
+            assert self.values is not None  # set with the keys
             self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
         for deeper in self.deeper:
             deeper.crop(length)
@@ -195,6 +197,14 @@ class DraftCache:
 
 
 class Eagle3Drafter(nn.Module):
+    # Registered as buffers, and modules the config may leave out: declared here so their
+    # types are known (nn.Module's attribute lookup says only "Tensor or Module").
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+    inv_freq: torch.Tensor
+    input_norm: RMSNorm
+    fc_norm: nn.ModuleList
+
     def __init__(self, config: DrafterConfig) -> None:
         super().__init__()
         self.config = config
@@ -241,7 +251,7 @@ class Eagle3Drafter(nn.Module):
 
         `attend(layer, q, k, v) -> [B, heads, T, D]` decides what each position sees.
         """
-        block = self.layers[0]
+        block = cast(DecoderLayer, self.layers[0])
         emb = block.input_layernorm(self.embed_tokens(input_ids).to(hidden.dtype))
         normed = block.hidden_norm(hidden)
         residual = normed if block.norm_before_residual else hidden
@@ -250,7 +260,7 @@ class Eagle3Drafter(nn.Module):
         h = residual + block.self_attn.out(attend(0, q, k, v))
         h = h + block.mlp(block.post_attention_layernorm(h))
         for index in range(1, len(self.layers)):
-            block = self.layers[index]
+            block = cast(DecoderLayer, self.layers[index])
             q, k, v = block.self_attn.qkv(block.input_layernorm(h), positions, self.inv_freq)
             h = h + block.self_attn.out(attend(index, q, k, v))
             h = h + block.mlp(block.post_attention_layernorm(h))

@@ -29,14 +29,14 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from eagle3kit import _ui
 from eagle3kit.errors import UserError
 from eagle3kit.format import CODECS, Dataset, hidden_bytes_per_token
-from eagle3kit.gen import Chain, GenConfig, resume_point
+from eagle3kit.gen import Chain, GenConfig, ServerSpec, resume_point
 from eagle3kit.plan.config import PlanConfig
 from eagle3kit.target import check_layer_ids, config_dict
 
@@ -197,7 +197,9 @@ def run_pilot(cfg: PlanConfig) -> Pilot:
 
     def select(chains: list[Chain]) -> list[Chain]:
         seen["all"] = chains
-        seen["chosen"] = choose_pilot(chains, pilot_size(len(chains), cfg.pilot), cfg.seed)
+        # (cast: PlanConfig parsed --pilot to a number)
+        pilot = cast(float | None, cfg.pilot)
+        seen["chosen"] = choose_pilot(chains, pilot_size(len(chains), pilot), cfg.seed)
         return seen["chosen"]
 
     # The pilot's own summary stays off stdout: --json there is plan's.
@@ -388,7 +390,7 @@ def slot_count(cfg: GenConfig) -> int:
         return cfg.concurrency
     # A --long-threshold run has a second pool of workers for long prompts on each server.
     total = 0
-    for server in cfg.servers:
+    for server in cast(list[ServerSpec], cfg.servers):  # GenConfig parsed every --server
         slots = server.concurrency or cfg.concurrency
         if cfg.long_threshold is not None:
             total += (cfg.short_concurrency or slots) + (cfg.long_concurrency or max(1, slots // 4))
@@ -409,6 +411,7 @@ def target_shape(cfg: PlanConfig) -> tuple[int | None, int | None]:
         if not isinstance(hidden, int):
             raise UserError(f"{Path(target) / 'config.json'}: no hidden_size; give --hidden-size")
     if cfg.layers is not None and isinstance(layers, int):
+        assert not isinstance(cfg.layers, str)  # PlanConfig parsed --layers
         check_layer_ids(cfg.layers, layers)
     n_aux = len(cfg.layers) if cfg.layers is not None else 3  # EAGLE-3: low, middle, high
     return hidden, (n_aux if hidden is not None else None)

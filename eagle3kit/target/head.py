@@ -22,21 +22,26 @@ LOGIT_CHUNK_BYTES = 256 << 20
 """Largest [chunk, V] fp32 block of target logits materialised at once."""
 
 
-def _meta_model(config: Any, trust_remote_code: bool = False) -> nn.Module:
+HfModel = Any
+"""A transformers model of any architecture (remote code included), used by its duck-typed
+methods (get_decoder, get_input_embeddings, ...): nn.Module's typing knows none of them."""
+
+
+def _meta_model(config: Any, trust_remote_code: bool = False) -> HfModel:
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
 
 
-def _param_name(model: nn.Module, param: torch.Tensor) -> str:
+def _param_name(model: nn.Module, param: object) -> str:
     for name, p in model.named_parameters(remove_duplicate=False):
         if p is param:
             return name
     raise KeyError("parameter not found")
 
 
-def _final_norm(model: nn.Module) -> nn.Module:
+def _final_norm(model: HfModel) -> nn.Module:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     norm = getattr(decoder, "norm", None)
     if norm is None:
@@ -99,7 +104,7 @@ class TargetHead(nn.Module):
         return cls(embedding, norm, lm_head)
 
     @classmethod
-    def of(cls, model: nn.Module) -> TargetHead:
+    def of(cls, model: HfModel) -> TargetHead:
         out = model.get_output_embeddings()
         emb = model.get_input_embeddings().weight
         return cls(emb, _final_norm(model), emb if out is None else out.weight)

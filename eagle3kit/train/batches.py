@@ -8,11 +8,12 @@ from typing import Any
 
 import eagle3kit.train.data as tdata
 import eagle3kit.train.sharding as sharding
+from eagle3kit.train.state import TrainerState
 from eagle3kit.train.target import TargetBatch
 from eagle3kit.train.ttt import EvalResult, evaluate
 
 
-class Batches:
+class Batches(TrainerState):
     """The Trainer's batches and evaluation, over the state `Setup` built (sources, pool,
     online or offline target, drafter) and, with --server, the prefetcher `served`."""
 
@@ -71,6 +72,7 @@ class Batches:
         """The target tokenizer's think / tool-call markers (bench accept's), for the
         held-out prediction per reasoning phase; None without a loadable tokenizer."""
         if not hasattr(self, "_phase_markers"):
+            assert self.cfg.target is not None  # TrainConfig refuses a run without --target
             self._phase_markers = _markers_of(self.cfg.target, self.trust_remote_code)
         return self._phase_markers
 

@@ -22,9 +22,10 @@ from eagle3kit.checkpoints.rundir import (
 )
 from eagle3kit.errors import UserError
 from eagle3kit.train.config import TrainConfig
+from eagle3kit.train.state import TrainerState
 
 
-class Checkpointing:
+class Checkpointing(TrainerState):
     """The Trainer's saving and restoring: what it writes reads the state `Setup` built
     (model, drafter, optimizer, scheduler, vocab, plan) and the loop's last_eval."""
 
@@ -123,7 +124,7 @@ class Checkpointing:
             "world_size": self.ranks.world, "mode": ("online-server" if self.cfg.servers else
                                               "online" if self.cfg.online else "offline"),
             "servers": [u for u, _ in self.cfg.server_slots],
-            "parallel": self._parallel(),
+            "parallel": sharding.parallel(self.model, self.ranks.world),
             "target": self.target_id, "trust_remote_code": self.trust_remote_code,
             "layer_ids": self.layers, "layer_convention": "boundary",
             "drafter": self.drafter.config.to_dict(),

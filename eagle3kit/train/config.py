@@ -290,7 +290,7 @@ class TrainConfig:
 
 # The command line's checks, each adding what it finds to `found` -------------------------
 def _check_ranges(cfg: TrainConfig, found: list[str]) -> None:
-    positive = {"--draft-vocab": cfg.draft_vocab, "--ttt-steps": cfg.ttt_steps,
+    positive: dict[str, float] = {"--draft-vocab": cfg.draft_vocab, "--ttt-steps": cfg.ttt_steps,
                 "--batch-tokens": cfg.batch_tokens,
                 "--grad-accum": cfg.grad_accum, "--eval-k": cfg.eval_k,
                 "--checkpoint-every": cfg.checkpoint_every, "--keep": cfg.keep}

@@ -74,6 +74,7 @@ class Trainer(Setup, Checkpointing, Batches):
 
     def _run(self) -> TrainResult:
         cfg = self.cfg
+        assert cfg.target is not None  # TrainConfig refuses a run without --target
         self.trust_remote_code = cfg.trust_remote_code  # the flag only, never a dataset's record
         target = TargetInfo.load(cfg.target, self.trust_remote_code)
         self.target_cfg = target.config
@@ -186,6 +187,7 @@ class Trainer(Setup, Checkpointing, Batches):
                                  self.drafter.config.norm_before_residual,
                                  **self.drafter.config.variant}})
         if stopped:
+            assert self.stop_signal is not None  # set with every early stop
             result.stopped = self.stop_signal.name
             result.exit_code = EXIT_CODES[self.stop_signal]
             result.resume_command = resume_command(self.ranks)
@@ -232,8 +234,9 @@ class Trainer(Setup, Checkpointing, Batches):
                 stop, due = self._control()
                 if self.pool.heldout and not stop and (last or (cfg.eval_every and
                                                                 done % cfg.eval_every == 0)):
-                    self.last_eval = self._evaluate(done)
-                    progress.set(**_eval_gauges(self.last_eval))
+                    self.last_eval = ev = self._evaluate(done)
+                    if ev is not None:  # always, with a held-out split
+                        progress.set(**_eval_gauges(ev))
                     if self.ranks.rank == 0:
                         rd.log({"step": done, "eval": self.last_eval, "time": _now()})
                 if last or stop or due or done % cfg.checkpoint_every == 0:

@@ -30,6 +30,7 @@ from eagle3kit.target import (
     resolve_layer_ids,
 )
 from eagle3kit.train.init_from import _check_init, _check_init_variant, _load_init
+from eagle3kit.train.state import TrainerState
 from eagle3kit.train.target import OfflineTarget, OnlineTarget, TargetHead
 from eagle3kit.train.ttt import TTTLoss
 
@@ -73,7 +74,7 @@ def _lr_lambda(total: int, warmup: int, floor: float, schedule: str = "cosine"):
 
 
 
-class Setup:
+class Setup(TrainerState):
     """The Trainer's set-up, one method per part it builds. Reads what `Trainer.run` set
     before calling it: cfg, ranks, device, run_dir, target_cfg, target_id, sources, pool,
     plan and trust_remote_code."""
@@ -120,6 +121,7 @@ class Setup:
             return list(self.previous["layer_ids"])
         n = self.target_cfg.num_hidden_layers
         if self.cfg.layers is not None:
+            assert not isinstance(self.cfg.layers, str)  # TrainConfig parsed --layers
             return check_layer_ids(self.cfg.layers, n, count=3)
         if self.cfg.init_from is not None:
             import json
@@ -136,6 +138,7 @@ class Setup:
 
     def _load_target(self) -> None:
         dtype = resolve_dtype("auto", self.device)
+        assert self.cfg.target is not None  # TrainConfig refuses a run without --target
         if self.cfg.online and not self.cfg.servers:
             self.online = OnlineTarget.load(self.cfg.target, self.layers, self.device,
                                             self.trust_remote_code)
@@ -213,12 +216,6 @@ class Setup:
                      f"layout (--variant and its flags apply to a new run)")
         return kept
 
-    def _parallel(self) -> str:
-        """none (one process), ddp or fsdp: how the drafter is spread over the ranks."""
-        if self.ranks.world == 1:
-            return "none"
-        return "fsdp" if sharding.sharded(self.model) else "ddp"
-
     def _coverage(self, vocab: DraftVocab) -> float:
         counts = tdata.count_vocab(self.sources, self.pool, self.target_cfg.vocab_size)
         total = counts.sum()
@@ -249,7 +246,8 @@ class Setup:
         if self.ranks.world > 1:
             _ui.info(f"train: {self.ranks.world} ranks, "
                      + ("FSDP: parameters, gradients and optimizer state sharded"
-                        if self._parallel() == "fsdp" else "DDP: a whole drafter per rank"),
+                        if sharding.parallel(self.model, self.ranks.world) == "fsdp"
+                        else "DDP: a whole drafter per rank"),
                      opts)
         _ui.info(f"train: {sum(len(t) for t in self.pool.train):,} training samples, "
                  f"{len(self.pool.heldout):,} held out, {self.plan.total_steps:,} steps"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -49,6 +49,13 @@ def sharded(model: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
+
+
+def parallel(model: nn.Module, world: int) -> str:
+    """none (one process), ddp or fsdp: how the drafter is spread over the ranks."""
+    if world == 1:
+        return "none"
+    return "fsdp" if sharded(model) else "ddp"
 
 
 def gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
@@ -93,7 +100,9 @@ def full_weights(model: nn.Module, drafter: nn.Module) -> dict[str, torch.Tensor
         return drafter.state_dict()
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    state = get_model_state_dict(model, options=_full_options())
+    # (cast: DCP's value type also covers sharded and nested states; a full one is tensors)
+    state = cast(dict[str, torch.Tensor],
+                 get_model_state_dict(model, options=_full_options()))
     if not state:
         return None
     return {k.removeprefix(PREFIX): v for k, v in state.items() if k.startswith(PREFIX)}
@@ -106,7 +115,9 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer,
         return optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    state = get_optimizer_state_dict(model, optimizer, options=_full_options())
+    # (cast: DCP's type also covers sharded states; a full one is optimizer.state_dict()'s)
+    state = cast(dict[str, Any],
+                 get_optimizer_state_dict(model, optimizer, options=_full_options()))
     if not state:
         return None
     index = {name: i for i, name in enumerate(names)}
@@ -144,7 +155,7 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, sta
         set_optimizer_state_dict,
     )
 
-    by_name = {"state": {names[i]: v for i, v in state["state"].items()},
+    by_name: dict[str, Any] = {"state": {names[i]: v for i, v in state["state"].items()},
                "param_groups": [{**g, "params": [names[i] for i in g["params"]]}
                                 for g in state["param_groups"]]}
     set_optimizer_state_dict(model, optimizer, by_name,

@@ -50,6 +50,7 @@ class TTTLoss(nn.Module):
     (the global batch's count, so micro-batches and ranks add up to one mean)."""
 
     head: TargetHead
+    draft_ids: torch.Tensor  # a buffer
 
     def __init__(self, drafter: Eagle3Drafter, head: TargetHead, steps: int,
                  decay: float) -> None:
@@ -69,6 +70,7 @@ class TTTLoss(nn.Module):
         """(loss, per-step CE sums [steps], per-step correct counts [steps])."""
         if batch is None:  # a rank with nothing in this micro-batch still joins the reduce
             zero = sum((p * 0).sum() for p in self.drafter.trainable_parameters())
+            assert isinstance(zero, torch.Tensor)  # a drafter always has trainable parameters
             empty = torch.zeros(self.steps, dtype=torch.float64, device=counts.device)
             return zero, empty, empty.clone()
         masks = loss_masks(batch, self.drafter.t2d, self.steps)

@@ -169,6 +169,8 @@ def damaged(problems: list[str], shards: int) -> CheckResult:
 @check("structure", "final-turn structure", needs_tokenizer=True)
 def structure(c: Context) -> CheckResult:
     f, prof = c.f, c.prof
+    # A tokenizer check (run_checks skips it without one), so the tokenizer's figures exist.
+    assert f.tail_ok is not None and f.ends_stop is not None
     finish = f.finish
     scope = finish <= 1
     stop = finish == 0
@@ -177,6 +179,10 @@ def structure(c: Context) -> CheckResult:
         "no end-of-turn token last": stop & ~f.ends_stop,
     }
     if prof.analysis is not None:
+        # Harmony: its figures exist along with the markers'.
+        assert f.tool_call is not None and f.unclosed is not None
+        assert (f.n_start is not None and f.n_end is not None and f.order_ok is not None
+                and f.after_end is not None)
         answering = stop & ~f.tool_call  # a tool-call turn ends at <|call|>, no final
         reasons.update({
             "analysis channel missing": f.n_start == 0,
@@ -191,6 +197,8 @@ def structure(c: Context) -> CheckResult:
         what = ("the analysis channel once, the final channel once after it, an answer, "
                 "end-of-turn last")
     elif prof.markers:
+        assert (f.n_start is not None and f.n_end is not None and f.order_ok is not None
+                and f.after_end is not None)
         reasons.update({
             "think-start missing": f.n_start == 0,
             "think-start repeated": f.n_start > 1,
@@ -211,6 +219,7 @@ def literal_markers(c: Context) -> CheckResult:
     if not c.prof.markers:
         return _skip("literal_markers", "skipped: the tokenizer has no reasoning markers")
     scope = np.ones(len(c.f), bool)
+    assert c.f.literal is not None  # a tokenizer check: the tokenizer's figures exist
     return _result("literal_markers", c.f.literal > 0, scope, c.f.ids,
                    f"{' / '.join(c.prof.literal_names)} never written as plain text")
 
@@ -220,7 +229,7 @@ def truncation(c: Context) -> CheckResult:
     f, limit = c.f, c.cfg.max_truncation
     length = f.finish == 1
     scope = f.finish <= 1
-    reasons = {}
+    reasons: dict[str, np.ndarray] = {}
     if f.open_at_end is not None:
         reasons = {"cut inside the reasoning": length & f.open_at_end,
                    "cut inside the answer": length & ~f.open_at_end}
@@ -242,10 +251,11 @@ def reasoning(c: Context) -> CheckResult:
         return _skip("reasoning", "skipped: thinking is off (the template closes the "
                                   "reasoning block in the prompt)")
     f, least = c.f, c.cfg.min_reasoning
+    assert f.reasoning is not None  # a tokenizer check: the tokenizer's figures exist
     scope = f.finish <= 1
     res = _result("reasoning", ~(f.reasoning > 0), scope, f.ids, "", threshold=least,
                   fail_above=None)
-    share = 1 - res.rate if res.total else 0.0
+    share = 1 - (res.rate or 0.0) if res.total else 0.0  # _result always sets the rate
     res.rate = round(share, 6)
     res.status = "fail" if res.total and share < least else "pass"
     res.detail = f"{share:.1%} with non-empty reasoning (min {least:.0%})"
@@ -255,10 +265,13 @@ def reasoning(c: Context) -> CheckResult:
 @check("degenerate", "no degenerate output", needs_tokenizer=True)
 def degenerate(c: Context) -> CheckResult:
     f = c.f
+    # A tokenizer check: the tokenizer's figures exist, the markers' ones with the markers.
+    assert f.loop is not None and f.answer is not None
     stop = f.finish == 0
     scope = f.finish <= 1
     reasons = {"repeated n-gram loop": f.loop}
     if c.prof.markers:
+        assert f.n_end is not None and f.n_start is not None
         closed = f.n_end >= 1  # think-end, or the final channel's header
         answering = stop & ~f.tool_call if f.tool_call is not None else stop
         reasons["empty answer"] = stop & closed & (f.answer == 0)
@@ -349,6 +362,7 @@ def vocabulary(c: Context) -> CheckResult:
     """Ids the tokenizer has no entry for: a server that answered garbage, or a dataset made
     with another tokenizer. gen flags them as violations; convert takes what the file says."""
     f = c.f
+    assert f.oov is not None  # a tokenizer check: the tokenizer's figures exist
     res = _result("vocabulary", f.oov > 0, np.ones(len(f), bool), f.ids,
                   f"every id below the tokenizer's {c.prof.vocab_size:,} entries")
     total = int(f.oov.sum())

@@ -47,7 +47,7 @@ __all__ = [
     "normalize_url", "probe", "tokenize",
 ]
 
-TOKEN_ID_APIS: dict[str, TokenIdApi] = {"sglang": sglang, "vllm": vllm}  # type: ignore[dict-item]
+TOKEN_ID_APIS: dict[str, TokenIdApi] = {"sglang": sglang, "vllm": vllm}
 
 
 async def generate(

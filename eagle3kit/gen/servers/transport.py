@@ -111,9 +111,10 @@ async def send(
     if payload is not None:
         content = orjson.dumps(payload)
         h["Content-Type"] = "application/json"
-    extra = {} if timeout is None else {"timeout": timeout}
     try:
-        return await client.request(method, url + path, content=content, headers=h, **extra)
+        return await client.request(
+            method, url + path, content=content, headers=h,
+            timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
     except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
         reason, detail = _transport_reason(e)
         secret = api_key or sent_key(client.headers)
