@@ -151,10 +151,13 @@ def _parameter(o: Option) -> inspect.Parameter:
         from eagle3kit._help import NOTHING
 
         required = o.default is NOTHING and not spec.optional
-        info: Any = typer.Argument(... if required else None, metavar=spec.metavar,
-                                   show_default=False)
+        info: Any = typer.Argument(metavar=spec.metavar, show_default=False)
+        if required:
+            return inspect.Parameter(o.field.name, inspect.Parameter.KEYWORD_ONLY,
+                                     annotation=Annotated[kind, info])
+        # Typer takes an optional argument's default from the signature, not from Annotated.
         return inspect.Parameter(o.field.name, inspect.Parameter.KEYWORD_ONLY,
-                                 annotation=Annotated[kind if required else kind | None, info])
+                                 annotation=Annotated[kind | None, info], default=None)
     flag = kind is bool
     flags = spec.flags or ((f"--{o.field.name.replace('_', '-')}",) if flag else ())
     info = typer.Option(*flags, metavar=spec.metavar, rich_help_panel=o.panel,
