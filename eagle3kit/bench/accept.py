@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
 import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
+from eagle3kit._options import opt
 from eagle3kit.bench.stats import Acceptance, likely_misconfigured
 from eagle3kit.errors import UserError
 from eagle3kit.target import parse_dtype, resolve_device, resolve_dtype
@@ -40,45 +41,65 @@ def parse_tree(text: str | None) -> tuple[int, int] | None:
     return topk, depth
 
 
+class _Default(int):
+    """A number a config holds by default, told apart from the same number given (--k 3)."""
+
+
 @dataclass
 class AcceptConfig:
-    target: Path
+    target: Path = field(metadata=opt())
     """The target model (a transformers directory)."""
-    drafter: Path
+    drafter: Path = field(metadata=opt())
     """The drafter checkpoint directory (any layout `eagle3kit info` reads)."""
-    prompts: list[Path]
-    """Prompt files (JSONL/JSON/parquet, gen's shapes; EAGLE/MT-bench question.jsonl)."""
-    k: int = 3
+    prompts: list[Path] = field(metadata=bench_prompts.PROMPTS_ARG)
+    """Prompt files, as gen takes them (JSONL, JSON, parquet); EAGLE/MT-bench question.jsonl."""
+    k: int = field(default=_Default(3), metadata=opt("--k"))
     """Draft tokens per round (a chain)."""
-    tree: tuple[int, int] | None = None
-    """(top-k per level, depth): draft a tree instead of a chain."""
-    temperature: float = 0.0
-    max_new_tokens: int = 128
-    max_samples: int | None = None
-    """At most this many conversations."""
-    max_turns: int | None = None
-    """At most this many turns of each conversation (default all)."""
-    format: str = "auto"
-    tokenizer: Path | None = None
-    """Default: the target's."""
-    chat_template: Path | None = None
-    device: str = "auto"
-    """cpu, cuda, cuda:N; auto is cuda when there is one."""
-    dtype: str = "auto"
-    """bfloat16, float16 or float32; auto is float32 on CPU and bfloat16 on a GPU."""
-    tie_epsilon: float | None = None
-    """Largest top-1 minus chosen-token logit gap counted as a near-tie (default per dtype)."""
-    seed: int = 0
-    plot: Path | None = None
-    trust_remote_code: bool = False
-    """Run code the target directory ships (auto_map in its config or tokenizer)."""
+    tree: tuple[int, int] | str | None = field(default=None, metadata=opt(
+        metavar="TOPK,DEPTH", type=str))
+    """Draft a tree instead of a chain: TOPK candidates per level, DEPTH levels."""
+    temperature: float = field(default=0.0, metadata=opt())
+    """Sampling temperature; 0 is greedy (and checks losslessness)."""
+    max_new_tokens: int = field(default=128, metadata=opt())
+    """Tokens generated per turn."""
+    max_samples: int | None = field(default=None, metadata=opt())
+    """At most N conversations."""
+    max_turns: int | None = field(default=None, metadata=opt())
+    """At most N turns of each conversation (default all)."""
+    format: str = field(default="auto", metadata=opt())
+    """Prompt file shape (as gen's --format)."""
+    tokenizer: Path | None = field(default=None, metadata=opt())
+    """The tokenizer directory (default: the target's)."""
+    chat_template: Path | None = field(default=None, metadata=opt())
+    """A Jinja chat template file."""
+    device: str = field(default="auto", metadata=opt())
+    """auto (cuda when there is one), cpu, cuda, cuda:N."""
+    dtype: str = field(default="auto", metadata=opt())
+    """auto (float32 on CPU, bfloat16 on GPU), bfloat16, float16, float32."""
+    tie_epsilon: float | None = field(default=None, metadata=opt())
+    """Largest top-1 minus chosen-token logit gap counted as a near-tie (default 1e-3 fp32,
+    0.25 bf16, 0.05 fp16)."""
+    seed: int = field(default=0, metadata=opt())
+    """Sampling seed."""
+    plot: Path | None = field(default=None, metadata=opt(metavar="FILE.png"))
+    """Draw acceptance per position and category (plot extra)."""
+    trust_remote_code: bool = field(default=False, metadata=opt())
+    """Run code the target directory ships (auto_map in its config or tokenizer); only ever
+    from the flag."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
+    prompts_alias: InitVar[list[Path] | None] = field(
+        default=None, metadata=bench_prompts.PROMPTS_ALIAS)
+    """Deprecated: give the prompt files positionally."""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, prompts_alias: list[Path] | None) -> None:
+        bench_prompts.required(target=self.target, drafter=self.drafter)
+        self.prompts = bench_prompts.prompt_files(self.prompts, prompts_alias)
+        if isinstance(self.tree, str):
+            if type(self.k) is not _Default:
+                raise UserError("--k and --tree exclude each other: a tree's depth is its "
+                                "second number (--tree TOPK,DEPTH)")
+            self.tree = parse_tree(self.tree)
         self.target, self.drafter = Path(self.target), Path(self.drafter)
-        self.prompts = [Path(p) for p in self.prompts]
-        if not self.prompts:
-            raise UserError("give at least one prompt file")
         for path in self.prompts:
             if not path.is_file():
                 raise UserError(f"{path}: no such prompt file")
@@ -108,9 +129,16 @@ class AcceptConfig:
             check_plotting(Path(self.plot))
 
     @property
+    def tree_shape(self) -> tuple[int, int] | None:
+        """--tree as (TOPK, DEPTH): `__post_init__` has parsed the text by now."""
+        assert not isinstance(self.tree, str), "parsed in __post_init__"
+        return self.tree
+
+    @property
     def shape(self) -> str:
-        if self.tree is not None:
-            return f"tree top-{self.tree[0]} depth {self.tree[1]}"
+        tree = self.tree_shape
+        if tree is not None:
+            return f"tree top-{tree[0]} depth {tree[1]}"
         return f"chain k={self.k}"
 
 
@@ -256,7 +284,8 @@ def _warm_up(target: Any, drafter: Any, cfg: AcceptConfig, sampler_cls: Any) -> 
 
     prompt = [0, 1, 2, 3]
     decode.plain(target, prompt, 4, set(), sampler_cls(0.0))
-    decode.speculate(target, drafter, prompt, 4, set(), sampler_cls(0.0), cfg.k, cfg.tree)
+    decode.speculate(target, drafter, prompt, 4, set(), sampler_cls(0.0), cfg.k,
+                     cfg.tree_shape)
 
 
 def run(cfg: AcceptConfig) -> AcceptReport:
@@ -328,7 +357,7 @@ def run_one(target: Any, drafter: Any, prompt: list[int], cfg: AcceptConfig,
     import eagle3kit.bench.decode as decode
 
     return decode.speculate(target, drafter, prompt, cfg.max_new_tokens, stops, sampler, cfg.k,
-                            cfg.tree)
+                            cfg.tree_shape)
 
 
 # Summarizing --------------------------------------------------------------------------------
@@ -350,7 +379,8 @@ def _speed(results: list[PromptResult]) -> _Speed:
 
 def _positions(cfg: AcceptConfig) -> int:
     """Drafts a round can accept: k in a chain, the depth in a tree."""
-    return cfg.k if cfg.tree is None else cfg.tree[1]
+    tree = cfg.tree_shape
+    return cfg.k if tree is None else tree[1]
 
 
 def _category_figures(results: list[PromptResult], positions: int) -> dict[str, Any]:

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import eagle3kit.bench.diagnose as diagnose
+import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
+from eagle3kit._options import opt
 from eagle3kit.bench.stats import likely_misconfigured
 from eagle3kit.errors import UserError
 from eagle3kit.target import parse_dtype
@@ -27,34 +29,53 @@ TOLERANCE = 0.05
 
 @dataclass
 class ParityConfig:
-    server: str
-    """The speculating server's URL."""
-    prompts: list[Path]
-    target: Path
-    drafter: Path
+    server: str = field(metadata=opt(metavar="URL"))
+    """Your SGLang or vLLM server, speculating with --drafter: its URL."""
+    prompts: list[Path] = field(metadata=bench_prompts.PROMPTS_ARG)
+    """Prompt files, as gen takes them (JSONL, JSON, parquet); EAGLE/MT-bench question.jsonl."""
+    target: Path = field(metadata=opt())
+    """The target model directory."""
+    drafter: Path = field(metadata=opt())
     """The drafter directory the server serves (an `eagle3kit export` output)."""
-    speculative_config: dict[str, Any] | str | None = None
-    """The JSON the server was started with (vLLM's --speculative-config), for servers that
-    do not expose it."""
-    tolerance: float = TOLERANCE
-    api: str = "auto"
-    k: int | None = None
+    speculative_config: dict[str, Any] | str | None = field(default=None, metadata=opt(
+        metavar="JSON", type=str))
+    """The --speculative-config the vLLM server was started with, for servers that do not
+    expose it."""
+    tolerance: float = field(default=TOLERANCE, metadata=opt())
+    """Largest engine - bench accept difference that passes, overall and per position."""
+    api: str = field(default="auto", metadata=opt())
+    """auto, sglang or vllm."""
+    k: int | None = field(default=None, metadata=opt("--k"))
     """Draft tokens per round, when the server does not say."""
-    max_new_tokens: int = 128
-    max_samples: int | None = None
-    max_turns: int | None = None
-    format: str = "auto"
-    chat_template: Path | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    api_key: str | None = field(default=None, repr=False)
-    request_timeout: float | None = None
-    trust_remote_code: bool = False
+    max_new_tokens: int = field(default=128, metadata=opt())
+    """Tokens generated per turn."""
+    max_samples: int | None = field(default=None, metadata=opt())
+    """At most N conversations."""
+    max_turns: int | None = field(default=None, metadata=opt())
+    """At most N turns of each."""
+    format: str = field(default="auto", metadata=opt())
+    """Prompt file shape (as gen's --format)."""
+    chat_template: Path | None = field(default=None, metadata=opt())
+    """A Jinja chat template file."""
+    device: str = field(default="auto", metadata=opt())
+    """bench accept's device: auto, cpu, cuda, cuda:N."""
+    dtype: str = field(default="auto", metadata=opt())
+    """bench accept's dtype: auto, bfloat16, float16, float32."""
+    api_key: str | None = field(default=None, repr=False, metadata=opt(
+        envvar="EAGLE3KIT_API_KEY"))
+    """Bearer token for the servers (never stored)."""
+    request_timeout: float | None = field(default=None, metadata=opt(metavar="SECONDS"))
+    """Limit on one request (default none)."""
+    trust_remote_code: bool = field(default=False, metadata=opt())
+    """Run code the target directory ships (auto_map); only ever from the flag."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
 
     def __post_init__(self) -> None:
         from eagle3kit._json import json_object
 
+        bench_prompts.required(server=self.server)
+        self.prompts = bench_prompts.prompt_files(self.prompts)
+        bench_prompts.required(target=self.target, drafter=self.drafter)
         self.target, self.drafter = Path(self.target), Path(self.drafter)
         if not self.drafter.is_dir():
             raise UserError(f"--drafter {self.drafter}: no such checkpoint directory")

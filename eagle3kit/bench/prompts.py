@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from eagle3kit import _ui
+from eagle3kit._options import arg, opt
 from eagle3kit.chat.conversation import Conversation, generation_points
 from eagle3kit.chat.render import Renderer, RenderError
 from eagle3kit.errors import UserError
@@ -60,3 +62,29 @@ def turns(renderer: Renderer, conv: Conversation, max_turns: int | None = None
             raise UserError(f"{label(conv)}: the chat template fails on turn {turn + 1}: "
                             f"{exc}") from None
         yield turn, lambda out: answers.append(renderer.answer_message(out)), ids
+
+
+# The prompt files on each bench command's line, and what its config checks first ----------
+PROMPTS_ARG = arg(metavar="PROMPTS...", optional=True)
+"""Each bench command's prompt files: optional to the command line, so that the config
+refuses their absence in its own words (and accept's and server's old --prompts FILE works)."""
+PROMPTS_ALIAS = opt("--prompts", metavar="FILE", hidden=True)
+
+
+def required(**values: object) -> None:
+    """Refuse the first of `values` (by field name) the command line left out (None)."""
+    for name, value in values.items():
+        if value is None:
+            raise UserError(f"--{name.replace('_', '-')} is required")
+
+
+def prompt_files(given: list[Path] | None, alias: list[Path] | None = None) -> list[Path]:
+    """The prompt files: positional, as gen takes them; `--prompts FILE` (`alias`, the old
+    spelling) still works, with a note."""
+    if alias:
+        _ui.warn("--prompts is deprecated: give the prompt files positionally, as gen takes them")
+    files = [Path(p) for p in [*(given or []), *(alias or [])]]
+    if not files:
+        raise UserError("give the prompt files (e.g. tests/data/prompts/eagle/mt_bench/"
+                        "question.jsonl)")
+    return files

@@ -23,12 +23,13 @@ import logging
 import math
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
+from eagle3kit._options import opt
 from eagle3kit.bench.stats import likely_misconfigured, percentile
 from eagle3kit.errors import UserError
 
@@ -42,39 +43,56 @@ ATTEMPTS = 3
 
 @dataclass
 class ServerBenchConfig:
-    server: str
-    """The speculating server's URL."""
-    prompts: list[Path]
-    tokenizer: Path
-    """The target's tokenizer (prompts are rendered client-side and sent as ids)."""
-    baseline: str | None = None
-    """The same model served without speculation."""
-    api: str = "auto"
-    chat_template: Path | None = None
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    concurrency: int = 1
+    server: str = field(metadata=opt(metavar="URL"))
+    """An SGLang or vLLM server running speculative decoding: its URL."""
+    prompts: list[Path] = field(metadata=bench_prompts.PROMPTS_ARG)
+    """Prompt files, as gen takes them (JSONL, JSON, parquet); EAGLE/MT-bench question.jsonl."""
+    tokenizer: Path = field(metadata=opt())
+    """The target's tokenizer directory (prompts are rendered client-side and sent as ids)."""
+    baseline: str | None = field(default=None, metadata=opt(metavar="URL"))
+    """The same model served without speculation: the speedup."""
+    api: str = field(default="auto", metadata=opt())
+    """auto, sglang or vllm."""
+    chat_template: Path | None = field(default=None, metadata=opt())
+    """A Jinja chat template file."""
+    max_new_tokens: int = field(default=256, metadata=opt())
+    """Tokens generated per turn."""
+    temperature: float = field(default=0.0, metadata=opt())
+    """Sampling temperature; 0 is greedy."""
+    concurrency: int = field(default=1, metadata=opt())
     """Conversations in flight (1 measures batch-1 latency and acceptance)."""
-    max_samples: int | None = None
-    max_turns: int | None = None
-    format: str = "auto"
-    k: int | None = None
+    max_samples: int | None = field(default=None, metadata=opt())
+    """At most N conversations."""
+    max_turns: int | None = field(default=None, metadata=opt())
+    """At most N turns of each."""
+    format: str = field(default="auto", metadata=opt())
+    """Prompt file shape (as gen's --format)."""
+    k: int | None = field(default=None, metadata=opt("--k"))
     """Draft tokens per round, when the server does not say (shown beside the figures)."""
-    api_key: str | None = field(default=None, repr=False)
-    request_timeout: float | None = None
-    seed: int = 0
-    plot: Path | None = None
-    trust_remote_code: bool = False
-    """Run code the tokenizer directory ships (auto_map in its tokenizer_config.json)."""
+    api_key: str | None = field(default=None, repr=False, metadata=opt(
+        envvar="EAGLE3KIT_API_KEY"))
+    """Bearer token for the servers (never stored)."""
+    request_timeout: float | None = field(default=None, metadata=opt(metavar="SECONDS"))
+    """Limit on one request (default none)."""
+    seed: int = field(default=0, metadata=opt())
+    """Sampling seed."""
+    plot: Path | None = field(default=None, metadata=opt(metavar="FILE.png"))
+    """Draw acceptance per position and category (plot extra)."""
+    trust_remote_code: bool = field(default=False, metadata=opt())
+    """Run code the tokenizer directory ships (auto_map in its tokenizer_config.json); only
+    ever from the flag."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
+    prompts_alias: InitVar[list[Path] | None] = field(
+        default=None, metadata=bench_prompts.PROMPTS_ALIAS)
+    """Deprecated: give the prompt files positionally."""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, prompts_alias: list[Path] | None) -> None:
         from eagle3kit._urls import server_url
         from eagle3kit.gen.servers import API_CHOICES
 
-        self.prompts = [Path(p) for p in self.prompts]
-        if not self.prompts:
-            raise UserError("give at least one prompt file")
+        bench_prompts.required(server=self.server)
+        self.prompts = bench_prompts.prompt_files(self.prompts, prompts_alias)
+        bench_prompts.required(tokenizer=self.tokenizer)
         for path in self.prompts:
             if not path.is_file():
                 raise UserError(f"{path}: no such prompt file")

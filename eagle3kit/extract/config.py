@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3kit import _ui
-from eagle3kit._options import OutputOptions, WriteOptions
+from eagle3kit._options import OutputOptions, WriteOptions, arg, opt
 from eagle3kit._served_files import served_dir_problems
 from eagle3kit._urls import server_url
 from eagle3kit.errors import UserError
@@ -20,48 +20,50 @@ ENGINES = ("hf", "vllm")
 
 @dataclass
 class ExtractConfig:
-    tokens: Path
+    tokens: Path = field(metadata=arg(metavar="TOKENS"))
     """The token dataset to extract states for (written by gen or convert)."""
-    out: Path
+    out: Path = field(metadata=arg(metavar="OUTPUT"))
     """The hidden-state dataset to write or continue."""
-    target: Path | None
-    """The target model directory (HF); with --engine vllm its config.json and tokenizer.
-    Required: None is refused by name, with any other problems of the command line."""
-    layers: list[int] | str | None = None
+    target: Path | None = field(metadata=opt())
+    """The target model directory (HF); with --engine vllm, its config.json and tokenizer."""
+    # Required, yet it may be None: the command line gives None when --target is left out,
+    # and __post_init__ refuses it by name alongside any other problem of the command line.
+    layers: list[int] | str | None = field(default=None, metadata=opt(metavar="2,18,33"))
     """Auxiliary layer ids, boundary convention ("2,18,33"); default (2, N//2, N-3)."""
-    tokenizer: Path | None = None
+    tokenizer: Path | None = field(default=None, metadata=opt())
     """The tokenizer the token ids came from; default the one stored in the token dataset."""
-    engine: str = "hf"
+    engine: str = field(default="hf", metadata=opt())
     """hf: transformers in this process; vllm: a vLLM server with extract_hidden_states."""
-    server: str | None = None
+    server: str | None = field(default=None, metadata=opt(metavar="URL"))
     """--engine vllm: the server's URL."""
-    model: str | None = None
+    model: str | None = field(default=None, metadata=opt())
     """--engine vllm: the served model name (default: the server's first)."""
-    concurrency: int = 8
+    concurrency: int = field(default=8, metadata=opt())
     """--engine vllm: requests in flight."""
-    request_timeout: float = 600.0
+    request_timeout: float = field(default=600.0, metadata=opt(metavar="SECONDS"))
     """--engine vllm: seconds one request may take."""
-    hidden_states_dir: Path | None = None
+    hidden_states_dir: Path | None = field(default=None, metadata=opt(metavar="DIR"))
     """--engine vllm: the server's shared_storage_path as this machine sees it; only
     `.safetensors` files inside it that the server names are read, then deleted. Required."""
-    api_key: str | None = field(default=None, repr=False)
+    api_key: str | None = field(default=None, repr=False, metadata=opt(
+        envvar="EAGLE3KIT_API_KEY"))
     """--engine vllm: bearer token for the server (never stored)."""
-    device: str = "auto"
+    device: str = field(default="auto", metadata=opt())
     """cpu, cuda, cuda:N; auto: cuda when there is one (under torchrun, the rank's)."""
-    dtype: str = "auto"
+    dtype: str = field(default="auto", metadata=opt())
     """bfloat16, float16, float32; auto: bfloat16 on GPU, float32 on CPU."""
-    device_map: str | None = None
+    device_map: str | None = field(default=None, metadata=opt())
     """Spread a model bigger than one GPU with accelerate (e.g. auto); replaces --device."""
-    batch_tokens: int = 8192
+    batch_tokens: int = field(default=8192, metadata=opt(metavar="N"))
     """Tokens per forward pass, padding included; a longer sample runs alone."""
-    codec: str = "raw"
+    codec: str = field(default="raw", metadata=opt())
     """raw (bf16), fp8 (e4m3, a scale per token and state) or zstd (bf16 byte planes)."""
-    trust_remote_code: bool = False
+    trust_remote_code: bool = field(default=False, metadata=opt())
     """Run code the target directory or the dataset's stored tokenizer ships (auto_map);
     only ever from the flag, never from what the token dataset records."""
-    ignore_disk_check: bool = False
+    ignore_disk_check: bool = field(default=False, metadata=opt())
     """Start even when the free disk is short of the estimate."""
-    dry_run: bool = False
+    dry_run: bool = field(default=False, metadata=opt())
     """Print the estimate and exit; nothing is written."""
     write: WriteOptions = field(default_factory=lambda: WriteOptions(commit_every=256))
     """--resume/--overwrite/--force and the commit cadence (256 samples: states are big)."""
