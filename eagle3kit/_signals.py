@@ -53,6 +53,21 @@ def stopped_line(exc: KeyboardInterrupt) -> str:
             f"{continue_command()}")
 
 
+def install(signals: tuple[signal.Signals, ...], handler: Any) -> dict[int, Any]:
+    """Handle `signals` with `handler` (only the main thread may); the handlers they had."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, handler) for sig in signals}
+
+
+def restore(before: dict[int, Any]) -> None:
+    """Put back the handlers `install` replaced."""
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+
+
 class StopAsInterrupt:
     """While active (main thread only), SIGTERM and SIGUSR1 raise `Stopped` as SIGINT raises
     KeyboardInterrupt. A repeat within DUPLICATE_S is ignored, so the cleanup it started is
@@ -65,17 +80,11 @@ class StopAsInterrupt:
         self._before: dict[int, Any] = {}
 
     def __enter__(self) -> StopAsInterrupt:
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._before[sig] = signal.signal(sig, self._handle)
+        self._before = install(self.SIGNALS, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._before.items():
-            signal.signal(sig, handler)
-        self._before.clear()
+        restore(self._before)
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         sig = signal.Signals(signum)

@@ -20,7 +20,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from eagle3kit._signals import DUPLICATE_S, STOP_SIGNALS
+from eagle3kit._signals import DUPLICATE_S, STOP_SIGNALS, install, restore
 
 
 class StopRequests:
@@ -33,17 +33,11 @@ class StopRequests:
         self._before: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequests:
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
-                self._before[sig] = signal.signal(sig, self._handle)
+        self._before = install(STOP_SIGNALS, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._before.items():
-            signal.signal(sig, handler)
-        self._before.clear()
+        restore(self._before)
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         sig = signal.Signals(signum)
