@@ -6,13 +6,21 @@ is embedded without being told. The option's name, metavar and panel come from t
 metadata, its default from the field and its help from the field's docstring (eagle3kit._help,
 read only when help is drawn). A command is built only when it is used: `eagle3kit --help`
 imports no config.
+
+Every command also takes `--config FILE` (TOML, YAML or JSON): its keys are the command's
+flag names, its values become the options' defaults (click's default_map), so a flag on the
+command line (or its EAGLE3KIT_* variable) overrides the file. A JSON file holding a
+`config` object (a train run's run.json, a dataset's manifest.json) is a recorded run: that
+object's keys that are options are replayed, the others named in one note.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import inspect
+import json
 import sys
 import types
 import typing
@@ -225,15 +233,212 @@ def interrupted(exc: KeyboardInterrupt) -> int:
     return EXIT_CODES[stop_signal(exc)]
 
 
+# --config FILE ------------------------------------------------------------------------------
+CONFIG_HELP = ("Options from FILE (TOML or YAML, keys the flags' names), or a run.json / "
+               "manifest.json to repeat a run; flags given here override it.")
+_NOT_REPLAYED = "eagle3kit.not_replayed"
+_FORMATS = {".toml": "TOML", ".yaml": "YAML", ".yml": "YAML", ".json": "JSON"}
+
+
+def read_settings(path: Path) -> tuple[dict[str, Any], bool]:
+    """FILE's settings, and whether they are a recorded run's: the `config` object of a JSON
+    file (a train run's run.json, a dataset's manifest.json)."""
+    kind = _FORMATS.get(path.suffix.lower())
+    if kind is None:
+        raise UserError(f"--config {path}: not a .toml, .yaml, .yml or .json file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"--config {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        found = _parse(kind, text)
+    except UserError:
+        raise
+    except Exception as exc:  # each parser's own error, which says where (line, column)
+        raise UserError(f"--config {path}: not valid {kind}: {' '.join(str(exc).split())}") \
+            from None
+    recorded = kind == "JSON" and isinstance(found, dict) and isinstance(found.get("config"),
+                                                                         dict)
+    if recorded:
+        found = found["config"]
+    if not isinstance(found, dict):
+        raise UserError(f"--config {path}: not a table of settings (key = value lines)")
+    return found, recorded
+
+
+def _parse(kind: str, text: str) -> Any:
+    if kind == "JSON":
+        return json.loads(text)
+    if kind == "YAML":
+        import yaml
+
+        return yaml.safe_load(text)
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # Python 3.10: the same parser, as its own package
+        import tomli as tomllib
+    return tomllib.loads(text)
+
+
+@dataclass(frozen=True)
+class _Key:
+    """What a key of a settings file fills: a parameter of the command."""
+
+    param: Any
+    negated: bool = False
+    """The field's name of a --no-x flag (`verify = false` is --no-verify), or --no-x itself."""
+    last: bool = False
+    """The field a `DATA... RUN` positional's last value fills (`out`)."""
+
+
+def setting_keys(params: list[Any], option_list: list[Option]) -> dict[str, _Key]:
+    """Each key a settings file may use for the command's parameters: the long flag names and
+    the field names, dashes and underscores alike (looked up with dashes)."""
+    by_field = {o.field.name: o for o in option_list}
+    keys: dict[str, _Key] = {}
+    for param in params:
+        o = by_field.get(param.name or "")
+        if o is None:  # --config, --help
+            continue
+        keys[_dashed(param.name)] = _Key(param, negated=o.cli.negate)
+        for flag in param.opts:
+            if flag.startswith("--"):
+                keys[flag[2:]] = _Key(param)
+        for flag in getattr(param, "secondary_opts", ()):  # --no-fc-norm
+            keys[flag[2:]] = _Key(param, negated=True)
+        if o.cli.last:
+            keys[_dashed(o.cli.last)] = _Key(param, last=True)
+    return keys
+
+
+def _dashed(key: str) -> str:
+    return key.replace("_", "-")
+
+
+def _entries(settings: dict[str, Any], keys: dict[str, _Key]) -> Iterator[tuple[str, str, Any]]:
+    """(key as written, key looked up, value); a table that is no option's (run.json's
+    `write`) gives its own keys."""
+    for key, value in settings.items():
+        if isinstance(value, dict) and _dashed(str(key)) not in keys:
+            for sub, inner in value.items():
+                yield f"{key}.{sub}", _dashed(str(sub)), inner
+        else:
+            yield str(key), _dashed(str(key)), value
+
+
+def file_defaults(ctx: Any, settings: dict[str, Any], recorded: bool, path: Path,
+                  keys: dict[str, _Key]) -> tuple[dict[str, Any], list[str]]:
+    """The parameters' values from a settings file (by parameter name), and the keys of a
+    recorded run that are not options here (not replayed). An unknown key of a settings file
+    is refused, naming the closest known one."""
+    raw: dict[str, Any] = {}
+    written: dict[str, str] = {}
+    tails: dict[str, Any] = {}
+    skipped: list[str] = []
+    for key, lookup, value in _entries(settings, keys):
+        found = keys.get(lookup)
+        if found is None:
+            if recorded:  # a table's own keys (run.json's write.mode): the stage's, unnamed
+                skipped += [] if "." in key else [key]
+                continue
+            close = difflib.get_close_matches(lookup, list(keys), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise UserError(f"--config {path}: unknown key '{key}'{hint}")
+        if value is None:  # recorded as not given: the option's default
+            continue
+        name = found.param.name
+        slot = tails if found.last else raw
+        if name in slot:
+            raise UserError(f"--config {path}: '{key}' and '{written[name]}' set the same option")
+        written[name] = key
+        slot[name] = _plain(found, key, value, path)
+    for name, tail in tails.items():  # `out` after `data`: the positional's last value
+        raw[name] = [*raw.get(name, []), tail]
+    return {name: _cast(ctx, keys, written[name], value, path)
+            for name, value in raw.items()}, skipped
+
+
+def _plain(found: _Key, key: str, value: Any, path: Path) -> Any:
+    """A file's value as the command line would give it: true/false for a flag, a list for an
+    option given several times, text joined by commas for a list where one value is taken."""
+    param = found.param
+    if getattr(param, "is_flag", False):
+        if not isinstance(value, bool):
+            raise UserError(f"--config {path}: '{key}' is a flag: true or false (got {value!r})")
+        return not value if found.negated else value
+    if found.last:
+        return _text(value)
+    if param.multiple or param.nargs == -1:
+        return [_text(v) for v in (value if isinstance(value, list) else [value])]
+    if isinstance(value, list):  # layers = [2, 18, 33] for --layers 2,18,33
+        return ",".join(str(_text(v)) for v in value)
+    return _text(value)
+
+
+def _text(value: Any) -> Any:
+    """One value: a recorded dataset ({path, weight}) as DIR:WEIGHT, an object as JSON."""
+    if isinstance(value, dict):
+        if set(value) == {"path", "weight"}:
+            return f"{value['path']}:{value['weight']}"
+        return json.dumps(value)
+    return value
+
+
+def _cast(ctx: Any, keys: dict[str, _Key], key: str, value: Any, path: Path) -> Any:
+    """`value` through the parameter's own type, as the command line's text would go."""
+    param = keys[_dashed(key.rpartition(".")[2])].param
+    try:
+        return param.process_value(ctx, value)
+    except typer.BadParameter as exc:
+        raise UserError(f"--config {path}: '{key}': {exc.message}") from None
+
+
+def _read_config(ctx: typer.Context, value: Path | None) -> None:
+    """--config FILE: its settings become the defaults of the command's options, so the
+    command line and the EAGLE3KIT_* variables still win."""
+    if value is None:
+        return
+    command = ctx.command
+    try:
+        settings, recorded = read_settings(value)
+        keys = setting_keys(command.params, getattr(command, "option_list", []))
+        defaults, skipped = file_defaults(ctx, settings, recorded, value, keys)
+    except UserError as exc:
+        _fail(exc)
+    if skipped:
+        ctx.meta[_NOT_REPLAYED] = (f"--config {value}: recorded, not options of this command "
+                                   f"(not replayed): {', '.join(skipped)}")
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+
+
+def _config_parameter() -> inspect.Parameter:
+    info: Any = typer.Option("--config", metavar="FILE", is_eager=True, expose_value=False,
+                             callback=_read_config, help=CONFIG_HELP, show_default=False)
+    return inspect.Parameter("config_file", inspect.Parameter.KEYWORD_ONLY,
+                             annotation=Annotated[Path | None, info], default=None)
+
+
 def _callback(stage: Stage) -> Callable[..., None]:
-    def command(**values: Any) -> None:
+    def command(ctx: typer.Context, **values: Any) -> None:
         config = load(stage.config)
-        result = run_stage(load(stage.run), lambda: build(config, values))
+        result = run_stage(load(stage.run), lambda: _built(ctx, config, values))
         code = getattr(result, "exit_code", 0)
         if code:  # a failed check, problems found, or stopped by a signal
             raise typer.Exit(code)
 
     return command
+
+
+def _built(ctx: typer.Context, config: type, values: dict[str, Any]) -> Any:
+    """The config from the command line's values; then the note of a recorded run's keys not
+    replayed, kept until now so that --quiet (given anywhere) drops it."""
+    built = build(config, values)
+    note = ctx.meta.get(_NOT_REPLAYED)
+    if note:
+        from eagle3kit import _ui
+
+        _ui.info(note, getattr(built, "output", None))
+    return built
 
 
 class LazyCommand(StageCommand):
@@ -264,7 +469,8 @@ class LazyCommand(StageCommand):
         self.option_list = options(config)
         command = _callback(self.stage)
         command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [_parameter(o) for o in self.option_list])
+            [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
+             *(_parameter(o) for o in self.option_list), _config_parameter()])
         params, context = _get_params_name_from_function(command)
         self.callback = get_callback(callback=command, params=params,
                                      context_param_name=context, pretty_exceptions_short=True)
