@@ -315,31 +315,21 @@ def _dashed(key: str) -> str:
     return key.replace("_", "-")
 
 
-def _entries(settings: dict[str, Any], keys: dict[str, _Key]) -> Iterator[tuple[str, str, Any]]:
-    """(key as written, key looked up, value); a table that is no option's (run.json's
-    `write`) gives its own keys."""
-    for key, value in settings.items():
-        if isinstance(value, dict) and _dashed(str(key)) not in keys:
-            for sub, inner in value.items():
-                yield f"{key}.{sub}", _dashed(str(sub)), inner
-        else:
-            yield str(key), _dashed(str(key)), value
-
-
 def file_defaults(ctx: Any, settings: dict[str, Any], recorded: bool, path: Path,
                   keys: dict[str, _Key]) -> tuple[dict[str, Any], list[str]]:
     """The parameters' values from a settings file (by parameter name), and the keys of a
     recorded run that are not options here (not replayed). An unknown key of a settings file
     is refused, naming the closest known one."""
     raw: dict[str, Any] = {}
-    written: dict[str, str] = {}
+    written: dict[str, str] = {}  # parameter name -> the key that set it
     tails: dict[str, Any] = {}
     skipped: list[str] = []
-    for key, lookup, value in _entries(settings, keys):
+    for key, value in settings.items():
+        lookup = _dashed(str(key))
         found = keys.get(lookup)
         if found is None:
-            if recorded:  # a table's own keys (run.json's write.mode): the stage's, unnamed
-                skipped += [] if "." in key else [key]
+            if recorded:  # run.json's `write` (how the output was opened), gen's `renderer`
+                skipped.append(str(key))
                 continue
             close = difflib.get_close_matches(lookup, list(keys), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -386,7 +376,7 @@ def _text(value: Any) -> Any:
 
 def _cast(ctx: Any, keys: dict[str, _Key], key: str, value: Any, path: Path) -> Any:
     """`value` through the parameter's own type, as the command line's text would go."""
-    param = keys[_dashed(key.rpartition(".")[2])].param
+    param = keys[_dashed(key)].param
     try:
         return param.process_value(ctx, value)
     except typer.BadParameter as exc:

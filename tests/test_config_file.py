@@ -1,0 +1,215 @@
+"""`--config FILE`: every command's options from a TOML, YAML or JSON file, the command line
+overriding it, unknown keys refused by name, and a run repeated from its own run.json.
+
+Real `eagle3kit` subprocesses on real files; train on a tiny random target (online, so no
+extract is needed), a couple of steps on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from typer.main import get_command
+from typer.testing import CliRunner
+
+from eagle3kit._command import Group, build
+from eagle3kit.cli import STAGES, app
+from eagle3kit.train.config import TrainConfig
+
+REPO = Path(__file__).resolve().parent.parent
+SCALE = REPO / "docs" / "running-at-scale.md"
+
+
+def eagle3kit(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "eagle3kit", *args], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=300)
+
+
+def write_jsonl(path: Path, n: int = 20) -> Path:
+    with open(path, "wb") as f:
+        for i in range(n):
+            f.write(orjson.dumps({"sample_id": f"s{i}", "prompt_ids": [1, 2, i],
+                                  "completion_ids": list(range(i + 1)), "finish_reason": "stop",
+                                  "metadata": {}}) + b"\n")
+    return path
+
+
+def shards(dataset: Path) -> int:
+    return len(json.loads((dataset / "manifest.json").read_bytes())["shards"])
+
+
+def command_paths() -> list[tuple[str, ...]]:
+    return [(name, *sub) for name, stage in STAGES.items()
+            for sub in ([(s,) for s in stage.stages] if isinstance(stage, Group) else [()])]
+
+
+@pytest.mark.parametrize("path", command_paths(), ids=" ".join)
+def test_every_command_takes_config(path):
+    result = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if "--config" in line)
+    assert "FILE" in row and "TOML" in row, row
+
+
+def test_toml_gives_options_and_positionals(tmp_path):
+    write_jsonl(tmp_path / "in.jsonl")
+    (tmp_path / "c.toml").write_text('src = "in.jsonl"\ndst = "ds"\ncommit-every = 7\n'
+                                     "json = true\n")
+    result = eagle3kit("convert", "--config", "c.toml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["written"] == 20  # json = true: the result on stdout
+    assert shards(tmp_path / "ds") == 3  # 7 + 7 + 6: commit-every from the file
+
+
+def test_yaml_with_underscores_and_a_list_for_a_comma_option(tmp_path):
+    write_jsonl(tmp_path / "in.jsonl")
+    assert eagle3kit("convert", "in.jsonl", "ds", cwd=tmp_path).returncode == 0
+    (tmp_path / "v.yaml").write_text("path: ds\nonly: [integrity, structure]\njson: true\n"
+                                     "max_truncation: 0.5\n")
+    result = eagle3kit("validate", "--config", "v.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [c["name"] for c in json.loads(result.stdout)["checks"]] == ["integrity",
+                                                                        "structure"]
+
+
+def test_the_command_line_overrides_the_file(tmp_path):
+    write_jsonl(tmp_path / "in.jsonl")
+    (tmp_path / "c.toml").write_text('src = "in.jsonl"\ndst = "ds"\ncommit_every = 7\n')
+    result = eagle3kit("convert", "--config", "c.toml", "in.jsonl", "other",
+                       "--commit-every", "5", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert shards(tmp_path / "other") == 4 and not (tmp_path / "ds").exists()
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('src = "in.jsonl"\ndst = "ds"\ncomit-every = 7\n',
+     "unknown key 'comit-every' (did you mean 'commit-every'?)"),
+    ('src = "in.jsonl"\ndst = "ds"\ncommit-every = "many"\n', "'commit-every': "),
+    ('src = "in.jsonl"\ndst = "ds"\njson = "yes"\n', "'json' is a flag: true or false"),
+    ('src = "in.jsonl"\ndst = "ds"\ncommit-every = 7\ncommit_every = 8\n',
+     "'commit_every' and 'commit-every' set the same option"),
+    ('src = ["in.jsonl"\n', "not valid TOML"),
+])
+def test_a_bad_file_is_one_line_naming_it_and_writes_nothing(tmp_path, text, message):
+    write_jsonl(tmp_path / "in.jsonl")
+    (tmp_path / "c.toml").write_text(text)
+    result = eagle3kit("convert", "--config", "c.toml", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: --config c.toml: ") and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "ds").exists()
+
+
+def test_a_missing_file_or_an_unknown_kind_is_refused(tmp_path):
+    result = eagle3kit("convert", "--config", "nope.toml", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith("error: --config nope.toml: ")
+    (tmp_path / "c.ini").write_text("src = x\n")
+    result = eagle3kit("convert", "--config", "c.ini", cwd=tmp_path)
+    assert result.returncode == 2 and "not a .toml, .yaml, .yml or .json file" in result.stderr
+
+
+def test_a_dataset_manifest_replays_its_config_and_names_what_it_cannot(tmp_path):
+    write_jsonl(tmp_path / "in.jsonl")
+    assert eagle3kit("convert", "in.jsonl", "ds", cwd=tmp_path).returncode == 0
+    result = eagle3kit("convert", "--config", "ds/manifest.json", "in.jsonl", "again",
+                       cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert ("--config ds/manifest.json: recorded, not options of this command (not "
+            "replayed): stage, source") in result.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A random tiny target and 16 short token samples."""
+    from transformers import AutoTokenizer
+
+    from eagle3kit.format import DatasetWriter, TokenSample
+    from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings
+
+    root = tmp_path_factory.mktemp("config")
+    docs = stdlib_docstrings(20_000)
+    make_tokenizer(root / "tok", vocab_size=300, corpus=docs)
+    target = make_target(root / "target", root / "tok", hidden_size=32, seed=1)
+    tok = AutoTokenizer.from_pretrained(str(target))
+    with DatasetWriter(root / "tokens", config={"stage": "test"}) as w:
+        for i, doc in enumerate(docs[:16]):
+            ids = tok(doc)["input_ids"][:32]
+            if len(ids) >= 12:
+                w.add(TokenSample(f"s{i}", ids[:4], ids[4:]))
+    return root
+
+
+def test_train_repeats_a_run_from_its_own_run_json(tiny, tmp_path):
+    first = eagle3kit("train", str(tiny / "tokens"), str(tmp_path / "run"), "--online",
+                      "--target", str(tiny / "target"), "--layers", "1,2,3", "--max-steps", "2",
+                      "--device", "cpu", "--batch-tokens", "256", "--draft-vocab", "64",
+                      "--eval-split", "0", "--lr", "3e-4", "--schedule", "constant",
+                      "--no-fc-norm", "-q")
+    assert first.returncode == 0, first.stderr
+    recorded = tmp_path / "recorded.json"
+    shutil.copy(tmp_path / "run" / "run.json", recorded)
+    shutil.rmtree(tmp_path / "run")
+    again = eagle3kit("train", "--config", str(recorded))
+    assert again.returncode == 0, again.stderr
+    # How the output was opened is the command line's alone (a recorded --force is not).
+    assert f"--config {recorded}: recorded, not options of this command (not replayed): " \
+           "write\n" in again.stderr
+    before, after = (json.loads(p.read_bytes()) for p in (recorded, tmp_path / "run/run.json"))
+    assert after["settings"] == before["settings"] and after["config"] == before["config"]
+    assert after["config"]["fc_norm"] is False and after["config"]["layers"] == [1, 2, 3]
+    # The command line overrides the recorded run: another run directory, more steps.
+    other = eagle3kit("train", "--config", str(recorded), str(tiny / "tokens"),
+                      str(tmp_path / "other"), "--max-steps", "3", "-q")
+    assert other.returncode == 0, other.stderr
+    changed = json.loads((tmp_path / "other/run.json").read_bytes())["config"]
+    assert {k for k in changed if changed[k] != before["config"][k]} == {"out", "max_steps"}
+
+
+# The Kimi-K2.5 recipe's settings file, in docs/running-at-scale.md ------------------------
+def _recipe_toml() -> str:
+    text = SCALE.read_text()
+    found = re.findall(r"```toml\n(.*?)```", text, re.S)
+    assert len(found) == 1, "one ```toml block: the recipe's train settings"
+    return found[0]
+
+
+def _recipe_online_train_line() -> list[str]:
+    text = SCALE.read_text()
+    line = next(ln for ln in text.splitlines()
+                if "eagle3kit train tokens run" in ln and "--online" in ln)
+    words = shlex.split(line)
+    return words[words.index("eagle3kit") + 2:]
+
+
+def _train_config(args: list[str]) -> TrainConfig:
+    command = get_command(app).commands["train"]  # type: ignore[attr-defined]
+    with command.make_context("train", args) as ctx:
+        return build(TrainConfig, dict(ctx.params))
+
+
+def test_the_recipes_settings_file_is_the_recipes_command_line(tmp_path, monkeypatch):
+    """The documented TOML is read by the same loader and builds the same TrainConfig as the
+    recipe's own train command (its model and state directories made here)."""
+    (tmp_path / "recipe.toml").write_text(_recipe_toml())
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tokens").mkdir()
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text("{}")
+    (tmp_path / "hs").mkdir()
+    here = ["--target", str(tmp_path / "target"), "--hidden-states-dir", str(tmp_path / "hs")]
+    from_file = _train_config(["--config", "recipe.toml", *here])
+    from_line = _train_config([*_recipe_online_train_line(), *here])
+    assert from_file == from_line
+    assert from_file.servers == ["http://127.0.0.1:8000@4"] and from_file.layers == [2, 30, 58]
+    assert from_file.fsdp and from_file.online and from_file.trust_remote_code
