@@ -213,3 +213,17 @@ def test_the_recipes_settings_file_is_the_recipes_command_line(tmp_path, monkeyp
     assert from_file == from_line
     assert from_file.servers == ["http://127.0.0.1:8000@4"] and from_file.layers == [2, 30, 58]
     assert from_file.fsdp and from_file.online and from_file.trust_remote_code
+
+
+@pytest.mark.parametrize(("text", "verify"), [
+    ("verify = false", False), ("no-verify = true", False), ("verify = true", True), ("", True),
+])
+def test_a_no_flag_by_its_field_name_or_its_own(tmp_path, monkeypatch, text, verify):
+    """info's `--no-verify` fills the field `verify`: `verify = false` is the flag given."""
+    from eagle3kit.info import InfoConfig
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "i.toml").write_text(f'path = "ds"\n{text}\n')
+    command = get_command(app).commands["info"]  # type: ignore[attr-defined]
+    with command.make_context("info", ["--config", "i.toml"]) as ctx:
+        assert build(InfoConfig, dict(ctx.params)).verify is verify
