@@ -237,6 +237,9 @@ def interrupted(exc: KeyboardInterrupt) -> int:
 CONFIG_HELP = ("Options from FILE (TOML or YAML, keys the flags' names), or a run.json / "
                "manifest.json to repeat a run; flags given here override it.")
 _NOT_REPLAYED = "eagle3kit.not_replayed"
+CONSENT_ONLY = ("trust_remote_code",)
+"""Options a settings file may not turn on: only the person at the keyboard allows a model's
+or tokenizer's own code to run (docs/security.md); a recorded run's value is not replayed."""
 _FORMATS = {".toml": "TOML", ".yaml": "YAML", ".yml": "YAML", ".json": "JSON"}
 
 
@@ -337,6 +340,15 @@ def file_defaults(ctx: Any, settings: dict[str, Any], recorded: bool, path: Path
         if value is None:  # recorded as not given: the option's default
             continue
         name = found.param.name
+        if name in CONSENT_ONLY:
+            if recorded:  # what a run from elsewhere was allowed is no consent here
+                skipped.append(str(key))
+                continue
+            if value:
+                raise UserError(f"--config {path}: '{key}' is taken from the command line "
+                                "only: consent to run a model's own code is never read from "
+                                "a file (docs/security.md)")
+            continue
         slot = tails if found.last else raw
         if name in slot:
             raise UserError(f"--config {path}: '{key}' and '{written[name]}' set the same option")
@@ -396,8 +408,9 @@ def _read_config(ctx: typer.Context, value: Path | None) -> None:
     except UserError as exc:
         _fail(exc)
     if skipped:
-        ctx.meta[_NOT_REPLAYED] = (f"--config {value}: recorded, not options of this command "
-                                   f"(not replayed): {', '.join(skipped)}")
+        ctx.meta[_NOT_REPLAYED] = (f"--config {value}: recorded, not replayed (not options "
+                                   "here, or the command line's alone): "
+                                   f"{', '.join(skipped)}")
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
 
 

@@ -125,8 +125,32 @@ def test_a_dataset_manifest_replays_its_config_and_names_what_it_cannot(tmp_path
     result = eagle3kit("convert", "--config", "ds/manifest.json", "in.jsonl", "again",
                        cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert ("--config ds/manifest.json: recorded, not options of this command (not "
-            "replayed): stage, source") in result.stderr
+    assert ("--config ds/manifest.json: recorded, not replayed (not options here, "
+            "or the command line's alone): stage, source") in result.stderr
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".yaml"])
+def test_a_settings_file_cannot_allow_a_models_code(tmp_path, suffix):
+    # Consent to run code comes from the command line only (docs/security.md).
+    write_jsonl(tmp_path / "in.jsonl")
+    text = ('trust-remote-code = true\n' if suffix == ".toml" else 'trust-remote-code: true\n')
+    (tmp_path / f"c{suffix}").write_text(text)
+    result = eagle3kit("convert", "--config", f"c{suffix}", "in.jsonl", "ds", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        f"error: --config c{suffix}: 'trust-remote-code' is taken from the command line only: "
+        "consent to run a model's own code is never read from a file (docs/security.md)")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_a_recorded_run_does_not_replay_its_consent(tmp_path):
+    write_jsonl(tmp_path / "in.jsonl")
+    record = {"config": {"src": "in.jsonl", "dst": "ds", "trust_remote_code": True}}
+    (tmp_path / "run.json").write_text(json.dumps(record))
+    result = eagle3kit("convert", "--config", "run.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert ("--config run.json: recorded, not replayed (not options here, or the command "
+            "line's alone): trust_remote_code") in result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +187,8 @@ def test_train_repeats_a_run_from_its_own_run_json(tiny, tmp_path):
     again = eagle3kit("train", "--config", str(recorded))
     assert again.returncode == 0, again.stderr
     # How the output was opened is the command line's alone (a recorded --force is not).
-    assert f"--config {recorded}: recorded, not options of this command (not replayed): " \
-           "write\n" in again.stderr
+    assert (f"--config {recorded}: recorded, not replayed (not options here, or the command "
+            "line's alone): write\n") in again.stderr
     before, after = (json.loads(p.read_bytes()) for p in (recorded, tmp_path / "run/run.json"))
     assert after["settings"] == before["settings"] and after["config"] == before["config"]
     assert after["config"]["fc_norm"] is False and after["config"]["layers"] == [1, 2, 3]
