@@ -59,8 +59,6 @@ class ConvertConfig:
         if self.hidden:
             return
         if self.parquet:
-            from eagle3kit.convert.parquet import check_pyarrow
-
             check_pyarrow()
         if self.exporting:
             if self.skip_bad_lines or self.write.mode != "auto" or self.write.force:
@@ -81,9 +79,20 @@ class ConvertConfig:
     @property
     def parquet(self) -> bool:
         """Token samples to or from a .parquet file (convert/parquet.py), not JSONL."""
-        from eagle3kit.convert.parquet import is_parquet
+        return (self.dst if self.exporting else self.src).suffix.lower() == ".parquet"
 
-        return is_parquet(self.dst if self.exporting else self.src)
+
+PARQUET_EXTRA = "pip install 'eagle3kit[hf]'"
+
+
+def check_pyarrow() -> None:
+    """Fail before any work when pyarrow (an optional extra) is missing."""
+    try:
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise UserError(f"Parquet needs pyarrow, which is not installed: {PARQUET_EXTRA}"
+                        ) from None
 
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),

@@ -37,26 +37,10 @@ from eagle3kit.convert.result import ConvertResult
 from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, DatasetWriter
 
-PARQUET_EXTRA = "pip install 'eagle3kit[hf]'"
-SUFFIX = ".parquet"
 JSON_COLUMNS = ("metadata", "source", "server", "counts")
 ROWS_PER_GROUP = 1024
 """Rows written per row group (and read per batch): small enough to hold in memory at any
 sample length, large enough that a reader sees few groups."""
-
-
-def is_parquet(path: Path) -> bool:
-    return path.suffix.lower() == SUFFIX
-
-
-def check_pyarrow() -> None:
-    """Fail before any work when pyarrow (an optional extra) is missing."""
-    try:
-        import pyarrow
-        import pyarrow.parquet  # noqa: F401
-    except ImportError:
-        raise UserError(f"Parquet needs pyarrow, which is not installed: {PARQUET_EXTRA}"
-                        ) from None
 
 
 def _schema(with_text: bool) -> Any:
