@@ -21,11 +21,19 @@ class InfoConfig:
     once)."""
     target: Path | None = field(default=None, metadata=opt())
     """Checkpoints: the target model directory to check the checkpoint against."""
+    plot: Path | None = field(default=None, metadata=opt(metavar="FILE.png"))
+    """Runs: draw the loss, the accuracy per TTT step and the held-out predicted acceptance
+    length against steps from the run's metrics.jsonl (plot extra)."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
         self.target = None if self.target is None else Path(self.target)
+        if self.plot is not None:
+            from eagle3kit._plot import check_plotting
+
+            self.plot = Path(self.plot)
+            check_plotting(self.plot)
 
 
 @dataclass
@@ -132,8 +140,9 @@ def _show(report: InfoReport, opts: _ui.OutputOptions) -> None:
 
 
 def run(cfg: InfoConfig) -> InfoReport | CheckpointReport:
+    curves = None if cfg.plot is None else plot_run(cfg.path, cfg.plot, cfg.output)
     if checkpoint_dirs(cfg.path):
-        return run_checkpoint(cfg)
+        return run_checkpoint(cfg, curves)
     if cfg.target is not None:
         raise UserError(f"--target: {cfg.path} is a dataset; --target applies to checkpoints")
     report = describe(cfg)
@@ -153,9 +162,14 @@ class CheckpointReport:
     problems: list[str]
     warnings: list[str]
     kind: str = "checkpoint"
+    plot: dict | None = None
+    """With --plot: the file and, per axis, its title and the points of each series."""
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        if self.plot is None:
+            del out["plot"]
+        return out
 
 
 def checkpoint_dirs(path: Path) -> list[Path]:
@@ -172,7 +186,7 @@ def checkpoint_dirs(path: Path) -> list[Path]:
     return [path / sub for sub in ("vllm", "sglang") if (path / sub / "config.json").is_file()]
 
 
-def run_checkpoint(cfg: InfoConfig) -> CheckpointReport:
+def run_checkpoint(cfg: InfoConfig, curves: dict | None = None) -> CheckpointReport:
     from eagle3kit.checkpoints.detect import inspect
 
     dirs = checkpoint_dirs(cfg.path)
@@ -187,7 +201,7 @@ def run_checkpoint(cfg: InfoConfig) -> CheckpointReport:
     report = CheckpointReport(
         path=str(cfg.path), checkpoints=[i.to_dict() for i in infos],
         problems=[tagged(i, p) for i in infos for p in i.problems],
-        warnings=[tagged(i, w) for i in infos for w in i.warnings])
+        warnings=[tagged(i, w) for i in infos for w in i.warnings], plot=curves)
     if cfg.output.json:
         _ui.print_json(report.to_dict())
     else:
@@ -231,3 +245,69 @@ def _show_checkpoint(info, opts: _ui.OutputOptions) -> None:
         ("embedding", "included" if info.has_embedding else "none (the engine uses the target's)"),
         ("weights", f"{', '.join(info.weights_files)}: {len(info.tensors)} tensors, {info.dtype}"),
     ], opts)
+
+
+# A run's curves (--plot) --------------------------------------------------------------------
+def read_curves(metrics: Path) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """metrics.jsonl as series of (step, value) per axis title: the training loss, the
+    accuracy of each TTT step, and the held-out predicted acceptance length. A line cut short
+    by a kill, or of another kind, is passed over."""
+    import json
+
+    loss: list[tuple[int, float]] = []
+    acc: dict[str, list[tuple[int, float]]] = {}
+    accept: list[tuple[int, float]] = []
+    for line in metrics.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        step = record.get("step") if isinstance(record, dict) else None
+        if not isinstance(step, int):
+            continue
+        if isinstance(record.get("loss"), int | float):
+            loss.append((step, float(record["loss"])))
+        for k, value in enumerate(record.get("acc_k") or []):
+            acc.setdefault(f"step {k + 1}", []).append((step, float(value)))
+        evaluation = record.get("eval")
+        if isinstance(evaluation, dict) and isinstance(
+                evaluation.get("predicted_acceptance_length"), int | float):
+            accept.append((step, float(evaluation["predicted_acceptance_length"])))
+    return {"loss": {"loss": loss}, "accuracy per TTT step": acc,
+            "predicted acceptance length (held out)": {"overall": accept}}
+
+
+def plot_run(path: Path, plot: Path, opts: _ui.OutputOptions) -> dict:
+    """Draw the run's curves into `plot`; what was drawn (to_dict's `plot`)."""
+    from eagle3kit.checkpoints.rundir import RunDir
+
+    run_dir = RunDir(path)
+    if not run_dir.exists():
+        raise UserError(f"--plot: {path} is not a training run (--plot draws a run's "
+                        "metrics.jsonl)")
+    curves = read_curves(run_dir.metrics) if run_dir.metrics.is_file() else {}
+    if not any(points for series in curves.values() for points in series.values()):
+        raise UserError(f"--plot: {run_dir.metrics} holds no logged steps yet")
+    _draw(curves, f"{path.resolve().name}", plot)
+    _ui.info(f"figure: {plot}", opts)
+    return {"file": str(plot), "axes": [
+        {"title": title, "series": {name: len(points) for name, points in series.items()}}
+        for title, series in curves.items()]}
+
+
+def _draw(curves: dict[str, dict[str, list[tuple[int, float]]]], title: str,
+          path: Path) -> None:
+    from eagle3kit._plot import pyplot
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(curves), figsize=(15, 4))
+    for ax, (name, series) in zip(axes, curves.items(), strict=True):
+        for label, points in series.items():
+            ax.plot([s for s, _ in points], [v for _, v in points], marker=".", label=label)
+        ax.set(xlabel="step", title=name)
+        if len(series) > 1:
+            ax.legend(fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

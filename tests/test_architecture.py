@@ -22,7 +22,7 @@ STAGES = ("gen", "validate", "extract", "train", "export", "bench", "convert", "
           "quickstart")
 """The stage rooms (`eagle3kit.<name>`, a module or a package)."""
 SHARED = ("errors", "target", "tiny", "_argv", "_durable", "_hf", "_json", "_lazy", "_lock",
-          "_options", "_ranks", "_served_files", "_signals", "_ui", "_urls")
+          "_options", "_plot", "_ranks", "_served_files", "_signals", "_ui", "_urls")
 """Helpers every room may use; they use no stage, no CLI (and only _ui prints)."""
 FORMAT_PUBLIC = "eagle3kit.format"
 PACKAGES = tuple(sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")))

@@ -124,7 +124,7 @@ class AcceptConfig:
         if note:
             _ui.warn(note)
         if self.plot is not None:
-            from eagle3kit.bench.report import check_plotting
+            from eagle3kit._plot import check_plotting
 
             check_plotting(Path(self.plot))
 

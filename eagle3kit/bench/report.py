@@ -10,14 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eagle3kit import _ui
-from eagle3kit.errors import UserError
+from eagle3kit._plot import pyplot
 
 if TYPE_CHECKING:
     from eagle3kit.bench.accept import AcceptConfig, AcceptReport
     from eagle3kit.bench.server import ServerBenchConfig, ServerReport
-
-PLOT_EXTRA = "pip install 'eagle3kit[plot]'"
-
 
 def _num(value: float | None, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
@@ -152,26 +149,9 @@ def show_server(report: ServerReport, cfg: ServerBenchConfig) -> None:
 
 
 # Figures ------------------------------------------------------------------------------------
-def check_plotting(path: Path) -> None:
-    """Fail before any work when --plot cannot be honoured."""
-    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise UserError(f"--plot {path}: give a .png, .svg or .pdf file name")
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UserError(f"--plot needs matplotlib, which is not installed: {PLOT_EXTRA}"
-                        ) from None
-    if not path.parent.exists():
-        raise UserError(f"--plot {path}: the folder {path.parent} does not exist")
-
-
 def _figure(title: str, positions: list[float | None], conditional: list[float | None],
             categories: dict[str, float | None], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     xs = list(range(1, len(positions) + 1))
     left.bar([x - 0.2 for x in xs], [p or 0 for p in positions], 0.4, label="accepted")

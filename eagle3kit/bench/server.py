@@ -112,7 +112,7 @@ class ServerBenchConfig:
             raise UserError(f"--request-timeout must be a finite number > 0 of seconds (got "
                             f"{self.request_timeout})")
         if self.plot is not None:
-            from eagle3kit.bench.report import check_plotting
+            from eagle3kit._plot import check_plotting
 
             check_plotting(Path(self.plot))
 

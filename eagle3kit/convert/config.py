@@ -17,9 +17,11 @@ from eagle3kit.target import parse_layer_ids
 @dataclass
 class ConvertConfig:
     src: Path = field(metadata=arg())
-    """A dataset directory (exported to JSONL), or a JSONL file to import into a dataset."""
+    """A dataset directory (exported to JSONL or Parquet), or a JSONL or .parquet file to
+    import into a dataset."""
     dst: Path = field(metadata=arg())
-    """The JSONL file to write ('-': stdout), or the dataset directory to write."""
+    """The JSONL file to write ('-': stdout) or a .parquet file, or the dataset directory to
+    write."""
     tokenizer: Path | None = field(default=None, metadata=opt())
     """Export: add decoded prompt_text and completion_text with this tokenizer."""
     partition: str | None = field(default=None, metadata=opt())
@@ -56,6 +58,8 @@ class ConvertConfig:
             check_dst_kind(self.dst, file=not self.hidden and self.exporting)
         if self.hidden:
             return
+        if self.parquet:
+            check_pyarrow()
         if self.exporting:
             if self.skip_bad_lines or self.write.mode != "auto" or self.write.force:
                 raise UserError("--skip-bad-lines, --resume, --overwrite and --force apply to "
@@ -72,6 +76,24 @@ class ConvertConfig:
     def exporting(self) -> bool:
         return is_dataset(self.src)
 
+    @property
+    def parquet(self) -> bool:
+        """Token samples to or from a .parquet file (convert/parquet.py), not JSONL."""
+        return (self.dst if self.exporting else self.src).suffix.lower() == ".parquet"
+
+
+PARQUET_EXTRA = "pip install 'eagle3kit[hf]'"
+
+
+def check_pyarrow() -> None:
+    """Fail before any work when pyarrow (an optional extra) is missing."""
+    try:
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise UserError(f"Parquet needs pyarrow, which is not installed: {PARQUET_EXTRA}"
+                        ) from None
+
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
@@ -79,7 +101,7 @@ _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
 
 
 def check_dst_kind(dst: Path, file: bool) -> None:
-    """Refuse an OUT that convert would replace or write into and must not: a JSONL file is
+    """Refuse an OUT that convert would replace or write into and must not: a file is
     renamed over OUT, which turns a FIFO or a device (/dev/null, as root) into a plain file
     and a link into a file of its own, so it goes only over a regular file; a dataset goes
     only into a directory (a link to one is fine)."""
@@ -94,5 +116,5 @@ def check_dst_kind(dst: Path, file: bool) -> None:
     kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
     if file:
         raise UserError(f"{dst}: {kind}, not a regular file; convert replaces OUT with the "
-                        "JSONL file, so give a file path (or '-' for stdout)")
+                        "JSONL or Parquet file, so give a file path (or '-' for stdout)")
     raise UserError(f"{dst}: {kind}, not a dataset directory; give a directory path")

@@ -18,6 +18,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -52,7 +53,7 @@ def sample_to_record(sample: TokenSample) -> dict:
     return record
 
 
-def _export_error(dst: Path, exc: OSError) -> UserError:
+def export_error(dst: Path, exc: OSError) -> UserError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return UserError(f"{dst}: no space left to write ({exc.strerror}); the partial file was "
                          "removed and the dataset is untouched: free some space and rerun the "
@@ -60,23 +61,33 @@ def _export_error(dst: Path, exc: OSError) -> UserError:
     return UserError(f"{dst}: cannot write: {exc.strerror or exc}")
 
 
-def export_jsonl(cfg: ConvertConfig) -> ConvertResult:
-    ds = Dataset(cfg.src)
-    _ui.warn_all(ds.warnings)
+def check_partition(cfg: ConvertConfig, ds: Dataset) -> None:
     if cfg.partition is not None and cfg.partition not in ds.partitions:
         raise UserError(f"--partition {cfg.partition}: not in {cfg.src} "
                         f"(partitions: {', '.join(ds.partitions) or 'none'})")
+
+
+def load_export_tokenizer(cfg: ConvertConfig) -> Any:
+    """The --tokenizer that decodes prompt_text and completion_text on export, or None."""
+    if cfg.tokenizer is None:
+        return None
     from eagle3kit import _hf
 
-    tokenizer = (_hf.load_tokenizer(cfg.tokenizer, cfg.trust_remote_code) if cfg.tokenizer
-                 else None)
+    return _hf.load_tokenizer(cfg.tokenizer, cfg.trust_remote_code)
+
+
+def export_jsonl(cfg: ConvertConfig) -> ConvertResult:
+    ds = Dataset(cfg.src)
+    _ui.warn_all(ds.warnings)
+    check_partition(cfg, ds)
+    tokenizer = load_export_tokenizer(cfg)
     to_stdout = str(cfg.dst) == "-"
     tmp = cfg.dst.with_name(cfg.dst.name + f".{os.getpid()}.tmp")
     n = 0
     try:
         out = sys.stdout.buffer if to_stdout else open(tmp, "wb")  # noqa: SIM115 (stdout stays open)
     except OSError as exc:
-        raise _export_error(cfg.dst, exc) from None
+        raise export_error(cfg.dst, exc) from None
     try:
         for sample in ds.iter_samples(cfg.partition):
             record = sample_to_record(sample)
@@ -98,7 +109,7 @@ def export_jsonl(cfg: ConvertConfig) -> ConvertResult:
             tmp.unlink(missing_ok=True)
             # A full disk or an unwritable place is the user's to fix: one line, no traceback.
             if isinstance(exc, OSError):
-                raise _export_error(cfg.dst, exc) from None
+                raise export_error(cfg.dst, exc) from None
         raise
     _ui.info(f"wrote {n:,} samples to {cfg.dst}", cfg.output)
     return ConvertResult("export", n, dst=str(cfg.dst))

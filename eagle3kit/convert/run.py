@@ -1,4 +1,5 @@
-"""`eagle3kit convert`'s orchestration: JSONL (jsonl.py) or hidden states (hidden.py)."""
+"""`eagle3kit convert`'s orchestration: JSONL (jsonl.py), Parquet (parquet.py) or hidden
+states (hidden.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ def run(cfg: ConvertConfig) -> ConvertResult:
         from eagle3kit.convert.hidden import run as run_hidden
 
         result = run_hidden(cfg)
+    elif cfg.parquet:
+        from eagle3kit.convert.parquet import export_parquet, import_parquet
+
+        result = export_parquet(cfg) if cfg.exporting else import_parquet(cfg)
     else:
         result = export_jsonl(cfg) if cfg.exporting else import_jsonl(cfg)
     if cfg.output.json:
