@@ -341,10 +341,10 @@ def file_defaults(ctx: Any, settings: dict[str, Any], recorded: bool, path: Path
             continue
         name = found.param.name
         if name in CONSENT_ONLY:
-            if recorded:  # what a run from elsewhere was allowed is no consent here
+            if recorded and value:  # what a run from elsewhere was allowed is no consent here
                 skipped.append(str(key))
                 continue
-            if value:
+            if value and not recorded:
                 raise UserError(f"--config {path}: '{key}' is taken from the command line "
                                 "only: consent to run a model's own code is never read from "
                                 "a file (docs/security.md)")

@@ -232,7 +232,7 @@ def test_the_recipes_settings_file_is_the_recipes_command_line(tmp_path, monkeyp
     (tmp_path / "target" / "config.json").write_text("{}")
     (tmp_path / "hs").mkdir()
     here = ["--target", str(tmp_path / "target"), "--hidden-states-dir", str(tmp_path / "hs")]
-    from_file = _train_config(["--config", "recipe.toml", *here])
+    from_file = _train_config(["--config", "recipe.toml", "--trust-remote-code", *here])
     from_line = _train_config([*_recipe_online_train_line(), *here])
     assert from_file == from_line
     assert from_file.servers == ["http://127.0.0.1:8000@4"] and from_file.layers == [2, 30, 58]
