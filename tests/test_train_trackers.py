@@ -189,3 +189,29 @@ def test_a_failing_tracker_is_warned_once_and_changes_nothing(
     strip = [[{k: v for k, v in m.items() if k not in TIMING} for m in metrics(d)]
              for d in (plain, tracked)]
     assert strip[0] == strip[1]
+
+
+def test_trackio_local_store_holds_the_metrics(tiny, tmp_path):
+    pytest.importorskip("trackio", reason="the trackio extra is not installed")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "eagle3kit",
+           *train_cmd(tiny, out, "--max-steps", "4", "--eval-every", "2", "--report-to",
+                      "trackio", "--json")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env={**env(), "TRACKIO_DIR": str(tmp_path / "trackio"),
+                               "TRACKIO_PROJECT": "tiny"})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["steps"] == 4  # stdout stays the result alone
+    assert json.loads((out / "run.json").read_text())["trackers"] == {"trackio": "run"}
+    probe = ("import json, sys; from trackio.sqlite_storage import SQLiteStorage as S; "
+             "print(json.dumps(S.get_logs('tiny', 'run')))")
+    read = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=300, env={**env(), "TRACKIO_DIR": str(tmp_path / "trackio")})
+    assert read.returncode == 0, read.stderr
+    rows = json.loads(read.stdout.strip().splitlines()[-1])
+    losses = {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+    assert losses == {m["step"]: m["loss"] for m in steps_logged(out)}
+    held_out = {r["step"]: r["eval/acceptance_length"] for r in rows
+                if "eval/acceptance_length" in r}
+    assert held_out == {m["step"]: m["eval"]["predicted_acceptance_length"]
+                        for m in evals_logged(out)}

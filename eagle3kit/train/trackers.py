@@ -10,10 +10,12 @@ adapter that raises is warned about once and dropped. Only rank 0 reports.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import queue
 import re
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -290,7 +292,10 @@ class Trackers:
             if name in failed:
                 continue
             try:
-                call()
+                # A tracker's own lines (trackio prints where it logs) go to stderr: stdout
+                # holds only the command's result (--json), printed after finish().
+                with contextlib.redirect_stdout(sys.stderr):
+                    call()
             except Exception as exc:  # any tracker failure: warned once, then it is off
                 assert name is not None
                 failed.add(name)
