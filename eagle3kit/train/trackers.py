@@ -18,6 +18,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -249,7 +250,7 @@ class Trackers:
         self._thread = threading.Thread(target=self._work, name="trackers", daemon=True)
         self._thread.start()
         for name in self.names:
-            self._put(name, lambda n=name: self._open(n, config, resume_ids.get(n)))
+            self._put(name, partial(self._open, name, config, resume_ids.get(name)))
 
     def _open(self, name: str, config: dict, resume_id: str | None) -> None:
         adapter = ADAPTERS[name](self.run_dir, self.run_dir.resolve().name, self.start_step)
@@ -258,16 +259,19 @@ class Trackers:
         if run_id is not None:
             self.ids[name] = run_id
 
+    def _call(self, name: str, method: str, *args: Any) -> None:
+        getattr(self.adapters[name], method)(*args)
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for name in self.names:
-            self._put(name, lambda n=name: self.adapters[n].log(step, metrics))
+            self._put(name, partial(self._call, name, "log", step, metrics))
 
     def finish(self) -> None:
         """Close every tracker, waiting a bounded time for what is queued."""
         if self._thread is None:
             return
         for name in self.names:
-            self._put(name, lambda n=name: self.adapters[n].finish())
+            self._put(name, partial(self._call, name, "finish"))
         self._put(None, None)
         self._thread.join(FINISH_WAIT_S)
         if self._thread.is_alive():
