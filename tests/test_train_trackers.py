@@ -74,7 +74,7 @@ def test_tensorboard_reads_back_the_metrics_train_logged(tiny, tmp_path):
     assert events.Tags()["tensors"] == ["config/text_summary"]  # the settings, logged once
 
 
-def test_mlflow_file_store_holds_the_metrics_and_resume_continues_its_run(
+def test_mlflow_local_store_holds_the_metrics_and_resume_continues_its_run(
         tiny, tmp_path, monkeypatch):
     pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
     from mlflow.tracking import MlflowClient

@@ -152,7 +152,7 @@ class Checkpointing(TrainerState):
         import json
 
         record = json.loads(self.run_dir.run_json.read_text())
-        ids = {**record.get("trackers", {}), **trackers.ids}
+        ids = {**record.get("trackers", {}), **trackers.ids.copy()}  # copy: C-level, atomic
         if ids != record.get("trackers"):
             record["trackers"] = ids
             write_json_atomic(self.run_dir.run_json, record)
