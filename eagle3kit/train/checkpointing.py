@@ -89,6 +89,7 @@ class Checkpointing(TrainerState):
             rd.sync_metrics()
             rd.commit_checkpoint(step, self.cfg.keep)
             self._save_drafter(step, tokens, state)
+            self._record_tracker_ids()
         ranks.barrier()
         if hasattr(self, "clock"):
             self.clock.reset()
@@ -103,7 +104,8 @@ class Checkpointing(TrainerState):
             extra["eval"] = self.last_eval
         save_drafter(self.drafter, self.run_dir.drafter, extra=extra, state=state)
 
-    def _write_run_json(self, continuing: bool) -> None:
+    def _write_run_json(self, continuing: bool) -> dict:
+        """run.json written; what it holds."""
         from safetensors.torch import save_file
 
         rd = self.run_dir
@@ -115,7 +117,7 @@ class Checkpointing(TrainerState):
         if continuing and before.get("settings") != self.cfg.settings():
             history.append({"time": _now(), "settings": before.get("settings")})
         long = self.pool.long.to_dict()
-        write_json_atomic(rd.run_json, {
+        record = {
             "format": RUN_FORMAT, "version": RUN_VERSION, "eagle3kit_version": __version__,
             "created": before.get("created", _now()), "updated": _now(),
             "settings": self.cfg.settings(), "settings_history": history,
@@ -135,7 +137,25 @@ class Checkpointing(TrainerState):
                      "train_samples": sum(len(t) for t in self.pool.train),
                      "heldout_samples": len(self.pool.heldout), "long_samples": long,
                      "too_short": self.pool.too_short},
-        })
+            # --report-to's tracker runs (name: run id), which a resumed run continues.
+            "trackers": dict(before.get("trackers") or {}),
+        }
+        write_json_atomic(rd.run_json, record)
+        return record
+
+    def _record_tracker_ids(self) -> None:
+        """The trackers' run ids into run.json once they are known (rank 0), so a resumed run
+        continues them; a tracker starts in the background, so this comes at checkpoints."""
+        trackers = getattr(self, "trackers", None)
+        if trackers is None or not trackers.ids:
+            return
+        import json
+
+        record = json.loads(self.run_dir.run_json.read_text())
+        ids = {**record.get("trackers", {}), **trackers.ids.copy()}  # copy: C-level, atomic
+        if ids != record.get("trackers"):
+            record["trackers"] = ids
+            write_json_atomic(self.run_dir.run_json, record)
 
 
 

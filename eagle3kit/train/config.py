@@ -179,6 +179,10 @@ class TrainConfig:
     trust_remote_code: bool = field(default=False, metadata=opt())
     """Run code the target directory ships (auto_map); only ever from the flag, never from
     what a dataset records."""
+    report_to: str = field(default="none", metadata=opt(metavar="NAMES"))
+    """Experiment trackers to send the metrics to, a comma list of tensorboard, wandb,
+    mlflow, trackio (each an extra: pip install 'eagle3kit[wandb]'), set up by their usual
+    environment variables; none: only metrics.jsonl."""
     write: WriteOptions = field(default_factory=WriteOptions, metadata=embed(
         "resume", "overwrite", "force"))
     """--resume/--overwrite/--force: whether a run continues (auto), must (resume) or starts
@@ -218,6 +222,9 @@ class TrainConfig:
             found.append(str(exc))
         _check_servers(self, found)
         _check_paths(self, found)
+        from eagle3kit.train.trackers import parse_report_to
+
+        found += parse_report_to(self.report_to)[1]
         if found:
             raise UserError("; ".join(found))
 

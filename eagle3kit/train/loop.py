@@ -15,6 +15,7 @@ due).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import replace
@@ -61,6 +62,7 @@ class Trainer(Setup, Checkpointing, Batches):
         self.device = ranks.device
         self.autocast = (torch.bfloat16 if dtype_name(cfg.dtype, self.device) == "bfloat16"
                          else None)
+        self.trackers = None
 
 
     # The whole run ------------------------------------------------------------------------
@@ -69,6 +71,10 @@ class Trainer(Setup, Checkpointing, Batches):
         try:
             return self._run()
         finally:
+            if self.trackers is not None:
+                self.trackers.finish()
+                with contextlib.suppress(OSError, ValueError):  # a run that never began
+                    self._record_tracker_ids()
             if getattr(self, "lock", None) is not None:
                 self.lock.release()
 
@@ -94,8 +100,9 @@ class Trainer(Setup, Checkpointing, Batches):
         self._build_optimizer()
         start = self._resume() if continuing else 0
         if self.ranks.rank == 0:
-            self._write_run_json(continuing)
+            record = self._write_run_json(continuing)
             self.run_dir.cut_metrics(start)
+            self._start_trackers(record, start)
         self.ranks.barrier()
         if not cfg.servers:
             return self._train(start)
@@ -108,6 +115,30 @@ class Trainer(Setup, Checkpointing, Batches):
             self.served.close()
         result.metrics["served"] = self.served.stats.to_dict()
         return result
+
+
+    def _start_trackers(self, record: dict, start: int) -> None:
+        """--report-to's trackers (rank 0), given the run's record minus its history."""
+        from eagle3kit.train.trackers import Trackers, parse_report_to
+
+        names, _ = parse_report_to(self.cfg.report_to)
+        if not names:
+            return
+        self.trackers = Trackers(names, self.cfg.out, start)
+        config = {k: v for k, v in record.items() if k not in ("settings_history", "trackers")}
+        self.trackers.start(config, record.get("trackers") or {})
+
+    def _log(self, record: dict) -> None:
+        """One metrics.jsonl record (rank 0), and the same figures to the trackers."""
+        self.run_dir.log(record)
+        if self.trackers is not None:
+            from eagle3kit.train.trackers import step_metrics
+
+            waiting = None
+            if self.cfg.servers and "loss" in record:
+                stats = self.served.stats
+                waiting = stats.waited_s / max(time.monotonic() - stats.started, 1e-9)
+            self.trackers.log(record["step"], step_metrics(record, waiting))
 
 
     # Steps -----------------------------------------------------------------------------------
@@ -165,7 +196,7 @@ class Trainer(Setup, Checkpointing, Batches):
                 initial_eval = self._evaluate(0)
                 self.last_eval = initial_eval
                 if self.ranks.rank == 0:
-                    rd.log({"step": 0, "eval": initial_eval, "time": _now()})
+                    self._log({"step": 0, "eval": initial_eval, "time": _now()})
             self._announce(start)
             stopped = start < total and self._control()[0]
             if not stopped:
@@ -195,7 +226,7 @@ class Trainer(Setup, Checkpointing, Batches):
 
     def _steps(self, start: int, total: int) -> tuple[int, bool]:
         """Steps start..total-1, or until a stop request: (steps done, stopped early)."""
-        cfg, rd = self.cfg, self.run_dir
+        cfg = self.cfg
         run_tokens = 0
         began = time.monotonic()
         done = start
@@ -229,7 +260,7 @@ class Trainer(Setup, Checkpointing, Batches):
                                              1), "elapsed": round(time.monotonic() - began, 4),
                        "time": _now()}
                 if self.ranks.rank == 0:
-                    rd.log(log)
+                    self._log(log)
                 last = done == total
                 stop, due = self._control()
                 if self.pool.heldout and not stop and (last or (cfg.eval_every and
@@ -238,7 +269,7 @@ class Trainer(Setup, Checkpointing, Batches):
                     if ev is not None:  # always, with a held-out split
                         progress.set(**_eval_gauges(ev))
                     if self.ranks.rank == 0:
-                        rd.log({"step": done, "eval": self.last_eval, "time": _now()})
+                        self._log({"step": done, "eval": self.last_eval, "time": _now()})
                 if last or stop or due or done % cfg.checkpoint_every == 0:
                     self._checkpoint(done, epoch, self.tokens, last)
                 if stop and not last:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from eagle3kit.train.online_server import ServedStates
     from eagle3kit.train.stopping import CheckpointClock, StopRequests
     from eagle3kit.train.target import OfflineTarget, OnlineTarget
+    from eagle3kit.train.trackers import Trackers
     from eagle3kit.train.ttt import TTTLoss
 
 
@@ -63,6 +64,8 @@ class TrainerState:
     tokens_before: int
     resumed_from: int
     # the loop
+    trackers: Trackers | None
+    """--report-to's trackers, on rank 0 (None elsewhere or without any)."""
     served: ServedStates
     stop: StopRequests
     stop_signal: signal.Signals | None

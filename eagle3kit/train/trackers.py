@@ -1,0 +1,307 @@
+"""Experiment trackers: train's metrics sent to TensorBoard, Weights & Biases, MLflow or
+Trackio (`--report-to`, the names and comma list of transformers' `report_to`).
+
+Each tracker is an optional extra (`pip install 'eagle3kit[wandb]'`) read through one small
+adapter: `start(config, resume_id)` (the run's resolved config, logged once; the id run.json
+recorded, to continue that tracker run), `log(step, metrics)`, `finish()`. A tracker is
+never allowed to change or stop training: every call runs on one background thread, and an
+adapter that raises is warned about once and dropped. Only rank 0 reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import queue
+import re
+import sys
+import threading
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol
+
+from eagle3kit import _ui
+
+KNOWN = ("tensorboard", "wandb", "mlflow", "trackio")
+"""The trackers --report-to names, each with the module its extra installs."""
+MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow",
+           "trackio": "trackio"}
+FINISH_WAIT_S = 120.0
+"""How long the end of a run waits for the trackers to take their last metrics."""
+QUEUE_DEPTH = 10_000
+"""Calls held for a slow tracker before newer metrics are dropped (training never waits)."""
+
+
+def parse_report_to(value: str) -> tuple[list[str], list[str]]:
+    """--report-to as a list of tracker names, and the problems found (naming the flag)."""
+    names = [n.strip().lower() for n in value.split(",") if n.strip()]
+    if names in ([], ["none"]):
+        return [], []
+    problems = []
+    unknown = [n for n in names if n not in KNOWN]
+    if unknown:
+        problems.append(f"--report-to: unknown tracker {', '.join(unknown)} (known: none, "
+                        f"{', '.join(KNOWN)})")
+    missing = [n for n in names if n in KNOWN and importlib.util.find_spec(MODULES[n]) is None]
+    problems += [f"--report-to {n}: {MODULES[n]} is not installed "
+                 f"(pip install 'eagle3kit[{n}]')" for n in missing]
+    return list(dict.fromkeys(names)), problems
+
+
+class Tracker(Protocol):
+    """One tracker's adapter; each call may raise (it is then dropped, with one warning)."""
+
+    def start(self, config: dict, resume_id: str | None) -> str | None:
+        """Open (or continue, by `resume_id`) the tracker's run; its id to record."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+# The metrics sent ------------------------------------------------------------------------------
+def step_metrics(record: dict, waiting_share: float | None = None) -> dict[str, float]:
+    """A metrics.jsonl record (a step's or an evaluation's) as flat tracker metrics."""
+    out: dict[str, float] = {}
+    if "eval" in record:
+        ev = record["eval"] or {}
+        if "predicted_acceptance_length" in ev:
+            out["eval/acceptance_length"] = ev["predicted_acceptance_length"]
+        for i, a in enumerate(ev.get("per_position", [])):
+            out[f"eval/accept_rate_{i + 1}"] = a
+        for phase, figures in (ev.get("phases") or {}).items():
+            out[f"eval/acceptance_length_{_key(phase)}"] = figures["predicted_acceptance_length"]
+        return out
+    for name in ("loss", "lr", "grad_norm", "tokens_per_s"):
+        if name in record:
+            out[f"train/{name}"] = record[name]
+    for i, a in enumerate(record.get("acc_k", [])):
+        out[f"train/accuracy_step_{i + 1}"] = a
+    if waiting_share is not None:
+        out["train/server_waiting_share"] = waiting_share
+    return {k: float(v) for k, v in out.items()}
+
+
+def _key(name: str) -> str:
+    """A name every tracker takes as part of a metric key."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", str(name))
+
+
+def flat_config(config: dict, prefix: str = "") -> dict[str, str]:
+    """A nested config as flat string parameters (MLflow's params are strings)."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat_config(value, name + "."))
+        else:
+            out[name] = str(value)[:500]
+    return out
+
+
+# The adapters ----------------------------------------------------------------------------------
+class TensorBoard:
+    """Event files under RUN/tensorboard (or $TENSORBOARD_LOGGING_DIR); a resumed run drops
+    the events past its checkpoint and goes on in the same directory."""
+
+    def __init__(self, run_dir: Path, name: str, start_step: int) -> None:
+        self.dir = Path(os.environ.get("TENSORBOARD_LOGGING_DIR") or run_dir / "tensorboard")
+        self.start_step = start_step
+        self.writer: Any = None
+
+    def start(self, config: dict, resume_id: str | None) -> str | None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(self.dir), purge_step=self.start_step)
+        if self.start_step == 0:
+            import json
+
+            self.writer.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```")
+        return None
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def finish(self) -> None:
+        self.writer.close()
+
+
+class Wandb:
+    """WANDB_PROJECT (default eagle3kit), WANDB_NAME (default the run directory's name),
+    WANDB_MODE=offline, WANDB_DIR and the rest as wandb reads them; resume by run id."""
+
+    def __init__(self, run_dir: Path, name: str, start_step: int) -> None:
+        self.name = name
+        self.run: Any = None
+
+    def start(self, config: dict, resume_id: str | None) -> str | None:
+        import wandb
+
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "eagle3kit",
+                              name=os.environ.get("WANDB_NAME") or self.name,
+                              config=None if resume_id else config, id=resume_id,
+                              resume="allow" if resume_id else None)
+        return str(self.run.id)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log(metrics, step=step)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+class Mlflow:
+    """MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME (default eagle3kit), MLFLOW_RUN_NAME
+    (default the run directory's name) and MLFLOW_RUN_ID as MLflow reads them; resume by
+    run id."""
+
+    def __init__(self, run_dir: Path, name: str, start_step: int) -> None:
+        self.name = name
+        self.client: Any = None
+        self.run_id = ""
+
+    def start(self, config: dict, resume_id: str | None) -> str | None:
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient()
+        if resume_id:
+            self.run_id = resume_id
+            self.client.update_run(resume_id, status="RUNNING")
+            return resume_id
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "eagle3kit"
+        experiment = self.client.get_experiment_by_name(name)
+        experiment_id = (experiment.experiment_id if experiment is not None
+                         else self.client.create_experiment(name))
+        run = self.client.create_run(experiment_id,
+                                     run_name=os.environ.get("MLFLOW_RUN_NAME") or self.name)
+        self.run_id = run.info.run_id
+        from mlflow.entities import Param
+
+        params = [Param(k, v) for k, v in flat_config(config).items()]
+        for i in range(0, len(params), 100):  # MLflow's batch limit
+            self.client.log_batch(self.run_id, params=params[i:i + 100])
+        return self.run_id
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step)
+                                                    for k, v in metrics.items()])
+
+    def finish(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+class Trackio:
+    """TRACKIO_PROJECT (default eagle3kit), TRACKIO_DIR as trackio reads it, the run named
+    after the run directory (or TRACKIO_RUN_NAME); resume by that name."""
+
+    def __init__(self, run_dir: Path, name: str, start_step: int) -> None:
+        self.name = os.environ.get("TRACKIO_RUN_NAME") or name
+
+    def start(self, config: dict, resume_id: str | None) -> str | None:
+        import trackio
+
+        trackio.init(project=os.environ.get("TRACKIO_PROJECT") or "eagle3kit",
+                     name=resume_id or self.name, config=None if resume_id else config,
+                     resume="allow" if resume_id else "never")
+        return resume_id or self.name
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        import trackio
+
+        trackio.log(metrics, step=step)
+
+    def finish(self) -> None:
+        import trackio
+
+        trackio.finish()
+
+
+ADAPTERS: dict[str, Callable[[Path, str, int], Tracker]] = {
+    "tensorboard": TensorBoard, "wandb": Wandb, "mlflow": Mlflow, "trackio": Trackio}
+"""How each name is opened: (run directory, run name, first step) -> adapter."""
+
+
+# All of them, off the training thread --------------------------------------------------------
+class Trackers:
+    """The trackers of one run, fed from one background thread: training only enqueues, and
+    each adapter is built, started and called there."""
+
+    def __init__(self, names: list[str], run_dir: Path, start_step: int) -> None:
+        self.names, self.run_dir, self.start_step = names, run_dir, start_step
+        self.adapters: dict[str, Tracker] = {}
+        self.ids: dict[str, str] = {}
+        self._calls: queue.Queue = queue.Queue(QUEUE_DEPTH)
+        self._dropped = False
+        self._thread: threading.Thread | None = None
+
+    def start(self, config: dict, resume_ids: dict[str, str]) -> None:
+        """Open every tracker, continuing the runs whose ids run.json recorded."""
+        if not self.names:
+            return
+        self._thread = threading.Thread(target=self._work, name="trackers", daemon=True)
+        self._thread.start()
+        for name in self.names:
+            self._put(name, partial(self._open, name, config, resume_ids.get(name)))
+
+    def _open(self, name: str, config: dict, resume_id: str | None) -> None:
+        adapter = ADAPTERS[name](self.run_dir, self.run_dir.resolve().name, self.start_step)
+        run_id = adapter.start(config, resume_id)
+        self.adapters[name] = adapter
+        if run_id is not None:
+            self.ids[name] = run_id
+
+    def _call(self, name: str, method: str, *args: Any) -> None:
+        getattr(self.adapters[name], method)(*args)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for name in self.names:
+            self._put(name, partial(self._call, name, "log", step, metrics))
+
+    def finish(self) -> None:
+        """Close every tracker, waiting a bounded time for what is queued."""
+        if self._thread is None:
+            return
+        for name in self.names:
+            self._put(name, partial(self._call, name, "finish"))
+        self._put(None, None)
+        self._thread.join(FINISH_WAIT_S)
+        if self._thread.is_alive():
+            _ui.warn(f"--report-to: the trackers took longer than {FINISH_WAIT_S:.0f} s to "
+                     "take the last metrics; left behind")
+
+    def _put(self, name: str | None, call: Callable[[], Any] | None) -> None:
+        try:
+            self._calls.put_nowait((name, call))
+        except queue.Full:
+            if not self._dropped:
+                self._dropped = True
+                _ui.warn("--report-to: the trackers are falling behind; metrics are dropped "
+                         "rather than training slowed")
+
+    def _work(self) -> None:
+        failed: set[str] = set()
+        while True:
+            name, call = self._calls.get()
+            if call is None:
+                return
+            if name in failed:
+                continue
+            try:
+                # A tracker's own lines (trackio prints where it logs) go to stderr: stdout
+                # holds only the command's result (--json), printed after finish().
+                with contextlib.redirect_stdout(sys.stderr):
+                    call()
+            except Exception as exc:  # any tracker failure: warned once, then it is off
+                assert name is not None
+                failed.add(name)
+                _ui.warn(f"--report-to {name}: {type(exc).__name__}: {exc}; "
+                         f"{name} gets nothing more from this run (training goes on)")
