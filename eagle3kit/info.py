@@ -198,15 +198,18 @@ def run_checkpoint(cfg: InfoConfig, curves: dict | None = None) -> CheckpointRep
     def tagged(info, text: str) -> str:
         return f"{info.path}: {text}" if several else text
 
+    cards = [_card_and_warnings(d, i) for d, i in zip(dirs, infos, strict=True)]
     report = CheckpointReport(
-        path=str(cfg.path), checkpoints=[i.to_dict() for i in infos],
+        path=str(cfg.path),
+        checkpoints=[{**i.to_dict(), "card": card} for i, card in zip(infos, cards, strict=True)],
         problems=[tagged(i, p) for i in infos for p in i.problems],
         warnings=[tagged(i, w) for i in infos for w in i.warnings], plot=curves)
     if cfg.output.json:
         _ui.print_json(report.to_dict())
     else:
-        for info in infos:
+        for d, info, card in zip(dirs, infos, cards, strict=True):
             _show_checkpoint(info, cfg.output)
+            _show_card(d, card, cfg.output)
         for w in report.warnings:
             _ui.warn(w)
         found = (f"{len(report.problems)} problems found" if report.problems
@@ -311,3 +314,29 @@ def _draw(curves: dict[str, dict[str, list[tuple[int, float]]]], title: str,
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+# An export's model card, and what the layout's own library makes of the checkpoint ---------
+def _card_and_warnings(directory: Path, info) -> dict | None:
+    """The card export wrote beside the checkpoint (None: none), and, into info.warnings,
+    what the layout's own library would load differently (speculators: no embedding)."""
+    from eagle3kit.checkpoints.card import read_card
+    from eagle3kit.checkpoints.speculators import embedding_warning
+
+    warning = embedding_warning(info)
+    if warning:
+        info.warnings.append(warning)
+    return read_card(directory)
+
+
+def _show_card(directory: Path, card: dict | None, opts: _ui.OutputOptions) -> None:
+    if card is None:
+        return
+    from eagle3kit.checkpoints.card import CARD
+
+    _ui.kv(str(directory / CARD), [
+        ("base_model", card.get("base_model", "?")),
+        ("library_name", card.get("library_name", "?")),
+        ("tags", ", ".join(card.get("tags", []))),
+        ("draft vocab", card.get("draft vocab", "?")),
+        ("training data", "; ".join(card.get("training data", [])) or "?"),
+        ("held-out prediction", card.get("held-out prediction", "?")),
+    ], opts)

@@ -240,7 +240,7 @@ def test_overwrite_is_explicit_and_atomic(tiny, tmp_path):
     assert result.exit_code == 2 and (out / "keep.txt").exists()
     assert cli("export", tiny["run"], out, "--overwrite-dir", out, *QUIET).exit_code == 0
     assert sorted(p.name for p in out.iterdir()) == [
-        "config.json", "eagle3kit-export.json", "model.safetensors"]
+        "README.md", "config.json", "eagle3kit-export.json", "model.safetensors"]
     assert not list(tmp_path.glob(".out.tmp-*"))
 
 

@@ -107,7 +107,7 @@ def test_overwrite_replaces_only_an_earlier_export_unless_named(runs, tmp_path):
     done = eagle3kit("export", run, out, "--overwrite-dir", out, "--quiet")
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out.iterdir()) == [
-        "config.json", "eagle3kit-export.json", "model.safetensors"]
+        "README.md", "config.json", "eagle3kit-export.json", "model.safetensors"]
     # An earlier export (of either shape) is replaced by plain --overwrite.
     for fmt in ("both", "sglang"):
         done = eagle3kit("export", run, out, "--overwrite", "--format", fmt, "--quiet")

@@ -80,3 +80,14 @@ def check_speculators(info: CheckpointInfo, config: dict) -> None:
     if not methods or "speculative_tokens" not in methods[0]:
         info.problems.append("speculators_config.proposal_methods[0].speculative_tokens "
                              "missing: vLLM requires it")
+
+
+def embedding_warning(info: CheckpointInfo) -> str | None:
+    """A speculators-layout checkpoint without `embed_tokens` serves correctly (vLLM takes
+    the target's embedding) but does not load as the same drafter in speculators itself."""
+    if info.layout != "speculators" or info.has_embedding:
+        return None
+    return ("no embed_tokens: vLLM takes the target's embedding, but speculators' own "
+            "Eagle3DraftModel.from_pretrained then starts from a random one, so the drafter "
+            "evaluated or trained further with speculators is not this one; `eagle3kit export "
+            "--with-embedding` adds the target's embedding")

@@ -27,6 +27,13 @@ from typing import Any
 from eagle3kit import __version__, _ui
 from eagle3kit._durable import publish_dir
 from eagle3kit._lock import Owned, RunLock, acquire
+from eagle3kit.checkpoints.card import (
+    CardFacts,
+    DataSource,
+    bench_reports,
+    training_data,
+    write_card,
+)
 from eagle3kit.checkpoints.native import WEIGHTS
 from eagle3kit.checkpoints.rundir import PROVENANCE, RunDir, is_export, read_provenance
 from eagle3kit.checkpoints.sglang import sglang_config, sglang_warnings, sglang_weights
@@ -51,6 +58,9 @@ class Source:
     """The target's config.json, when the target directory is at hand."""
     target_dir: Path | None
     warnings: list[str]
+    run: dict | None = None
+    """run.json, when the source is a run (None: a checkpoint)."""
+    run_dir: Path | None = None
 
 
 def load_source(cfg: ExportConfig) -> Source:
@@ -87,7 +97,8 @@ def load_source(cfg: ExportConfig) -> Source:
                           "drafter recorded from it; give --target to copy them from the target")
     return Source(model=model, layout=info.layout, checkpoint=checkpoint, identity=identity,
                   coverage=info.coverage, target_raw=target_raw,
-                  target_dir=target_dir if target_raw is not None else None, warnings=warnings)
+                  target_dir=target_dir if target_raw is not None else None, warnings=warnings,
+                  run=run if rd.exists() else None, run_dir=run_dir if rd.exists() else None)
 
 
 def _identity(run: dict, info: Any) -> dict:
@@ -313,6 +324,8 @@ def run(cfg: ExportConfig) -> ExportResult:
         plans.append((fmt, config, tensors))
     warnings = list(dict.fromkeys(warnings))  # the rope warning comes once per layout
     exports: list[Exported] = []
+    data = None if src.run is None else training_data(src.run)
+    bench = [] if src.run_dir is None else bench_reports(src.run_dir)
 
     def fill(tmp: Path) -> None:
         for fmt, config, tensors in plans:
@@ -321,6 +334,9 @@ def run(cfg: ExportConfig) -> ExportResult:
                               _provenance(cfg, src, fmt, dtype, verifier))
             checks = verify_export(where, fmt, tensors, src.target_dir)
             final = cfg.out / fmt if len(plans) > 1 else cfg.out
+            sglang = cfg.out / "sglang" if fmt == "vllm" and len(plans) > 1 else None
+            write_card(where, _card_facts(cfg, src, fmt, str(final), verifier, data, bench,
+                                          sglang))
             exports.append(Exported(
                 format=fmt, path=str(final), layout=LAYOUT_NAMES[fmt], tensors=len(tensors),
                 bytes=(where / WEIGHTS).stat().st_size, dtype=dtype,
@@ -340,6 +356,20 @@ def run(cfg: ExportConfig) -> ExportResult:
 
 
 LAYOUT_NAMES = {"vllm": "speculators / vLLM", "sglang": "SGLang / SpecForge"}
+
+
+def _card_facts(cfg: ExportConfig, src: Source, fmt: str, where: str, verifier: str,
+                data: list[DataSource] | None, bench: list[tuple[str, dict]],
+                sglang: Path | None) -> CardFacts:
+    """The model card's content (`checkpoints/card.py`): `base_model` is the verifier the
+    export names, the target the run recorded unless --verifier gave another name."""
+    from eagle3kit.checkpoints.rundir import training_prediction
+
+    return CardFacts(fmt=fmt, where=where, base_model=verifier, drafter=src.model.config,
+                     dtype=cfg.dtype, speculative_tokens=cfg.num_speculative_tokens,
+                     coverage=src.coverage, prediction=training_prediction(src.checkpoint),
+                     data=data, bench=bench,
+                     sibling=None if sglang is None else str(sglang))
 
 
 def _provenance(cfg: ExportConfig, src: Source, fmt: str, dtype: str, verifier: str) -> dict:

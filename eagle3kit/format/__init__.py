@@ -20,7 +20,7 @@ from eagle3kit.format.hidden import (
 from eagle3kit.format.layout import FORMAT_NAME, FORMAT_VERSION
 from eagle3kit.format.lock import new_run_id
 from eagle3kit.format.reader import Dataset, ShardColumns, TokenView
-from eagle3kit.format.recorded import Recorded
+from eagle3kit.format.recorded import Origin, Recorded
 from eagle3kit.format.sample import TokenSample, make_sample_id, normalize
 from eagle3kit.format.writer import DatasetWriter, OpenMode
 
@@ -36,6 +36,7 @@ __all__ = [
     "HiddenWriter",
     "Int32RangeError",
     "OpenMode",
+    "Origin",
     "Recorded",
     "ShardColumns",
     "TokenSample",

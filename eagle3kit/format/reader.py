@@ -21,7 +21,7 @@ import xxhash
 import eagle3kit.format.dataset_dir as dataset_dir
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import MANIFEST, MARKER, SHARD_DIR, TOKENIZER_DIR
-from eagle3kit.format.recorded import Recorded
+from eagle3kit.format.recorded import Origin, Recorded
 from eagle3kit.format.sample import TokenSample
 from eagle3kit.format.shard import FrameError, ShardFile, meta_bound, unzstd
 
@@ -468,6 +468,11 @@ class Dataset:
         """What gen recorded for the stages after it (rendering, template file, API family),
         typed: later stages read these through here, never by manifest key."""
         return Recorded.of(self.manifest)
+
+    def origin(self) -> Origin:
+        """Where the samples came from: prompts, servers and sampling, or the token dataset
+        a hidden-state one was extracted from."""
+        return Origin.of(self.manifest)
 
     @property
     def manifest_xxh3(self) -> str:

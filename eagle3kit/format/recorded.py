@@ -83,3 +83,47 @@ def _str(value: Any) -> str | None:
 
 def _canonical(value: Any) -> str | None:
     return None if value is None else json.dumps(value, sort_keys=True)
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "sampling_seed")
+"""gen's sampling settings, as its manifest config records them."""
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a dataset's samples came from, for a reader that describes it (an export's
+    model card): the prompts and the servers and sampling that answered them (gen), or the
+    token dataset whose hidden states these are (extract). Unrecorded reads as empty."""
+
+    stage: str | None
+    prompts: tuple[str, ...]
+    """provenance.prompts: the prompt files gen read."""
+    prompt_dataset: str | None
+    """provenance.dataset: the named prompt set (`gen --dataset`)."""
+    servers: tuple[str, ...]
+    """provenance.servers (gen) or provenance.server (extract)."""
+    engine: str | None
+    served_model: str | None
+    """config.model: the model the servers reported serving."""
+    sampling: Mapping[str, Any]
+    """The SAMPLING_KEYS gen recorded (those not null)."""
+    tokens: str | None
+    """provenance.tokens: the token dataset a hidden-state dataset was extracted from."""
+
+    @classmethod
+    def of(cls, manifest: Mapping[str, Any]) -> Origin:
+        config, provenance = _dict(manifest.get("config")), _dict(manifest.get("provenance"))
+        servers = provenance.get("servers")
+        if not isinstance(servers, list):
+            servers = [provenance.get("server")]
+        prompts = provenance.get("prompts")
+        return cls(
+            stage=_str(config.get("stage")),
+            prompts=tuple(p for p in prompts if _str(p)) if isinstance(prompts, list) else (),
+            prompt_dataset=_str(provenance.get("dataset")),
+            servers=tuple(s for s in servers if _str(s)),
+            engine=_str(provenance.get("engine")) or _str(config.get("engine")),
+            served_model=_str(config.get("model")),
+            sampling={k: config[k] for k in SAMPLING_KEYS if config.get(k) is not None},
+            tokens=_str(provenance.get("tokens")),
+        )
