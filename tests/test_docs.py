@@ -75,7 +75,7 @@ RUN_LANGS = {"console", "bash", "sh", "shell"}
 FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 EXPECT = re.compile(r"\s+#\s*exits\s+(\d+)\s*$")
 SKIPPED = ("pip install ", "python -m pytest")
-TEST_COMMAND = "pip install torch==2.13.0 && pip install -e '.[test]' && python -m pytest"
+TEST_COMMAND = "pip install torch==2.13.0 && pip install -e '.[test,trackers]' && python -m pytest"
 MAIN_COMMAND = "pip install torch==2.13.0 && pip install -e . && eagle3kit quickstart"
 LOOPBACK = re.compile(r"\b127\.0\.0\.1:(\d+)\b")
 BACKGROUND = re.compile(r"\s+&\s*$")
