@@ -21,6 +21,8 @@ from eagle3kit.target.device import (
     parse_dtype,
     resolve_device,
     resolve_dtype,
+    to_device,
+    wants_pinned_memory,
 )
 from eagle3kit.target.identity import (
     COMPARED,
@@ -79,8 +81,10 @@ __all__ = [
     "resolve_dtype",
     "resolve_layer_ids",
     "text_config",
+    "to_device",
     "to_layer_output",
     "tokenizer_identity",
     "tokenizer_mismatch",
+    "wants_pinned_memory",
     "weights_fingerprint",
 ]

@@ -86,3 +86,18 @@ def resolve_dtype(name: str, device: Any, spread: bool = False) -> Any:
     import torch
 
     return getattr(torch, dtype_name(name, device, spread))
+
+
+def wants_pinned_memory(device: Any) -> bool:
+    """Whether host tensors bound for `device` go through pinned (page-locked) memory: on
+    CUDA a pinned source lets the copy run without the host waiting for it (non_blocking);
+    anywhere else pinning is a wasted copy, and it needs a CUDA driver to exist at all."""
+    return str(getattr(device, "type", device)).split(":")[0] == "cuda"
+
+
+def to_device(tensor: Any, device: Any) -> Any:
+    """A host tensor on `device`: pinned and copied without blocking on CUDA (torch's pinned
+    allocator keeps the pinned buffer until the copy is done), a plain `.to` elsewhere."""
+    if wants_pinned_memory(device):
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)

@@ -174,14 +174,11 @@ class Trainer(Setup, Checkpointing, Batches):
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        tokens = torch.tensor([sum(it.length for p in mine for it in p)], dtype=torch.float64,
-                              device=self.device)
+        # torch.full writes the count on the device: no host-to-device copy to wait for.
+        tokens = torch.full((1,), float(sum(it.length for p in mine for it in p)),
+                            dtype=torch.float64, device=self.device)
         stats = ranks.sum(torch.cat([loss_total[None], sums, correct, tokens]))
-        k = cfg.ttt_steps
-        c = counts.clamp_min(1)
-        return {"loss": float(stats[0]), "loss_k": (stats[1:1 + k] / c).tolist(),
-                "acc_k": (stats[1 + k:1 + 2 * k] / c).tolist(), "tokens": int(stats[-1]),
-                "positions_k": counts.tolist(), "lr": lr, "grad_norm": float(norm)}
+        return _readout(stats, counts, norm, lr, cfg.ttt_steps)
 
     def _train(self, start: int) -> TrainResult:
         cfg, rd = self.cfg, self.run_dir
@@ -279,6 +276,10 @@ class Trainer(Setup, Checkpointing, Batches):
     def _control(self) -> tuple[bool, bool]:
         """(stop, checkpoint due), the same on every rank: a signal to any one rank stops
         them all after the same step, and one rank's clock decides for all."""
+        if self.ranks.world == 1:  # nothing to agree on: no tensor, no wait for the device
+            if self.stop.received is not None:
+                self.stop_signal = self.stop.received
+            return self.stop.received is not None, self.clock.due()
         flags = torch.zeros(len(STOP_SIGNALS) + 1, dtype=torch.float64, device=self.device)
         if self.stop.received is not None:
             flags[STOP_SIGNALS.index(self.stop.received)] = 1
@@ -293,6 +294,19 @@ class Trainer(Setup, Checkpointing, Batches):
         _ui.warn(f"train: {sig.name}: finishing this step, then writing a checkpoint "
                  "(a second signal aborts)")
 
+
+
+def _readout(stats: torch.Tensor, counts: torch.Tensor, norm: torch.Tensor, lr: float,
+             k: int) -> dict:
+    """A step's logged figures from its all-reduced stats [loss, CE sums k, correct k,
+    tokens], brought to the host in one `.tolist()`: each read of a device tensor waits for
+    the device's queue, and every step is logged (metrics.jsonl, the progress line)."""
+    c = counts.clamp_min(1)
+    values = torch.cat([stats[:1], stats[1:1 + k] / c, stats[1 + k:1 + 2 * k] / c,
+                        stats[-1:], counts, norm.detach().double().reshape(1)]).tolist()
+    return {"loss": values[0], "loss_k": values[1:1 + k], "acc_k": values[1 + k:1 + 2 * k],
+            "tokens": int(values[1 + 2 * k]), "positions_k": values[2 + 2 * k:2 + 3 * k],
+            "lr": lr, "grad_norm": values[-1]}
 
 
 def _eval_gauges(ev: dict) -> dict[str, float]:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from eagle3kit.target.capture import Capture
-from eagle3kit.target.device import resolve_dtype
+from eagle3kit.target.device import resolve_dtype, to_device
 from eagle3kit.target.head import TargetHead
 
 __all__ = ["OfflineTarget", "OnlineTarget", "TargetBatch", "TargetHead"]
@@ -70,15 +70,16 @@ class OfflineTarget:
     def batch(self, samples: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
               ) -> TargetBatch:
         """samples: (input_ids, loss_mask, aux, last), already cut to their training length."""
-        ids = _pad([s[0] for s in samples], torch.long).to(self.device)
-        mask = _pad([s[1] for s in samples], torch.bool).to(self.device)
-        lengths = torch.tensor([len(s[0]) for s in samples], device=self.device)
+        # Pinned and non-blocking on CUDA: the host reads on while the states are copied.
+        ids = to_device(_pad([s[0] for s in samples], torch.long), self.device)
+        mask = to_device(_pad([s[1] for s in samples], torch.bool), self.device)
+        lengths = to_device(torch.tensor([len(s[0]) for s in samples]), self.device)
         aux = _pad([s[2] for s in samples], torch.float32, samples[0][2].shape[-1])
         last = _pad([s[3] for s in samples], torch.float32, samples[0][3].shape[-1])
-        last = last.to(self.device)
+        last = to_device(last, self.device)
         normed = self.head.norm(last.to(self.head.lm_head.dtype)) if (
             self.last_state == "pre_norm") else last
-        return TargetBatch(ids, mask, lengths, aux.to(self.device), normed,
+        return TargetBatch(ids, mask, lengths, to_device(aux, self.device), normed,
                            self.head.argmax(normed))
 
 
