@@ -88,9 +88,14 @@ def test_summary_values_are_sane(reduced: dict) -> None:
     assert 0.0 <= r.truncation_rate <= 1.0
     assert r.tokens > r.completion_tokens > 0
     assert r.final_loss is not None and math.isfinite(r.final_loss)
-    assert r.predicted_acceptance_length is not None and 1.0 <= r.predicted_acceptance_length <= 4
+    # What the quickstart promises (test_full_quickstart_reaches_the_promised_acceptance_in_time
+    # below): a drafter that reaches acceptance length 1.5 or more at k=3, measured by real
+    # speculative decoding and predicted by train.
+    # The reduced run reaches it too (both 4.0 here: the tiny target's answers are regular);
+    # the slow tier holds the full run to it within 10 minutes.
+    assert r.predicted_acceptance_length is not None and 1.5 <= r.predicted_acceptance_length <= 4
     assert r.measured_acceptance_length is not None
-    assert 1.0 <= r.measured_acceptance_length <= 4
+    assert 1.5 <= r.measured_acceptance_length <= 4
     assert r.lossless is True  # speculation at temperature 0 reproduces the target's output
     assert set(r.commands) == {"target", "gen", "validate", "extract", "train", "export",
                                "bench"}
