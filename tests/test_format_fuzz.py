@@ -159,8 +159,9 @@ def _arrays(base: Base, rng: np.random.Generator, bombs: list) -> None:
             name = names[int(rng.integers(len(names)))]
             if rng.random() < 0.1:
                 a.pop(name, None)
-            elif name in a:
-                a[name] = _value_like(rng, a[name], len(a["offsets"]))
+            elif name in a:  # the first edit may have dropped `offsets`: size from the array
+                samples = len(a["offsets"]) if "offsets" in a else len(a[name])
+                a[name] = _value_like(rng, a[name], samples)
 
     base.rewrite(k, edit)
 
