@@ -265,13 +265,19 @@ def import_jsonl(cfg: ConvertConfig) -> ConvertResult:
                 writer.note_progress(mark.to_json())
                 if result.written == first_commit and writer.pending == first_commit:
                     writer.commit(wait=False)
+    report_import(cfg, result, writer, earlier_bad, "lines")
+    return result
+
+
+def report_import(cfg: ConvertConfig, result: ConvertResult, writer: DatasetWriter,
+                  earlier_bad: int, unit: str) -> None:
+    """The import's closing lines (JSONL and Parquet alike): what was skipped, and added."""
     if result.bad_lines or earlier_bad:
         earlier = f" ({earlier_bad:,} of them by an earlier run)" if earlier_bad else ""
-        _ui.warn(f"{cfg.src}: skipped {result.bad_lines + earlier_bad:,} malformed lines"
+        _ui.warn(f"{cfg.src}: skipped {result.bad_lines + earlier_bad:,} malformed {unit}"
                  f"{earlier}")
     _ui.info(f"{cfg.dst}: {result.written:,} samples added, {result.skipped_existing:,} already "
              f"there, {writer.committed_samples:,} in the dataset", cfg.output)
-    return result
 
 
 def _import_line(cfg: ConvertConfig, line: bytes, mark: SourceMark, writer: DatasetWriter,
@@ -287,10 +293,21 @@ def _import_line(cfg: ConvertConfig, line: bytes, mark: SourceMark, writer: Data
         if not cfg.skip_bad_lines:
             raise UserError(f"{cfg.src}:{mark.line}: {exc} (use --skip-bad-lines to skip such "
                             "lines; samples before it are committed)") from None
-        result.bad_lines += 1
-        mark.bad_lines += 1
-        progress.add(1, errors=1)
+        count_bad(mark, result, progress)
         return
+    count_added(sample, added, mark, result, progress)
+
+
+def count_bad(mark: SourceMark, result: ConvertResult, progress: _ui.Progress) -> None:
+    """A malformed record skipped under --skip-bad-lines (JSONL line or Parquet row)."""
+    result.bad_lines += 1
+    mark.bad_lines += 1
+    progress.add(1, errors=1)
+
+
+def count_added(sample: TokenSample, added: bool, mark: SourceMark, result: ConvertResult,
+                progress: _ui.Progress) -> None:
+    """A record read: added, or already in the dataset."""
     mark.samples += 1
     if added:
         result.written += 1

@@ -28,9 +28,12 @@ from eagle3kit.convert.jsonl import (
     FIRST_COMMIT,
     SourceMark,
     check_partition,
+    count_added,
+    count_bad,
     export_error,
     load_export_tokenizer,
     record_to_sample,
+    report_import,
     sample_to_record,
 )
 from eagle3kit.convert.result import ConvertResult
@@ -187,12 +190,7 @@ def import_parquet(cfg: ConvertConfig) -> ConvertResult:
                     writer.note_progress(mark.to_json())
                     if result.written == first_commit and writer.pending == first_commit:
                         writer.commit(wait=False)
-    if result.bad_lines or earlier_bad:
-        earlier = f" ({earlier_bad:,} of them by an earlier run)" if earlier_bad else ""
-        _ui.warn(f"{cfg.src}: skipped {result.bad_lines + earlier_bad:,} malformed rows"
-                 f"{earlier}")
-    _ui.info(f"{cfg.dst}: {result.written:,} samples added, {result.skipped_existing:,} already "
-             f"there, {writer.committed_samples:,} in the dataset", cfg.output)
+    report_import(cfg, result, writer, earlier_bad, "rows")
     return result
 
 
@@ -206,13 +204,6 @@ def _import_row(cfg: ConvertConfig, row: dict, mark: SourceMark, writer: Dataset
             raise UserError(f"{cfg.src}: row {mark.line} (counting from 0): {exc} (use "
                             "--skip-bad-lines to skip such rows; samples before it are "
                             "committed)") from None
-        result.bad_lines += 1
-        mark.bad_lines += 1
-        progress.add(1, errors=1)
+        count_bad(mark, result, progress)
         return
-    mark.samples += 1
-    if added:
-        result.written += 1
-    else:
-        result.skipped_existing += 1
-    progress.add(1, tokens=sample.num_tokens)
+    count_added(sample, added, mark, result, progress)
