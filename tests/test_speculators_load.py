@@ -1,9 +1,17 @@
-"""The vLLM export loads with the real `speculators` library (slow: it builds its own venv).
+"""Each export layout loads in the library that owns it, as the same drafter (slow: it builds
+its own venv).
 
-The venv holds speculators==0.9.0 and hs-connectors==0.9.0 installed --no-deps, the packages
-their imports need, torch==2.13.0 (the CPU build on this machine's disk; a plain install would
-pull a CUDA torch) and transformers<=5.19. It is built once under
-~/.cache/eagle3kit/speculators-0.9.0 (or $EAGLE3KIT_SPECULATORS_VENV) and reused.
+The vLLM layout is speculators' own: it loads with the real `speculators` library. The SGLang
+layout is SpecForge's (`LlamaForCausalLMEagle3`, `midlayer.*`): it loads with the real
+`specforge` package's `AutoDraftModel`, the class SpecForge trains and SGLang's own
+`llama_eagle3` mirrors (SGLang itself has no CPU build here).
+
+The speculators venv holds speculators==0.9.0 and hs-connectors==0.9.0 installed --no-deps,
+the packages their imports need, torch==2.13.0 (the CPU build on this machine's disk; a plain
+install would pull a CUDA torch) and transformers<=5.19. It is built once under
+~/.cache/eagle3kit/speculators-0.9.0 (or $EAGLE3KIT_SPECULATORS_VENV) and reused. SpecForge
+gets its own, ~/.cache/eagle3kit/specforge-0.2.0 (or $EAGLE3KIT_SPECFORGE_VENV), with its
+pinned transformers==5.8.1.
 
 In it, `SpeculatorModel.from_pretrained` loads each export with the verifier given as a local
 path and attention set to sdpa on the CPU. Every tensor in the file must land in the model
@@ -37,8 +45,15 @@ INSTALLS = [
     ["torch==2.13.0", "transformers<=5.19"],
     ["--no-deps", "speculators==0.9.0", "hs-connectors==0.9.0"],
     # what `import speculators` and the eagle3 loader import, within speculators' own pins
-    ["openai", "datasets>=4.0.0,<=5.1.0", "loguru>=0.7.2,<=0.7.3"],
+    ["openai", "datasets>=4.0.0,<=5.1.0", "loguru>=0.7.2,<=0.7.3", "pydantic-settings",
+     "httpx"],
 ]
+SPECFORGE_VENV = Path(os.environ.get("EAGLE3KIT_SPECFORGE_VENV",
+                                     Path.home() / ".cache" / "eagle3kit" / "specforge-0.2.0"))
+# SpecForge's own transformers pin (under 5.19 its rotary caches load as uninitialised
+# memory); its other pins (sglang, a CUDA torch) are for training on a GPU
+SPECFORGE_INSTALLS = [["torch==2.13.0", "transformers==5.8.1"],
+                      ["--no-deps", "specforge==0.2.0"]]
 
 LOADER = r'''
 import json, sys
@@ -89,23 +104,33 @@ print(json.dumps(reports))
 '''
 
 
-def _pip(*args: str) -> None:
-    proc = subprocess.run([str(VENV / "bin" / "python"), "-m", "pip", "install", "-q", *args],
+def _pip(venv: Path, *args: str) -> None:
+    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *args],
                           capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
-        pytest.skip(f"pip could not install {' '.join(args)} into {VENV}: "
+        pytest.skip(f"pip could not install {' '.join(args)} into {venv}: "
                     f"{proc.stderr.strip()[-500:]}")
+
+
+def _built(venv: Path, installs: list[list[str]]) -> Path:
+    """The venv's python, (re)built when what it should hold changed."""
+    ready = venv / ".eagle3kit-ready"
+    if not ready.exists() or json.loads(ready.read_text()) != installs:
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        for args in installs:
+            _pip(venv, *args)
+        ready.write_text(json.dumps(installs))
+    return venv / "bin" / "python"
 
 
 @pytest.fixture(scope="module")
 def venv() -> Path:
-    ready = VENV / ".eagle3kit-ready"
-    if not ready.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-        for args in INSTALLS:
-            _pip(*args)
-        ready.write_text(json.dumps(INSTALLS))
-    return VENV / "bin" / "python"
+    return _built(VENV, INSTALLS)
+
+
+@pytest.fixture(scope="module")
+def specforge_venv() -> Path:
+    return _built(SPECFORGE_VENV, SPECFORGE_INSTALLS)
 
 
 def _tiny_run_module():
@@ -165,6 +190,100 @@ def test_vllm_export_loads_with_speculators(venv, tmp_path):
                 ours.append(model.logits(h).argmax(-1)[0].tolist())
         assert ours == report["drafts"], path
         assert len({tuple(d) for d in ours}) > 1  # the steps differ: the check has teeth
+
+
+SPECFORGE_LOADER = r'''
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig
+from specforge.modeling.auto import AutoDraftModel
+from specforge.training.model_loading import warm_start_draft_model
+from specforge.utils import padding
+
+target, drafts = sys.argv[1], sys.argv[2:]
+reports = {}
+for draft in drafts:
+    # SpecForge's own way to continue from a published drafter: build the model from the
+    # draft's config, warm-start its weights, load the embedding from the target (its
+    # from_pretrained alone leaves the rotary buffers uninitialised: they are not saved)
+    config = AutoConfig.from_pretrained(draft)
+    model = AutoDraftModel.from_config(config, torch_dtype=torch.float32).eval()
+    loaded = warm_start_draft_model(model, draft, draft_config=config, strategy="eagle3",
+                                    allow_missing_embedding=True)
+    state = model.state_dict()
+    stored = load_file(f"{draft}/model.safetensors")
+    report = {"class": type(model).__name__, "loaded": loaded.loaded_keys,
+              "missing": list(loaded.missing_keys),
+              "not_in_model": [n for n in stored if n not in state],
+              "differ": [n for n in stored if n in state
+                         and not torch.equal(state[n].to(stored[n].dtype), stored[n])]}
+    model.load_embedding(target)
+    torch.manual_seed(0)
+    t = 9
+    hidden = torch.randn(1, t, 3 * model.target_hidden_size)
+    ids = torch.randint(0, model.vocab_size, (1, t))
+    # SpecForge's own training-time test (algorithms/eagle3/model.py, sdpa backend): the ids
+    # shift left each step, the positions stay and the attention caches what it saw
+    mask = model.prepare_decoder_attention_mask(torch.ones(1, t, dtype=torch.bool), hidden, 1,
+                                                t, 0)
+    positions, cache, step_ids = torch.arange(t)[None], [[], []], ids
+    logits, drafts_out = [], []
+    with torch.no_grad():
+        h = model.project_hidden_states(hidden)
+        for _ in range(3):
+            h = model.backbone(model.embed_input_ids(step_ids), h, cache, mask, positions,
+                               None, True)
+            out = model.compute_logits(h)[0]
+            logits.append(out.tolist())
+            drafts_out.append(out.argmax(-1).tolist())
+            step_ids = padding(step_ids, left=False)
+    report.update(hidden=hidden.tolist(), ids_in=ids.tolist(), logits=logits,
+                  drafts=drafts_out)
+    reports[draft] = report
+print(json.dumps(reports))
+'''
+
+
+def test_sglang_export_loads_with_specforge(specforge_venv, tmp_path):
+    """`export --format sglang` loads into SpecForge's own `LlamaForCausalLMEagle3` by
+    SpecForge's warm start (the layout's owner): every tensor lands unchanged, the embedding
+    comes from the target as SpecForge's trainer loads it, and SpecForge's training-time-test
+    forward gives eagle3kit's logits and drafts at every step."""
+    from eagle3kit.checkpoints.load import load_any
+    from eagle3kit.checkpoints.weights import target_embedding
+    from eagle3kit.export import ExportConfig, run
+    from eagle3kit.model import TTTState
+
+    tiny = _tiny_run_module()
+    target = tmp_path / "target"
+    tiny.make_target(target)
+    run_dir = tmp_path / "run"
+    tiny.make_run(run_dir, target, [2, 4, 5])
+    out = tmp_path / "export-sglang"
+    run(ExportConfig(run_dir, out, format="sglang", dtype="float32", verifier=str(target)))
+    proc = subprocess.run([str(specforge_venv), "-c", SPECFORGE_LOADER, str(target), str(out)],
+                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])[str(out)]
+    assert report["class"] == "LlamaForCausalLMEagle3"
+    assert report["not_in_model"] == [] and report["differ"] == [], report
+    assert report["loaded"] == 15 and report["missing"] == ["embed_tokens.weight"]
+    model = load_any(out, embedding=target_embedding(target))[0].eval()
+    hidden, ids = torch.tensor(report["hidden"]), torch.tensor(report["ids_in"])
+    t = ids.shape[1]
+    padded = torch.cat([ids, torch.zeros(1, 3, dtype=torch.long)], 1)
+    h, state, ours = model.project(hidden), TTTState(), []
+    with torch.no_grad():
+        for k in range(3):
+            h = model.ttt_step(h, padded[:, k:k + t], torch.arange(t)[None] + k, state)
+            logits = model.logits(h)[0]
+            torch.testing.assert_close(logits, torch.tensor(report["logits"][k]),
+                                       rtol=1e-4, atol=1e-4)
+            ours.append(logits.argmax(-1).tolist())
+    assert ours == report["drafts"]
+    assert len({tuple(d) for d in ours}) > 1  # the steps differ: the check has teeth
 
 
 BUILDER = r'''
