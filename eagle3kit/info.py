@@ -215,7 +215,7 @@ def run_checkpoint(cfg: InfoConfig, curves: dict | None = None) -> CheckpointRep
             _show_checkpoint(info, cfg.output)
             _show_card(d, card, cfg.output)
         if report.selection:
-            _show_selection(report.selection, cfg.output)
+            _show_selection(dirs[0], report.selection, cfg.output)
         for w in report.warnings:
             _ui.warn(w)
         found = (f"{len(report.problems)} problems found" if report.problems
@@ -239,14 +239,14 @@ def _selection(path: Path) -> dict | None:
     return chosen if isinstance(chosen, dict) else None
 
 
-def _show_selection(chosen: dict, opts: _ui.OutputOptions) -> None:
+def _show_selection(drafter: Path, chosen: dict, opts: _ui.OutputOptions) -> None:
     def figure(which: str) -> str:
         f = chosen.get(which)
         if not isinstance(f, dict):
             return "none"
         return f"step {f.get('step')}, held-out AL {f.get('predicted_acceptance_length')}"
 
-    _ui.kv("drafter/", [
+    _ui.kv(f"{drafter}: the step it holds", [
         ("step", f"{chosen.get('step')} (--drafter-step {chosen.get('rule')})"),
         ("why", chosen.get("why", "?")),
         ("best evaluation", figure("best")),
