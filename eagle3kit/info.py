@@ -164,11 +164,14 @@ class CheckpointReport:
     kind: str = "checkpoint"
     plot: dict | None = None
     """With --plot: the file and, per axis, its title and the points of each series."""
+    selection: dict | None = None
+    """A run: which step its drafter/ holds and why (run.json's `selection`)."""
 
     def to_dict(self) -> dict:
         out = dict(self.__dict__)
-        if self.plot is None:
-            del out["plot"]
+        for optional in ("plot", "selection"):
+            if out[optional] is None:
+                del out[optional]
         return out
 
 
@@ -203,13 +206,16 @@ def run_checkpoint(cfg: InfoConfig, curves: dict | None = None) -> CheckpointRep
         path=str(cfg.path),
         checkpoints=[{**i.to_dict(), "card": card} for i, card in zip(infos, cards, strict=True)],
         problems=[tagged(i, p) for i in infos for p in i.problems],
-        warnings=[tagged(i, w) for i in infos for w in i.warnings], plot=curves)
+        warnings=[tagged(i, w) for i in infos for w in i.warnings], plot=curves,
+        selection=_selection(cfg.path))
     if cfg.output.json:
         _ui.print_json(report.to_dict())
     else:
         for d, info, card in zip(dirs, infos, cards, strict=True):
             _show_checkpoint(info, cfg.output)
             _show_card(d, card, cfg.output)
+        if report.selection:
+            _show_selection(dirs[0], report.selection, cfg.output)
         for w in report.warnings:
             _ui.warn(w)
         found = (f"{len(report.problems)} problems found" if report.problems
@@ -221,6 +227,31 @@ def run_checkpoint(cfg: InfoConfig, curves: dict | None = None) -> CheckpointRep
         raise CheckFailed(f"{cfg.path}: {len(report.problems)} checkpoint problem"
                           f"{'s' if len(report.problems) > 1 else ''} (CHECKPOINTS.md §5)")
     return report
+
+
+def _selection(path: Path) -> dict | None:
+    """A run's record of which step its drafter/ holds (None: not a run, or a run written
+    before train chose the step)."""
+    from eagle3kit.checkpoints.rundir import RunDir
+
+    run = RunDir(path)
+    chosen = (run.record() or {}).get("selection") if run.exists() else None
+    return chosen if isinstance(chosen, dict) else None
+
+
+def _show_selection(drafter: Path, chosen: dict, opts: _ui.OutputOptions) -> None:
+    def figure(which: str) -> str:
+        f = chosen.get(which)
+        if not isinstance(f, dict):
+            return "none"
+        return f"step {f.get('step')}, held-out AL {f.get('predicted_acceptance_length')}"
+
+    _ui.kv(f"{drafter}: the step it holds", [
+        ("step", f"{chosen.get('step')} (--drafter-step {chosen.get('rule')})"),
+        ("why", chosen.get("why", "?")),
+        ("best evaluation", figure("best")),
+        ("last evaluation", figure("last")),
+    ], opts)
 
 
 def _show_checkpoint(info, opts: _ui.OutputOptions) -> None:

@@ -411,8 +411,8 @@ def test_run_directory_is_what_export_and_bench_read(tiny, tmp_path):
     assert "embed_tokens.weight" not in saved
     ckpt = out / "checkpoints" / "step-00000003"
     assert {p.name for p in ckpt.iterdir()} == {
-        "model.safetensors", "optimizer.pt", "scheduler.pt", "rng-rank0.safetensors",
-        "state.json"}
+        "config.json", "model.safetensors", "optimizer.pt", "scheduler.pt",
+        "rng-rank0.safetensors", "state.json"}
     lines = metrics(out)
     assert [m["step"] for m in lines] == [0, 1, 2, 2, 3, 3]  # eval at 0, 2 and 3
     assert all(len(m["acc_k"]) == 7 for m in lines if "loss" in m)
@@ -473,6 +473,7 @@ def test_both_exports_round_trip_through_init_from(tiny, tmp_path, fmt):
     ({"schedule": "step"}, "--schedule must be one of cosine, linear, constant"),
     ({"lm_head": "copy"}, "--lm-head must be one of train, target, frozen"),
     ({"data_order": "sorted"}, "--data-order must be one of shuffle, fixed"),
+    ({"drafter_step": "newest"}, "--drafter-step must be one of best, last"),
 ])
 def test_bad_options(tiny, tmp_path, options, message):
     with pytest.raises(UserError, match=message):

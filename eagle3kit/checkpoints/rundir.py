@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3kit import __version__
-from eagle3kit._durable import fsync_file, publish_dir, write_text_atomic
+from eagle3kit._durable import fsync_file, publish_dir, write_json_atomic, write_text_atomic
 from eagle3kit._json import json_object
 from eagle3kit._lock import Owned, RunLock, acquire
 from eagle3kit.errors import UserError
@@ -28,7 +28,8 @@ RUN_FORMAT = "eagle3kit-run"
 RUN_VERSION = 1
 RUN_JSON = "run.json"
 DRAFTER = "drafter"
-"""The run's latest drafter, a checkpoint any EAGLE-3 reader loads (eagle3kit's layout)."""
+"""The run's drafter, a checkpoint any EAGLE-3 reader loads (eagle3kit's layout): the best
+evaluated step, or the last (train --drafter-step); run.json's `selection` says which."""
 CHECKPOINTS = "checkpoints"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 OUR_FILES = (RUN_JSON, "metrics.jsonl", "vocab.safetensors", CHECKPOINTS, DRAFTER)
@@ -228,6 +229,40 @@ class RunDir:
         publish_dir(self.temp_dir(step), self.step_dir(step))
         for old in self.steps()[:-keep]:
             shutil.rmtree(self.step_dir(old), ignore_errors=True)
+
+    # The drafter -----------------------------------------------------------------------------
+    @property
+    def drafter_temp(self) -> Path:
+        """Where the next drafter/ is written before it replaces the one there whole."""
+        return self.path / f".{DRAFTER}.tmp"
+
+    def begin_drafter(self) -> Path:
+        tmp = self.drafter_temp
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        return tmp
+
+    def publish_drafter(self) -> None:
+        """The drafter written into `drafter_temp` becomes drafter/, whole: a run killed at
+        any moment leaves the old drafter/ or the new one, never a mix of two steps."""
+        publish_dir(self.drafter_temp, self.drafter)
+
+    def recover_drafter(self) -> None:
+        """A run killed between publish_dir's two renames left drafter/ under its hidden
+        name: put it back."""
+        if self.drafter.exists():
+            return
+        for aside in sorted(self.path.glob(f".{DRAFTER}.tmp-old-*")):
+            if (aside / "config.json").is_file():
+                aside.rename(self.drafter)
+                return
+
+    def update_record(self, **fields: Any) -> None:
+        """Set `fields` in run.json (rank 0, atomically), keeping the rest as it is."""
+        record = self.record() or {}
+        if all(record.get(k) == v for k, v in fields.items()):
+            return
+        write_json_atomic(self.run_json, {**record, **fields})
 
     # Metrics -----------------------------------------------------------------------------------
     def log(self, record: dict) -> None:

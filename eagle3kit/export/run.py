@@ -386,6 +386,9 @@ def _provenance(cfg: ExportConfig, src: Source, fmt: str, dtype: str, verifier: 
         else "the values the drafter recorded",
         # What training predicted, so `bench accept` on the export shows it beside its own.
         "eval": training_prediction(src.checkpoint),
+        # Which step of the run this is, and why (train --drafter-step): the best evaluated
+        # one by default.
+        "selection": (src.run or {}).get("selection"),
     }
 
 

@@ -9,10 +9,11 @@ from typing import Any
 
 import torch
 
+import eagle3kit.train.selection as selection
 import eagle3kit.train.sharding as sharding
-from eagle3kit import __version__
+from eagle3kit import __version__, _ui
 from eagle3kit._durable import write_json_atomic
-from eagle3kit.checkpoints.native import drafter_weights, save_drafter
+from eagle3kit.checkpoints.native import save_drafter
 from eagle3kit.checkpoints.rundir import (
     RUN_FORMAT,
     RUN_VERSION,
@@ -61,7 +62,39 @@ class Checkpointing(TrainerState):
         self.tokens_before = int(state.get("tokens", 0))
         self.last_eval = state.get("eval")
         self.resumed_from = step
+        self._resume_best(state.get("best"))
         return step
+
+    def _resume_best(self, recorded: dict | None) -> None:
+        """The best evaluation so far, as the checkpoint recorded it or as drafter/ holds it
+        (a best written after that checkpoint, by a run killed before the next one: the same
+        trajectory, so it stands, and its weights are there)."""
+        rd = self.run_dir
+        if self.ranks.rank == 0:
+            rd.recover_drafter()
+        self.ranks.barrier()
+        block = _drafter_block(rd.drafter)
+        held = block.get("eval") if block.get("chosen") == "best" else None
+        best = selection.better_of(recorded, held)
+        before = (self.previous.get("settings") or {})
+        now = self.cfg.settings()
+        changed = [k for k in selection.COMPARABLE if before.get(k) != now.get(k)]
+        if best is not None and changed:
+            flags = ", ".join("--" + k.replace("_", "-") if k != "data" else k for k in changed)
+            _ui.warn(f"train: {flags} changed (--force): the held-out figures before step "
+                     f"{self.resumed_from} measured something else, so the best step is chosen "
+                     "afresh from the next evaluation")
+            best = None
+        elif (best is not None and self.cfg.drafter_step == "best"
+              and (held is None or int(held["step"]) != int(best["step"]))):
+            holds = (f"it holds step {block['training']['step']}, kept as the "
+                     f"{block.get('chosen', 'last')} step" if block.get("training")
+                     else "there is none")
+            _ui.warn(f"train: the best evaluated step so far, {best['step']} (held-out AL "
+                     f"{best[selection.AL]:.3f}), is not in {rd.drafter} ({holds}); the best "
+                     "is chosen afresh from the next evaluation")
+            best = None
+        self.best = best
 
     def _checkpoint(self, step: int, epoch: int, tokens: int, final: bool) -> None:
         rd, ranks = self.run_dir, self.ranks
@@ -74,10 +107,10 @@ class Checkpointing(TrainerState):
         optimizer = sharding.full_optimizer_state(self.model, self.optimizer, self.param_names)
         ranks.barrier()
         if ranks.rank == 0:
-            from safetensors.torch import save_file
-
-            save_file(drafter_weights(self.drafter, state=state),
-                      str(tmp / "model.safetensors"))
+            # A whole drafter checkpoint (config.json beside the weights): a kept step is
+            # what export and info read as any checkpoint, the last one included.
+            save_drafter(self.drafter, tmp, extra=self._drafter_extra(step, tokens, "step"),
+                         state=state)
             torch.save(optimizer, tmp / "optimizer.pt")
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
             import json
@@ -85,24 +118,72 @@ class Checkpointing(TrainerState):
             (tmp / "state.json").write_text(json.dumps({
                 "step": step, "epoch": epoch, "tokens": tokens, "final": final,
                 "total_steps": self.plan.total_steps, "world_size": ranks.world,
-                "eval": self.last_eval, "time": _now()}, indent=2) + "\n")
+                "eval": self.last_eval, "best": self.best, "time": _now()}, indent=2) + "\n")
             rd.sync_metrics()
             rd.commit_checkpoint(step, self.cfg.keep)
-            self._save_drafter(step, tokens, state)
+            if not self._drafter_is_best():
+                self._save_drafter(step, tokens, state)
+            self._record_selection(step)
             self._record_tracker_ids()
         ranks.barrier()
         if hasattr(self, "clock"):
             self.clock.reset()
 
-    def _save_drafter(self, step: int, tokens: int, state: dict | None) -> None:
+    # The drafter the run serves (eagle3kit/train/selection.py) ---------------------------
+    def _drafter_is_best(self) -> bool:
+        """Whether drafter/ holds the best evaluation rather than following the last step."""
+        return self.cfg.drafter_step == "best" and self.best is not None
+
+    def _consider(self, evaluation: dict | None, tokens: int) -> None:
+        """After an evaluation (every rank: the figures are reduced, so all agree): a new
+        best is recorded and, with --drafter-step best, written to drafter/ now, while its
+        weights are the model's."""
+        if not selection.improves(evaluation, self.best):
+            return
+        assert evaluation is not None  # improves() says so
+        self.best = evaluation
+        if self.cfg.drafter_step != "best":
+            return
+        step = int(evaluation["step"])
+        state = sharding.full_weights(self.model, self.drafter)  # collectives under FSDP
+        if self.ranks.rank == 0:
+            self._save_drafter(step, tokens, state)
+            self._record_selection(step)
+        self.ranks.barrier()
+
+    def _selection(self, last_step: int) -> dict:
+        """Which step drafter/ holds and why (run.json's `selection`, the summary's)."""
+        held = int(self.best["step"]) if self._drafter_is_best() and self.best else last_step
+        return selection.record(self.cfg.drafter_step, held, self.best, self.last_eval,
+                                bool(self.pool.heldout))
+
+    def _record_selection(self, last_step: int) -> None:
+        """run.json's `selection` (rank 0)."""
+        self.run_dir.update_record(selection=self._selection(last_step))
+
+    def _drafter_extra(self, step: int, tokens: int, chosen: str) -> dict[str, Any]:
+        """The `eagle3kit` block of a drafter's config.json beyond its drafter config;
+        `chosen`: why these weights were written (best, last, or step: a checkpoint's)."""
         extra: dict[str, Any] = {
             "target": self.target_id, "layer_ids": self.layers,
             "vocab": {"size": self.vocab.size, "coverage": self.vocab.coverage},
             "training": {"run": str(self.cfg.out.resolve()), "step": step, "tokens": tokens,
-                         "eagle3kit_version": __version__}}
-        if self.last_eval is not None:
-            extra["eval"] = self.last_eval
-        save_drafter(self.drafter, self.run_dir.drafter, extra=extra, state=state)
+                         "eagle3kit_version": __version__},
+            "chosen": chosen}
+        evaluation = self.last_eval
+        if chosen == "best" and self.best is not None:
+            evaluation = self.best
+        if evaluation is not None:
+            extra["eval"] = evaluation
+        return extra
+
+    def _save_drafter(self, step: int, tokens: int, state: dict | None) -> None:
+        """drafter/ replaced whole by the weights of `step` (rank 0)."""
+        rd = self.run_dir
+        chosen = "best" if self._drafter_is_best() else "last"
+        save_drafter(self.drafter, rd.begin_drafter(),
+                     extra=self._drafter_extra(step, tokens, chosen), state=state)
+        rd.publish_drafter()
 
     def _write_run_json(self, continuing: bool) -> dict:
         """run.json written; what it holds."""
@@ -140,6 +221,8 @@ class Checkpointing(TrainerState):
             # --report-to's tracker runs (name: run id), which a resumed run continues.
             "trackers": dict(before.get("trackers") or {}),
         }
+        if before.get("selection"):  # which step drafter/ holds, until the next checkpoint
+            record["selection"] = before["selection"]
         write_json_atomic(rd.run_json, record)
         return record
 
@@ -157,6 +240,18 @@ class Checkpointing(TrainerState):
             record["trackers"] = ids
             write_json_atomic(self.run_dir.run_json, record)
 
+
+
+def _drafter_block(directory: Path) -> dict:
+    """The `eagle3kit` block of a drafter's config.json ({} when there is none)."""
+    import json
+
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    block = config.get("eagle3kit") if isinstance(config, dict) else None
+    return block if isinstance(block, dict) else {}
 
 
 def _resolved(cfg: TrainConfig) -> dict:

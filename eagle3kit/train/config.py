@@ -26,6 +26,8 @@ started before the one dtype vocabulary continues without --force."""
 SCHEDULES = ("cosine", "linear", "constant")
 LM_HEADS = ("train", "target", "frozen")
 DATA_ORDERS = ("shuffle", "fixed")
+DRAFTER_STEPS = ("best", "last")
+"""--drafter-step: what RUN/drafter/ holds (eagle3kit/train/selection.py)."""
 
 SETTINGS = (
     "data", "target", "online", "layers", "draft_vocab", "init_from", "ttt_steps",
@@ -34,8 +36,8 @@ SETTINGS = (
     "eval_k", "precision", "schedule", "lm_head", "data_order",
 )
 """The options that decide a run's trajectory: continuing a run with any of them changed
-needs --force. Logging, checkpoint cadence, --device, --fsdp and --eval-every may change
-freely."""
+needs --force. Logging, checkpoint cadence, --device, --fsdp, --eval-every and
+--drafter-step may change freely."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,10 @@ class TrainConfig:
     """Also write one when N minutes have passed since the last (0: off)."""
     keep: int = field(default=2, metadata=opt())
     """How many checkpoints to keep."""
+    drafter_step: str = field(default="best", metadata=opt())
+    """Which step RUN/drafter/ (what export and bench read) holds: best (the evaluated step
+    with the highest held-out predicted acceptance length; the last step without a held-out
+    split) or last."""
     fsdp: bool = field(default=False, metadata=opt())
     """Shard the drafter, its gradients and optimizer state over the ranks (FSDP2) instead
     of a whole copy per rank (DDP)."""
@@ -352,7 +358,8 @@ def _check_choices(cfg: TrainConfig, found: list[str]) -> None:
         found.append(f"--long-samples must be drop or truncate (got {cfg.long_samples})")
     for flag, value, allowed in (("--schedule", cfg.schedule, SCHEDULES),
                                  ("--lm-head", cfg.lm_head, LM_HEADS),
-                                 ("--data-order", cfg.data_order, DATA_ORDERS)):
+                                 ("--data-order", cfg.data_order, DATA_ORDERS),
+                                 ("--drafter-step", cfg.drafter_step, DRAFTER_STEPS)):
         if value not in allowed:
             found.append(f"{flag} must be one of {', '.join(allowed)} (got {value})")
     try:
@@ -432,6 +439,8 @@ class TrainResult:
     """The evaluation of the drafter before training (None when resumed or no split)."""
     vocab_coverage: float | None
     resumed_from: int | None = None
+    selection: dict | None = None
+    """Which step RUN/drafter/ holds and why (run.json's `selection`, docs/train.md)."""
     metrics: dict = field(default_factory=dict)
     stopped: str | None = None
     """The signal that stopped the run before its last step (SIGTERM, SIGINT, SIGUSR1)."""

@@ -185,6 +185,7 @@ class Trainer(Setup, Checkpointing, Batches):
         total = self.plan.total_steps
         self.tokens = getattr(self, "tokens_before", 0)
         self.last_eval = getattr(self, "last_eval", None)
+        self.best = getattr(self, "best", None)  # a resumed run's, from _resume
         self.clock = CheckpointClock(cfg.checkpoint_interval)
         initial_eval = None
         done = start
@@ -206,7 +207,7 @@ class Trainer(Setup, Checkpointing, Batches):
             out=cfg.out, steps=done, total_steps=total, tokens=self.tokens,
             loss=getattr(self, "last_loss", None), eval=self.last_eval,
             initial_eval=initial_eval, vocab_coverage=self.vocab.coverage,
-            resumed_from=getattr(self, "resumed_from", None),
+            resumed_from=getattr(self, "resumed_from", None), selection=self._selection(done),
             metrics={"long_samples": self.pool.long.to_dict(),
                      "train_samples": sum(len(t) for t in self.pool.train),
                      "heldout_samples": len(self.pool.heldout), "layer_ids": self.layers,
@@ -267,6 +268,7 @@ class Trainer(Setup, Checkpointing, Batches):
                         progress.set(**_eval_gauges(ev))
                     if self.ranks.rank == 0:
                         self._log({"step": done, "eval": self.last_eval, "time": _now()})
+                    self._consider(ev, self.tokens)
                 if last or stop or due or done % cfg.checkpoint_every == 0:
                     self._checkpoint(done, epoch, self.tokens, last)
                 if stop and not last:

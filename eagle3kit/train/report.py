@@ -45,6 +45,9 @@ def _report(result: TrainResult, cfg: TrainConfig) -> None:
     if variant and variant != VARIANTS["eagle3"]:
         pairs.append(("layout", describe_variant(variant) + (
             ", norm_before_residual" if variant["norm_before_residual"] else "")))
-    pairs.append(("drafter", str(RunDir(result.out).drafter)))
+    drafter = str(RunDir(result.out).drafter)
+    if result.selection:
+        drafter += f"  step {result.selection['step']:,}: {result.selection['why']}"
+    pairs.append(("drafter", drafter))
     _ui.kv("train", pairs, opts)
 

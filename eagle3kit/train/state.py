@@ -73,5 +73,7 @@ class TrainerState:
     progress: _ui.Progress
     tokens: int
     last_eval: dict | None
+    best: dict | None
+    """The evaluation with the highest held-out predicted AL so far (train/selection.py)."""
     last_loss: float
     _phase_markers: Any
