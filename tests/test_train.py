@@ -9,6 +9,7 @@ first, since a random target's outputs have no structure for a drafter to learn.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -306,6 +307,12 @@ def test_changed_settings_are_refused_unless_forced(tiny, tmp_path):
     forced = run(config(tiny, tiny["hidden"], tmp_path / "r", max_steps=3, lr=1e-2,
                         force=True))
     assert forced.steps == 3
+    # step 3 trains at the forced --lr on the forced run's schedule (warm-up 1, cosine over
+    # the 2 steps after it: half way at step 3), not at the rate the restored optimizer
+    # carried (the first run's schedule had reached 0 at its end)
+    rates = {m["step"]: m["lr"] for m in metrics(tmp_path / "r") if "lr" in m}
+    assert rates == {1: pytest.approx(3e-3), 2: pytest.approx(3e-3),
+                     3: pytest.approx(1e-2 * 0.5 * (1 + math.cos(math.pi * 0.5)))}
     history = json.loads((tmp_path / "r" / "run.json").read_text())["settings_history"]
     assert history and history[0]["settings"]["lr"] == 3e-3
     with pytest.raises(UserError, match="no run to resume"):

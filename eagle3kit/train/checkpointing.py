@@ -47,6 +47,7 @@ class Checkpointing(TrainerState):
         sharding.load_optimizer_state(self.model, self.optimizer,
                                       load_tensors(where / "optimizer.pt"), self.param_names)
         self.scheduler.load_state_dict(load_tensors(where / "scheduler.pt"))
+        self._apply_optimizer_settings()
         rng = where / f"rng-rank{self.ranks.rank}.safetensors"
         if (where / f"rng-rank{self.ranks.rank}.pt").exists():
             # Written by an earlier eagle3kit as a pickle, which can hold code: never loaded.
@@ -64,6 +65,22 @@ class Checkpointing(TrainerState):
         self.resumed_from = step
         self._resume_best(state.get("best"))
         return step
+
+    def _apply_optimizer_settings(self) -> None:
+        """The learning rate and weight decay of this command, not the restored ones.
+
+        A restored optimizer and scheduler carry the first run's `--lr` (as the scheduler's base
+        rates) and `--weight-decay`; they differ from this command's only under `--force`,
+        where the user asked for the new ones. The schedule's shape is this command's already
+        (its function is not saved), so the rate continues from the restored step.
+        """
+        cfg, scheduler = self.cfg, self.scheduler
+        scheduler.base_lrs = [cfg.lr] * len(self.optimizer.param_groups)
+        rates = [base * factor(scheduler.last_epoch)
+                 for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+        for group, rate in zip(self.optimizer.param_groups, rates, strict=True):
+            group.update(initial_lr=cfg.lr, lr=rate, weight_decay=cfg.weight_decay)
+        scheduler._last_lr = rates  # what get_last_lr() reports until the next step
 
     def _resume_best(self, recorded: dict | None) -> None:
         """The best evaluation so far, as the checkpoint recorded it or as drafter/ holds it
