@@ -210,6 +210,50 @@ def test_bad_depth_options_are_one_line_naming_the_flag(pair, args, message) -> 
     assert "Traceback" not in result.output
 
 
+# bench server: the engine's own rounds -----------------------------------------------------
+MT_BENCH = Path(__file__).parent / "data" / "prompts" / "eagle" / "mt_bench" / "question.jsonl"
+
+
+def test_bench_server_buckets_the_engines_rounds_by_depth(pair) -> None:
+    from fake_spec_server import SpecServer
+
+    from eagle3kit._ui import OutputOptions
+    from eagle3kit.bench import server
+    from eagle3kit.bench.contexts import DepthOptions
+
+    def measure(per_request: bool) -> tuple[server.ServerReport, SpecServer]:
+        with SpecServer("vllm", tokenizer=str(pair["root"] / "tok"), k=K, mean_tokens=40,
+                        per_request_metrics=per_request) as srv:
+            report = server.run(server.ServerBenchConfig(
+                srv.url, [MT_BENCH], pair["root"] / "tok", max_new_tokens=24, max_samples=4,
+                depth=DepthOptions(depth_buckets="40,80"), output=OutputOptions(quiet=True)))
+        return report, srv
+
+    report, srv = measure(True)
+    expected: dict[str, list[int]] = {}
+    for prompt_tokens, steps in srv.per_request:  # each answer's rounds, placed by hand
+        depth = prompt_tokens + 1
+        for accepted in steps:
+            expected.setdefault("<40" if depth < 40 else "40-80" if depth < 80 else ">=80",
+                                []).append(accepted)
+            depth += accepted + 1
+    assert len(srv.per_request) == 8 and len(expected) >= 2  # MT-bench's second turns go deeper
+    assert report.depth_edges == [40, 80]
+    assert {n: b["rounds"] for n, b in report.depths.items()} == {
+        n: len(a) for n, a in expected.items()}
+    for name, bucket in report.depths.items():
+        mine = expected[name]
+        assert bucket["acceptance_length"] == pytest.approx(1 + sum(mine) / len(mine))
+        assert len(bucket["per_position"]) == K
+    # The buckets split the rounds the counters count.
+    rounds = sum(b["rounds"] for b in report.depths.values())
+    assert rounds == sum(len(r) for _, _, r in srv.log)
+    assert report.acceptance_length == pytest.approx(
+        1 + sum(b["acceptance_length"] - 1 for b in report.depths.values()
+                for _ in range(b["rounds"])) / rounds)
+    assert measure(False)[0].depths == {}  # a server that does not report its rounds
+
+
 # train's held-out prediction -----------------------------------------------------------------
 def test_train_predicts_per_depth_bucket_where_each_chain_starts() -> None:
     from transformers import LlamaConfig
