@@ -6,9 +6,11 @@ raised to 8192 (nothing else changed: RoPE needs no more), served by vLLM with
 accepted count of every verification round, which bench server buckets by depth exactly as
 bench accept buckets its own rounds (eagle3kit.model.depth). The contexts are cut from a
 token dataset of multi-turn histories: gen's recorded samples (prompt + the target's own
-completion) run together, 5K+ tokens each; `bench parity --context-from` cuts them at 1500,
-3000 and 4500 tokens and at the start of each history's last answer. At temperature 0 both
-sides decode the same tokens, so each depth bucket's acceptance length agrees within 0.05.
+completion) run together, whose last answers start past 1300, 2600 and 4600 tokens; `bench
+parity --context-from --context-tokens last-turn` gives each history up to its last answer
+as the prompt, so the target answers that turn again 1K, 2K and 4K+ tokens deep. At
+temperature 0 both sides decode the same tokens, so each depth bucket's acceptance length
+agrees within 0.05.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ from eagle3kit.format import Dataset, DatasetWriter, TokenSample
 
 pytestmark = pytest.mark.vllm
 LONG = 8192
-HISTORY_TOKENS = 5000
-HISTORIES = 2
-CUTS = "1500,3000,4500,last-turn"
+HISTORY_TOKENS = (1300, 2600, 4600)
+"""Where the last answer of each history starts, at least: one history per depth bucket."""
+CUTS = "last-turn"
 EDGES = "1024,2048,4096"
 TOLERANCE = 0.05
 
@@ -52,25 +54,28 @@ def long_target(world: World) -> Path:
 @pytest.fixture(scope="module")
 def histories(tokens: Path, world: World) -> Path:
     """Multi-turn histories: gen's samples in order, each prompt and completion as recorded,
-    run together until a history holds HISTORY_TOKENS; the answers carry the loss mask."""
+    run together until a history holds HISTORY_TOKENS[h], then one more sample: its answer
+    starts that deep (history h starts h/3 of the way through the samples, and wraps
+    around); the answers carry the loss mask."""
     out = world.root / "histories"
     if out.exists():
         return out
-    recorded = Dataset(tokens)
+    recorded = list(Dataset(tokens))
     made: list[TokenSample] = []
-    ids: list[int] = []
-    mask: list[int] = []
-    for sample in recorded:
-        ids += [*map(int, sample.prompt_ids), *map(int, sample.completion_ids)]
-        mask += [0] * len(sample.prompt_ids) + [1] * len(sample.completion_ids)
-        if len(ids) >= HISTORY_TOKENS:
-            split = int(np.flatnonzero(mask)[0])
-            made.append(TokenSample(f"history-{len(made)}", ids[:split], ids[split:],
-                                    loss_mask=mask))
-            ids, mask = [], []
-        if len(made) == HISTORIES:
-            break
-    assert len(made) == HISTORIES
+    for h, deep in enumerate(HISTORY_TOKENS):
+        ids: list[int] = []
+        mask: list[int] = []
+        at = h * len(recorded) // len(HISTORY_TOKENS)
+        while True:
+            last = len(ids) >= deep
+            sample = recorded[at % len(recorded)]
+            ids += [*map(int, sample.prompt_ids), *map(int, sample.completion_ids)]
+            mask += [0] * len(sample.prompt_ids) + [1] * len(sample.completion_ids)
+            at += 1
+            if last:
+                break
+        split = int(np.flatnonzero(mask)[0])
+        made.append(TokenSample(f"history-{h}", ids[:split], ids[split:], loss_mask=mask))
     with DatasetWriter(out, config={"stage": "test"}) as writer:
         for sample in made:
             writer.add(sample)
@@ -104,12 +109,12 @@ def test_depth_buckets_of_bench_and_of_the_engine_agree_thousands_of_tokens_deep
          "--target", str(long_target), "--drafter", str(long_export),
          "--context-from", str(histories), "--context-tokens", CUTS,
          "--depth-buckets", EDGES, "--max-new-tokens", "64", "--device", "cpu", "--json",
-         "--no-progress"], capture_output=True, text=True, timeout=1200)
+         "--no-progress"], capture_output=True, text=True, timeout=2400)
     seconds = time.monotonic() - started
     assert gate.returncode == 0, gate.stderr[-3000:]
     report = json.loads(gate.stdout)
     depths = report["depths"]
-    # 1500 -> 1K-2K, 3000 -> 2K-4K, 4500 and the last answers (past 4K) -> >=4K.
+    # The last answers start past 1300, 2600 and 4600 tokens: one per bucket.
     assert list(depths) == ["1K-2K", "2K-4K", ">=4K"], depths
     for name, side in depths.items():
         engine, offline = side["engine"], side["offline"]
