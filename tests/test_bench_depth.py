@@ -110,7 +110,7 @@ def test_a_dataset_of_another_tokenizer_is_refused_by_flag(tmp_path) -> None:
 
     path = recorded(tmp_path / "ds", [300], vocab=900)
     with pytest.raises(UserError, match=r"--context-from .*ds: sample 0 holds token id \d+, "
-                                        r"outside the target's vocabulary of 600"):
+                                        r"outside the tokenizer's vocabulary of 600"):
         from_dataset(path, (100,), None, vocab_size=600)
     with pytest.raises(UserError, match=r"no sample is long enough for --context-tokens 400 "
                                         r"\(the longest holds 300 tokens\)"):

@@ -313,10 +313,9 @@ def run(cfg: AcceptConfig) -> AcceptReport:
     tokenizer_flag = "--tokenizer" if cfg.tokenizer else "--target"
     renderer = bench_prompts.load_renderer(cfg.tokenizer or cfg.target, tokenizer_flag,
                                            cfg.chat_template, cfg.trust_remote_code)
-    model = load_target(cfg.target, device, dtype, cfg.trust_remote_code)
     convs = bench_prompts.sources(cfg.prompts, cfg.format, cfg.max_samples,
-                                  cfg.depth.context_from, cfg.depth.cuts,
-                                  int(model.config.vocab_size))
+                                  cfg.depth.context_from, cfg.depth.cuts, renderer.vocab_size)
+    model = load_target(cfg.target, device, dtype, cfg.trust_remote_code)
     # The embedding goes in after the pair check, so a drafter for another target gets that
     # message rather than a shape error.
     drafter, checkpoint_notes = load_drafter(cfg.drafter, None, model.config)

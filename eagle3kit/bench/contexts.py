@@ -132,7 +132,7 @@ def from_dataset(path: Path, lengths: tuple[int | str, ...], max_samples: int | 
         ids = np.asarray(view.input_ids)
         if vocab_size is not None and len(ids) and int(ids.max()) >= vocab_size:
             raise UserError(f"{flag} {path}: sample {index} holds token id {int(ids.max())}, "
-                            f"outside the target's vocabulary of {vocab_size}: the dataset "
+                            f"outside the tokenizer's vocabulary of {vocab_size}: the dataset "
                             "was made with another tokenizer")
         made = [(n, c) for n in lengths
                 if (c := cut(ids, np.asarray(view.loss_mask), n)) is not None]

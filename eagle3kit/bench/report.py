@@ -211,6 +211,7 @@ def _depth_panel(ax: Any, depths: dict[str, dict[str, Any]]) -> None:
                     textcoords="offset points", xytext=(0, 6), ha="center", fontsize="small")
     ax.set(xlabel="context depth (tokens)", ylabel="acceptance length (tokens per round)",
            xticks=xs, xticklabels=names, title="against context depth")
+    ax.margins(x=0.1, y=0.15)  # room for the round counts above the points
 
 
 def plot_accept(report: AcceptReport, path: Path) -> None:
