@@ -264,3 +264,27 @@ def test_bad_input_is_one_message(world, tmp_path: Path) -> None:
         "--target", str(world["target"]), "--drafter", str(world["drafter"]),
         "--speculative-config", "{not json"])
     assert result.exit_code == 2 and "--speculative-config" in result.stderr
+
+
+def test_both_sides_are_compared_per_context_depth(world) -> None:
+    """vLLM with --per-request-spec-decode-metrics detailed reports each request's rounds:
+    the gate sets them beside bench accept's, bucket by bucket, and names a bucket where they
+    differ (the stand-in accepts far more than the untrained drafter)."""
+    from eagle3kit.bench.contexts import DepthOptions
+
+    with SpecServer("vllm", accept=(0.9, 0.8, 0.7), tokenizer=world["target"],
+                    model_name=str(world["target"]), per_request_metrics=True) as srv:
+        report = gate(world, srv, depth=DepthOptions(depth_buckets="1,2"))
+        quiet = gate(world, srv)  # the default buckets: every round under 1K
+    # Every round is at least 2 tokens deep: all of them fall in the last bucket.
+    assert list(report.depths) == [">=2"]
+    side = report.depths[">=2"]
+    assert side["offline"]["rounds"] == report.offline["rounds"]
+    assert side["engine"]["rounds"] == sum(len(r) for _, _, r in srv.log[:len(srv.log) // 2])
+    assert side["engine"]["acceptance_length"] == pytest.approx(
+        report.engine["acceptance_length"])
+    assert side["difference"] == pytest.approx(
+        side["engine"]["acceptance_length"] - side["offline"]["acceptance_length"])
+    assert any("at context depth >=2" in w for w in report.warnings), report.warnings
+    assert list(quiet.depths) == ["<1K"] and (quiet.depths["<1K"]["from"],
+                                             quiet.depths["<1K"]["to"]) == (0, 1024)
