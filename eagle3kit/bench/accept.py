@@ -17,9 +17,11 @@ from typing import Any, TypedDict
 
 import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
-from eagle3kit._options import opt
+from eagle3kit._options import embed, opt
+from eagle3kit.bench.contexts import DepthOptions
 from eagle3kit.bench.stats import Acceptance, likely_misconfigured
 from eagle3kit.errors import UserError
+from eagle3kit.model.depth import round_depths
 from eagle3kit.target import parse_dtype, resolve_device, resolve_dtype
 
 TIE_EPSILON = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.05}
@@ -82,10 +84,11 @@ class AcceptConfig:
     seed: int = field(default=0, metadata=opt())
     """Sampling seed."""
     plot: Path | None = field(default=None, metadata=opt(metavar="FILE.png"))
-    """Draw acceptance per position and category (plot extra)."""
+    """Draw acceptance per position and category, and against context depth (plot extra)."""
     trust_remote_code: bool = field(default=False, metadata=opt())
     """Run code the target directory ships (auto_map in its config or tokenizer); only ever
     from the flag."""
+    depth: DepthOptions = field(default_factory=DepthOptions, metadata=embed())
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
     prompts_alias: InitVar[list[Path] | None] = field(
         default=None, metadata=bench_prompts.PROMPTS_ALIAS)
@@ -93,7 +96,8 @@ class AcceptConfig:
 
     def __post_init__(self, prompts_alias: list[Path] | None) -> None:
         bench_prompts.required(target=self.target, drafter=self.drafter)
-        self.prompts = bench_prompts.prompt_files(self.prompts, prompts_alias)
+        self.prompts = bench_prompts.prompt_files(
+            self.prompts, prompts_alias, optional=self.depth.context_from is not None)
         if isinstance(self.tree, str):
             if type(self.k) is not _Default:
                 raise UserError("--k and --tree exclude each other: a tree's depth is its "
@@ -160,6 +164,8 @@ class PromptResult:
     """Top-1 logit minus the logit of the token speculation chose, where the outputs part."""
     phases: list[str] = field(default_factory=list)
     """The reasoning phase of each round (eagle3kit.chat.phases): think, answer, tool_call."""
+    depths: list[int] = field(default_factory=list)
+    """The context depth of each round in tokens (eagle3kit.model.depth)."""
 
 
 @dataclass
@@ -190,6 +196,12 @@ class AcceptReport:
     phases: dict[str, dict[str, Any]] = field(default_factory=dict)
     """think / answer / tool_call -> rounds, acceptance_length, per_position (only phases
     that had rounds; empty when the tokenizer has no think or tool-call markers)."""
+    depth_edges: list[int] = field(default_factory=list)
+    """The depth buckets' edges in tokens (--depth-buckets)."""
+    depths: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Context-depth bucket ('<1K', '1K-4K', ...) -> from, to, rounds, acceptance_length,
+    per_position: where in the sequence each verification round happened (only buckets
+    that had rounds)."""
     predicted_acceptance_length: float | None = None
     predicted: dict[str, Any] | None = None
     """The drafter's eagle3kit.eval block (what training predicted), when it has one."""
@@ -298,11 +310,13 @@ def run(cfg: AcceptConfig) -> AcceptReport:
     dtype = resolve_dtype(cfg.dtype, device)
     dtype_name = str(dtype).removeprefix("torch.")
     epsilon = cfg.tie_epsilon if cfg.tie_epsilon is not None else TIE_EPSILON[dtype_name]
-    convs = bench_prompts.load(cfg.prompts, cfg.format, cfg.max_samples)
     tokenizer_flag = "--tokenizer" if cfg.tokenizer else "--target"
     renderer = bench_prompts.load_renderer(cfg.tokenizer or cfg.target, tokenizer_flag,
                                            cfg.chat_template, cfg.trust_remote_code)
     model = load_target(cfg.target, device, dtype, cfg.trust_remote_code)
+    convs = bench_prompts.sources(cfg.prompts, cfg.format, cfg.max_samples,
+                                  cfg.depth.context_from, cfg.depth.cuts,
+                                  int(model.config.vocab_size))
     # The embedding goes in after the pair check, so a drafter for another target gets that
     # message rather than a shape error.
     drafter, checkpoint_notes = load_drafter(cfg.drafter, None, model.config)
@@ -324,7 +338,7 @@ def run(cfg: AcceptConfig) -> AcceptReport:
     with _ui.Progress("bench accept", len(convs), cfg.output, unit="prompts") as progress:
         for number, conv in enumerate(convs):
             made = 0
-            for turn, answered, prompt in bench_prompts.turns(renderer, conv, cfg.max_turns):
+            for turn, answered, prompt in conv.turns(renderer, cfg.max_turns):
                 seed = cfg.seed * 1_000_003 + number * 101 + turn
 
                 def sampler(offset: int, seed: int = seed) -> decode.Sampler:
@@ -336,11 +350,11 @@ def run(cfg: AcceptConfig) -> AcceptReport:
                 status, where, margin = (compare(spec.tokens, ref, epsilon)
                                          if cfg.temperature == 0 else ("sampled", None, None))
                 results.append(PromptResult(
-                    bench_prompts.label(conv), turn + 1, bench_prompts.category(conv),
+                    conv.label, turn + 1, conv.category,
                     len(prompt), len(spec.tokens), spec.rounds, spec.seconds, ref.seconds,
                     status, where, margin,
                     phases.round_phases(prompt, spec.tokens, spec.rounds, markers)
-                    if markers.known else []))
+                    if markers.known else [], round_depths(len(prompt), spec.rounds)))
                 answered(spec.tokens)
                 made += len(spec.tokens)
             progress.add(1, tokens=made)
@@ -395,6 +409,7 @@ def _category_figures(results: list[PromptResult], positions: int) -> dict[str, 
 def summarize(results: list[PromptResult], cfg: AcceptConfig, *, device: str, dtype: str,
               epsilon: float) -> AcceptReport:
     from eagle3kit.chat.phases import by_phase
+    from eagle3kit.model.depth import by_depth
 
     positions = _positions(cfg)
     acc = Acceptance(positions)
@@ -417,6 +432,9 @@ def summarize(results: list[PromptResult], cfg: AcceptConfig, *, device: str, dt
         near_ties=sum(r.status == "near-tie" for r in results), mismatches=mismatches,
         categories={name: _category_figures(rs, positions) for name, rs in by_category.items()},
         phases=by_phase([(r.phases, r.rounds) for r in results if r.phases], positions),
+        depth_edges=list(cfg.depth.edges),
+        depths=by_depth([(r.prompt_tokens, r.rounds) for r in results], positions,
+                        cfg.depth.edges),
         predicted_acceptance_length=_predicted_length(predicted), predicted=predicted,
         prompts=results)
     report.warnings = _warnings(report, predicted)

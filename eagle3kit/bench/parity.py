@@ -19,7 +19,8 @@ from typing import Any, cast
 import eagle3kit.bench.diagnose as diagnose
 import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
-from eagle3kit._options import opt
+from eagle3kit._options import embed, opt
+from eagle3kit.bench.contexts import DepthOptions
 from eagle3kit.bench.stats import likely_misconfigured
 from eagle3kit.errors import UserError
 from eagle3kit.target import parse_dtype
@@ -68,13 +69,15 @@ class ParityConfig:
     """Limit on one request (default none)."""
     trust_remote_code: bool = field(default=False, metadata=opt())
     """Run code the target directory ships (auto_map); only ever from the flag."""
+    depth: DepthOptions = field(default_factory=DepthOptions, metadata=embed())
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
 
     def __post_init__(self) -> None:
         from eagle3kit._json import json_object
 
         bench_prompts.required(server=self.server)
-        self.prompts = bench_prompts.prompt_files(self.prompts)
+        self.prompts = bench_prompts.prompt_files(
+            self.prompts, optional=self.depth.context_from is not None)
         bench_prompts.required(target=self.target, drafter=self.drafter)
         self.target, self.drafter = Path(self.target), Path(self.drafter)
         if not self.drafter.is_dir():
@@ -99,7 +102,7 @@ class ParityConfig:
             temperature=0.0, max_samples=self.max_samples, max_turns=self.max_turns,
             format=self.format, k=self.k, api_key=self.api_key,
             request_timeout=self.request_timeout, trust_remote_code=self.trust_remote_code,
-            output=_inner(self.output))
+            depth=self.depth, output=_inner(self.output))
 
     def accept_config(self, k: int) -> Any:
         from eagle3kit.bench.accept import AcceptConfig
@@ -109,7 +112,7 @@ class ParityConfig:
             max_new_tokens=self.max_new_tokens, max_samples=self.max_samples,
             max_turns=self.max_turns, format=self.format, chat_template=self.chat_template,
             device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code,
-            output=_inner(self.output))
+            depth=self.depth, output=_inner(self.output))
 
 
 def _inner(opts: _ui.OutputOptions) -> _ui.OutputOptions:
@@ -143,6 +146,10 @@ class ParityReport:
     served: dict[str, Any]
     findings: list[dict[str, str]]
     warnings: list[str] = field(default_factory=list)
+    depths: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Context-depth bucket -> from, to, engine and offline (rounds, acceptance_length,
+    per_position; engine None where the server does not report rounds per request: vLLM's
+    --per-request-spec-decode-metrics detailed), difference (engine minus offline)."""
 
     @property
     def exit_code(self) -> int:
@@ -282,12 +289,15 @@ def run(cfg: ParityConfig) -> ParityReport:
     except UserError as exc:  # a drafter bench accept cannot run is itself a finding
         refused = str(exc)
 
-    convs = prompts.load(cfg.prompts, cfg.format, cfg.max_samples)
+    convs = prompts.load(cfg.prompts, cfg.format, cfg.max_samples) if cfg.prompts else []
     renderer = prompts.load_renderer(cfg.target, "--target", cfg.chat_template,
                                      cfg.trust_remote_code)
-    first = renderer.history(convs[0], 0, [])
+    # The template is checked on the first prompt file's record (contexts cut from a
+    # dataset are ids already).
+    first = renderer.history(convs[0], 0, []) if convs else None
     served = inspect_server(cfg, online.api, first)
-    ours = renderer.render(first, convs[0].tools) if served.template_ids is not None else None
+    ours = (renderer.render(first, convs[0].tools)
+            if first is not None and served.template_ids is not None else None)
 
     provenance, run_info = run_checkpoint(cfg.drafter)
     findings = [*([diagnose.Finding("checkpoint", f"bench accept refused the drafter: {refused}")]
@@ -330,9 +340,43 @@ def run(cfg: ParityConfig) -> ParityReport:
         phases=offline.phases if offline else {},
         served={k_: v for k_, v in asdict(served).items() if k_ not in ("template_ids", "extra")}
         | {"template_checked": served.template_ids is not None},
-        findings=[f.to_dict() for f in findings], warnings=warnings)
+        findings=[f.to_dict() for f in findings], warnings=warnings,
+        depths=depth_sides(online.depths, offline.depths if offline else {}))
+    if online.depths:
+        far = [name for name, d in report.depths.items() if d["difference"] is not None
+               and abs(d["difference"]) > cfg.tolerance + 1e-9]
+        if far:
+            report.warnings.append(
+                f"the engine and bench accept differ by more than {cfg.tolerance:g} at context "
+                f"depth {', '.join(far)}: see the table per context depth")
+    elif any(d["from"] > 0 for d in report.depths.values()):  # deep rounds, unchecked
+        report.warnings.append(
+            "the server does not report its rounds per request: the engine's side of the "
+            "depth buckets is missing (start vLLM with --per-request-spec-decode-metrics "
+            "detailed)")
     show(report, cfg.output)
     return report
+
+
+def depth_sides(engine: dict[str, dict[str, Any]], offline: dict[str, dict[str, Any]]
+                ) -> dict[str, dict[str, Any]]:
+    """Per depth bucket either side had rounds in: both sides' figures and engine minus
+    offline (None where one side had none)."""
+    out = {}
+    for name in [*offline, *(n for n in engine if n not in offline)]:
+        eng, off = engine.get(name), offline.get(name)
+        either = eng or off
+        assert either is not None
+        out[name] = {"from": either["from"], "to": either["to"],
+                     "engine": _side(eng), "offline": _side(off),
+                     "difference": (eng["acceptance_length"] - off["acceptance_length"]
+                                    if eng and off else None)}
+    return out
+
+
+def _side(figures: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if figures is None else {key: figures[key] for key in
+                                         ("rounds", "acceptance_length", "per_position")}
 
 
 def compare(engine: float | None, engine_positions: list[float | None],
@@ -392,6 +436,12 @@ def show(report: ParityReport, opts: _ui.OutputOptions) -> None:
             [[name, f["rounds"], round(f["acceptance_length"], 3),
               *(round(r, 3) for r in f["per_position"])] for name, f in report.phases.items()],
             opts)
+    if report.depths:
+        _ui.table("per context depth in tokens: engine and bench accept", [
+            "context depth", "engine rounds", "engine", "bench rounds", "bench accept",
+            "engine - bench"],
+            [[name, *_depth_cells(d["engine"]), *_depth_cells(d["offline"]),
+              _signed(d["difference"])] for name, d in report.depths.items()], opts)
     for note in report.warnings:
         _ui.warn(note)
     for f in report.findings:
@@ -405,6 +455,10 @@ def show(report: ParityReport, opts: _ui.OutputOptions) -> None:
             (any(f["cause"] != "unexplained" for f in report.findings),
              "what is served differs from the run")) if failed]
         _ui.error(f"bench parity failed: {'; '.join(why)} (the causes found are above)")
+
+
+def _depth_cells(side: dict[str, Any] | None) -> list[object]:
+    return ["–", "–"] if side is None else [side["rounds"], _num(side["acceptance_length"])]
 
 
 def _served_line(served: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ is one generation whose history holds the model's own earlier answers.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3kit import _ui
@@ -64,6 +65,39 @@ def turns(renderer: Renderer, conv: Conversation, max_turns: int | None = None
         yield turn, lambda out: answers.append(renderer.answer_message(out)), ids
 
 
+@dataclass(frozen=True)
+class Source:
+    """One generation's worth of prompts for bench: a prompt file's conversation (turn by
+    turn) or a context cut from a recorded sample (--context-from, one turn)."""
+
+    label: str
+    category: str
+    conversation: Conversation | None = None
+    ids: tuple[int, ...] | None = None
+
+    def turns(self, renderer: Renderer, max_turns: int | None = None
+              ) -> Iterator[tuple[int, Callable[[list[int]], None], list[int]]]:
+        """As `turns` for a conversation; a ready context is one turn and takes no answer."""
+        if self.conversation is not None:
+            yield from turns(renderer, self.conversation, max_turns)
+        else:
+            assert self.ids is not None
+            yield 0, lambda out: None, list(self.ids)
+
+
+def sources(paths: list[Path], fmt: str, max_samples: int | None, context_from: Path | None,
+            context_tokens: tuple[int | str, ...], vocab_size: int | None) -> list[Source]:
+    """The prompt files' conversations, then the contexts cut from --context-from."""
+    out = [Source(label(c), category(c), conversation=c)
+           for c in (load(paths, fmt, max_samples) if paths else [])]
+    if context_from is not None:
+        from eagle3kit.bench.contexts import from_dataset
+
+        out += [Source(c.label, c.category, ids=tuple(c.ids)) for c in from_dataset(
+            context_from, context_tokens, max_samples, vocab_size)]
+    return out
+
+
 # The prompt files on each bench command's line, and what its config checks first ----------
 PROMPTS_ARG = arg(metavar="PROMPTS...", optional=True)
 """Each bench command's prompt files: optional to the command line, so that the config
@@ -78,13 +112,15 @@ def required(**values: object) -> None:
             raise UserError(f"--{name.replace('_', '-')} is required")
 
 
-def prompt_files(given: list[Path] | None, alias: list[Path] | None = None) -> list[Path]:
+def prompt_files(given: list[Path] | None, alias: list[Path] | None = None,
+                 optional: bool = False) -> list[Path]:
     """The prompt files: positional, as gen takes them; `--prompts FILE` (`alias`, the old
-    spelling) still works, with a note."""
+    spelling) still works, with a note. `optional`: none is fine (--context-from gives the
+    prompts)."""
     if alias:
         _ui.warn("--prompts is deprecated: give the prompt files positionally, as gen takes them")
     files = [Path(p) for p in [*(given or []), *(alias or [])]]
-    if not files:
+    if not files and not optional:
         raise UserError("give the prompt files (e.g. tests/data/prompts/eagle/mt_bench/"
                         "question.jsonl)")
     return files

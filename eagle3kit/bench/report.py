@@ -6,8 +6,9 @@ of different shapes or temperatures are not comparable (EAGLE3.md §4).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from eagle3kit import _ui
 from eagle3kit._plot import pyplot
@@ -29,6 +30,26 @@ def _trained_phase(report: AcceptReport, phase: str) -> float | None:
     """Training's held-out prediction for `phase` (its eval block's `phases`), if any."""
     phases = (report.predicted or {}).get("phases") or {}
     return _rate((phases.get(phase) or {}).get("predicted_acceptance_length"))
+
+
+def _trained_depth(report: AcceptReport, bucket: str) -> float | None:
+    """Training's held-out prediction for depth `bucket` (its eval block's `depths`), if
+    training bucketed by the same edges."""
+    depths = (report.predicted or {}).get("depths") or {}
+    return _rate((depths.get(bucket) or {}).get("predicted_acceptance_length"))
+
+
+def depth_table(title: str, depths: dict[str, dict], k: int, opts: _ui.OutputOptions,
+                trained: Callable[[str], float | None] | None = None) -> None:
+    """Acceptance per context-depth bucket (eagle3kit.model.depth), one row a bucket."""
+    if not depths:
+        return
+    _ui.table(title, ["context depth", "rounds", "acceptance length",
+                      *(f"accepted {i + 1}" for i in range(k)),
+                      *(["predicted by training"] if trained else [])],
+              [[name, f["rounds"], _rate(f["acceptance_length"]),
+                *(_rate(r) for r in f["per_position"][:k]),
+                *([trained(name)] if trained else [])] for name, f in depths.items()], opts)
 
 
 def show_accept(report: AcceptReport, cfg: AcceptConfig) -> None:
@@ -53,6 +74,9 @@ def show_accept(report: AcceptReport, cfg: AcceptConfig) -> None:
                   [[name, f["rounds"], _rate(f["acceptance_length"]),
                     *(_rate(r) for r in f["per_position"]), _trained_phase(report, name)]
                    for name, f in report.phases.items()], opts)
+    depth_table(f"per context depth in tokens ({report.shape}, temperature "
+                f"{report.temperature:g})", report.depths, report.k, opts,
+                lambda name: _trained_depth(report, name))
     parted = [p for p in report.prompts if p.status in ("near-tie", "mismatch")]
     if parted:
         _ui.table(f"outputs that part from the target's own (tie epsilon {report.tie_epsilon:g})",
@@ -141,6 +165,9 @@ def show_server(report: ServerReport, cfg: ServerBenchConfig) -> None:
                   ["category", "requests", "acceptance length"],
                   [[name, c["requests"], _rate(c["acceptance_length"])]
                    for name, c in report.categories.items()], opts)
+    depth_table(f"per context depth in tokens ({report.shape}, temperature "
+                f"{report.temperature:g}, the engine's rounds)", report.depths, report.k or 0,
+                opts)
     for note in report.warnings:
         _ui.warn(note)
     if cfg.plot is not None:
@@ -150,9 +177,13 @@ def show_server(report: ServerReport, cfg: ServerBenchConfig) -> None:
 
 # Figures ------------------------------------------------------------------------------------
 def _figure(title: str, positions: list[float | None], conditional: list[float | None],
-            categories: dict[str, float | None], path: Path) -> None:
+            categories: dict[str, float | None], path: Path,
+            depths: dict[str, dict[str, Any]] | None = None) -> None:
+    """Per position and per category; with `depths`, a third panel: acceptance length
+    against context depth, one point a bucket."""
     plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3 if depths else 2, figsize=(16 if depths else 11, 4))
+    left, right = axes[0], axes[1]
     xs = list(range(1, len(positions) + 1))
     left.bar([x - 0.2 for x in xs], [p or 0 for p in positions], 0.4, label="accepted")
     left.bar([x + 0.2 for x in xs], [c or 0 for c in conditional], 0.4,
@@ -163,21 +194,36 @@ def _figure(title: str, positions: list[float | None], conditional: list[float |
     names = list(categories)
     right.barh(names, [categories[n] or 0 for n in names])
     right.set(xlabel="acceptance length (tokens per round)", title="per category")
+    if depths:
+        _depth_panel(axes[2], depths)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
+def _depth_panel(ax: Any, depths: dict[str, dict[str, Any]]) -> None:
+    names = list(depths)
+    xs = list(range(len(names)))
+    ax.plot(xs, [depths[n]["acceptance_length"] for n in names], marker="o")
+    for x, name in zip(xs, names, strict=True):
+        ax.annotate(f"{depths[name]['rounds']} rounds", (x, depths[name]["acceptance_length"]),
+                    textcoords="offset points", xytext=(0, 6), ha="center", fontsize="small")
+    ax.set(xlabel="context depth (tokens)", ylabel="acceptance length (tokens per round)",
+           xticks=xs, xticklabels=names, title="against context depth")
+
+
 def plot_accept(report: AcceptReport, path: Path) -> None:
     _figure(f"{Path(report.drafter).name}: {report.shape}, temperature {report.temperature:g}, "
             f"acceptance length {_num(report.acceptance_length)}",
             report.per_position, report.per_position_conditional,
-            {name: c["acceptance_length"] for name, c in report.categories.items()}, path)
+            {name: c["acceptance_length"] for name, c in report.categories.items()}, path,
+            report.depths)
 
 
 def plot_server(report: ServerReport, path: Path) -> None:
     _figure(f"{report.server}: {report.shape}, temperature {report.temperature:g}, "
             f"acceptance length {_num(report.acceptance_length)}",
             report.per_position, report.per_position_conditional,
-            {name: c["acceptance_length"] for name, c in report.categories.items()}, path)
+            {name: c["acceptance_length"] for name, c in report.categories.items()}, path,
+            report.depths)

@@ -29,7 +29,8 @@ from typing import Any
 
 import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
-from eagle3kit._options import opt
+from eagle3kit._options import embed, opt
+from eagle3kit.bench.contexts import DepthOptions
 from eagle3kit.bench.stats import likely_misconfigured, percentile
 from eagle3kit.errors import UserError
 
@@ -77,10 +78,11 @@ class ServerBenchConfig:
     seed: int = field(default=0, metadata=opt())
     """Sampling seed."""
     plot: Path | None = field(default=None, metadata=opt(metavar="FILE.png"))
-    """Draw acceptance per position and category (plot extra)."""
+    """Draw acceptance per position and category, and against context depth (plot extra)."""
     trust_remote_code: bool = field(default=False, metadata=opt())
     """Run code the tokenizer directory ships (auto_map in its tokenizer_config.json); only
     ever from the flag."""
+    depth: DepthOptions = field(default_factory=DepthOptions, metadata=embed())
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
     prompts_alias: InitVar[list[Path] | None] = field(
         default=None, metadata=bench_prompts.PROMPTS_ALIAS)
@@ -91,7 +93,8 @@ class ServerBenchConfig:
         from eagle3kit.gen.servers import API_CHOICES
 
         bench_prompts.required(server=self.server)
-        self.prompts = bench_prompts.prompt_files(self.prompts, prompts_alias)
+        self.prompts = bench_prompts.prompt_files(
+            self.prompts, prompts_alias, optional=self.depth.context_from is not None)
         bench_prompts.required(tokenizer=self.tokenizer)
         for path in self.prompts:
             if not path.is_file():
@@ -148,6 +151,12 @@ class ServerReport:
     lossless: None = None
     """Not checkable from a server: present so the JSON keys match bench accept's."""
     near_ties: None = None
+    depth_edges: list[int] = field(default_factory=list)
+    """The depth buckets' edges in tokens (--depth-buckets)."""
+    depths: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Context-depth bucket -> from, to, rounds, acceptance_length, per_position, from the
+    engine's own rounds of each request (vLLM started with --per-request-spec-decode-metrics
+    detailed); empty when the server does not report them."""
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -212,6 +221,9 @@ class _Result:
     tokens: int
     latency: float
     verify: int | None
+    prompt_tokens: int = 0
+    steps: list[int] | None = None
+    """Accepted drafts per verification round, where the server reports them per request."""
 
 
 async def _get(client: Any, url: str, paths: tuple[str, ...], api_key: str | None) -> Any:
@@ -271,7 +283,7 @@ async def _generate_all(cfg: ServerBenchConfig, url: str, renderer: Any, convs: 
             info.speculative = None  # checked here, not as an invariant: the baseline has none
         categories: dict[str, list[Any]] = {}
         for conv in convs:
-            categories.setdefault(bench_prompts.category(conv), []).append(conv)
+            categories.setdefault(conv.category, []).append(conv)
         out: dict[str, Any] = {"started": time.perf_counter(), "categories": {}}
         if info.api == "sglang":
             out["server_info"] = await sglang_shape(client, url, cfg.api_key)
@@ -294,14 +306,15 @@ async def _run_group(cfg: ServerBenchConfig, client: Any, info: Any, renderer: A
     async def conversation(number: int, conv: Any) -> list[_Result | None]:
         async with slots:
             done: list[_Result | None] = []
-            for turn, answered, ids in bench_prompts.turns(renderer, conv, cfg.max_turns):
+            for turn, answered, ids in conv.turns(renderer, cfg.max_turns):
                 completion = await _one(cfg, client, info, renderer, ids,
                                         f"bench-{role}-{number}-{turn}")
                 if completion is None:
                     done.append(None)
                     break
                 done.append(_Result(category, completion.completion_tokens,
-                                    completion.latency, completion.counts.get("spec_verify_ct")))
+                                    completion.latency, completion.counts.get("spec_verify_ct"),
+                                    len(ids), completion.spec_steps))
                 answered(completion.output_ids)
             progress.add(1, rows=f"server:{role}", tokens=sum(r.tokens for r in done if r),
                          errors=sum(r is None for r in done))
@@ -389,9 +402,10 @@ def _figures(info: Any, out: dict[str, Any]) -> dict[str, Any]:
 
 def run(cfg: ServerBenchConfig) -> ServerReport:
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    convs = bench_prompts.load(cfg.prompts, cfg.format, cfg.max_samples)
     renderer = bench_prompts.load_renderer(cfg.tokenizer, "--tokenizer", cfg.chat_template,
                                            cfg.trust_remote_code)
+    convs = bench_prompts.sources(cfg.prompts, cfg.format, cfg.max_samples,
+                                  cfg.depth.context_from, cfg.depth.cuts, renderer.vocab_size)
     roles = [("speculative", cfg.server)] + ([("baseline", cfg.baseline)] if cfg.baseline else [])
     outcomes: dict[str, tuple[Any, dict[str, Any]]] = {}
     with _ui.Progress("bench server", len(convs) * len(roles), cfg.output,
@@ -430,7 +444,8 @@ def _summarize(cfg: ServerBenchConfig, outcomes: dict[str, tuple[Any, dict[str, 
         per_position_conditional=figures["conditional"],
         draft_acceptance_rate=figures["draft_acceptance_rate"], run=run_timing,
         categories=figures["categories"],
-        acceptance_length_without_prefill=figures.get("without_prefill"))
+        acceptance_length_without_prefill=figures.get("without_prefill"),
+        depth_edges=list(cfg.depth.edges), depths=_depths(out, k, cfg.depth.edges))
     if "baseline" in outcomes:
         base_info, base_out = outcomes["baseline"]
         report.baseline = _timing(base_out)
@@ -448,6 +463,19 @@ def _summarize(cfg: ServerBenchConfig, outcomes: dict[str, tuple[Any, dict[str, 
             "accepted; check the aux layer ids and their convention, the algorithm (EAGLE3, "
             "not EAGLE) and that the drafter was trained for this target")
     return report
+
+
+def _depths(out: dict[str, Any], k: int | None, edges: tuple[int, ...]
+            ) -> dict[str, dict[str, Any]]:
+    """Acceptance per context-depth bucket over the rounds the engine reported per request
+    (eagle3kit.model.depth, as bench accept counts its own); empty without them."""
+    from eagle3kit.model.depth import by_depth
+
+    decodes = [(r.prompt_tokens, r.steps) for c in out["categories"].values()
+               for r in c["results"] if r is not None and r.steps is not None]
+    if not decodes:
+        return {}
+    return by_depth(decodes, k or max(max(s, default=0) for _, s in decodes), edges)
 
 
 def _speculates(info: Any, out: dict[str, Any]) -> bool:

@@ -43,3 +43,6 @@ class Completion:
     """Invariants of SERVER_APIS.md §4 the response broke (empty when it is sound)."""
     reconstructed: bool = False
     """True when the ids were rebuilt from text (the openai-chat fallback)."""
+    spec_steps: list[int] | None = None
+    """Accepted drafts of each verification round, in order, where the server reports them
+    per request (vLLM's --per-request-spec-decode-metrics detailed): bench's depth buckets."""

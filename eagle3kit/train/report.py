@@ -41,6 +41,10 @@ def _report(result: TrainResult, cfg: TrainConfig) -> None:
         pairs.append(("held-out AL per phase", "  ".join(
             f"{name} {f['predicted_acceptance_length']:.3f} ({f['chains']} chains)"
             for name, f in result.eval["phases"].items())))
+    if result.eval and result.eval.get("depths"):
+        pairs.append(("held-out AL per context depth", "  ".join(
+            f"{name} {f['predicted_acceptance_length']:.3f} ({f['chains']} chains)"
+            for name, f in result.eval["depths"].items())))
     variant = result.metrics.get("variant")
     if variant and variant != VARIANTS["eagle3"]:
         pairs.append(("layout", describe_variant(variant) + (

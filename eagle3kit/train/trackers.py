@@ -73,6 +73,9 @@ def step_metrics(record: dict, waiting_share: float | None = None) -> dict[str, 
             out[f"eval/accept_rate_{i + 1}"] = a
         for phase, figures in (ev.get("phases") or {}).items():
             out[f"eval/acceptance_length_{_key(phase)}"] = figures["predicted_acceptance_length"]
+        for figures in (ev.get("depths") or {}).values():  # keyed by where the bucket starts
+            out[f"eval/acceptance_length_depth_{figures['from']}"] = \
+                figures["predicted_acceptance_length"]
         return out
     for name in ("loss", "lr", "grad_norm", "tokens_per_s"):
         if name in record:

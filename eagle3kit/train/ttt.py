@@ -9,6 +9,7 @@ offsets the RoPE positions by k; `Eagle3Drafter.ttt_step` does the attention.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ from torch import nn
 
 from eagle3kit.model import Eagle3Drafter, TTTState
 from eagle3kit.model.acceptance import predicted_acceptance_length
+from eagle3kit.model.depth import DEPTH_EDGES
 from eagle3kit.train.soft_ce import Step, soft_cross_entropy
 from eagle3kit.train.target import TargetBatch, TargetHead
 
@@ -237,11 +239,23 @@ def start_phases(batch: TargetBatch, markers: Any, starts: torch.Tensor | None =
     return phase[:, 1:][chain_starts(batch) if starts is None else starts]
 
 
+def round_buckets(rounds: torch.Tensor, edges: Sequence[int]) -> torch.Tensor:
+    """[N] the context-depth bucket (eagle3kit.model.depth) of each round of `rounds`
+    ([B, T-1] bool), in the order boolean indexing takes them: a chain drafted at t follows
+    ids[:t+2], depth t+2."""
+    from eagle3kit.model.depth import bucket_of
+
+    depths = (torch.nonzero(rounds)[:, 1] + 2).tolist()
+    return torch.tensor([bucket_of(d, edges) for d in depths], dtype=torch.long,
+                        device=rounds.device)
+
+
 def evaluate(drafter: Eagle3Drafter, batches, k: int = 3, reduce=None,
-             markers: Any = None) -> EvalResult:
+             markers: Any = None, depth_edges: Sequence[int] = DEPTH_EDGES) -> EvalResult:
     """Per-position conditional acceptance and the predicted acceptance length of a chain
     of `k` drafts at temperature 0 over `batches` (TargetBatch), e.g. a held-out split,
-    counted over the rounds chain decoding of those completions would make.
+    counted over the rounds chain decoding of those completions would make; the same per
+    reasoning phase (with `markers`) and per context-depth bucket (`depth_edges`).
 
     `reduce(tensor)` sums counts across processes (torch.distributed all_reduce) when
     the batches are spread over ranks.
@@ -256,6 +270,8 @@ def evaluate(drafter: Eagle3Drafter, batches, k: int = 3, reduce=None,
 
     by_phase = torch.zeros(len(PHASES), 2 * k + 1, dtype=torch.float64)
     """phase -> accepted per position, tried per position, chains."""
+    by_depth = torch.zeros(len(depth_edges) + 1, 2 * k + 1, dtype=torch.float64)
+    """depth bucket -> the same."""
     for batch in batches:
         every_acc, every_obs = position_verdicts(drafter, batch, k)
         rounds = decoding_rounds(chain_starts(batch), every_acc, every_obs)
@@ -272,16 +288,28 @@ def evaluate(drafter: Eagle3Drafter, batches, k: int = 3, reduce=None,
                 pa, pt = conditional_counts(acc[mine], obs[mine])
                 by_phase[p] += torch.cat([pa.double().cpu(), pt.double().cpu(),
                                           mine.sum().double().cpu()[None]])
+        bucket = round_buckets(rounds, depth_edges)
+        for b in bucket.unique().tolist():
+            mine = bucket == b
+            da, dt = conditional_counts(acc[mine], obs[mine])
+            by_depth[b] += torch.cat([da.double().cpu(), dt.double().cpu(),
+                                      mine.sum().double().cpu()[None]])
     drafter.train(was_training)
-    totals = torch.cat([accepted, tried, chains, hidden_pairs, by_phase.reshape(-1)])
+    totals = torch.cat([accepted, tried, chains, hidden_pairs, by_phase.reshape(-1),
+                        by_depth.reshape(-1)])
     if reduce is not None:
         reduce(totals)
     accepted, tried = totals[:k], totals[k:2 * k]
     n = int(totals[2 * k].item())
     rates = [float(a / t) if t > 0 else 0.0 for a, t in zip(accepted, tried, strict=True)]
     extra = {}
+    phase_end = 2 * k + 2 + by_phase.numel()
     if markers is not None and markers.known:
-        extra["phases"] = _phase_figures(totals[2 * k + 2:].reshape(len(PHASES), -1), k)
+        extra["phases"] = _phase_figures(totals[2 * k + 2:phase_end].reshape(len(PHASES), -1),
+                                         k)
+    extra["depth_edges"] = list(depth_edges)
+    extra["depths"] = _depth_figures(totals[phase_end:].reshape(len(depth_edges) + 1, -1), k,
+                                     depth_edges)
     return EvalResult(
         k=k, per_position=[round(r, 6) for r in rates],
         accepted=[int(a) for a in accepted], tried=[int(t) for t in tried],
@@ -296,12 +324,32 @@ def _phase_figures(counts: torch.Tensor, k: int) -> dict:
 
     out = {}
     for name, row in zip(PHASES, counts, strict=True):
-        chains = int(row[2 * k].item())
-        if not chains:
-            continue
-        rates = [float(a / t) if t > 0 else 0.0
-                 for a, t in zip(row[:k], row[k:2 * k], strict=True)]
-        out[name] = {"chains": chains, "per_position": [round(r, 6) for r in rates],
-                     "predicted_acceptance_length": round(predicted_acceptance_length(rates),
-                                                          6)}
+        figures = _row_figures(row, k)
+        if figures:
+            out[name] = figures
     return out
+
+
+def _depth_figures(counts: torch.Tensor, k: int, edges: Sequence[int]) -> dict:
+    """depth bucket -> from, to (tokens) and _phase_figures' figures, for the buckets that
+    had chain starts."""
+    from eagle3kit.model.depth import bounds, labels
+
+    out = {}
+    for b, (name, row) in enumerate(zip(labels(edges), counts, strict=True)):
+        figures = _row_figures(row, k)
+        if figures:
+            low, high = bounds(edges, b)
+            out[name] = {"from": low, "to": high, **figures}
+    return out
+
+
+def _row_figures(row: torch.Tensor, k: int) -> dict | None:
+    """chains, conditional per-position rates and the predicted acceptance length of one
+    row of counts (accepted per position, tried per position, chains); None without chains."""
+    chains = int(row[2 * k].item())
+    if not chains:
+        return None
+    rates = [float(a / t) if t > 0 else 0.0 for a, t in zip(row[:k], row[k:2 * k], strict=True)]
+    return {"chains": chains, "per_position": [round(r, 6) for r in rates],
+            "predicted_acceptance_length": round(predicted_acceptance_length(rates), 6)}

@@ -54,6 +54,9 @@ class Reply:
     counts: dict[str, int] = field(default_factory=dict)
     has_spec: bool | None = None
     """Whether the answer carried speculative-decoding counters (SGLang only)."""
+    spec_steps: list[int] | None = None
+    """Accepted drafts of each verification round, in order (vLLM started with
+    --per-request-spec-decode-metrics detailed); None when the answer does not say."""
 
 
 class TokenIdApi(Protocol):
@@ -100,4 +103,5 @@ def completion(
         counts=counts,
         violations=violations,
         reconstructed=reconstructed,
+        spec_steps=reply.spec_steps,
     )

@@ -81,4 +81,15 @@ def parse(body: Any, url: str = "") -> Reply:
         prompt_ids=choice.get("prompt_token_ids"),
         results=len(choices),
         counts=counts,
+        spec_steps=_spec_steps(body),
     )
+
+
+def _spec_steps(body: dict) -> list[int] | None:
+    """`metrics.speculative_decoding.per_step_accepted` of a server started with
+    --per-request-spec-decode-metrics detailed (vLLM 0.32+), when it is a list of counts."""
+    spec = json_dict(json_dict(body.get("metrics")).get("speculative_decoding"))
+    steps = spec.get("per_step_accepted")
+    if isinstance(steps, list) and all(type(s) is int and s >= 0 for s in steps):
+        return steps
+    return None
