@@ -26,7 +26,6 @@ table gives each bucket's acceptance length and its ratio to the baseline's.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle3kit._options import OutputOptions
 from eagle3kit.checkpoints import load_drafter
-from eagle3kit.format import DatasetWriter, TokenSample
+from eagle3kit.format import DatasetWriter, TokenSample, has_dataset_files
 from eagle3kit.tiny import (
     chat_token_ids,
     docstring_chat,
@@ -55,17 +54,12 @@ HELD_OUT_EVERY = 8  # as eagle3kit.tiny: every 8th docstring is held out of the 
 
 
 def depth_edges(sample_tokens: int, truncate: int) -> list[int]:
-    """Bucket edges: below the truncation, then doubling up to the sample length."""
-    edges = [0, truncate]
+    """Bucket edges for train's held-out prediction (`evaluate(depth_edges=...)`): the
+    truncation, then doubling below the sample length."""
+    edges = [truncate]
     while edges[-1] * 2 < sample_tokens:
         edges.append(edges[-1] * 2)
-    return [*edges, sample_tokens]
-
-
-def bucket_name(low: int, high: int) -> str:
-    def short(n: int) -> str:
-        return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
-    return f"< {short(high)}" if low == 0 else f"{short(low)}-{short(high)}"
+    return edges
 
 
 # Data -------------------------------------------------------------------------------------
@@ -114,21 +108,14 @@ def heldout_batch(model, samples: list[tuple[list[int], list[int]]], layers: lis
 
 # Measuring --------------------------------------------------------------------------------
 def by_depth(drafter, batch: TargetBatch, edges: list[int], k: int) -> list[dict]:
-    """Train's held-out prediction over the rounds that start in each depth bucket: the
-    loss mask kept inside the bucket, the context the whole history before it."""
-    at = torch.arange(batch.ids.shape[1])[None]
-    rows = []
-    for low, high in itertools.pairwise(edges):
-        inside = batch.loss_mask & (at >= low) & (at < high)
-        part = TargetBatch(batch.ids, inside, batch.lengths, batch.aux, batch.normed,
-                           batch.argmax)
-        result = evaluate(drafter, [part], k=k)
-        rows.append({"bucket": bucket_name(low, high), "rounds": result.chains,
-                     "acceptance_length": result.predicted_acceptance_length})
-    overall = evaluate(drafter, [batch], k=k)
-    rows.append({"bucket": "all", "rounds": overall.chains,
-                 "acceptance_length": overall.predicted_acceptance_length})
-    return rows
+    """Train's held-out prediction per context-depth bucket (the depth of a round: the
+    tokens its drafts follow), and over every round."""
+    result = evaluate(drafter, [batch], k=k, depth_edges=edges)
+    rows = [{"bucket": name, "rounds": f["chains"],
+             "acceptance_length": f["predicted_acceptance_length"]}
+            for name, f in result.extra["depths"].items()]
+    return [*rows, {"bucket": "all", "rounds": result.chains,
+                    "acceptance_length": result.predicted_acceptance_length}]
 
 
 def train_variant(work: Path, name: str, target: Path, tokens: Path, args,
@@ -189,12 +176,16 @@ def main() -> None:
     docs = stdlib_docstrings()
     seen = [d for i, d in enumerate(docs) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
     unseen = [d for i, d in enumerate(docs) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]
-    make_tokenizer(work / "tok")
-    target = make_target(work / "target", work / "tok", max_positions=2 * args.sample_tokens)
-    train_target(target, steps=args.target_steps)
+    target = work / "target"
+    if not (target / "tiny_training.json").is_file():  # a --workdir keeps its target
+        make_tokenizer(work / "tok")
+        make_target(target, work / "tok", max_positions=2 * args.sample_tokens)
+        train_target(target, steps=args.target_steps)
     tokenizer = AutoTokenizer.from_pretrained(str(target))
-    tokens = write_dataset(work / "tokens", histories(tokenizer, seen, args.samples,
-                                                      args.sample_tokens, args.seed))
+    tokens = work / "tokens"
+    if not has_dataset_files(tokens):
+        write_dataset(tokens, histories(tokenizer, seen, args.samples, args.sample_tokens,
+                                        args.seed))
     model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
     layers = [2, model.config.num_hidden_layers // 2, model.config.num_hidden_layers - 3]
     batch = heldout_batch(model, histories(tokenizer, unseen, args.heldout, args.sample_tokens,
