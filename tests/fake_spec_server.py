@@ -10,7 +10,9 @@ conditional rates. The server reports them in the shapes SERVER_APIS.md §6 give
 - vLLM: Prometheus counters at `/metrics`, one series per engine label:
   `vllm:spec_decode_num_drafts_total`, `..._num_draft_tokens_total`,
   `..._num_accepted_tokens_total` and `..._num_accepted_tokens_per_pos_total{position="i"}`,
-  requests spread over the engines in turn.
+  requests spread over the engines in turn; with `per_request_metrics` (vLLM's
+  `--per-request-spec-decode-metrics detailed`) each answer also carries
+  `metrics.speculative_decoding` with the accepted drafts of every round in order.
 
 Decoding takes `step_s` per target forward: per round when speculating, per token otherwise,
 so a speculating server is faster by about its acceptance length. `log` keeps (tokens,
@@ -40,7 +42,8 @@ class SpecServer(FakeServer):
                  accept: Sequence[float] = (0.8, 0.6, 0.4), speculative: bool = True,
                  step_s: float = 0.0, engines: int = 2, spec_seed: int = 0,
                  served: dict[str, Any] | None = None, chat_tokenizer: Any = None,
-                 chat_prefix: Sequence[int] = (), **options: Any) -> None:
+                 chat_prefix: Sequence[int] = (), per_request_metrics: bool = False,
+                 **options: Any) -> None:
         options.setdefault("eos_token_id", None)  # lengths set by max_tokens: easy to predict
         super().__init__(api, speculative=speculative, **options)
         if len(accept) != k:
@@ -62,6 +65,10 @@ class SpecServer(FakeServer):
         """vLLM /tokenize of messages: this transformers tokenizer's chat template (the one
         the server was started with), with `chat_prefix` ids before it (a BOS it adds)."""
         self.chat_prefix = list(chat_prefix)
+        self.per_request_metrics = per_request_metrics
+        self.per_request: list[tuple[int, list[int]]] = []
+        """vLLM with per_request_metrics: (prompt tokens, accepted per round) of each answer."""
+        self._steps: dict[asyncio.Task, list[int]] = {}
 
     # The acceptance model ---------------------------------------------------------------
     def simulate(self, tokens: int) -> list[int]:
@@ -95,6 +102,7 @@ class SpecServer(FakeServer):
                 self._count(rounds)
             self.log.append((n_tokens, len(rounds), rounds))
         self._rounds[asyncio.current_task()] = len(rounds)
+        self._steps[asyncio.current_task()] = rounds
         await asyncio.sleep(self.step_s * (1 + len(rounds)))
         return await super()._decode(rec, n_tokens, live)
 
@@ -103,6 +111,20 @@ class SpecServer(FakeServer):
         if not self.speculative or not rounds:
             return {}
         return {"spec_verify_ct": rounds, "spec_accept_length": n / rounds}
+
+    async def _send(self, request: web.Request, payload: Any, rec: dict) -> web.StreamResponse:
+        steps = self._steps.pop(asyncio.current_task(), None)
+        if (self.per_request_metrics and self.api == "vllm" and steps is not None
+                and isinstance(payload, dict) and "choices" in payload):
+            accepted = sum(steps)
+            payload["metrics"] = {"speculative_decoding": {
+                "mean_acceptance_length": 1 + accepted / len(steps) if steps else 1.0,
+                "num_spec_steps": len(steps), "num_accepted_draft_tokens": accepted,
+                "num_draft_tokens": self.k * len(steps), "num_spec_tokens": self.k,
+                "per_step_accepted": steps, "per_step_drafted": [self.k] * len(steps)}}
+            with self._lock:
+                self.per_request.append((payload["usage"]["prompt_tokens"], steps))
+        return await super()._send(request, payload, rec)
 
     def _routes(self) -> dict[tuple[str, str], Any]:
         routes = super()._routes()

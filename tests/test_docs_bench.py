@@ -102,6 +102,7 @@ def test_docs_bench_runs(tmp_path):
                                     "--device", "--dtype", "--tie-epsilon", "--seed", "--plot",
                                     "--server", "--baseline", "--api", "--concurrency",
                                     "--api-key", "--request-timeout", "--speculative-config",
-                                    "--tolerance"])
+                                    "--tolerance", "--depth-buckets", "--context-from",
+                                    "--context-tokens"])
 def test_every_option_is_documented(option):
     assert f"`{option}" in DOC.read_text()

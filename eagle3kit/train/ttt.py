@@ -302,7 +302,7 @@ def evaluate(drafter: Eagle3Drafter, batches, k: int = 3, reduce=None,
     accepted, tried = totals[:k], totals[k:2 * k]
     n = int(totals[2 * k].item())
     rates = [float(a / t) if t > 0 else 0.0 for a, t in zip(accepted, tried, strict=True)]
-    extra = {}
+    extra: dict[str, Any] = {}
     phase_end = 2 * k + 2 + by_phase.numel()
     if markers is not None and markers.known:
         extra["phases"] = _phase_figures(totals[2 * k + 2:phase_end].reshape(len(PHASES), -1),
