@@ -275,6 +275,8 @@ def _show_checkpoint(info, opts: _ui.OutputOptions) -> None:
         ("norm_before_residual", info.norm_before_residual),
         ("variant", describe_variant(info.variant)),
         ("max positions", info.max_position_embeddings),
+        ("attention", f"sliding window of {info.sliding_window:,} positions"
+         if info.sliding_window else "every earlier position"),
         ("verifier", info.verifier),
         ("embedding", "included" if info.has_embedding else "none (the engine uses the target's)"),
         ("weights", f"{', '.join(info.weights_files)}: {len(info.tensors)} tensors, {info.dtype}"),

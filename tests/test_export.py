@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -362,3 +363,74 @@ def test_info_flags_the_full_vocabulary_layout_vllm_refuses(tiny, tmp_path):
     assert sglang.problems == []
     assert any("when vLLM serves it" in w for w in sglang.warnings)
     load_any(tmp_path / "out" / "vllm")  # eagle3kit itself still reads the old layout
+
+
+def _windowed_run(tiny, tmp_path, window: int = 64, target: Path | None = None) -> Path:
+    """The tiny run with a drafter trained with a sliding window (train --sliding-window)."""
+    run_dir = tmp_path / "windowed-run"
+    if target is None:
+        shutil.copytree(tiny["run"], run_dir)
+    else:
+        make_tiny_run.make_run(run_dir, target, [2, 4, 5])
+    config_file = run_dir / "drafter" / "config.json"
+    config = json.loads(config_file.read_text())
+    config["eagle3kit"]["drafter"]["sliding_window"] = window
+    config_file.write_text(json.dumps(config))
+    return run_dir
+
+
+def test_a_sliding_window_is_exported_where_the_engines_read_it(tiny, tmp_path, capsys):
+    """vLLM's Llama attention applies `sliding_window` to the draft layers `layer_types`
+    names sliding_attention; SGLang takes the window from its launch flag only (counting
+    the keys before the query's own), which the card's launch line and a warning give."""
+    run(ExportConfig(_windowed_run(tiny, tmp_path), tmp_path / "out", format="both"))
+    vllm = json.loads((tmp_path / "out" / "vllm" / "config.json").read_text())
+    sglang = json.loads((tmp_path / "out" / "sglang" / "config.json").read_text())
+    for layer in (vllm["transformer_layer_config"], sglang):
+        assert (layer["sliding_window"], layer["layer_types"]) == (64, ["sliding_attention"])
+    assert ("warning: sliding window of 64: SGLang takes a draft's window from its launch "
+            "flag, not from config.json; serve with --speculative-draft-window-size 63"
+            in capsys.readouterr().err)
+    card = (tmp_path / "out" / "sglang" / "README.md").read_text()
+    assert "--speculative-num-draft-tokens 4 --speculative-draft-window-size 63" in card
+    assert "- attention: a sliding window of 64 positions" in card
+    for fmt in ("vllm", "sglang"):
+        model, info = load_any(tmp_path / "out" / fmt)
+        assert info.sliding_window == 64 and model.config.sliding_window == 64, fmt
+    # A drafter without a window writes the configs as before.
+    run(ExportConfig(tiny["run"], tmp_path / "full", format="vllm"))
+    plain = json.loads((tmp_path / "full" / "config.json").read_text())
+    assert not {"sliding_window", "layer_types"} & set(plain["transformer_layer_config"])
+    assert load_any(tmp_path / "full")[1].sliding_window is None
+
+
+def test_info_shows_the_sliding_window(tiny, tmp_path):
+    run(ExportConfig(_windowed_run(tiny, tmp_path), tmp_path / "out", format="both"))
+    result = cli("info", tmp_path / "out", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["checkpoints"][0]["sliding_window"] == 64
+    result = cli("info", tmp_path / "out")
+    assert "sliding window of 64 positions" in result.stderr
+    result = cli("info", tiny["run"])
+    assert "every earlier position" in result.stderr
+
+
+def test_a_yarn_targets_rope_scaling_is_exported_and_applied(tiny, tmp_path):
+    """A drafter for a YaRN target carries the target's rope scaling and its positions up
+    to the target's length, and rotates its queries and keys with it, as vLLM does."""
+    target = tmp_path / "yarn-target"
+    make_tiny_run.make_target(target, max_positions=32768)
+    config = json.loads((target / "config.json").read_text())
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192,
+            "rope_theta": 10000.0}
+    config.pop("rope_scaling", None)
+    config["rope_parameters"] = yarn
+    (target / "config.json").write_text(json.dumps(config))
+    run(ExportConfig(_windowed_run(tiny, tmp_path, target=target), tmp_path / "out",
+                     format="both"))
+    for fmt in ("vllm", "sglang"):
+        written = json.loads((tmp_path / "out" / fmt / "config.json").read_text())
+        layer = written.get("transformer_layer_config", written)
+        assert layer["rope_parameters"] == yarn and layer["max_position_embeddings"] == 32768
+        model, _ = load_any(tmp_path / "out" / fmt)
+        assert model.rope_factor == pytest.approx(1 + 0.1 * math.log(4.0)), fmt

@@ -752,3 +752,41 @@ def test_overwrite_never_deletes_through_a_linked_checkpoints_folder(tiny, tmp_p
         RunDir(run_dir).clear()
     assert (elsewhere / "keep.txt").read_text() == "not the run's"
     assert (run_dir / "checkpoints").is_symlink()
+
+
+def test_a_sliding_window_trains_is_recorded_and_exported(tiny, tmp_path):
+    """--sliding-window reaches the drafter (train's loss and held-out prediction change with
+    it), run.json's settings (changing it is refused without --force) and the export."""
+    from typer.testing import CliRunner
+
+    from eagle3kit.checkpoints.detect import inspect
+    from eagle3kit.cli import app
+    from eagle3kit.export import ExportConfig
+    from eagle3kit.export import run as export
+
+    full = run(config(tiny, tiny["hidden"], tmp_path / "full", max_steps=2))
+    result = CliRunner().invoke(app, [
+        "train", str(tiny["hidden"]), str(tmp_path / "r"), "--target", str(tiny["target"]),
+        "--sliding-window", "8", "--max-steps", "2", "--batch-tokens", "256", "--draft-vocab",
+        "200", "--eval-split", "4", "--lr", "3e-3", "--warmup", "1", "--device", "cpu",
+        "--quiet"])
+    assert result.exit_code == 0, result.output
+    recorded = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert recorded["settings"]["sliding_window"] == 8
+    assert "sliding_window" not in json.loads(
+        (tmp_path / "full" / "run.json").read_text())["settings"]  # as runs always recorded
+    assert json.loads((tmp_path / "r" / "drafter" / "config.json").read_text())[
+        "eagle3kit"]["drafter"]["sliding_window"] == 8
+    assert losses(tmp_path / "r")[0] != pytest.approx(losses(tmp_path / "full")[0], abs=1e-6)
+    assert full.eval is not None
+    with pytest.raises(UserError, match=r"--sliding-window: 8 -> None.*--force"):
+        run(config(tiny, tiny["hidden"], tmp_path / "r", max_steps=3))
+    export(ExportConfig(tmp_path / "r", tmp_path / "out", dtype="fp32", output=QUIET))
+    assert inspect(tmp_path / "out", tiny["target"]).sliding_window == 8
+
+
+def test_a_window_the_unroll_outgrows_is_refused(tiny, tmp_path):
+    with pytest.raises(UserError, match=re.escape(
+            "--sliding-window must be >= --ttt-steps and --eval-k (7): the last step "
+            "unrolled sits that many positions past its context (got 5)")):
+        config(tiny, tiny["hidden"], tmp_path / "r", sliding_window=5)

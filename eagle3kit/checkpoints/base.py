@@ -68,6 +68,9 @@ class CheckpointInfo:
     has_embedding: bool
     dtype: str | None
     weights: Weights = field(repr=False)
+    sliding_window: int | None = None
+    """The draft layers' sliding window (keys seen, the query's own included) as vLLM reads
+    it: `sliding_window` where `layer_types` names the layers sliding_attention; None: full."""
     tensors: dict[str, list] = field(default_factory=dict)
     """name -> [shape, dtype], as the file stores them."""
     problems: list[str] = field(default_factory=list)
@@ -89,7 +92,8 @@ class CheckpointInfo:
         keys = ("path", "layout", "description", "weights_files", "aux_layer_ids",
                 "layer_ids_source", "num_aux", "hidden_size", "target_hidden_size",
                 "vocab_size", "draft_vocab_size", "coverage", "norm_before_residual",
-                "variant", "max_position_embeddings", "target_layers", "verifier", "has_embedding",
+                "variant", "max_position_embeddings", "sliding_window", "target_layers",
+                "verifier", "has_embedding",
                 "dtype", "tensors", "problems", "warnings")
         out = {k: getattr(self, k) for k in keys}
         out["aux_layer_ids_output"] = self.aux_layer_ids_output
@@ -211,6 +215,29 @@ def _token_ids(drafter: Any, target: dict | None) -> dict:
     return {k: source.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
 
 
+def window_fields(drafter: Any) -> dict:
+    """A sliding window as vLLM's Llama attention reads it for the draft (and transformers
+    for any Llama): `sliding_window` applies to the layers `layer_types` names
+    sliding_attention, and only when `layer_types` is there (a bare `sliding_window` is
+    ignored, and the draft then takes the target's window, if any). Nothing for full
+    attention: the configs stay as they were."""
+    if not drafter.sliding_window:
+        return {}
+    return {"sliding_window": drafter.sliding_window,
+            "layer_types": ["sliding_attention"] * drafter.num_hidden_layers}
+
+
+def window_of(layer: dict, warnings: list[str]) -> int | None:
+    """The sliding window a decoder config gives its draft layers, as vLLM reads it."""
+    types, window = layer.get("layer_types"), _int(layer.get("sliding_window"))
+    if not isinstance(types, list) or "sliding_attention" not in types or not window:
+        return None
+    if any(t != "sliding_attention" for t in types):
+        warnings.append(f"layer_types {types}: only some draft layers use the sliding window "
+                        f"of {window}; eagle3kit applies it to every draft layer")
+    return window
+
+
 def decoder_fields(drafter: Any, target: dict | None, warnings: list[str]) -> dict:
     """The Llama decoder config both layouts describe the one draft layer with."""
     return {
@@ -226,6 +253,7 @@ def decoder_fields(drafter: Any, target: dict | None, warnings: list[str]) -> di
         "attention_bias": False,
         "mlp_bias": False,
         **_rope_fields(drafter, target, warnings),
+        **window_fields(drafter),
         "vocab_size": drafter.vocab_size,  # V, never Vd (speculators PR #188)
         "tie_word_embeddings": False,
         "use_cache": True,  # null fails vLLM's strict config validation

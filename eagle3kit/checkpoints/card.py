@@ -118,12 +118,16 @@ def bench_reports(run_dir: Path) -> list[tuple[str, dict]]:
 
 # Launch lines --------------------------------------------------------------------------------
 def launch_lines(fmt: str, where: str, base_model: str, k: int,
-                 sglang_dir: str | None = None) -> list[tuple[str, str]]:
+                 sglang_dir: str | None = None,
+                 window: int | None = None) -> list[tuple[str, str]]:
     """(what, command line) that serve the export at `where` for `base_model`, drafting `k`
     tokens per step: vLLM's short form (the speculators layout), vLLM's long form (either
     layout), and SGLang's for its layout (`sglang_dir`: the SGLang export of a
     `--format both`). `method`/`--speculative-algorithm` are always given: served as plain
-    EAGLE, an EAGLE-3 drafter is accepted at exactly 1."""
+    EAGLE, an EAGLE-3 drafter is accepted at exactly 1. A drafter with a sliding `window`
+    of W keys gets SGLang's `--speculative-draft-window-size W-1` (SGLang reads the window
+    from that flag only, and counts the keys before the query's own); vLLM reads it from
+    the config."""
     spec = json.dumps({"method": "eagle3", "model": where, "num_speculative_tokens": k})
     lines = []
     if fmt == "vllm":
@@ -138,7 +142,9 @@ def launch_lines(fmt: str, where: str, base_model: str, k: int,
                                 f"{shlex.quote(base_model)} --speculative-algorithm EAGLE3 "
                                 f"--speculative-draft-model-path {shlex.quote(sglang_dir)} "
                                 f"--speculative-num-steps {k} --speculative-eagle-topk 1 "
-                                f"--speculative-num-draft-tokens {k + 1}"))
+                                f"--speculative-num-draft-tokens {k + 1}"
+                                + (f" --speculative-draft-window-size {window - 1}"
+                                   if window else "")))
     return lines
 
 
@@ -232,7 +238,7 @@ def card_text(facts: CardFacts) -> str:
                          for what, line in launch_lines(facts.fmt, facts.where,
                                                         facts.base_model,
                                                         facts.speculative_tokens,
-                                                        facts.sibling))
+                                                        facts.sibling, d.sliding_window))
     other = ("" if facts.fmt == "sglang" or facts.sibling else
              "\nSGLang reads its own layout: `eagle3kit export` with `--format sglang` "
              "writes it.\n")
@@ -252,6 +258,8 @@ def card_text(facts: CardFacts) -> str:
         f"- aux layer ids: {ids} (boundary, vLLM's) / {to_layer_output(ids)} (layer-output, "
         f"SGLang's)",
         f"- draft vocabulary: {d.draft_vocab_size:,} of {d.vocab_size:,} target ids{coverage}",
+        "- attention: " + (f"a sliding window of {d.sliding_window:,} positions"
+                            if d.sliding_window else "every earlier position"),
         f"- drafts per step: {facts.speculative_tokens}",
         "",
         "## Training data",

@@ -26,6 +26,7 @@ from eagle3kit.checkpoints.base import (
     _int,
     _nested_ids,
     layer_config,
+    window_of,
 )
 from eagle3kit.checkpoints.native import read_eagle3kit
 from eagle3kit.checkpoints.problems import check
@@ -120,6 +121,7 @@ def _read_third_party(directory: Path, layout: str, config: dict, weights: Weigh
     info.draft_vocab_size = _int(config.get("draft_vocab_size")) or (
         lm_head[0] if lm_head else info.vocab_size)
     info.max_position_embeddings = _int(layer.get("max_position_embeddings"))
+    info.sliding_window = window_of(layer, info.warnings)
     # vLLM assumes true when a speculators config omits it; everything else means false.
     info.norm_before_residual = bool(config.get("norm_before_residual", layout == "speculators"))
     if layout == "speculators":

@@ -120,6 +120,7 @@ def _from_drafter_config(directory: Path, layout: str, weights: Weights, shapes:
     info.norm_before_residual = drafter.norm_before_residual
     info.variant = drafter.variant
     info.max_position_embeddings = drafter.max_position_embeddings
+    info.sliding_window = drafter.sliding_window
     return info
 
 

@@ -61,6 +61,11 @@ def sglang_warnings(drafter: Any) -> list[str]:
         raise UserError(f"layer id 0 (the embedding output) has no layer-output id: the SGLang "
                         f"layout cannot name it ({drafter.aux_layer_ids}); use --format vllm")
     out = []
+    if drafter.sliding_window:
+        out.append(f"sliding window of {drafter.sliding_window}: SGLang takes a draft's window "
+                   f"from its launch flag, not from config.json; serve with "
+                   f"--speculative-draft-window-size {drafter.sliding_window - 1} (the card's "
+                   f"launch line has it), or the drafter attends to every position")
     if drafter.norm_before_residual:
         out.append("norm_before_residual is true: SGLang builds that do not read it take the "
                    "residual from the raw hidden input (false) and serve this drafter wrongly")

@@ -15,7 +15,9 @@ Kernels, by device and dtype:
   `F.scaled_dot_product_attention` on CPU;
 - CUDA: flash attention for bf16/fp16, memory-efficient attention for fp32;
 - anything else, or a fused kernel that fails its first-use check: `chunked`, a plain
-  torch implementation over blocks of queries (each block sees its keys in one matmul).
+  torch implementation over blocks of queries (each block sees its keys in one matmul);
+- a sliding window shorter than the sequence: `chunked` over the window (`windowed`), each
+  block of queries against only the keys its window reaches.
 
 Each fused kernel is checked once per process, device and dtype against `chunked` on a
 small problem (forward and gradients); a kernel that errs or disagrees is replaced by
@@ -28,11 +30,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 CHUNK_BYTES = 64 << 20
 """Largest [B, heads, block, T] fp32 score block of the `chunked` implementation."""
+WINDOW_BLOCK = 128
+"""Fewest queries per block of the windowed `chunked` attention (fewer Python loops)."""
 
 
 @dataclass(frozen=True)
@@ -99,51 +104,75 @@ def _into(raw: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     return full
 
 
-def _blocks(q: torch.Tensor) -> int:
+def _blocks(q: torch.Tensor, window: int | None = None) -> int:
+    """Queries per block: a [B, h, block, keys] fp32 score block within CHUNK_BYTES; with a
+    window, blocks about as long as the window, so each sees ~2 x window keys and the work
+    grows with T x window, not T^2."""
     b, h, t, _ = q.shape
-    return max(1, min(t, CHUNK_BYTES // max(1, 4 * b * h * t)))
+    keys = t if window is None else min(t, 2 * max(window, WINDOW_BLOCK))
+    rows = CHUNK_BYTES // max(1, 4 * b * h * keys)
+    if window is not None:
+        rows = min(rows, max(window, WINDOW_BLOCK))
+    return max(1, min(t, rows))
 
 
-def _block_scores(q, k, start, stop, scale):
-    """Scores of queries start..stop-1 against keys 0..stop-1, causal, fp32."""
-    s = torch.matmul(q[:, :, start:stop].float(), k[:, :, :stop].float().transpose(-1, -2))
-    s = s * scale
-    above = torch.ones(stop - start, stop, dtype=torch.bool, device=q.device).triu(start + 1)
-    return s.masked_fill(above, float("-inf"))
+def _block_scores(q, k, start, stop, scale, window=None):
+    """Scores of queries start..stop-1 against the keys they may see, fp32, and the first
+    key's index: keys 0..stop-1 causally, or with a `window` only the last `window` keys up
+    to each query (keys before start-window+1 are seen by none and left out)."""
+    first = 0 if window is None else max(0, start - window + 1)
+    s = torch.matmul(q[:, :, start:stop].float(),
+                     k[:, :, first:stop].float().transpose(-1, -2)) * scale
+    rows = torch.arange(start, stop, device=q.device)[:, None]
+    cols = torch.arange(first, stop, device=q.device)[None]
+    hidden = cols > rows
+    if window is not None:
+        hidden = hidden | (cols <= rows - window)
+    return s.masked_fill(hidden, float("-inf")), first
 
 
-def _chunked_forward(q, k, v, scale):
+def _chunked_forward(q, k, v, scale, window=None):
     t = q.shape[2]
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    step = _blocks(q)
+    step = _blocks(q, window)
     for start in range(0, t, step):
         stop = min(t, start + step)
-        s = _block_scores(q, k, start, stop, scale)
+        s, first = _block_scores(q, k, start, stop, scale, window)
         block_lse = torch.logsumexp(s, -1)
         p = torch.exp(s - block_lse[..., None])
-        out[:, :, start:stop] = torch.matmul(p, v[:, :, :stop].float()).to(q.dtype)
+        out[:, :, start:stop] = torch.matmul(p, v[:, :, first:stop].float()).to(q.dtype)
         lse[:, :, start:stop] = block_lse
     return out, lse, ()
 
 
-def _chunked_backward(dout, q, k, v, out, lse, saved, scale):
+def _chunked_backward(dout, q, k, v, out, lse, saved, scale, window=None):
     t = q.shape[2]
     dq = torch.zeros_like(q, dtype=torch.float32)
     dk = torch.zeros_like(k, dtype=torch.float32)
     dv = torch.zeros_like(v, dtype=torch.float32)
     delta = (dout.float() * out.float()).sum(-1)
-    step = _blocks(q)
+    step = _blocks(q, window)
     for start in range(0, t, step):
         stop = min(t, start + step)
-        p = torch.exp(_block_scores(q, k, start, stop, scale) - lse[:, :, start:stop, None])
+        s, first = _block_scores(q, k, start, stop, scale, window)
+        p = torch.exp(s - lse[:, :, start:stop, None])
         g = dout[:, :, start:stop].float()
-        dv[:, :, :stop] += torch.matmul(p.transpose(-1, -2), g)
-        ds = p * (torch.matmul(g, v[:, :, :stop].float().transpose(-1, -2))
+        dv[:, :, first:stop] += torch.matmul(p.transpose(-1, -2), g)
+        ds = p * (torch.matmul(g, v[:, :, first:stop].float().transpose(-1, -2))
                   - delta[:, :, start:stop, None])
-        dq[:, :, start:stop] = torch.matmul(ds, k[:, :, :stop].float()) * scale
-        dk[:, :, :stop] += torch.matmul(ds.transpose(-1, -2), q[:, :, start:stop].float()) * scale
+        dq[:, :, start:stop] = torch.matmul(ds, k[:, :, first:stop].float()) * scale
+        dk[:, :, first:stop] += torch.matmul(ds.transpose(-1, -2),
+                                             q[:, :, start:stop].float()) * scale
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def windowed(window: int) -> Kernel:
+    """`chunked` over a sliding window: each query sees its own key and the `window` - 1
+    before it, so the work is linear in T for a fixed window (the fused kernels take no
+    window here)."""
+    return Kernel(f"chunked, window {window}", partial(_chunked_forward, window=window),
+                  partial(_chunked_backward, window=window))
 
 
 KERNELS = {
@@ -271,10 +300,23 @@ def _diagonal_scores(q: torch.Tensor, key: torch.Tensor, scale: float) -> torch.
 
 
 def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor],
-                  values: Sequence[torch.Tensor]) -> torch.Tensor:
+                  values: Sequence[torch.Tensor], window: int | None = None) -> torch.Tensor:
     """Step len(keys)-1's attention: q [B, h, T, D] against the step-0 keys causally and
     against each later step's key at its own position. Rows are right-padded: causal
-    attention keeps a real position from ever seeing the padding after it."""
+    attention keeps a real position from ever seeing the padding after it.
+
+    With a sliding `window` (keys seen, the query's own included) step k's query at index t
+    sits at position t+k, as it does in decoding: it sees the step-0 keys of positions
+    t+k-window+1..t, and every later step's key (positions t+1..t+k) once window > k.
+    """
     scale = 1.0 / math.sqrt(q.shape[-1])
+    step = len(keys) - 1
     diagonal = [x for pair in zip(keys[1:], values[1:], strict=True) for x in pair]
-    return _TTTAttention.apply(kernel_for(q), scale, q, keys[0], values[0], *diagonal)
+    kernel = kernel_for(q)
+    if window is not None:
+        if window <= step:
+            raise ValueError(f"a sliding window of {window} keys leaves training-time-test "
+                             f"step {step} no context; it must exceed the steps unrolled")
+        if window - step < q.shape[2]:  # else the window holds the whole sequence
+            kernel = windowed(window - step)
+    return _TTTAttention.apply(kernel, scale, q, keys[0], values[0], *diagonal)

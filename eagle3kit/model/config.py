@@ -72,6 +72,9 @@ class DrafterConfig:
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None
     max_position_embeddings: int = 2048
+    sliding_window: int | None = None
+    """Keys each draft position attends to, itself included (the transformers and vLLM
+    convention: position p sees p-W+1..p); None: every earlier position."""
     norm_before_residual: bool = False
     """Residual taken after hidden_norm (speculators) or from the raw hidden input (reference)."""
     norm_before_fc: bool = False
@@ -99,6 +102,11 @@ class DrafterConfig:
         if self.norm_before_fc and self.fc_norm:
             raise ValueError("norm_before_fc and fc_norm exclude each other (both normalise "
                              "the aux states before fc)")
+        if self.sliding_window is not None and (
+                isinstance(self.sliding_window, bool) or not isinstance(self.sliding_window, int)
+                or self.sliding_window < 1):
+            raise ValueError(f"sliding_window must be an integer >= 1 or null "
+                             f"(got {self.sliding_window!r})")
         if not isinstance(self.num_hidden_layers, int) or self.num_hidden_layers < 1:
             raise ValueError(f"num_hidden_layers must be an integer >= 1 "
                              f"(got {self.num_hidden_layers!r})")

@@ -17,6 +17,9 @@ Two ways to run the layer share all the code except attention:
   step j at index t; memory linear in T.
 - `DraftCache`: decoding. New positions see every cached key and each other causally (or
   through an explicit mask, for trees).
+
+A `sliding_window` W (DrafterConfig) limits both to the keys of the last W positions, the
+query's own included, as vLLM's sliding-window attention serves the draft layer.
 """
 
 from __future__ import annotations
@@ -47,7 +50,12 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(config: DrafterConfig) -> torch.Tensor:
-    """Inverse frequencies for RoPE; linear and llama3 scaling as transformers applies them."""
+    """Inverse frequencies for RoPE; linear, llama3 and YaRN scaling as transformers and
+    vLLM apply them (other kinds are left unscaled)."""
+    return _rope(config)[0]
+
+
+def _rope(config: DrafterConfig) -> tuple[torch.Tensor, float]:
     dim = config.head_dim
     inv = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     scaling = config.rope_scaling or {}
@@ -64,17 +72,52 @@ def rope_inv_freq(config: DrafterConfig) -> torch.Tensor:
         mid = (1 - smooth) * scaled / factor + smooth * scaled
         is_mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
         inv = torch.where(is_mid, mid, scaled)
-    elif kind not in ("default", None):
-        # YaRN and friends mostly rescale long positions; training lengths are short.
-        pass
-    return inv.float()
+    elif kind == "yarn":
+        return _yarn(config, scaling)
+    return inv.float(), 1.0
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """x: [B, heads, T, D]; positions: [B, T]."""
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn(config: DrafterConfig, scaling: dict) -> tuple[torch.Tensor, float]:
+    """YaRN (transformers' _compute_yarn_parameters, vLLM's YaRNScalingRotaryEmbedding): the
+    fast dimensions keep their frequencies, the slow ones are divided by the factor, a ramp
+    between; cos and sin are scaled by the attention factor. A drafter served for a YaRN
+    target gets these from the engine whatever its training saw, so it trains with them."""
+    dim, base = config.head_dim, config.rope_theta
+    original = scaling.get("original_max_position_embeddings") or config.max_position_embeddings
+    factor = scaling.get("factor") or config.max_position_embeddings / original
+    attention = scaling.get("attention_factor")
+    mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if attention is None:
+        attention = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
+                     if mscale and mscale_all else _yarn_mscale(factor))
+
+    def correction(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction(scaling.get("beta_fast") or 32), correction(
+        scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as both do: no division by zero
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: the dimension keeps its frequency (extrapolation)
+    pos = base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    inv = (1 / (factor * pos)) * (1 - keep) + (1 / pos) * keep
+    return inv.float(), float(attention)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+               factor: float = 1.0) -> torch.Tensor:
+    """x: [B, heads, T, D]; positions: [B, T]; `factor` scales cos and sin (YaRN)."""
     angles = positions.to(inv_freq.device, torch.float32)[..., None] * inv_freq  # [B, T, D/2]
     angles = torch.cat([angles, angles], dim=-1)[:, None]  # [B, 1, T, D]
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    cos, sin = (angles.cos() * factor).to(x.dtype), (angles.sin() * factor).to(x.dtype)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
@@ -91,15 +134,16 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(width, self.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.heads * d, h, bias=False)
 
-    def qkv(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+            factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values as [B, heads, T, D], RoPE applied, keys/values expanded
         to the query heads."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        q, k = (apply_rope(q, positions, inv_freq, factor),
+                apply_rope(k, positions, inv_freq, factor))
         groups = self.heads // self.kv_heads
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -154,12 +198,13 @@ class TTTState:
 
 
 class DraftCache:
-    """The drafter's key/value cache for decoding: [B, heads, L, D] each, of the first
-    layer; those of layer i > 0 in `deeper[i - 1]`."""
+    """The drafter's key/value cache for decoding: [B, heads, L, D] each, and the position
+    of each key [B, L], of the first layer; those of layer i > 0 in `deeper[i - 1]`."""
 
     def __init__(self) -> None:
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None
         self.deeper: list[DraftCache] = []
 
     def __len__(self) -> int:
@@ -172,19 +217,26 @@ class DraftCache:
 
     def crop(self, length: int) -> None:
         if self.keys is not None:
-            assert self.values is not None  # set with the keys
+            assert self.values is not None and self.positions is not None  # set together
             self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
+            self.positions = self.positions[:, :length]
         for deeper in self.deeper:
             deeper.crop(length)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               mask: torch.Tensor | None) -> torch.Tensor:
+               mask: torch.Tensor | None, positions: torch.Tensor,
+               window: int | None = None) -> torch.Tensor:
         """New positions see all cached ones, and each other as `mask` [T, T] allows
         (default causal). A `mask` [T, cached + T] says what each sees of the cached ones
-        too: a drafted tree's nodes see their own ancestors, not their cousins."""
+        too: a drafted tree's nodes see their own ancestors, not their cousins. A sliding
+        `window` hides every key whose position is `window` or more before the query's
+        (`positions` [B, T], the new keys'), as the engines' sliding-window attention does."""
         past = len(self)
         self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=2)
         self.values = v if self.values is None else torch.cat([self.values, v], dim=2)
+        positions = positions.to(k.device).expand(k.shape[0], -1)
+        self.positions = (positions if self.positions is None
+                          else torch.cat([self.positions, positions], dim=1))
         t = q.shape[2]
         if mask is not None and mask.shape[1] == past + t:
             allowed = mask
@@ -193,6 +245,9 @@ class DraftCache:
                                                            device=q.device).tril()
             allowed = torch.cat([torch.ones(t, past, dtype=torch.bool, device=q.device), new],
                                 1)
+        if window is not None:
+            near = self.positions[:, None, :] > positions[:, :, None] - window  # [B, T, L]
+            allowed = allowed & near[:, None]
         return F.scaled_dot_product_attention(q, self.keys, self.values, attn_mask=allowed)
 
 
@@ -202,6 +257,8 @@ class Eagle3Drafter(nn.Module):
     d2t: torch.Tensor
     t2d: torch.Tensor
     inv_freq: torch.Tensor
+    rope_factor: float
+    """What cos and sin are multiplied by: YaRN's attention factor, else 1."""
     input_norm: RMSNorm
     fc_norm: nn.ModuleList
 
@@ -225,7 +282,8 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool)
                              if config.draft_vocab_size == config.vocab_size
                              else torch.zeros(config.vocab_size, dtype=torch.bool))
-        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+        inv_freq, self.rope_factor = _rope(config)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
         self.d2t.copy_(torch.as_tensor(d2t, dtype=torch.long))
@@ -256,12 +314,13 @@ class Eagle3Drafter(nn.Module):
         normed = block.hidden_norm(hidden)
         residual = normed if block.norm_before_residual else hidden
         q, k, v = block.self_attn.qkv(torch.cat([emb, normed], dim=-1), positions,
-                                      self.inv_freq)
+                                      self.inv_freq, self.rope_factor)
         h = residual + block.self_attn.out(attend(0, q, k, v))
         h = h + block.mlp(block.post_attention_layernorm(h))
         for index in range(1, len(self.layers)):
             block = cast(DecoderLayer, self.layers[index])
-            q, k, v = block.self_attn.qkv(block.input_layernorm(h), positions, self.inv_freq)
+            q, k, v = block.self_attn.qkv(block.input_layernorm(h), positions, self.inv_freq,
+                                          self.rope_factor)
             h = h + block.self_attn.out(attend(index, q, k, v))
             h = h + block.mlp(block.post_attention_layernorm(h))
         return self.norm(h) if self.config.norm_output else h
@@ -293,14 +352,16 @@ class Eagle3Drafter(nn.Module):
             mine = state.layer(index)
             mine.keys.append(k)
             mine.values.append(v)
-            return ttt_attention(q, mine.keys, mine.values)
+            return ttt_attention(q, mine.keys, mine.values, self.config.sliding_window)
         return self.layer(hidden, input_ids, positions, attend)
 
     def decode(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
                cache: DraftCache, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Append positions to `cache` and return their pre-norm outputs."""
+        window = self.config.sliding_window
         return self.layer(hidden, input_ids, positions,
-                          lambda index, q, k, v: cache.layer(index).attend(q, k, v, mask))
+                          lambda index, q, k, v: cache.layer(index).attend(q, k, v, mask,
+                                                                           positions, window))
 
     @torch.no_grad()
     def load_target_embedding(self, weight: torch.Tensor) -> None:

@@ -133,6 +133,9 @@ class TrainConfig:
     max_position_embeddings: whole samples)."""
     long_samples: str = field(default="truncate", metadata=opt())
     """What happens to longer samples: truncate or drop."""
+    sliding_window: int | None = field(default=None, metadata=opt(metavar="TOKENS"))
+    """The draft layers attend to the last N positions only (a sliding window, exported for
+    vLLM and SGLang); default: every earlier position (docs/train.md, "Long contexts")."""
     lr: float = field(default=1e-4, metadata=opt())
     min_lr: float = field(default=0.0, metadata=opt())
     """Learning rate the decay ends at."""
@@ -298,6 +301,8 @@ class TrainConfig:
             out[name] = value
         if self.drafter_variant() != VARIANTS["eagle3"]:
             out["variant"] = self.drafter_variant()
+        if self.sliding_window is not None:  # runs without one record what they always did
+            out["sliding_window"] = self.sliding_window
         return out
 
 
@@ -312,6 +317,11 @@ def _check_ranges(cfg: TrainConfig, found: list[str]) -> None:
             found.append(f"{flag} must be >= 1 (got {value})")
     if cfg.max_len is not None and cfg.max_len < 3:
         found.append(f"--max-len must be >= 3 tokens (got {cfg.max_len})")
+    unrolled = max(cfg.ttt_steps, cfg.eval_k)
+    if cfg.sliding_window is not None and not cfg.sliding_window >= unrolled:
+        found.append(f"--sliding-window must be >= --ttt-steps and --eval-k ({unrolled}): the "
+                     f"last step unrolled sits that many positions past its context "
+                     f"(got {cfg.sliding_window})")
     for flag, value in (("--lr", cfg.lr), ("--ttt-decay", cfg.ttt_decay)):
         if not (value > 0 and math.isfinite(value)):
             found.append(f"{flag} must be > 0 (got {value})")

@@ -193,6 +193,7 @@ class Setup(TrainerState):
                     rows = self.head.lm_head.detach().float().cpu()[torch.from_numpy(
                         vocab.draft_ids)]
                     drafter.lm_head.weight.copy_(rows)
+        drafter.config.sliding_window = cfg.sliding_window  # the run's choice, not --init-from's
         drafter.embed_tokens.weight.requires_grad_(drafter.config.embed_requires_grad)
         drafter.lm_head.weight.requires_grad_(cfg.lm_head != "frozen")
         self.vocab = vocab
@@ -242,7 +243,9 @@ class Setup(TrainerState):
         _ui.info(f"train: {mode}, layers "
                  f"{','.join(map(str, self.layers))}, draft vocabulary {self.vocab.size:,}"
                  + (f" covering {100 * cov:.2f}% of the training tokens" if cov is not None
-                    else "") + f" ({self.vocab_source})", opts)
+                    else "") + f" ({self.vocab_source})"
+                 + (f", sliding window {self.cfg.sliding_window:,} tokens"
+                    if self.cfg.sliding_window else ""), opts)
         if self.ranks.world > 1:
             _ui.info(f"train: {self.ranks.world} ranks, "
                      + ("FSDP: parameters, gradients and optimizer state sharded"
