@@ -513,6 +513,9 @@ def _warnings(report: AcceptReport, predicted: dict[str, Any] | None) -> list[st
         if temp is not None and temp != report.temperature:
             notes.append(f"training predicted at temperature {temp}, this run uses "
                          f"{report.temperature:g}")
+        elif report.verify and predicted.get("verify") not in (None, report.verify):
+            notes.append(f"training predicted for --verify {predicted['verify']}, this run "
+                         f"verifies as {report.verify}")
         expected = predicted.get("per_position")
         first = report.per_position[0] if report.per_position else None
         if (isinstance(expected, list) and expected and isinstance(expected[0], int | float)
