@@ -44,7 +44,7 @@ def parse_tree(text: str | None) -> tuple[int, int] | None:
 def check_sampling(cfg: Any, rules: tuple[str, ...] | None = None) -> None:
     """--verify, --top-p, --top-k and SGLang's thresholds, as bench accept and bench parity
     take them."""
-    from eagle3kit.model.verification import RULES
+    from eagle3kit.model.acceptance import VERIFY_RULES as RULES
 
     rules = rules or RULES
     if cfg.verify not in rules:

@@ -98,7 +98,7 @@ class ParityConfig:
         if note:
             _ui.warn(note)
         from eagle3kit.bench.accept import check_sampling
-        from eagle3kit.model.verification import RULES
+        from eagle3kit.model.acceptance import VERIFY_RULES as RULES
 
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise UserError(f"--temperature must be >= 0 (got {self.temperature})")

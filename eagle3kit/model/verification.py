@@ -27,8 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-RULES = ("onehot", "probabilistic", "sglang")
-"""--verify's choices (bench accept, bench parity, train's prediction)."""
+from eagle3kit.model.acceptance import VERIFY_RULES as RULES
 
 
 def target_probs(logits: torch.Tensor, temperature: float, top_k: int = -1,

@@ -324,7 +324,7 @@ def _check_ranges(cfg: TrainConfig, found: list[str]) -> None:
             found.append(f"{flag} must be >= 0 (got {value})")
     if not (cfg.eval_temperature >= 0 and math.isfinite(cfg.eval_temperature)):
         found.append(f"--eval-temperature must be >= 0 (got {cfg.eval_temperature})")
-    from eagle3kit.model.verification import RULES
+    from eagle3kit.model.acceptance import VERIFY_RULES as RULES
 
     if cfg.eval_verify not in RULES:
         found.append(f"--eval-verify must be one of {', '.join(RULES)} (got {cfg.eval_verify})")
