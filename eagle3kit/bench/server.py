@@ -307,6 +307,7 @@ async def _run_group(cfg: ServerBenchConfig, client: Any, info: Any, renderer: A
             done: list[_Result | None] = []
             for turn, answered, ids in bench_prompts.turns(renderer, conv, cfg.max_turns):
                 completion = await _one(cfg, client, info, renderer, ids,
+                                        request_seed(cfg.seed, number, turn),
                                         f"bench-{role}-{number}-{turn}")
                 if completion is None:
                     done.append(None)
@@ -322,15 +323,23 @@ async def _run_group(cfg: ServerBenchConfig, client: Any, info: Any, renderer: A
     return [r for g in groups for r in g]
 
 
+def request_seed(seed: int, number: int, turn: int) -> int:
+    """Each request's own sampling seed, derived from --seed as bench accept derives each
+    generation's: one seed for every request would give them one random stream, and a
+    sampled acceptance length measured on it would rest on one draw, not on each request's
+    (vLLM seeds each request's generator with it)."""
+    return seed * 1_000_003 + number * 101 + turn
+
+
 async def _one(cfg: ServerBenchConfig, client: Any, info: Any, renderer: Any, ids: list[int],
-               sample_id: str) -> Any:
+               seed: int, sample_id: str) -> Any:
     """One generation, retried on transient failures; None when it never succeeded."""
     from eagle3kit.gen import GenRequest
     from eagle3kit.gen.servers import RequestRejected, RetryableError, ServerFatal, generate
 
     req = GenRequest(sample_id, ids, cfg.max_new_tokens, renderer.stop_token_ids,
                      temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                     seed=cfg.seed)
+                     seed=seed)
     for attempt in range(ATTEMPTS):
         try:
             return await generate(client, info, req, api_key=cfg.api_key,
