@@ -195,16 +195,18 @@ def test_schedule_reaches_the_optimizer(tiny, tmp_path):
 
 
 def test_the_held_out_prediction_at_a_temperature(tiny, tmp_path):
-    """--eval-temperature and --eval-verify reach the prediction, its report and run.json;
-    the default stays greedy."""
+    """--eval-temperature and --eval-verify reach the prediction and the drafter's eval
+    block; the default stays greedy."""
     greedy = run(config(tiny, tiny["hidden"], tmp_path / "greedy", max_steps=2))
     hot = run(config(tiny, tiny["hidden"], tmp_path / "hot", max_steps=2, eval_temperature=1.0,
                      eval_verify="probabilistic"))
     assert greedy.eval["temperature"] == 0.0 and "verify" not in greedy.eval
     assert hot.eval["temperature"] == 1.0 and hot.eval["verify"] == "probabilistic"
     assert hot.eval["predicted_acceptance_length"] != greedy.eval["predicted_acceptance_length"]
-    recorded = json.loads((tmp_path / "hot" / "run.json").read_text())
-    assert recorded["eval"]["temperature"] == 1.0
+    from eagle3kit.checkpoints.rundir import training_prediction
+
+    recorded = training_prediction(tmp_path / "hot" / "drafter")  # what bench accept reads
+    assert recorded["temperature"] == 1.0 and recorded["verify"] == "probabilistic"
 
 
 def test_lm_head_from_the_target_and_frozen(tiny, tmp_path):
