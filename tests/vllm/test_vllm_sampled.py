@@ -199,7 +199,7 @@ def test_the_gate_agrees_with_vllm_sampling_within_its_interval_and_names_the_wr
     assert report["verify"] == method and report["served"]["verify"] == method
     interval = report["interval"]
     assert interval["low"] <= report["engine"]["acceptance_length"] <= interval["high"]
-    assert report["offline"]["interval"]["rounds"] >= 300  # enough rounds to mean something
+    assert report["offline"]["interval"]["rounds"] >= 250  # enough rounds to mean something
 
     other = next(m for m in METHODS if m != method)
     code, report, stderr, seconds = gate(vllm, world, reduced, prompts, "--temperature",
