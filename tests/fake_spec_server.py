@@ -188,7 +188,9 @@ class SpecServer(FakeServer):
 
     # What a test expects ----------------------------------------------------------------
     def expected_sglang_length(self) -> float:
-        return sum(t for t, _, _ in self.log) / sum(r for _, r, _ in self.log)
+        """Σ tokens / Σ rounds over the generations that had a round (a one-token answer
+        is prefill's alone: bench server leaves it out, as it has no spec_verify_ct)."""
+        return sum(t for t, r, _ in self.log if r) / sum(r for _, r, _ in self.log)
 
     def expected_vllm_length(self) -> float:
         rounds = [a for _, _, rs in self.log for a in rs]

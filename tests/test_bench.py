@@ -537,6 +537,17 @@ def test_cli_json(pair):
     assert any("k=3" in w for w in data["warnings"])  # training predicted for another k
 
 
+@pytest.mark.parametrize("rule", ["onehot", "probabilistic", "sglang"])
+def test_cli_sampled_figures_carry_the_rule_and_their_interval(pair, rule):
+    data = accept_json(pair, "--temperature", "0.8", "--verify", rule, "--top-k", "50")
+    assert data["verify"] == rule and data["top_k"] == 50 and data["lossless"] is None
+    interval = data["interval"]
+    assert interval["rounds"] == data["rounds"] and interval["generations"] == 2
+    assert interval["low"] <= data["acceptance_length"] <= interval["high"]
+    greedy = accept_json(pair)
+    assert greedy["interval"] is None and greedy["verify"] is None
+
+
 def test_cli_tree(pair):
     data = accept_json(pair, "--tree", "2,3")
     assert data["shape"] == "tree top-2 depth 3" and data["k"] == 3 and data["lossless"]
@@ -582,6 +593,15 @@ def test_plot_without_matplotlib(pair, tmp_path, monkeypatch):
       "--device", "tpu9"], "--device tpu9"),
     (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
       "--plot", "{root}/x.txt"], "--plot {root}/x.txt: give a .png"),
+    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
+      "--verify", "greedy"], "--verify must be one of onehot, probabilistic, sglang"),
+    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
+      "--top-p", "0"], "--top-p must be in (0, 1] (got 0.0)"),
+    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
+      "--top-k", "-2"], "--top-k must be -1 (off) or at least 1 (got -2)"),
+    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
+      "--speculative-accept-threshold-acc", "0.5"],
+     "--speculative-accept-threshold-acc is SGLang's: give it with --verify sglang"),
 ])
 def test_bad_input_is_one_message(pair, args, message):
     fill = {k: str(v) for k, v in pair.items() if isinstance(v, Path)}

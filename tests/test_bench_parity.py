@@ -288,3 +288,43 @@ def test_both_sides_are_compared_per_context_depth(world) -> None:
     assert any("at context depth >=2" in w for w in report.warnings), report.warnings
     assert list(quiet.depths) == ["<1K"] and (quiet.depths["<1K"]["from"],
                                              quiet.depths["<1K"]["to"]) == (0, 1024)
+def test_sampled_gating_verifies_as_the_server_says_and_names_another_rule(world) -> None:
+    """At temperature > 0 bench accept verifies by the rule the server was started with
+    (vLLM's draft_sample_method, a missing key being its default greedy: onehot), reports
+    the interval the engine's figure must fall in, and names a rule forced to differ."""
+    spec = {"method": "eagle3", "model": str(world["drafter"]), "num_speculative_tokens": 3}
+    with SpecServer("vllm", accept=NEVER, tokenizer=world["target"],
+                    model_name=str(world["target"])) as srv:
+        default = gate(world, srv, temperature=0.8, speculative_config=json.dumps(spec))
+        served = gate(world, srv, temperature=0.8, speculative_config=json.dumps(
+            spec | {"draft_sample_method": "probabilistic"}))
+        forced = gate(world, srv, temperature=0.8, verify="onehot",
+                      speculative_config=json.dumps(
+                          spec | {"draft_sample_method": "probabilistic"}))
+    assert default.verify == "onehot" and default.served["verify"] == "onehot"
+    assert served.verify == "probabilistic" and "verification" not in causes(served)
+    assert forced.verify == "onehot" and "verification" in causes(forced)
+    for report in (default, served, forced):
+        interval = report.interval
+        assert interval is not None and interval["confidence"] == 0.99
+        assert interval["offline_rounds"] == report.offline["rounds"] > 0
+        assert interval["low"] <= report.offline["acceptance_length"] <= interval["high"]
+    zero = None
+    with SpecServer("vllm", accept=NEVER, tokenizer=world["target"],
+                    model_name=str(world["target"])) as srv:
+        zero = gate(world, srv, speculative_config=json.dumps(spec))
+    assert zero.interval is None and zero.verify is None and zero.temperature == 0.0
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--temperature", "-1"], "--temperature must be >= 0 (got -1.0)"),
+    (["--verify", "greedy"], "--verify must be one of auto, onehot, probabilistic, sglang"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1] (got 1.5)"),
+    (["--top-k", "0"], "--top-k must be -1 (off) or at least 1 (got 0)"),
+])
+def test_bad_sampling_flags_are_one_message(world, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, [
+        "bench", "parity", str(world["prompts"]), "--server", "http://127.0.0.1:9",
+        "--target", str(world["target"]), "--drafter", str(world["drafter"]), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and "Traceback" not in result.output

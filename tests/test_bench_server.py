@@ -173,3 +173,18 @@ def test_bench_server_imports_no_torch(tokenizer):
     lines = [line for line in out.stdout.splitlines() if line.startswith("after")]
     assert lines == ["after import False", "after run 0 False"], out.stdout + out.stderr
     assert srv.log, "the run sent no request"
+
+
+def test_sampled_requests_carry_their_own_seed_and_the_sampling_flags(tokenizer):
+    """One seed for every request gives them one random stream (vLLM seeds each request's
+    generator with it): each request gets its own, derived from --seed, and --top-p and
+    --top-k go with them."""
+    with SpecServer("vllm", tokenizer=str(tokenizer), mean_tokens=20) as srv:
+        bench.run(config(srv.url, tokenizer, temperature=0.7, top_p=0.9, top_k=20, seed=5))
+        bodies = [r["body"] for r in srv.requests if r["path"] == "/v1/completions"]
+    assert len(bodies) == 12  # 6 questions x 2 turns
+    seeds = [b["seed"] for b in bodies]
+    assert len(set(seeds)) == len(seeds)
+    assert {bench.request_seed(5, n, t) for n in range(6) for t in range(2)} == set(seeds)
+    assert all(b["temperature"] == 0.7 and b["top_p"] == 0.9 and b["top_k"] == 20
+               for b in bodies)

@@ -195,6 +195,21 @@ def test_schedule_reaches_the_optimizer(tiny, tmp_path):
     assert rates["cosine"][-1] < rates["constant"][-1]
 
 
+def test_the_held_out_prediction_at_a_temperature(tiny, tmp_path):
+    """--eval-temperature and --eval-verify reach the prediction and the drafter's eval
+    block; the default stays greedy."""
+    greedy = run(config(tiny, tiny["hidden"], tmp_path / "greedy", max_steps=2))
+    hot = run(config(tiny, tiny["hidden"], tmp_path / "hot", max_steps=2, eval_temperature=1.0,
+                     eval_verify="probabilistic"))
+    assert greedy.eval["temperature"] == 0.0 and "verify" not in greedy.eval
+    assert hot.eval["temperature"] == 1.0 and hot.eval["verify"] == "probabilistic"
+    assert hot.eval["predicted_acceptance_length"] != greedy.eval["predicted_acceptance_length"]
+    from eagle3kit.checkpoints.rundir import training_prediction
+
+    recorded = training_prediction(tmp_path / "hot" / "drafter")  # what bench accept reads
+    assert recorded["temperature"] == 1.0 and recorded["verify"] == "probabilistic"
+
+
 def test_lm_head_from_the_target_and_frozen(tiny, tmp_path):
     from safetensors.torch import load_file
 
@@ -481,6 +496,8 @@ def test_both_exports_round_trip_through_init_from(tiny, tmp_path, fmt):
     ({"lm_head": "copy"}, "--lm-head must be one of train, target, frozen"),
     ({"data_order": "sorted"}, "--data-order must be one of shuffle, fixed"),
     ({"drafter_step": "newest"}, "--drafter-step must be one of best, last"),
+    ({"eval_temperature": -0.5}, "--eval-temperature must be >= 0"),
+    ({"eval_verify": "greedy"}, "--eval-verify must be one of onehot, probabilistic, sglang"),
 ])
 def test_bad_options(tiny, tmp_path, options, message):
     with pytest.raises(UserError, match=message):

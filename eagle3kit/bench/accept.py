@@ -43,6 +43,28 @@ def parse_tree(text: str | None) -> tuple[int, int] | None:
     return topk, depth
 
 
+def check_sampling(cfg: Any, rules: tuple[str, ...] | None = None) -> None:
+    """--verify, --top-p, --top-k and SGLang's thresholds, as bench accept and bench parity
+    take them."""
+    from eagle3kit.model.acceptance import VERIFY_RULES as RULES
+
+    rules = rules or RULES
+    if cfg.verify not in rules:
+        raise UserError(f"--verify must be one of {', '.join(rules)} (got {cfg.verify})")
+    if not (0 < cfg.top_p <= 1):
+        raise UserError(f"--top-p must be in (0, 1] (got {cfg.top_p})")
+    if cfg.top_k == 0 or cfg.top_k < -1:
+        raise UserError(f"--top-k must be -1 (off) or at least 1 (got {cfg.top_k})")
+    for flag, value in (("--speculative-accept-threshold-single",
+                         getattr(cfg, "speculative_accept_threshold_single", 1.0)),
+                        ("--speculative-accept-threshold-acc",
+                         getattr(cfg, "speculative_accept_threshold_acc", 1.0))):
+        if not (0 < value <= 1):
+            raise UserError(f"{flag} must be in (0, 1] (got {value})")
+        if value != 1 and cfg.verify != "sglang":
+            raise UserError(f"{flag} is SGLang's: give it with --verify sglang")
+
+
 class _Default(int):
     """A number a config holds by default, told apart from the same number given (--k 3)."""
 
@@ -62,6 +84,22 @@ class AcceptConfig:
     """Draft a tree instead of a chain: TOPK candidates per level, DEPTH levels."""
     temperature: float = field(default=0.0, metadata=opt())
     """Sampling temperature; 0 is greedy (and checks losslessness)."""
+    verify: str = field(default="onehot", metadata=opt(metavar="RULE"))
+    """How the target verifies drafts at temperature > 0, as the engine you serve with:
+    onehot (vLLM's default, draft_sample_method greedy), probabilistic (vLLM's
+    draft_sample_method probabilistic) or sglang (SGLang's EAGLE rule, with its accept
+    thresholds)."""
+    top_p: float = field(default=1.0, metadata=opt())
+    """Top-p the server samples with (applied to the target's distribution after the
+    temperature and top-k, as vLLM and SGLang do)."""
+    top_k: int = field(default=-1, metadata=opt())
+    """Top-k the server samples with; -1 off."""
+    speculative_accept_threshold_single: float = field(default=1.0, metadata=opt())
+    """With --verify sglang: SGLang's flag of that name (a draft whose target probability
+    reaches it is kept)."""
+    speculative_accept_threshold_acc: float = field(default=1.0, metadata=opt())
+    """With --verify sglang: SGLang's flag of that name (a draft is kept with probability
+    min(1, p / this))."""
     max_new_tokens: int = field(default=128, metadata=opt())
     """Tokens generated per turn."""
     max_samples: int | None = field(default=None, metadata=opt())
@@ -121,6 +159,7 @@ class AcceptConfig:
                                                  and math.isfinite(self.tie_epsilon)):
             raise UserError(f"--tie-epsilon must be a finite number >= 0 (got "
                             f"{self.tie_epsilon})")
+        check_sampling(self)
         if self.tree is not None and self.temperature > 0:
             raise UserError("--tree verifies greedily: use it with --temperature 0, or draft "
                             "a chain (--k N) to sample")
@@ -131,6 +170,14 @@ class AcceptConfig:
             from eagle3kit._plot import check_plotting
 
             check_plotting(Path(self.plot))
+
+    @property
+    def rule(self) -> Any:
+        """The verification rule (eagle3kit.model.verification.Rule) --verify names."""
+        from eagle3kit.model.verification import Rule
+
+        return Rule(self.verify, self.speculative_accept_threshold_single,
+                    self.speculative_accept_threshold_acc)
 
     @property
     def tree_shape(self) -> tuple[int, int] | None:
@@ -202,6 +249,13 @@ class AcceptReport:
     """Context-depth bucket ('<1K', '1K-4K', ...) -> from, to, rounds, acceptance_length,
     per_position: where in the sequence each verification round happened (only buckets
     that had rounds)."""
+    verify: str | None = None
+    """The verification rule at temperature > 0 (--verify); None at temperature 0."""
+    top_p: float = 1.0
+    top_k: int = -1
+    interval: dict[str, Any] | None = None
+    """Temperature > 0: the confidence interval around acceptance_length (low, high,
+    standard_error, rounds, generations, confidence); None at temperature 0."""
     predicted_acceptance_length: float | None = None
     predicted: dict[str, Any] | None = None
     """The drafter's eagle3kit.eval block (what training predicted), when it has one."""
@@ -325,7 +379,9 @@ def run(cfg: AcceptConfig) -> AcceptReport:
     target = decode.Target(model, drafter.config.aux_layer_ids)
     stops = set(renderer.stop_token_ids)
     markers = phases.Markers.of(renderer.tokenizer)
-    _ui.info(f"bench accept: {cfg.shape}, temperature {cfg.temperature:g}, "
+    from eagle3kit.bench.report import sampling_label
+
+    _ui.info(f"bench accept: {cfg.shape}, {sampling_label(cfg)}, "
              f"max {cfg.max_new_tokens} new tokens, {device} {dtype_name}, "
              f"{len(convs)} conversations", cfg.output)
     _warm_up(target, drafter, cfg, decode.Sampler)
@@ -342,7 +398,8 @@ def run(cfg: AcceptConfig) -> AcceptReport:
 
                 def sampler(offset: int, seed: int = seed) -> decode.Sampler:
                     gen = torch.Generator().manual_seed(seed * 2 + offset)
-                    return decode.Sampler(cfg.temperature, gen)
+                    return decode.Sampler(cfg.temperature, gen, cfg.rule, cfg.top_k,
+                                          cfg.top_p)
 
                 ref = decode.plain(target, prompt, cfg.max_new_tokens, stops, sampler(0))
                 spec = run_one(target, drafter, prompt, cfg, stops, sampler(1))
@@ -434,10 +491,19 @@ def summarize(results: list[PromptResult], cfg: AcceptConfig, *, device: str, dt
         depth_edges=list(cfg.depth.edges),
         depths=by_depth([(r.prompt_tokens, r.rounds) for r in results], positions,
                         cfg.depth.edges),
+        verify=None if greedy else cfg.verify, top_p=cfg.top_p, top_k=cfg.top_k,
+        interval=None if greedy else _interval(results),
         predicted_acceptance_length=_predicted_length(predicted), predicted=predicted,
         prompts=results)
     report.warnings = _warnings(report, predicted)
     return report
+
+
+def _interval(results: list[PromptResult]) -> dict[str, Any] | None:
+    from eagle3kit.bench.stats import length_interval
+
+    interval = length_interval([r.rounds for r in results])
+    return None if interval is None else interval.to_dict()
 
 
 def _predicted_length(predicted: dict[str, Any] | None) -> float | None:
@@ -464,6 +530,9 @@ def _warnings(report: AcceptReport, predicted: dict[str, Any] | None) -> list[st
         if temp is not None and temp != report.temperature:
             notes.append(f"training predicted at temperature {temp}, this run uses "
                          f"{report.temperature:g}")
+        elif report.verify and predicted.get("verify") not in (None, report.verify):
+            notes.append(f"training predicted for --verify {predicted['verify']}, this run "
+                         f"verifies as {report.verify}")
         expected = predicted.get("per_position")
         first = report.per_position[0] if report.per_position else None
         if (isinstance(expected, list) and expected and isinstance(expected[0], int | float)

@@ -23,6 +23,7 @@ from typing import Any, cast
 import torch
 
 from eagle3kit.model.drafter import DraftCache, Eagle3Drafter
+from eagle3kit.model.verification import Rule, draft_probs, target_probs
 
 TOP_STORED = 8
 """Logits kept per plain-decoding step, to tell a near-tie from a real mismatch later."""
@@ -111,17 +112,27 @@ class Target:
 
 @dataclass
 class Sampler:
-    """Greedy at temperature 0, else sampling from softmax(logits / temperature)."""
+    """Greedy at temperature 0; else sampling from the target's distribution as the server
+    builds it (temperature, top-k, top-p) and verifying drafts by `rule`
+    (eagle3kit.model.verification)."""
 
     temperature: float = 0.0
     generator: torch.Generator | None = None
+    rule: Rule = field(default_factory=Rule)
+    top_k: int = -1
+    top_p: float = 1.0
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(logits.float() / self.temperature, dim=-1)
+        """p: the target's sampling distribution."""
+        return target_probs(logits, self.temperature, self.top_k, self.top_p)
+
+    def draft_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """q: the drafter's distribution (temperature only, as the engines draft)."""
+        return draft_probs(logits, self.temperature)
 
     def pick(self, logits: torch.Tensor) -> int:
         if self.greedy:
@@ -233,18 +244,18 @@ class Drafting:
 
     @torch.no_grad()
     def chain(self, k: int) -> tuple[list[int], list[torch.Tensor | None]]:
-        """k drafted target ids, and for sampling the draft distribution over the target
-        vocabulary each was drawn from (None when greedy)."""
+        """k drafted target ids, and the draft distribution over the target vocabulary each
+        was drawn from where the rule samples drafts (None for an argmax draft)."""
         hidden = self.context()
         context_len = len(self.cache)
         drafts: list[int] = []
         dists: list[torch.Tensor | None] = []
         for i in range(k):
             logits = self.drafter.logits(hidden)[0, -1].float()
-            if self.sampler.greedy:
+            if self.sampler.greedy or not self.sampler.rule.samples_drafts:
                 draft_id, dist = int(logits.argmax()), None
             else:
-                probs = self.sampler.probs(logits)
+                probs = self.sampler.draft_probs(logits)
                 draft_id = self.sampler.draw(probs)
                 dist = self._on_target_vocab(probs)
             drafts.append(self._target_id(draft_id))
@@ -331,18 +342,18 @@ def verify_greedy(logits: torch.Tensor, drafts: list[int]) -> tuple[int, int]:
     return accepted, choice[accepted]
 
 
-def verify_sampled(logits: torch.Tensor, drafts: list[int], dists: list[torch.Tensor],
+def verify_sampled(logits: torch.Tensor, drafts: list[int], dists: list[torch.Tensor | None],
                    sampler: Sampler) -> tuple[int, int]:
-    """Speculative rejection sampling: draft i (drawn from q) is kept with probability
-    min(1, p(x)/q(x)); at the first rejection the token is drawn from norm(max(0, p - q)),
-    and after k acceptances from p itself. The result is distributed exactly as p."""
+    """Verification at temperature > 0 by the sampler's rule: draft i is kept with the rule's
+    probability (p(x) for an argmax draft, min(1, p(x)/q(x)) for one drawn from q); at the
+    first rejection the token is drawn from the rule's residual, and after k acceptances
+    from p itself. With onehot and probabilistic the output is distributed exactly as p."""
+    rule = sampler.rule
     for i, (draft, q) in enumerate(zip(drafts, dists, strict=True)):
-        p = sampler.probs(logits[i]).to(q.device)
-        if sampler.uniform() * float(q[draft]) < float(p[draft]):
+        p = sampler.probs(logits[i])
+        if sampler.uniform() < rule.keep_probability(p, q, draft):
             continue
-        residual = (p - q).clamp_min(0)
-        total = float(residual.sum())
-        return i, sampler.draw(residual / total if total > 0 else p)
+        return i, sampler.draw(rule.residual(p, q, draft))
     return len(drafts), sampler.draw(sampler.probs(logits[len(drafts)]))
 
 
@@ -374,7 +385,7 @@ def verify_chain(target: Target, cache: Any, newest: int, drafting: Drafting, k:
     if sampler.greedy:
         accepted, bonus = verify_greedy(logits, drafts)
     else:
-        accepted, bonus = verify_sampled(logits, drafts, dists, sampler)  # type: ignore[arg-type]
+        accepted, bonus = verify_sampled(logits, drafts, dists, sampler)
     return [*drafts[:accepted], bonus], aux[:accepted + 1]
 
 

@@ -30,6 +30,7 @@ CAUSES = {
     "draft-vocab": "draft vocabulary",
     "chat-template": "chat template and BOS",
     "method": "speculative method",
+    "verification": "verification rule at temperature > 0",
     "served-drafter": "the drafter served",
     "served-target": "the target served",
     "checkpoint": "the drafter checkpoint",
@@ -62,6 +63,11 @@ class Served:
     k: int | None = None
     source: str | None = None
     """Where the speculative fields came from (None: the server does not expose them)."""
+    verify: str | None = None
+    """How it verifies drafts at temperature > 0 (eagle3kit.model.verification.RULES): vLLM's
+    draft_sample_method (greedy: onehot), SGLang's rule."""
+    thresholds: tuple[float, float] = (1.0, 1.0)
+    """SGLang's speculative_accept_threshold_single and _acc."""
     template_ids: list[int] | None = None
     """The prompt ids the server's chat template makes of the first prompt (vLLM /tokenize)."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -218,8 +224,19 @@ def template_message(server: list[int], ours: list[int], bos_id: int | None) -> 
 
 
 # When the figures alone say something is wrong ----------------------------------------------
+def verification_findings(served: Served, rule: str, temperature: float) -> list[Finding]:
+    """At temperature > 0: the engine verifies by another rule than bench accept did."""
+    if temperature == 0 or served.verify is None or served.verify == rule:
+        return []
+    flag = "bench parity --verify auto (the default) or --verify " + served.verify
+    return [Finding("verification", (
+        f"the engine verifies drafts as '{served.verify}' ({served.source}) but bench accept "
+        f"verified them as '{rule}': at temperature {temperature:g} the two rules accept "
+        f"different shares of the same drafts; rerun with {flag}"))]
+
+
 def unexplained(engine: float | None, offline: float | None, near_one: bool,
-                served: Served) -> Finding:
+                served: Served, rule: str | None = None) -> Finding:
     seen = ("" if served.source else
             "; the server does not say what it speculates with: start vLLM with "
             "VLLM_SERVER_DEV_MODE=1 or pass the gate --speculative-config with the JSON the "
@@ -230,6 +247,13 @@ def unexplained(engine: float | None, offline: float | None, near_one: bool,
             f"inspected explains it: check the aux layer ids the engine reads (an override in "
             f"--speculative-config, or the other convention), the method (eagle3, not eagle) "
             f"and that the drafter was trained for this target{seen}"))
+    if rule is not None:  # sampled: the rule is the first suspect, and it went unseen
+        return Finding("unexplained", (
+            f"the engine's acceptance length {_fmt(engine)} is outside the interval around "
+            f"the offline {_fmt(offline)}, which verified drafts as '{rule}': the engine "
+            f"likely verifies by another rule (vLLM's draft_sample_method: greedy is "
+            f"'onehot', probabilistic is 'probabilistic'; SGLang's is 'sglang'), else it "
+            f"drafts from other features or another drafter than --drafter{seen}"))
     return Finding("unexplained", (
         f"the engine's acceptance length {_fmt(engine)} differs from the offline "
         f"{_fmt(offline)} and nothing inspected explains it: the engine drafts from other "

@@ -43,7 +43,20 @@ class ParityConfig:
     """The --speculative-config the vLLM server was started with, for servers that do not
     expose it."""
     tolerance: float = field(default=TOLERANCE, metadata=opt())
-    """Largest engine - bench accept difference that passes, overall and per position."""
+    """Largest engine - bench accept difference that passes at temperature 0, overall and
+    per position."""
+    temperature: float = field(default=0.0, metadata=opt())
+    """Sampling temperature of both sides; above 0 the acceptance lengths must agree within
+    their confidence interval."""
+    verify: str = field(default="auto", metadata=opt(metavar="RULE"))
+    """bench accept's verification rule at temperature > 0: auto (the one the server says it
+    runs, else vLLM's default onehot), onehot, probabilistic or sglang."""
+    top_p: float = field(default=1.0, metadata=opt())
+    """Top-p of both sides (sent to the server, applied by bench accept)."""
+    top_k: int = field(default=-1, metadata=opt())
+    """Top-k of both sides; -1 off."""
+    seed: int = field(default=0, metadata=opt())
+    """Sampling seed of both sides."""
     api: str = field(default="auto", metadata=opt())
     """auto, sglang or vllm."""
     k: int | None = field(default=None, metadata=opt("--k"))
@@ -87,6 +100,12 @@ class ParityConfig:
         self.dtype, note = parse_dtype(self.dtype)
         if note:
             _ui.warn(note)
+        from eagle3kit.bench.accept import check_sampling
+        from eagle3kit.model.acceptance import VERIFY_RULES as RULES
+
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise UserError(f"--temperature must be >= 0 (got {self.temperature})")
+        check_sampling(self, ("auto", *RULES))
         if not (0 <= self.tolerance < 1 and math.isfinite(self.tolerance)):
             raise UserError(f"--tolerance must be in [0, 1) (got {self.tolerance})")
         if isinstance(self.speculative_config, str):
@@ -99,16 +118,24 @@ class ParityConfig:
         return ServerBenchConfig(
             self.server, self.prompts, self.target, api=self.api,
             chat_template=self.chat_template, max_new_tokens=self.max_new_tokens,
-            temperature=0.0, max_samples=self.max_samples, max_turns=self.max_turns,
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            seed=self.seed, max_samples=self.max_samples, max_turns=self.max_turns,
             format=self.format, k=self.k, api_key=self.api_key,
             request_timeout=self.request_timeout, trust_remote_code=self.trust_remote_code,
             depth=self.depth, output=_inner(self.output))
 
-    def accept_config(self, k: int) -> Any:
+    def accept_config(self, k: int, rule: Any = None) -> Any:
+        """bench accept's config: the server's k, and at temperature > 0 `rule`
+        (eagle3kit.model.verification.Rule)."""
         from eagle3kit.bench.accept import AcceptConfig
+        from eagle3kit.model.verification import Rule
 
+        rule = rule or Rule()
         return AcceptConfig(
-            self.target, self.drafter, self.prompts, k=k, temperature=0.0,
+            self.target, self.drafter, self.prompts, k=k, temperature=self.temperature,
+            verify=rule.name, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
+            speculative_accept_threshold_single=rule.threshold_single,
+            speculative_accept_threshold_acc=rule.threshold_acc,
             max_new_tokens=self.max_new_tokens, max_samples=self.max_samples,
             max_turns=self.max_turns, format=self.format, chat_template=self.chat_template,
             device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code,
@@ -150,6 +177,13 @@ class ParityReport:
     """Context-depth bucket -> from, to, engine and offline (rounds, acceptance_length,
     per_position; engine None where the server does not report rounds per request: vLLM's
     --per-request-spec-decode-metrics detailed), difference (engine minus offline)."""
+    verify: str | None = None
+    """bench accept's verification rule at temperature > 0; None at temperature 0."""
+    top_p: float = 1.0
+    top_k: int = -1
+    interval: dict[str, Any] | None = None
+    """Temperature > 0: the range around the offline acceptance length the engine's must
+    fall in (low, high, half_width, confidence, offline_rounds, engine_rounds)."""
 
     @property
     def exit_code(self) -> int:
@@ -209,6 +243,9 @@ def _sglang_served(served: diagnose.Served, client: Any, cfg: ParityConfig) -> N
         served.drafter = info.get("speculative_draft_model_path")
         served.k = _int(info.get("speculative_num_steps"))
         served.source = "SGLang /server_info"
+        served.verify = "sglang"
+        served.thresholds = (_float(info.get("speculative_accept_threshold_single")),
+                             _float(info.get("speculative_accept_threshold_acc")))
 
 
 def _vllm_served(served: diagnose.Served, client: Any, cfg: ParityConfig,
@@ -244,10 +281,26 @@ def _from_speculative_config(served: diagnose.Served, spec: dict[str, Any], sour
         served.drafter = str(spec["model"])
     served.k = _int(spec.get("num_speculative_tokens")) or served.k
     served.source = source
+    # vLLM's defaults where the JSON leaves them out (vllm/config/speculative.py)
+    method = spec.get("draft_sample_method", "greedy")
+    rejection = spec.get("rejection_sample_method", "standard")
+    served.verify = (VLLM_RULES.get(str(method)) if rejection == "standard" else None)
+    if rejection != "standard":
+        served.extra["rejection_sample_method"] = rejection
+
+
+VLLM_RULES = {"greedy": "onehot", "probabilistic": "probabilistic"}
+"""vLLM's draft_sample_method -> the rule (eagle3kit.model.verification.RULES) it runs."""
 
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(value: Any) -> float:
+    """An SGLang accept threshold, 1 (its default) where the server does not say."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        else 1.0
 
 
 # The run the drafter came from ---------------------------------------------------------------
@@ -283,11 +336,6 @@ def run(cfg: ParityConfig) -> ParityReport:
     _ui.info(f"bench parity: {cfg.server} against bench accept with {cfg.drafter}", cfg.output)
     online = server.run(cfg.server_config())
     k = online.k or cfg.k or 3
-    offline, refused = None, None
-    try:
-        offline = accept.run(cfg.accept_config(k))
-    except UserError as exc:  # a drafter bench accept cannot run is itself a finding
-        refused = str(exc)
 
     convs = prompts.load(cfg.prompts, cfg.format, cfg.max_samples) if cfg.prompts else []
     renderer = prompts.load_renderer(cfg.target, "--target", cfg.chat_template,
@@ -298,6 +346,13 @@ def run(cfg: ParityConfig) -> ParityReport:
     served = inspect_server(cfg, online.api, first)
     ours = (renderer.render(first, convs[0].tools)
             if first is not None and served.template_ids is not None else None)
+    rule = verification_rule(cfg, served)
+
+    offline, refused = None, None
+    try:
+        offline = accept.run(cfg.accept_config(k, rule))
+    except UserError as exc:  # a drafter bench accept cannot run is itself a finding
+        refused = str(exc)
 
     provenance, run_info = run_checkpoint(cfg.drafter)
     findings = [*([diagnose.Finding("checkpoint", f"bench accept refused the drafter: {refused}")]
@@ -306,7 +361,8 @@ def run(cfg: ParityConfig) -> ParityReport:
                 *diagnose.rope_findings(info, target_config),
                 *diagnose.run_findings(info, provenance, run_info),
                 *diagnose.served_findings(served, cfg.drafter, cfg.target, info, target_config,
-                                          ours, renderer.tokenizer.bos_token_id)]
+                                          ours, renderer.tokenizer.bos_token_id),
+                *diagnose.verification_findings(served, rule.name, cfg.temperature)]
     engine_length = (online.acceptance_length_without_prefill if online.api == "sglang"
                      else online.acceptance_length)
     offline_figures: dict[str, Any] = {
@@ -314,34 +370,51 @@ def run(cfg: ParityConfig) -> ParityReport:
         "per_position": offline.per_position if offline else [],
         "lossless": offline.lossless if offline else None,
         "predicted_acceptance_length": offline.predicted_acceptance_length if offline else None,
-        "rounds": offline.rounds if offline else 0}
-    differences, agree = compare(engine_length, online.per_position,
-                                 offline_figures["acceptance_length"],
-                                 offline_figures["per_position"], cfg.tolerance)
+        "rounds": offline.rounds if offline else 0,
+        "interval": offline.interval if offline else None}
+    sampled = cfg.temperature > 0
+    if sampled:
+        differences, agree, interval = compare_sampled(
+            engine_length, online.rounds, offline_figures["acceptance_length"],
+            offline_figures["interval"])
+        differences["per_position"] = [
+            None if a is None or b is None else a - b
+            for a, b in zip(online.per_position, offline_figures["per_position"], strict=False)]
+    else:
+        differences, agree = compare(engine_length, online.per_position,
+                                     offline_figures["acceptance_length"],
+                                     offline_figures["per_position"], cfg.tolerance)
+        interval = None
     near_one = engine_length is not None and likely_misconfigured(engine_length)
     if (not agree or near_one) and not findings:
         findings.append(diagnose.unexplained(engine_length, offline_figures["acceptance_length"],
-                                             near_one, served))
+                                             near_one, served, rule.name if sampled else None))
     warnings = []
     if served.source is None:
         warnings.append("the server does not say which drafter and method it speculates with "
                         "(vLLM: start it with VLLM_SERVER_DEV_MODE=1, or pass "
                         "--speculative-config): those were not checked")
+    if sampled and served.verify is None and cfg.verify == "auto":
+        warnings.append(f"the server does not say how it verifies drafts: bench accept "
+                        f"verified them as vLLM's default, '{rule.name}'")
     if offline_figures["lossless"] is False:
         warnings.append("bench accept's output differed from the target's own: see bench "
                         "accept's mismatches")
     report = ParityReport(
         server=cfg.server, api=online.api, version=online.version, drafter=str(cfg.drafter),
-        target=str(cfg.target), shape=f"chain k={k}", k=k, temperature=0.0,
+        target=str(cfg.target), shape=f"chain k={k}", k=k, temperature=cfg.temperature,
         tolerance=cfg.tolerance, passed=agree and not near_one and not findings, agree=agree,
         engine={"acceptance_length": engine_length, "per_position": online.per_position,
-                "source": online.source, "requests": online.requests, "errors": online.errors},
+                "source": online.source, "requests": online.requests, "errors": online.errors,
+                "rounds": online.rounds},
         offline=offline_figures, differences=differences,
         phases=offline.phases if offline else {},
         served={k_: v for k_, v in asdict(served).items() if k_ not in ("template_ids", "extra")}
         | {"template_checked": served.template_ids is not None},
         findings=[f.to_dict() for f in findings], warnings=warnings,
-        depths=depth_sides(online.depths, offline.depths if offline else {}))
+        depths=depth_sides(online.depths, offline.depths if offline else {}),
+        verify=rule.name if sampled else None, top_p=cfg.top_p, top_k=cfg.top_k,
+        interval=interval)
     if online.depths:
         far = [name for name, d in report.depths.items() if d["difference"] is not None
                and abs(d["difference"]) > cfg.tolerance + 1e-9]
@@ -379,6 +452,43 @@ def _side(figures: dict[str, Any] | None) -> dict[str, Any] | None:
                                          ("rounds", "acceptance_length", "per_position")}
 
 
+def verification_rule(cfg: ParityConfig, served: diagnose.Served) -> Any:
+    """The rule bench accept verifies by: --verify, or with auto the server's own (its
+    SGLang thresholds too), else vLLM's default."""
+    from eagle3kit.model.verification import Rule
+
+    name = cfg.verify if cfg.verify != "auto" else (served.verify or "onehot")
+    thresholds = served.thresholds if name == "sglang" else (1.0, 1.0)
+    return Rule(name, *thresholds)
+
+
+def compare_sampled(engine: float | None, engine_rounds: int | None, offline: float | None,
+                    offline_interval: dict[str, Any] | None
+                    ) -> tuple[dict[str, Any], bool, dict[str, Any] | None]:
+    """(engine minus offline; whether the engine's acceptance length is inside the interval;
+    that interval) at temperature > 0, where both figures are random.
+
+    The engine sampled its own tokens, so the difference carries both sides' noise: the
+    offline standard error, and the engine's taken to be the offline one scaled to the
+    engine's rounds (the same drafter, prompts and rule give the same per-round spread).
+    """
+    from eagle3kit.bench.stats import z_score
+
+    if engine is None or offline is None or not offline_interval:
+        overall = None if engine is None or offline is None else engine - offline
+        return {"acceptance_length": overall, "per_position": []}, False, None
+    overall = engine - offline
+    se = offline_interval["standard_error"]
+    rounds = offline_interval["rounds"]
+    engine_se = se * math.sqrt(rounds / engine_rounds) if engine_rounds else se
+    half = z_score(offline_interval["confidence"]) * math.sqrt(se ** 2 + engine_se ** 2)
+    interval = {"low": offline - half, "high": offline + half, "half_width": half,
+                "confidence": offline_interval["confidence"], "offline_rounds": rounds,
+                "engine_rounds": engine_rounds}
+    return ({"acceptance_length": overall, "per_position": []}, abs(overall) <= half + 1e-9,
+            interval)
+
+
 def compare(engine: float | None, engine_positions: list[float | None],
             offline: float | None, offline_positions: list[float | None], tolerance: float
             ) -> tuple[dict[str, Any], bool]:
@@ -406,19 +516,23 @@ def _signed(value: float | None) -> str:
 def show(report: ParityReport, opts: _ui.OutputOptions) -> None:
     if opts.json:
         _ui.print_json(report.to_dict())
+    from eagle3kit.bench.report import sampling_label
+
     verdict = "passed" if report.passed else "FAILED"
     engine, offline = report.engine, report.offline
-    _ui.kv(f"bench parity: {report.shape}, temperature 0, tolerance {report.tolerance:g}: "
-           f"{verdict}", [
-               ("server", f"{report.server} ({report.api} {report.version or '?'})"),
-               ("drafter", report.drafter),
-               ("target", report.target),
-               ("served", _served_line(report.served)),
-               ("engine", f"{_num(engine['acceptance_length'])} ({engine['source']})"),
-               ("bench accept", f"{_num(offline['acceptance_length'])} "
-                                f"(lossless: {offline['lossless']})"),
-               ("difference", _signed(report.differences["acceptance_length"])),
-           ], opts)
+    within = (f"tolerance {report.tolerance:g}" if report.interval is None
+              else f"{report.interval['confidence']:.0%} interval")
+    _ui.kv(f"bench parity: {report.shape}, {sampling_label(report)}, {within}: {verdict}", [
+        ("server", f"{report.server} ({report.api} {report.version or '?'})"),
+        ("drafter", report.drafter),
+        ("target", report.target),
+        ("served", _served_line(report.served)),
+        ("engine", f"{_num(engine['acceptance_length'])} ({engine['source']})"),
+        ("bench accept", f"{_num(offline['acceptance_length'])} "
+                         f"(lossless: {offline['lossless']})"),
+        ("difference", _signed(report.differences["acceptance_length"])
+         + _interval_note(report.interval)),
+    ], opts)
     rows = [["acceptance length", _num(engine["acceptance_length"]),
              _num(offline["acceptance_length"]),
              _signed(report.differences["acceptance_length"])]]
@@ -448,9 +562,16 @@ def show(report: ParityReport, opts: _ui.OutputOptions) -> None:
         _ui.warn(f"{diagnose.CAUSES[f['cause']]} [{f['cause']}]: {f['message']}")
     if not report.passed:
         near_one = likely_misconfigured(engine["acceptance_length"])
+        interval = report.interval
+        if interval is not None:
+            apart = (f"by more than {interval['half_width']:.3f} (the "
+                     f"{interval['confidence']:.0%} interval of the sampled figures)")
+        elif report.temperature > 0:
+            apart = "(bench accept measured no rounds to build an interval on)"
+        else:
+            apart = f"by more than {report.tolerance:g}"
         why = [text for failed, text in (
-            (not report.agree, f"the engine and bench accept differ by more than "
-                               f"{report.tolerance:g}"),
+            (not report.agree, f"the engine and bench accept differ {apart}"),
             (near_one, "the engine accepts almost nothing"),
             (any(f["cause"] != "unexplained" for f in report.findings),
              "what is served differs from the run")) if failed]
@@ -459,6 +580,15 @@ def show(report: ParityReport, opts: _ui.OutputOptions) -> None:
 
 def _depth_cells(side: dict[str, Any] | None) -> list[object]:
     return ["–", "–"] if side is None else [side["rounds"], _num(side["acceptance_length"])]
+
+
+def _interval_note(interval: dict[str, Any] | None) -> str:
+    """' (within ±0.084: 99% interval, 812 + 790 rounds)' at temperature > 0."""
+    if not interval:
+        return ""
+    return (f" (within ±{interval['half_width']:.3f} passes: {interval['confidence']:.0%} "
+            f"interval over {interval['offline_rounds']} offline and "
+            f"{interval['engine_rounds'] or '?'} engine rounds)")
 
 
 def _served_line(served: dict[str, Any]) -> str:

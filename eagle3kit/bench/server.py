@@ -60,6 +60,10 @@ class ServerBenchConfig:
     """Tokens generated per turn."""
     temperature: float = field(default=0.0, metadata=opt())
     """Sampling temperature; 0 is greedy."""
+    top_p: float = field(default=1.0, metadata=opt())
+    """Top-p sent with each request."""
+    top_k: int = field(default=-1, metadata=opt())
+    """Top-k sent with each request; -1 off."""
     concurrency: int = field(default=1, metadata=opt())
     """Conversations in flight (1 measures batch-1 latency and acceptance)."""
     max_samples: int | None = field(default=None, metadata=opt())
@@ -110,6 +114,10 @@ class ServerBenchConfig:
                 raise UserError(f"{flag} must be at least 1 (got {value})")
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise UserError(f"--temperature must be >= 0 (got {self.temperature})")
+        if not (0 < self.top_p <= 1):
+            raise UserError(f"--top-p must be in (0, 1] (got {self.top_p})")
+        if self.top_k == 0 or self.top_k < -1:
+            raise UserError(f"--top-k must be -1 (off) or at least 1 (got {self.top_k})")
         if self.request_timeout is not None and not (self.request_timeout > 0
                                                      and math.isfinite(self.request_timeout)):
             raise UserError(f"--request-timeout must be a finite number > 0 of seconds (got "
@@ -145,6 +153,9 @@ class ServerReport:
     """Throughput (tokens/s) of the server over the baseline's."""
     latency_speedup: float | None = None
     """Median request latency of the baseline over the server's."""
+    rounds: int | None = None
+    """Verification rounds the figures rest on: vLLM's num_drafts, SGLang's Σ
+    spec_verify_ct."""
     acceptance_length_without_prefill: float | None = None
     """SGLang: the same without each request's first token, which prefill made: tokens per
     verification round as bench accept counts them."""
@@ -308,6 +319,7 @@ async def _run_group(cfg: ServerBenchConfig, client: Any, info: Any, renderer: A
             done: list[_Result | None] = []
             for turn, answered, ids in conv.turns(renderer, cfg.max_turns):
                 completion = await _one(cfg, client, info, renderer, ids,
+                                        request_seed(cfg.seed, number, turn),
                                         f"bench-{role}-{number}-{turn}")
                 if completion is None:
                     done.append(None)
@@ -324,14 +336,23 @@ async def _run_group(cfg: ServerBenchConfig, client: Any, info: Any, renderer: A
     return [r for g in groups for r in g]
 
 
+def request_seed(seed: int, number: int, turn: int) -> int:
+    """Each request's own sampling seed, derived from --seed as bench accept derives each
+    generation's: one seed for every request would give them one random stream, and a
+    sampled acceptance length measured on it would rest on one draw, not on each request's
+    (vLLM seeds each request's generator with it)."""
+    return seed * 1_000_003 + number * 101 + turn
+
+
 async def _one(cfg: ServerBenchConfig, client: Any, info: Any, renderer: Any, ids: list[int],
-               sample_id: str) -> Any:
+               seed: int, sample_id: str) -> Any:
     """One generation, retried on transient failures; None when it never succeeded."""
     from eagle3kit.gen import GenRequest
     from eagle3kit.gen.servers import RequestRejected, RetryableError, ServerFatal, generate
 
     req = GenRequest(sample_id, ids, cfg.max_new_tokens, renderer.stop_token_ids,
-                     temperature=cfg.temperature, seed=cfg.seed)
+                     temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                     seed=seed)
     for attempt in range(ATTEMPTS):
         try:
             return await generate(client, info, req, api_key=cfg.api_key,
@@ -396,6 +417,7 @@ def _figures(info: Any, out: dict[str, Any]) -> dict[str, Any]:
     return {"source": "SGLang meta_info.spec_verify_ct (Σ completion_tokens / Σ spec_verify_ct)",
             "acceptance_length": length, "per_position": [], "conditional": [],
             "without_prefill": _sglang_length(results, prefill=False),
+            "drafts": sum(r.verify or 0 for r in results),
             "draft_acceptance_rate": None, "categories": categories,
             "found": any(r.verify for r in results)}
 
@@ -444,6 +466,7 @@ def _summarize(cfg: ServerBenchConfig, outcomes: dict[str, tuple[Any, dict[str, 
         per_position_conditional=figures["conditional"],
         draft_acceptance_rate=figures["draft_acceptance_rate"], run=run_timing,
         categories=figures["categories"],
+        rounds=int(figures["drafts"]) if figures.get("drafts") else None,
         acceptance_length_without_prefill=figures.get("without_prefill"),
         depth_edges=list(cfg.depth.edges), depths=_depths(out, k, cfg.depth.edges))
     if "baseline" in outcomes:

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from eagle3kit.model.acceptance import predicted_acceptance_length
 
 LIKELY_MISCONFIGURED = 1.05
+CONFIDENCE = 0.99
+"""Of the intervals around sampled acceptance figures: a correct setup fails the parity gate
+by chance once in a hundred runs."""
 """An acceptance length below this, with correct output, points at the setup (layer ids, an
 EAGLE-3 head served as plain EAGLE, the wrong target), not at training (EAGLE3.md §4)."""
 
@@ -65,6 +68,59 @@ class Acceptance:
         """Acceptance rate of each position given every earlier one was accepted."""
         before = [self.rounds, *self.at_least[:-1]]
         return [n / b if b else None for n, b in zip(self.at_least, before, strict=True)]
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A confidence interval around an acceptance length measured by sampling."""
+
+    low: float
+    high: float
+    standard_error: float
+    rounds: int
+    """Verification rounds it rests on."""
+    generations: int
+    """Independent generations those rounds came from."""
+    confidence: float = CONFIDENCE
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"low": self.low, "high": self.high, "standard_error": self.standard_error,
+                "rounds": self.rounds, "generations": self.generations,
+                "confidence": self.confidence}
+
+
+def z_score(confidence: float = CONFIDENCE) -> float:
+    """The two-sided normal quantile: 2.576 at 0.99, 1.960 at 0.95."""
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def length_interval(generations: Sequence[Sequence[int]], confidence: float = CONFIDENCE
+                    ) -> Interval | None:
+    """The interval around τ = 1 + Σ accepted / Σ rounds over generations (each a list of
+    accepted drafts per round); None without rounds.
+
+    Rounds of one generation share its context, so they are not independent: the standard
+    error is the larger of the per-round one and the one over generations (the ratio
+    estimator's, by the delta method), which holds when rounds within a generation are
+    correlated.
+    """
+    rounds = [r for g in generations for r in g]
+    n = len(rounds)
+    if n == 0:
+        return None
+    mean = sum(rounds) / n
+    per_round = (sum((r - mean) ** 2 for r in rounds) / max(n - 1, 1)) / n
+    kept = [g for g in generations if g]
+    count = len(kept)
+    by_generation = 0.0
+    if count > 1:
+        by_generation = (count / (count - 1) * sum((sum(g) - mean * len(g)) ** 2 for g in kept)
+                         / n ** 2)
+    se = math.sqrt(max(per_round, by_generation))
+    half = z_score(confidence) * se
+    return Interval(1 + mean - half, 1 + mean + half, se, n, count, confidence)
 
 
 def predicted_length(conditional: Sequence[float]) -> float:

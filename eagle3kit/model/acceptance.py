@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+VERIFY_RULES = ("onehot", "probabilistic", "sglang")
+"""How an engine verifies drafts at temperature > 0 (eagle3kit.model.verification): --verify's
+choices of bench accept and bench parity, train's --eval-verify. Here, away from torch, so
+the configs can check them before anything heavy loads."""
+
 
 def predicted_acceptance_length(conditional: Iterable[float]) -> float:
     """τ = 1 + Σ_j Π_{i≤j} a_i for conditional per-position rates a_i: the tokens a chain

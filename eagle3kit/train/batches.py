@@ -10,7 +10,7 @@ import eagle3kit.train.data as tdata
 import eagle3kit.train.sharding as sharding
 from eagle3kit.train.state import TrainerState
 from eagle3kit.train.target import TargetBatch
-from eagle3kit.train.ttt import EvalResult, evaluate
+from eagle3kit.train.ttt import EvalResult, Sampled, evaluate
 
 
 class Batches(TrainerState):
@@ -82,9 +82,18 @@ class Batches(TrainerState):
         with sharding.gathered(self.model):
             result: EvalResult = evaluate(self.drafter, self.heldout_batches(),
                                           self.cfg.eval_k, reduce=self.ranks.sum,
-                                          markers=self.phase_markers)
+                                          markers=self.phase_markers, sampled=self._sampled())
         result.step = step
         return result.to_dict()
+
+    def _sampled(self) -> Sampled | None:
+        """--eval-temperature and --eval-verify, for the prediction at a temperature."""
+        if self.cfg.eval_temperature == 0:
+            return None
+        from eagle3kit.model.verification import Rule
+
+        return Sampled(Rule(self.cfg.eval_verify), self.cfg.eval_temperature,
+                       self.head.lm_head)
 
 
 

@@ -172,6 +172,12 @@ class TrainConfig:
     """Evaluate the held-out split every N steps (and at the end); 0: only at the end."""
     eval_k: int = field(default=3, metadata=opt())
     """Draft chain length for the predicted acceptance length."""
+    eval_temperature: float = field(default=0.0, metadata=opt())
+    """Temperature of the predicted acceptance length: 0 is greedy decoding; above 0 the
+    expected acceptance when the server samples at it and verifies by --eval-verify."""
+    eval_verify: str = field(default="onehot", metadata=opt(metavar="RULE"))
+    """The verification rule of the prediction at --eval-temperature > 0, as bench accept's
+    --verify: onehot (vLLM's default), probabilistic or sglang."""
     checkpoint_every: int = field(default=1000, metadata=opt(metavar="STEPS"))
     """Write a resumable checkpoint every N steps (and at the end)."""
     checkpoint_interval: float = field(default=30.0, metadata=opt(metavar="MINUTES"))
@@ -332,6 +338,12 @@ def _check_ranges(cfg: TrainConfig, found: list[str]) -> None:
                         ("--eval-every", cfg.eval_every)):
         if not (value >= 0 and math.isfinite(value)):
             found.append(f"{flag} must be >= 0 (got {value})")
+    if not (cfg.eval_temperature >= 0 and math.isfinite(cfg.eval_temperature)):
+        found.append(f"--eval-temperature must be >= 0 (got {cfg.eval_temperature})")
+    from eagle3kit.model.acceptance import VERIFY_RULES as RULES
+
+    if cfg.eval_verify not in RULES:
+        found.append(f"--eval-verify must be one of {', '.join(RULES)} (got {cfg.eval_verify})")
     if cfg.min_lr > cfg.lr:
         found.append(f"--min-lr ({cfg.min_lr}) must not exceed --lr ({cfg.lr})")
     if cfg.eval_split >= 1 and not float(cfg.eval_split).is_integer():

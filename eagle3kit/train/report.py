@@ -35,7 +35,9 @@ def _report(result: TrainResult, cfg: TrainConfig) -> None:
     for name, ev in (("before training", result.initial_eval), ("held-out", result.eval)):
         if ev:
             rates = " ".join(f"{a:.3f}" for a in ev["per_position"])
-            pairs.append((f"{name} AL (k={ev['k']})",
+            sampled = (f", temperature {ev['temperature']:g}, verify {ev.get('verify')}"
+                       if ev.get("temperature") else "")
+            pairs.append((f"{name} AL (k={ev['k']}{sampled})",
                           f"{ev['predicted_acceptance_length']:.3f}  per position {rates}"))
     if result.eval and result.eval.get("phases"):
         pairs.append(("held-out AL per phase", "  ".join(

@@ -131,13 +131,15 @@ class EvalResult:
 
 def conditional_counts(accept: torch.Tensor, observable: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(accepted, tried) per position from [N, k] bool matrices: position j is tried where
-    it is observable and positions < j were all accepted, accepted where it is too."""
-    earlier = torch.cumprod(accept.long(), dim=1)
-    before = torch.cat([torch.ones_like(earlier[:, :1]), earlier[:, :-1]], dim=1).bool()
-    tried = (before & observable).sum(0)
-    accepted = (before & observable & accept).sum(0)
-    return accepted, tried
+    """(accepted, tried) per position from [N, k] matrices: position j is tried where
+    it is observable and positions < j were all accepted, accepted where it is too. `accept`
+    may hold chances instead of verdicts (the sampled prediction): the counts are then
+    expected ones."""
+    chance = accept.double()
+    earlier = torch.cumprod(chance, dim=1)
+    before = torch.cat([torch.ones_like(earlier[:, :1]), earlier[:, :-1]], dim=1)
+    seen = observable.double()
+    return (before * seen * chance).sum(0), (before * seen).sum(0)
 
 
 @torch.no_grad()
@@ -159,10 +161,49 @@ def chain_verdicts(drafter: Eagle3Drafter, batch: TargetBatch, k: int
     return accepted[start], observable[start]
 
 
+@dataclass(frozen=True)
+class Sampled:
+    """The held-out prediction at a temperature: the chance each draft is kept under `rule`
+    (eagle3kit.model.verification), from the target's distribution at `temperature` (its
+    lm_head over the batch's normed states) and the drafter's."""
+
+    rule: Any
+    temperature: float
+    lm_head: torch.Tensor
+    """[V, H] the target's."""
+
+    @torch.no_grad()
+    def keep(self, drafter: Eagle3Drafter, hidden: torch.Tensor, normed: torch.Tensor
+             ) -> torch.Tensor:
+        """[B, L] the expected acceptance of the drafts `hidden` [B, L, H'] proposes, where
+        `normed` [B, L, H] are the target's states that predict the same tokens. Both
+        distributions live on the draft vocabulary: the target's is normalised over the
+        whole of its own first, and q is zero elsewhere, so nothing is lost."""
+        from eagle3kit.model.verification import draft_probs
+
+        ids = drafter.draft_to_target(torch.arange(drafter.config.draft_vocab_size,
+                                                   device=hidden.device))
+        b, length = hidden.shape[:2]
+        rows = max(1, LOGIT_ROWS_BYTES // (4 * self.lm_head.shape[0] * max(b, 1)))
+        out = []
+        for i in range(0, length, rows):
+            logits = torch.matmul(normed[:, i:i + rows].to(self.lm_head.dtype),
+                                  self.lm_head.T).float() / self.temperature
+            p = torch.exp(logits[..., ids] - torch.logsumexp(logits, -1, keepdim=True))
+            q = draft_probs(drafter.logits(hidden[:, i:i + rows]), self.temperature)
+            out.append(self.rule.expected(p, q))
+        return torch.cat(out, dim=1) if out else hidden.new_zeros((b, 0))
+
+
+LOGIT_ROWS_BYTES = 64 << 20
+"""Largest [B, rows, V] fp32 block of target logits the sampled prediction makes at once."""
+
+
 @torch.no_grad()
-def position_verdicts(drafter: Eagle3Drafter, batch: TargetBatch, k: int
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, T-1, k] (accepted, observable) at every position, chain start or not."""
+def position_verdicts(drafter: Eagle3Drafter, batch: TargetBatch, k: int,
+                      sampled: Sampled | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T-1, k] (accepted, observable) at every position, chain start or not; with
+    `sampled`, `accepted` is the chance the draft is kept (float) instead of a verdict."""
     length = batch.ids.shape[1] - 1
     b = batch.ids.shape[0]
     positions = torch.arange(length, device=batch.ids.device)[None].expand(b, -1)
@@ -175,11 +216,14 @@ def position_verdicts(drafter: Eagle3Drafter, batch: TargetBatch, k: int
     for j in range(k):
         ids = batch.ids[:, 1:1 + length] if j == 0 else shifted(greedy, j, length)
         hidden = drafter.ttt_step(hidden, ids, positions + j, state)
-        draft = drafter.draft_to_target(drafter.top_draft(hidden))
         if j > 0:
             seen = seen & shifted(follows, j, length, False)
         inside = positions + 1 + j < batch.lengths[:, None]
         observable.append(seen & inside)
+        if sampled is not None:
+            accepted.append(sampled.keep(drafter, hidden, shifted(batch.normed, j, length)))
+            continue
+        draft = drafter.draft_to_target(drafter.top_draft(hidden))
         accepted.append(draft == shifted(batch.argmax, j, length, -1))
     return torch.stack(accepted, -1), torch.stack(observable, -1)
 
@@ -251,11 +295,16 @@ def round_buckets(rounds: torch.Tensor, edges: Sequence[int]) -> torch.Tensor:
 
 
 def evaluate(drafter: Eagle3Drafter, batches, k: int = 3, reduce=None,
-             markers: Any = None, depth_edges: Sequence[int] = DEPTH_EDGES) -> EvalResult:
+             markers: Any = None, depth_edges: Sequence[int] = DEPTH_EDGES,
+             sampled: Sampled | None = None) -> EvalResult:
     """Per-position conditional acceptance and the predicted acceptance length of a chain
     of `k` drafts at temperature 0 over `batches` (TargetBatch), e.g. a held-out split,
     counted over the rounds chain decoding of those completions would make; the same per
     reasoning phase (with `markers`) and per context-depth bucket (`depth_edges`).
+
+    With `sampled` (a temperature and a verification rule): the expected acceptance
+    instead, each draft kept with the rule's chance and a chain going on with the product of
+    its drafts' chances, over every chain start (sampled decoding visits them at random).
 
     `reduce(tensor)` sums counts across processes (torch.distributed all_reduce) when
     the batches are spread over ranks.
@@ -273,8 +322,9 @@ def evaluate(drafter: Eagle3Drafter, batches, k: int = 3, reduce=None,
     by_depth = torch.zeros(len(depth_edges) + 1, 2 * k + 1, dtype=torch.float64)
     """depth bucket -> the same."""
     for batch in batches:
-        every_acc, every_obs = position_verdicts(drafter, batch, k)
-        rounds = decoding_rounds(chain_starts(batch), every_acc, every_obs)
+        every_acc, every_obs = position_verdicts(drafter, batch, k, sampled)
+        rounds = (chain_starts(batch) if sampled is not None else
+                  decoding_rounds(chain_starts(batch), every_acc, every_obs))
         acc, obs = every_acc[rounds], every_obs[rounds]
         a, t = conditional_counts(acc, obs)
         accepted += a.double().cpu()
@@ -310,11 +360,14 @@ def evaluate(drafter: Eagle3Drafter, batches, k: int = 3, reduce=None,
     extra["depth_edges"] = list(depth_edges)
     extra["depths"] = _depth_figures(totals[phase_end:].reshape(len(depth_edges) + 1, -1), k,
                                      depth_edges)
+    if sampled is not None:
+        extra["verify"] = sampled.rule.name
     return EvalResult(
         k=k, per_position=[round(r, 6) for r in rates],
-        accepted=[int(a) for a in accepted], tried=[int(t) for t in tried],
+        accepted=[round(float(a)) for a in accepted], tried=[round(float(t)) for t in tried],
         predicted_acceptance_length=round(predicted_acceptance_length(rates), 6), chains=n,
-        unobservable=round(float(totals[2 * k + 1].item()) / max(n * k, 1), 6), extra=extra)
+        unobservable=round(float(totals[2 * k + 1].item()) / max(n * k, 1), 6),
+        temperature=sampled.temperature if sampled is not None else 0.0, extra=extra)
 
 
 def _phase_figures(counts: torch.Tensor, k: int) -> dict:

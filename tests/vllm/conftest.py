@@ -34,7 +34,7 @@ for path in (HERE, HERE.parent):  # launch.py here; fakeserver & co. one level u
 import launch  # noqa: E402
 
 MODULE_ORDER = ["test_vllm_gen", "test_vllm_extract", "test_vllm_train_online",
-                "test_vllm_export", "test_vllm_parity", "test_vllm_depth",
+                "test_vllm_export", "test_vllm_parity", "test_vllm_depth", "test_vllm_sampled",
                 "test_vllm_docs"]
 """Modules in the order their servers start (a later module may reuse an earlier server)."""
 TRAIN_PROMPTS = 96
