@@ -47,7 +47,8 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(config: DrafterConfig) -> torch.Tensor:
-    """Inverse frequencies for RoPE; linear and llama3 scaling as transformers applies them."""
+    """Inverse frequencies for RoPE; linear, llama3 and YaRN scaling as transformers and vLLM
+    apply them (a drafter served with its target's rope_scaling is trained with it)."""
     dim = config.head_dim
     inv = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     scaling = config.rope_scaling or {}
@@ -64,17 +65,64 @@ def rope_inv_freq(config: DrafterConfig) -> torch.Tensor:
         mid = (1 - smooth) * scaled / factor + smooth * scaled
         is_mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
         inv = torch.where(is_mid, mid, scaled)
+    elif kind == "yarn":
+        inv = _yarn_inv_freq(inv, scaling, dim, config.rope_theta)
     elif kind not in ("default", None):
-        # YaRN and friends mostly rescale long positions; training lengths are short.
+        # Dynamic NTK and friends rescale only positions beyond the original context.
         pass
     return inv.float()
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """x: [B, heads, T, D]; positions: [B, T]."""
+def _yarn_inv_freq(inv: torch.Tensor, scaling: dict, dim: int, base: float) -> torch.Tensor:
+    """YaRN's blend (vLLM's YaRNScalingRotaryEmbedding, transformers' _compute_yarn_parameters):
+    the fast-rotating dimensions keep their frequency, the slow ones are divided by `factor`,
+    a linear ramp between the dimensions that turn beta_fast and beta_slow times over the
+    original context. It changes short positions too: Kimi-K2's beta_fast = beta_slow = 1
+    interpolates 12 of the 32 frequencies of a 64-wide head."""
+    factor = float(scaling["factor"])
+    old_len = scaling.get("original_max_position_embeddings") or 4096
+
+    def turning_dim(rotations: float) -> float:
+        return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = turning_dim(scaling.get("beta_fast") or 32)
+    high = turning_dim(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp
+    return inv / factor * (1 - keep) + inv * keep
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def rope_attention_factor(config: DrafterConfig) -> float:
+    """YaRN's scale on cos and sin (1 for every other kind): `attention_factor` when given,
+    else mscale over mscale_all_dim (1 for Kimi-K2's, which sets both to 1), else YaRN's
+    0.1 ln(factor) + 1, as vLLM and transformers compute it."""
+    scaling = config.rope_scaling or {}
+    if scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+    factor = float(scaling["factor"])
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        return _yarn_mscale(factor, scaling["mscale"]) / _yarn_mscale(
+            factor, scaling["mscale_all_dim"])
+    return _yarn_mscale(factor)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+               scale: float = 1.0) -> torch.Tensor:
+    """x: [B, heads, T, D]; positions: [B, T]; `scale` multiplies cos and sin (YaRN's)."""
     angles = positions.to(inv_freq.device, torch.float32)[..., None] * inv_freq  # [B, T, D/2]
     angles = torch.cat([angles, angles], dim=-1)[:, None]  # [B, 1, T, D]
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    cos, sin = (angles.cos() * scale).to(x.dtype), (angles.sin() * scale).to(x.dtype)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
@@ -90,6 +138,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(width, self.kv_heads * d, bias=False)
         self.v_proj = nn.Linear(width, self.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.heads * d, h, bias=False)
+        self.rope_scale = rope_attention_factor(config)
 
     def qkv(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -99,7 +148,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        q = apply_rope(q, positions, inv_freq, self.rope_scale)
+        k = apply_rope(k, positions, inv_freq, self.rope_scale)
         groups = self.heads // self.kv_heads
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
