@@ -90,7 +90,7 @@ class QuickstartConfig:
         """Only the Kimi target ships code of its own (its tokenizer), which quickstart wrote."""
         return self.kimi
 
-    def settings(self) -> dict[str, int]:
+    def settings(self) -> dict[str, int | str]:
         """What decides the artifacts: a rerun with others would mix two quickstarts."""
         return {"prompts": self.prompts, "bench_prompts": self.bench_prompts,
                 "target_steps": self.target_steps, "train_steps": self.train_steps,
@@ -249,7 +249,7 @@ def stage_target(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict
         shutil.rmtree(lay.target)
     _ui.info("target: a tokenizer from the standard library's docstrings, then "
              f"{cfg.target_steps} training steps (the longest stage: a minute or two)", out)
-    training = dict(tiny.KIMI_TRAINING) if cfg.kimi else {}
+    training: dict[str, Any] = dict(tiny.KIMI_TRAINING) if cfg.kimi else {}
     training.update(steps=cfg.target_steps, threads=cfg.threads, trust_remote_code=cfg.trust)
     (tiny.make_kimi_target if cfg.kimi else tiny.make_target)(lay.target)
     # The same live display (or status lines) as the later stages: this one must not look hung.

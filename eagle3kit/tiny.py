@@ -209,7 +209,7 @@ KIMI_ROPE_SCALING = {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale
 """Kimi-K2-Instruct's rope_scaling, as its config.json has it (rope_theta 50000, 131072
 positions)."""
 KIMI_ROPE_THETA = 50000.0
-KIMI_TRAINING = {"steps": 100, "batch_size": 4, "lr": 2e-3}
+KIMI_TRAINING: dict[str, Any] = {"steps": 100, "batch_size": 4, "lr": 2e-3}
 """train_target's settings for the Kimi target: ~35 s on one quiet core (a step costs twice
 the 8-layer target's), after which greedy answers have the reasoning shape (thought,
 </think>, answer, <|im_end|>; loss ~7.0 -> ~3.6). 5e-3, the default, overshoots at hidden 256."""

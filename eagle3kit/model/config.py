@@ -53,8 +53,8 @@ def rope_of(target_config: Any) -> tuple[float, dict | None]:
         plain = scaling.get("rope_type", "default") == "default"
         return float(params["rope_theta"]), None if plain else scaling
     theta = getattr(target_config, "rope_theta", None) or 10000.0
-    scaling = getattr(target_config, "rope_scaling", None)
-    return float(theta), named_rope_kind(scaling) if isinstance(scaling, dict) else scaling
+    legacy = getattr(target_config, "rope_scaling", None)
+    return float(theta), named_rope_kind(legacy) if isinstance(legacy, dict) else legacy
 
 
 def named_rope_kind(scaling: dict) -> dict:
