@@ -12,8 +12,8 @@ bf16 too. In order, one server configuration at a time:
    and the last layer, then `train --online --server` from the same server;
 3. eagle3 with the exported drafter: `bench parity` agrees with the engine within 0.05,
    overall and per draft position;
-4. eagle3 with the same drafter exported with its aux layer ids one off (the seed's failure:
-   fine offline, crippled in the engine): `bench parity` exits 1 naming the aux layer ids.
+4. eagle3 with the same drafter exported without its YaRN (the seed's kind of failure: fine
+   offline, crippled in the engine): `bench parity` exits 1 naming the rope.
 The figures each test measured are printed (run with -s) and written to
 $EAGLE3KIT_KIMI_FIGURES when set.
 """
@@ -98,12 +98,18 @@ def kimi(vllm_env: Path, module_clock, tmp_path_factory: pytest.TempPathFactory)
         trained = train.run(train.TrainConfig([hidden], run, target, output=QUIET, **options))
     finally:
         torch.set_num_threads(threads)
-    sound, broken = root / "export-sound", root / "export-aux-off-by-one"
+    sound, broken = root / "export-sound", root / "export-plain-rope"
     for where in (sound, broken):
         export.run(export.ExportConfig(run, where, format="vllm", num_speculative_tokens=K,
                                        trust_remote_code=True, output=QUIET))
+    # The seed's kind of failure: fine offline, crippled in the engine. The drafter trained
+    # with the target's YaRN is served with plain RoPE (a converter that drops rope_scaling).
+    # (Aux ids one lower, [0, 1, 2], crash vLLM 0.32's DeepSeek model at its first request:
+    # id 0 adds a residual that is still None.)
     config = json.loads((broken / "config.json").read_text())
-    config["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in LAYERS]
+    layer = config["transformer_layer_config"]
+    layer.pop("rope_scaling")
+    layer["rope_parameters"] = {"rope_type": "default", "rope_theta": layer["rope_theta"]}
     (broken / "config.json").write_text(json.dumps(config, indent=2))
     record("held_out_predicted_al", trained.eval["predicted_acceptance_length"])
     return {"root": root, "target": target, "tokens": tokens, "run": run, "sound": sound,
@@ -188,20 +194,35 @@ def test_extract_on_vllm_matches_transformers_in_bf16(servers, kimi: dict,
                                       layers=LAYERS, dtype="bfloat16", trust_remote_code=True,
                                       output=QUIET))
     local = {s.sample_id: s for s in HiddenDataset(tmp_path / "local")}
-    largest, relative = 0.0, 0.0
+    # Per token and state: the largest difference over the state's largest value.
+    names = [*(f"aux {i}" for i in LAYERS), "last"]
+    relative: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    largest = 0.0
     for sample in HiddenDataset(served):
         twin = local[sample.sample_id]
         assert np.array_equal(sample.input_ids, twin.input_ids)
-        for mine, theirs in ((sample.aux, twin.aux), (sample.last, twin.last)):
-            assert mine.shape == theirs.shape
-            gap = np.abs(mine.astype(np.float32) - theirs.astype(np.float32))
+        assert sample.aux.shape == twin.aux.shape and sample.last.shape == twin.last.shape
+        states = [*np.split(sample.aux, len(LAYERS), axis=-1), sample.last]
+        theirs = [*np.split(twin.aux, len(LAYERS), axis=-1), twin.last]
+        for name, a, b in zip(names, states, theirs, strict=True):
+            gap = np.abs(a.astype(np.float32) - b.astype(np.float32))
             largest = max(largest, float(gap.max()))
-            relative = max(relative, float((gap.max(-1) / np.abs(theirs).max(-1)).max()))
-    record("extract", {"largest_abs_difference": largest,
-                       "largest_difference_over_state_max": relative})
-    # Two bf16 forwards in different kernel orders, four layers deep: a few bf16 steps of
-    # each token's largest state value (one step is 2**-7 of it, 0.0078).
-    assert relative <= 8 * 2.0**-7, relative
+            relative[name].append(gap.max(-1) / np.abs(b).max(-1))
+    step = 2.0**-7  # one bf16 step, relative to a value
+    figures = {}
+    for name in names:
+        r = np.concatenate(relative[name])
+        figures[name] = {"tokens": len(r), "p99": float(np.percentile(r, 99)),
+                         "max": float(r.max()), "beyond_4_steps": int((r > 4 * step).sum())}
+    record("extract", {"largest_abs_difference": largest, "over_state_max": figures})
+    # Two bf16 forwards in different kernel orders: after the dense first layer every token
+    # within 2 bf16 steps of its state's largest value. After a MoE layer a few tokens move
+    # further: a router score a bf16 step from the next expert's picks another expert in one
+    # engine (top-2 of 8); at most 1% of tokens, and 99% within 3 steps.
+    assert figures[names[0]]["max"] <= 2 * step, figures
+    for name in names:
+        assert figures[name]["p99"] <= 3 * step, figures
+        assert figures[name]["beyond_4_steps"] <= figures[name]["tokens"] // 100, figures
     assert list(storage.glob("*.safetensors")) == []
 
     online = eagle3kit("train", kimi["tokens"], tmp_path / "online", "--target",
@@ -215,10 +236,11 @@ def test_extract_on_vllm_matches_transformers_in_bf16(servers, kimi: dict,
     assert result["steps"] == 4 and result["metrics"]["served"]["fetched"] > 0
 
 
-def _parity(vllm, kimi: dict, drafter: Path) -> subprocess.CompletedProcess:
+def _parity(vllm, kimi: dict, drafter: Path, dtype: str = "bfloat16"
+            ) -> subprocess.CompletedProcess:
     return eagle3kit("bench", "parity", kimi["bench"], "--server", vllm.url, "--target",
                      kimi["target"], "--drafter", drafter, "--max-new-tokens", MAX_TOKENS,
-                     "--device", "cpu", "--dtype", "bfloat16", "--trust-remote-code",
+                     "--device", "cpu", "--dtype", dtype, "--trust-remote-code",
                      "--json", "--no-progress")
 
 
@@ -239,17 +261,18 @@ def test_the_drafter_speculates_in_vllm_as_bench_parity_measures(
     assert all(abs(d) <= TOLERANCE for d in report["differences"]["per_position"])
 
 
-def test_aux_ids_one_off_in_the_engine_are_caught_by_bench_parity(
+def test_a_drafter_served_without_its_yarn_is_caught_by_bench_parity(
         servers, kimi: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
-    vllm = servers.get("kimi-eagle3-aux-off-by-one", kimi["target"],
+    vllm = servers.get("kimi-eagle3-plain-rope", kimi["target"],
                        [*launch.eagle3_args(kimi["broken"], K), *BF16])
-    gate = _parity(vllm, kimi, kimi["broken"])
+    # float32 offline (bf16 on CPU is several times slower): the gate fails on the cause,
+    # whatever the last bits of the figures.
+    gate = _parity(vllm, kimi, kimi["broken"], dtype="float32")
     report = json.loads(gate.stdout or "{}")
-    record("parity_broken", {"exit": gate.returncode, "engine": report.get("engine"),
-                             "offline": report.get("offline"),
-                             "findings": report.get("findings")})
+    record("parity_plain_rope", {"exit": gate.returncode, "engine": report.get("engine"),
+                                 "offline": report.get("offline"),
+                                 "findings": report.get("findings")})
     assert gate.returncode == 1, gate.stderr[-3000:]
-    found = [f for f in report["findings"] if f["cause"] == "aux-layer-ids"]
-    assert found and "layer-output convention" in found[0]["message"], report["findings"]
-    assert "aux layer ids [aux-layer-ids]" in " ".join(gate.stderr.split())
+    found = [f for f in report["findings"] if f["cause"] == "rope"]
+    assert found and "not the target's" in found[0]["message"], report["findings"]
