@@ -31,6 +31,10 @@ from eagle3kit.checkpoints.rundir import RunDir
 from eagle3kit.errors import UserError
 
 STATE = "quickstart.json"
+ARCHS = ("llama", "kimi")
+KIMI_LAYERS = [1, 2, 3]
+"""Aux layer ids of the 4-layer Kimi target (the default 2, N//2, N-3 needs 8 layers); all
+below its depth, as vLLM captures only the states entering a layer."""
 STATE_VERSION = 1
 K = 3
 """Draft chain length of the predicted and the measured acceptance length."""
@@ -46,6 +50,11 @@ class QuickstartConfig:
     """Further held-out prompts bench accept measures on."""
     target_steps: int = field(default=300, metadata=opt())
     """Training (optimizer) steps of the tiny target."""
+    target_arch: str = field(default="llama", metadata=opt(metavar="ARCH"))
+    """The tiny target's architecture: llama (8 layers, hidden 64), or kimi: Kimi-K2's
+    (DeepSeek-V3's) shape at 4 layers, hidden 256: Multi-head Latent Attention, routed and
+    shared experts, YaRN, Kimi's chat markers and a tokenizer loaded through its own code,
+    which every stage runs as if given --trust-remote-code (the quickstart wrote that code)."""
     train_steps: int = field(default=60, metadata=opt())
     """Training (optimizer) steps of the drafter."""
     max_tokens: int = field(default=256, metadata=opt())
@@ -69,12 +78,23 @@ class QuickstartConfig:
                                    ("--threads", self.threads, 1)):
             if value < least:
                 raise UserError(f"{flag} must be at least {least} (got {value})")
+        if self.target_arch not in ARCHS:
+            raise UserError(f"--target-arch {self.target_arch}: choose {' or '.join(ARCHS)}")
 
-    def settings(self) -> dict[str, int]:
+    @property
+    def kimi(self) -> bool:
+        return self.target_arch == "kimi"
+
+    @property
+    def trust(self) -> bool:
+        """Only the Kimi target ships code of its own (its tokenizer), which quickstart wrote."""
+        return self.kimi
+
+    def settings(self) -> dict[str, int | str]:
         """What decides the artifacts: a rerun with others would mix two quickstarts."""
         return {"prompts": self.prompts, "bench_prompts": self.bench_prompts,
                 "target_steps": self.target_steps, "train_steps": self.train_steps,
-                "max_tokens": self.max_tokens}
+                "max_tokens": self.max_tokens, "target_arch": self.target_arch}
 
 
 @dataclass(frozen=True)
@@ -167,7 +187,8 @@ def _load_state(cfg: QuickstartConfig) -> dict[str, Any]:
         return fresh
     try:
         state = json.loads(path.read_text())
-        stages, settings = dict(state["stages"]), state["settings"]
+        # A record from before --target-arch existed was made with the Llama target.
+        stages, settings = dict(state["stages"]), {"target_arch": "llama", **state["settings"]}
     except (OSError, ValueError, KeyError, TypeError):
         raise UserError(f"{path}: unreadable quickstart record; start afresh with --overwrite"
                         ) from None
@@ -228,17 +249,20 @@ def stage_target(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict
         shutil.rmtree(lay.target)
     _ui.info("target: a tokenizer from the standard library's docstrings, then "
              f"{cfg.target_steps} training steps (the longest stage: a minute or two)", out)
-    tiny.make_target(lay.target)
+    training: dict[str, Any] = dict(tiny.KIMI_TRAINING) if cfg.kimi else {}
+    training.update(steps=cfg.target_steps, threads=cfg.threads, trust_remote_code=cfg.trust)
+    (tiny.make_kimi_target if cfg.kimi else tiny.make_target)(lay.target)
     # The same live display (or status lines) as the later stages: this one must not look hung.
     with _ui.Progress("target", cfg.target_steps, out, unit="steps") as progress:
         def step(loss: float) -> None:
             progress.add(1)
             progress.set(loss=loss)
 
-        tiny.train_target(lay.target, steps=cfg.target_steps, threads=cfg.threads,
-                          on_step=step)
+        tiny.train_target(lay.target, on_step=step, **training)
     losses = json.loads((lay.target / "tiny_training.json").read_text())["losses"]
-    _ui.info(f"target: 8 layers, hidden 64, heads of 32, trained {cfg.target_steps} steps on "
+    shape = ("Kimi-K2's shape (MLA, 8 routed + 1 shared experts, YaRN), 4 layers, hidden 256"
+             if cfg.kimi else "8 layers, hidden 64, heads of 32")
+    _ui.info(f"target: {shape}, trained {cfg.target_steps} steps on "
              f"stdlib docstrings (loss {losses[0]:.2f} -> {losses[-1]:.2f})", out)
     return {"target_loss": losses[-1]}
 
@@ -270,7 +294,7 @@ def stage_gen(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
     result = gen.run(gen.GenConfig(
         [lay.train_prompts], lay.tokens, engine="hf", target=lay.target,
         temperature=0.0, max_tokens=cfg.max_tokens, output=out,
-        write=replace(cfg.write, mode="auto")))
+        write=replace(cfg.write, mode="auto"), trust_remote_code=cfg.trust))
     if result.stopped:
         raise interrupt(result.exit_code)
     return {"samples": result.total, "continued_from": result.previously_done}
@@ -279,7 +303,8 @@ def stage_gen(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
 def stage_validate(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
     from eagle3kit import validate
 
-    report = validate.run(validate.ValidateConfig(lay.tokens, output=out))
+    report = validate.run(validate.ValidateConfig(lay.tokens, output=out,
+                                                  trust_remote_code=cfg.trust))
     (lay.root / "validate.json").write_text(json.dumps(report.to_dict(), indent=2,
                                                        default=str))
     if not report.passed:  # the quickstart goes on; the summary says what failed
@@ -295,8 +320,9 @@ def stage_extract(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dic
     from eagle3kit import extract
 
     # Returns only when every sample is done (an interruption raises).
-    result = extract.run(extract.ExtractConfig(lay.tokens, lay.hidden, target=lay.target,
-                                               device="cpu", output=out))
+    result = extract.run(extract.ExtractConfig(
+        lay.tokens, lay.hidden, target=lay.target, device="cpu", output=out,
+        trust_remote_code=cfg.trust, layers=list(KIMI_LAYERS) if cfg.kimi else None))
     return {"layers": result.layer_ids}
 
 
@@ -304,7 +330,8 @@ def train_options(cfg: QuickstartConfig) -> dict[str, Any]:
     """The drafter's training settings (and the flags the by-hand command shows)."""
     return {"max_steps": cfg.train_steps, "lr": 3e-3, "warmup": 0.1, "batch_tokens": 2048,
             "draft_vocab": 512, "ttt_steps": K, "eval_split": max(2, cfg.prompts // 12),
-            "eval_every": 0, "checkpoint_every": 20, "device": "cpu"}
+            "eval_every": 0, "checkpoint_every": 20, "device": "cpu",
+            **({"trust_remote_code": True} if cfg.trust else {})}
 
 
 def stage_train(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
@@ -325,7 +352,7 @@ def stage_export(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict
 
     # Seconds to redo; overwriting also replaces what a killed export left half-written.
     export.run(export.ExportConfig(lay.run, lay.export, format="both", overwrite=True,
-                                   output=out))
+                                   output=out, trust_remote_code=cfg.trust))
     return {}
 
 
@@ -334,7 +361,7 @@ def stage_bench(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
 
     report = accept.run(accept.AcceptConfig(
         lay.target, lay.export / "vllm", [lay.bench_prompts], k=K, temperature=0.0,
-        max_new_tokens=128, device="cpu", output=out))
+        max_new_tokens=128, device="cpu", output=out, trust_remote_code=cfg.trust))
     return {"measured_acceptance_length": report.acceptance_length,
             "lossless": report.lossless}
 
@@ -363,21 +390,32 @@ def commands(cfg: QuickstartConfig, lay: Layout) -> dict[str, str]:
     """The command line that runs each stage by hand, as quickstart ran it."""
     q = shlex.quote
     target, tokens, hidden = q(str(lay.target)), q(str(lay.tokens)), q(str(lay.hidden))
-    make = (f"from eagle3kit import tiny; "
-            f"tiny.train_target(tiny.make_target({json.dumps(str(lay.target))}), "
-            f"steps={cfg.target_steps})")
-    train = " ".join(_flag(k, v) for k, v in train_options(cfg).items())
+    if cfg.kimi:
+        make = (f"from eagle3kit import tiny; "
+                f"tiny.train_target(tiny.make_kimi_target({json.dumps(str(lay.target))}), "
+                f"**{{**tiny.KIMI_TRAINING, 'steps': {cfg.target_steps}}}, "
+                "trust_remote_code=True)")
+    else:
+        make = (f"from eagle3kit import tiny; "
+                f"tiny.train_target(tiny.make_target({json.dumps(str(lay.target))}), "
+                f"steps={cfg.target_steps})")
+    train = " ".join(_flag(k, v) if v is not True else f"--{k.replace('_', '-')}"
+                     for k, v in train_options(cfg).items())
+    trust = " --trust-remote-code" if cfg.trust else ""
+    layers = f" --layers {','.join(map(str, KIMI_LAYERS))}" if cfg.kimi else ""
     return {
         "target": f"python -c {q(make)}",
         "gen": (f"eagle3kit gen {q(str(lay.train_prompts))} {tokens} --engine hf "
-                f"--target {target} --temperature 0 --max-tokens {cfg.max_tokens}"),
-        "validate": f"eagle3kit validate {tokens}",
-        "extract": f"eagle3kit extract {tokens} {hidden} --target {target} --device cpu",
+                f"--target {target} --temperature 0 --max-tokens {cfg.max_tokens}{trust}"),
+        "validate": f"eagle3kit validate {tokens}{trust}",
+        "extract": (f"eagle3kit extract {tokens} {hidden} --target {target}{layers} "
+                    f"--device cpu{trust}"),
         "train": f"eagle3kit train {hidden} {q(str(lay.run))} --target {target} {train}",
-        "export": f"eagle3kit export {q(str(lay.run))} {q(str(lay.export))} --format both",
+        "export": (f"eagle3kit export {q(str(lay.run))} {q(str(lay.export))} --format both"
+                   f"{trust}"),
         "bench": (f"eagle3kit bench accept {q(str(lay.bench_prompts))} --target {target} "
                   f"--drafter {q(str(lay.export / 'vllm'))} --k {K} --temperature 0 "
-                  "--device cpu"),
+                  f"--device cpu{trust}"),
     }
 
 

@@ -4,6 +4,11 @@ Used by `eagle3kit quickstart` and by the tests. Nothing is downloaded: the toke
 byte-level BPE trained on the docstrings of Python's own standard library, with the special
 tokens of a Qwen3-style chat (`<|im_start|>`, `<|im_end|>`, `<think>`, `</think>`), and a chat
 template that puts `<think>` into the generation prompt, as reasoning models do.
+
+`make_kimi_target` builds the other shape the tool exists for: Kimi-K2's (DeepSeek-V3's)
+architecture at toy size, with Multi-head Latent Attention, routed and shared experts behind
+the bias-corrected sigmoid router, a dense first layer, Kimi-K2's YaRN rope scaling, Kimi's
+chat markers, and a tokenizer that loads through its own code (`auto_map`), as Kimi's does.
 """
 
 from __future__ import annotations
@@ -157,6 +162,161 @@ def make_target(out_dir: str | Path, tokenizer_dir: str | Path | None = None, *,
     return out
 
 
+# --- the Kimi-K2 shape -------------------------------------------------------------------
+#
+# config.json as moonshotai/Kimi-K2-Instruct writes it (a DeepseekV3ForCausalLM), shrunk.
+# Kept at their real sizes: kv_lora_rank 512 and qk_rope_head_dim 64, because vLLM's CPU MLA
+# decode kernel serves only a latent head of 576 (docs/vllm-cpu.md). The router fields are
+# the real ones too: vLLM creates the router's e_score_correction_bias (which transformers
+# saves) only for `topk_method: noaux_tc`.
+
+KIMI_BOS, KIMI_EOS, KIMI_PAD = "[BOS]", "[EOS]", "[PAD]"
+KIMI_SYSTEM, KIMI_USER, KIMI_ASSISTANT, KIMI_MIDDLE, KIMI_END = (
+    "<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>")
+KIMI_SPECIAL_TOKENS = [KIMI_BOS, KIMI_EOS, KIMI_END, KIMI_USER, KIMI_ASSISTANT, KIMI_SYSTEM,
+                       KIMI_MIDDLE, KIMI_PAD]
+KIMI_CHAT_TEMPLATE = (
+    "{%- if system is defined and system -%}" + KIMI_SYSTEM + "system" + KIMI_MIDDLE
+    + "{{ system }}" + KIMI_END + "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' -%}" + KIMI_SYSTEM + "system" + KIMI_MIDDLE
+    + "{{ message['content'] }}" + KIMI_END
+    + "{%- elif message['role'] == 'user' -%}" + KIMI_USER + "user" + KIMI_MIDDLE
+    + "{{ message['content'] }}" + KIMI_END
+    + "{%- else -%}" + KIMI_ASSISTANT + "assistant" + KIMI_MIDDLE
+    + THINK + "{{ message.get('reasoning_content') or '' }}" + END_THINK
+    + "{{ message['content'] }}" + KIMI_END + "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}" + KIMI_ASSISTANT + "assistant" + KIMI_MIDDLE + THINK
+    + "{%- endif -%}"
+)
+"""Kimi-K2-Thinking's turn markers (no newlines between turns), with the thought between
+<think> and </think> and <think> in the generation prompt."""
+KIMI_TOKENIZER_MODULE = "tokenization_tiny_kimi"
+KIMI_TOKENIZER_CLASS = "TinyKimiTokenizer"
+KIMI_TOKENIZER_CODE = f'''"""The tiny Kimi target's tokenizer: loaded through this file, as Kimi's
+tokenization_kimi.py is, so every stage must be told --trust-remote-code to read it."""
+
+from transformers import PreTrainedTokenizerFast
+
+
+class {KIMI_TOKENIZER_CLASS}(PreTrainedTokenizerFast):
+    """A byte-level BPE with Kimi's chat markers (eagle3kit.tiny.make_kimi_target)."""
+'''
+KIMI_ROPE_SCALING = {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"}
+"""Kimi-K2-Instruct's rope_scaling, as its config.json has it (rope_theta 50000, 131072
+positions)."""
+KIMI_ROPE_THETA = 50000.0
+KIMI_TRAINING: dict[str, Any] = {"steps": 100, "batch_size": 4, "lr": 2e-3}
+"""train_target's settings for the Kimi target: ~35 s on one quiet core (a step costs twice
+the 8-layer target's), after which greedy answers have the reasoning shape (thought,
+</think>, answer, <|im_end|>; loss ~7.0 -> ~3.6). 5e-3, the default, overshoots at hidden 256."""
+KIMI_MAX_POSITIONS = 131072
+
+
+def make_kimi_tokenizer(out_dir: str | Path, vocab_size: int = 1024,
+                        corpus: list[str] | None = None) -> Path:
+    """A byte-level BPE with Kimi's special tokens and chat template, saved so that it loads
+    only through its own code: tokenizer_config.json's `auto_map` names
+    tokenization_tiny_kimi.py, written beside it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=KIMI_SPECIAL_TOKENS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus if corpus is not None else stdlib_docstrings(), trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=KIMI_BOS, eos_token=KIMI_END, pad_token=KIMI_PAD,
+        additional_special_tokens=[KIMI_EOS, KIMI_USER, KIMI_ASSISTANT, KIMI_SYSTEM,
+                                   KIMI_MIDDLE])
+    fast.add_tokens(THINK_TOKENS)
+    fast.chat_template = KIMI_CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    (out / f"{KIMI_TOKENIZER_MODULE}.py").write_text(KIMI_TOKENIZER_CODE)
+    config_file = out / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config.update(tokenizer_class=KIMI_TOKENIZER_CLASS, auto_map={"AutoTokenizer": [
+        None, f"{KIMI_TOKENIZER_MODULE}.{KIMI_TOKENIZER_CLASS}"]})
+    config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    return out
+
+
+def kimi_config(vocab_size: int, num_layers: int = 4, hidden_size: int = 256, heads: int = 4):
+    """A transformers DeepseekV3Config in Kimi-K2's shape: MLA (q_lora_rank 128, kv_lora_rank
+    512, nope/rope/v heads of 64), 8 routed experts of which 2 per token plus 1 shared, the
+    noaux_tc sigmoid router, the first layer dense, Kimi-K2's YaRN."""
+    from transformers import DeepseekV3Config
+
+    rope = {k: v for k, v in KIMI_ROPE_SCALING.items() if k != "type"}
+    return DeepseekV3Config(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        moe_intermediate_size=hidden_size // 2, num_hidden_layers=num_layers,
+        num_attention_heads=heads, num_key_value_heads=heads, n_shared_experts=1,
+        n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
+        routed_scaling_factor=2.827, norm_topk_prob=True, first_k_dense_replace=1,
+        kv_lora_rank=512, q_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=64,
+        v_head_dim=64, max_position_embeddings=KIMI_MAX_POSITIONS, rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": KIMI_ROPE_THETA, **rope})
+
+
+def _as_kimi_writes_it(config_file: Path) -> None:
+    """config.json with the fields Kimi-K2's has that transformers does not write (the router's
+    kind) and its rope in the 4.x spelling Kimi ships (rope_theta, rope_scaling)."""
+    config = json.loads(config_file.read_text())
+    config.pop("rope_parameters", None)
+    config.update(topk_method="noaux_tc", scoring_func="sigmoid", moe_layer_freq=1,
+                  rope_theta=KIMI_ROPE_THETA, rope_scaling=dict(KIMI_ROPE_SCALING))
+    config_file.write_text(json.dumps(config, indent=2))
+
+
+def make_kimi_target(out_dir: str | Path, tokenizer_dir: str | Path | None = None, *,
+                     num_layers: int = 4, hidden_size: int = 256, seed: int = 0) -> Path:
+    """A randomly initialised tiny Kimi-K2-shaped target (~6M parameters) saved with its
+    custom-code tokenizer in `out_dir`; train it with train_target(..., trust_remote_code=True).
+
+    Without `tokenizer_dir` a fresh tokenizer is trained into `out_dir` first (make_kimi_tokenizer).
+    """
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from eagle3kit import _hf
+
+    _hf.quiet()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if tokenizer_dir is None:
+        make_kimi_tokenizer(out)
+    else:
+        for file in Path(tokenizer_dir).iterdir():
+            if file.is_file():
+                shutil.copyfile(file, out / file.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(out), local_files_only=True,
+                                              trust_remote_code=True)
+    cfg = kimi_config(len(tokenizer), num_layers, hidden_size)
+    cfg.bos_token_id = tokenizer.convert_tokens_to_ids(KIMI_BOS)
+    cfg.eos_token_id = tokenizer.convert_tokens_to_ids(KIMI_END)
+    cfg.pad_token_id = tokenizer.pad_token_id
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.save_pretrained(out)
+    _as_kimi_writes_it(out / "config.json")
+    eos = sorted({cfg.eos_token_id, tokenizer.convert_tokens_to_ids(KIMI_EOS)})
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": cfg.bos_token_id, "eos_token_id": eos}))
+    return out
+
+
 # --- a briefly trained target -------------------------------------------------------------
 #
 # A random target's greedy output is a loop of arbitrary tokens: nothing a drafter can learn
@@ -236,7 +396,8 @@ def _batch(chats: list[list[int]], pad: int):
 def train_target(target_dir: str | Path, *, steps: int = 300, seq_len: int = 256,
                  seed: int = 0, corpus: list[str] | None = None, batch_size: int = 8,
                  lr: float = 5e-3, threads: int = 1,
-                 on_step: Callable[[float], None] | None = None) -> Path:
+                 on_step: Callable[[float], None] | None = None,
+                 trust_remote_code: bool = False) -> Path:
     """Briefly train the tiny target in `target_dir` (made by make_target) and save it in place.
 
     `corpus` is a list of docstring-like texts, each turned into one reasoning chat
@@ -250,7 +411,8 @@ def train_target(target_dir: str | Path, *, steps: int = 300, seq_len: int = 256
     after which greedy outputs reach </think> and <|im_end|> within ~60 tokens, each once
     (300 steps: at 150 some answers still repeated their </think>). The loss curve is
     written to `target_dir/tiny_training.json`. `on_step(loss)` is called after each step
-    (quickstart draws its progress from it).
+    (quickstart draws its progress from it). `trust_remote_code`: the target's tokenizer loads
+    through its own code (make_kimi_target's). config.json is kept as it was written.
     """
     import torch
 
@@ -261,20 +423,23 @@ def train_target(target_dir: str | Path, *, steps: int = 300, seq_len: int = 256
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _train(Path(target_dir), steps, seq_len, seed, corpus, batch_size, lr, on_step)
+        return _train(Path(target_dir), steps, seq_len, seed, corpus, batch_size, lr, on_step,
+                      trust_remote_code)
     finally:
         torch.set_num_threads(before)
 
 
 def _train(out: Path, steps: int, seq_len: int, seed: int, corpus: list[str] | None,
-           batch_size: int, lr: float, on_step: Callable[[float], None] | None) -> Path:
+           batch_size: int, lr: float, on_step: Callable[[float], None] | None,
+           trust_remote_code: bool) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eagle3kit import _hf
 
     _hf.quiet()
-    tokenizer = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(out), local_files_only=True,
+                                              trust_remote_code=trust_remote_code)
     docs = corpus if corpus is not None else _split(stdlib_docstrings(), held_out=False)
     chats = chat_token_ids(tokenizer, docs, seq_len)
     if not chats:
@@ -304,7 +469,10 @@ def _train(out: Path, steps: int, seq_len: int, seed: int, corpus: list[str] | N
         if on_step is not None:
             on_step(losses[-1])
     model.eval()
+    # save_pretrained rewrites config.json in transformers' spelling; the target keeps its own.
+    config_text = (out / "config.json").read_text()
     model.save_pretrained(out)
+    (out / "config.json").write_text(config_text)
     (out / "tiny_training.json").write_text(json.dumps(
         {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed, "seq_len": seq_len,
          "chats": len(chats), "losses": losses}))

@@ -95,6 +95,35 @@ def test_rope_matches_transformers():
     torch.testing.assert_close(apply_rope(x, pos, model.inv_freq), expected)
 
 
+@pytest.mark.parametrize("mscales", [{"mscale": 1.0, "mscale_all_dim": 1.0}, {}],
+                         ids=["kimi-k2", "plain-yarn"])
+def test_yarn_rope_matches_transformers(mscales):
+    """Kimi-K2's YaRN (beta_fast = beta_slow = 1) moves 12 of the 32 frequencies of a 64-wide
+    head even at short positions: a drafter trained without it and served with it (vLLM
+    reads the exported rope_scaling) sees rotations it never learnt."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    from eagle3kit.model.drafter import apply_rope, rope_attention_factor
+
+    yarn = {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0, "beta_fast": 1.0,
+            "beta_slow": 1.0, "original_max_position_embeddings": 4096, **mscales}
+    target = LlamaConfig(hidden_size=256, num_attention_heads=4, max_position_embeddings=131072,
+                         rope_parameters=yarn)
+    config = DrafterConfig.from_target(target)
+    assert config.rope_scaling["rope_type"] == "yarn"
+    model = Eagle3Drafter(config)
+    x = torch.randn(1, 4, 7, 64)
+    pos = torch.arange(3, 10)[None]
+    cos, sin = LlamaRotaryEmbedding(target)(x, pos)
+    expected, _ = apply_rotary_pos_emb(x, x, cos, sin)
+    plain = 1.0 / (50000.0 ** (torch.arange(0, 64, 2).float() / 64))
+    assert ((plain / model.inv_freq) > 31.9).sum() == 12  # the others kept within float
+    assert ((plain / model.inv_freq - 1).abs() < 1e-5).sum() == 20
+    assert rope_attention_factor(config) == pytest.approx(1.0 if mscales else 1.3466, abs=1e-4)
+    torch.testing.assert_close(apply_rope(x, pos, model.inv_freq, rope_attention_factor(config)),
+                               expected)
+
+
 def test_draft_vocab_keeps_the_most_frequent_sorted():
     counts = np.array([5, 0, 9, 1, 9, 0, 3])
     vocab = build_vocab(counts, 3)

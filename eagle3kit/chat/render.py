@@ -78,12 +78,13 @@ class Renderer:
     @classmethod
     def load(cls, tokenizer: Path, *, chat_template: Path | None = None,
              chat_template_kwargs: dict[str, Any] | None = None, system: str | None = None,
-             trust_remote_code: bool = False) -> Renderer:
+             trust_remote_code: bool = False, flag: str = "--tokenizer") -> Renderer:
         """Load `--tokenizer` (a local directory) and `--chat-template`; every problem is a
-        UserError naming its flag."""
+        UserError naming its flag (`flag`: the one that named the tokenizer, gen's --target
+        under --engine hf)."""
         kwargs = _check_kwargs(chat_template_kwargs)
         template = read_template(chat_template) if chat_template is not None else None
-        tok = load_tokenizer(Path(tokenizer), trust_remote_code)
+        tok = load_tokenizer(Path(tokenizer), trust_remote_code, flag)
         if template is None and not tok.chat_template:
             raise UserError(f"--tokenizer {tokenizer}: it has no chat template; "
                             "pass --chat-template FILE")
@@ -388,7 +389,8 @@ def _plain_fast_tokenizer(path: Path) -> bool:
             and config.get("tokenizer_class") in PLAIN_FAST_CLASSES)
 
 
-def load_tokenizer(path: Path, trust_remote_code: bool) -> PreTrainedTokenizerBase:
+def load_tokenizer(path: Path, trust_remote_code: bool,
+                   flag: str = "--tokenizer") -> PreTrainedTokenizerBase:
     if not path.exists():
         raise UserError(f"--tokenizer {path}: no such directory")
     if not path.is_dir():
@@ -397,7 +399,7 @@ def load_tokenizer(path: Path, trust_remote_code: bool) -> PreTrainedTokenizerBa
     if not _plain_fast_tokenizer(path):
         from eagle3kit import _hf
 
-        return _hf.load_tokenizer(path, trust_remote_code)
+        return _hf.load_tokenizer(path, trust_remote_code, flag)
     try:
         from transformers import PreTrainedTokenizerFast
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from eagle3kit.checkpoints.weights import Weights
 from eagle3kit.errors import UserError
-from eagle3kit.model.config import VARIANT_FIELDS, VARIANTS, DrafterConfig, rope_of
+from eagle3kit.model.config import VARIANT_FIELDS, VARIANTS, DrafterConfig, named_rope_kind, rope_of
 from eagle3kit.target import to_layer_output
 
 LAYOUTS = {
@@ -196,7 +196,8 @@ def _rope_fields(drafter: Any, target: dict | None, warnings: list[str]) -> dict
         theta, scaling = target_rope(target)
         max_pos = target.get("max_position_embeddings") or drafter.max_position_embeddings
         params = target.get("rope_parameters")
-        if theta != drafter.rope_theta or (scaling or None) != (drafter.rope_scaling or None):
+        trained = named_rope_kind(drafter.rope_scaling) if drafter.rope_scaling else None
+        if theta != drafter.rope_theta or (scaling or None) != trained:
             warnings.append(f"the drafter was trained with rope_theta {drafter.rope_theta}, "
                             f"scaling {drafter.rope_scaling}; the export has the target's "
                             f"({theta}, {scaling})")

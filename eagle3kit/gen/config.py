@@ -195,6 +195,12 @@ class GenConfig:
         if self.history not in ("own", "dataset"):
             raise UserError(f"--history must be own or dataset (got {self.history})")
 
+    @property
+    def tokenizer_flag(self) -> str:
+        """The flag that named the tokenizer: --target when --engine hf took it from there."""
+        return "--target" if self.engine == "hf" and self.tokenizer == self.target \
+            else "--tokenizer"
+
     def _check_engine(self) -> None:
         from eagle3kit.gen.servers import API_CHOICES
 

@@ -42,7 +42,8 @@ def run(cfg: GenConfig, *, select: Callable[[list[Chain]], list[Chain]] | None =
     renderer = Renderer.load(cfg.tokenizer, chat_template=cfg.chat_template,
                              chat_template_kwargs=cast(dict, cfg.chat_template_kwargs),
                              system=cfg.system,
-                             trust_remote_code=cfg.trust_remote_code)
+                             trust_remote_code=cfg.trust_remote_code,
+                             flag=cfg.tokenizer_flag)
     chains = make_chains(convs, cfg.n)
     if select is not None:
         chains = select(chains)

@@ -41,14 +41,27 @@ def describe_variant(fields: dict) -> str:
 
 
 def rope_of(target_config: Any) -> tuple[float, dict | None]:
-    """(rope_theta, rope_scaling) of a transformers config, 4.x or 5.x style."""
+    """(rope_theta, rope_scaling) of a transformers config, 4.x or 5.x style.
+
+    The scaling names its kind `rope_type` only: transformers 5 keeps a 4.x config's `type`
+    beside the `rope_type` it adds, and Kimi-K2's config.json says `type`, so the same YaRN
+    read from a config.json and from its loaded config would otherwise differ.
+    """
     params = getattr(target_config, "rope_parameters", None)
     if isinstance(params, dict) and "rope_theta" in params:
-        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        scaling = named_rope_kind({k: v for k, v in params.items() if k != "rope_theta"})
         plain = scaling.get("rope_type", "default") == "default"
         return float(params["rope_theta"]), None if plain else scaling
     theta = getattr(target_config, "rope_theta", None) or 10000.0
-    return float(theta), getattr(target_config, "rope_scaling", None)
+    legacy = getattr(target_config, "rope_scaling", None)
+    return float(theta), named_rope_kind(legacy) if isinstance(legacy, dict) else legacy
+
+
+def named_rope_kind(scaling: dict) -> dict:
+    """A rope scaling with its kind under `rope_type` only (see rope_of)."""
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    return {**{k: v for k, v in scaling.items() if k not in ("type", "rope_type")},
+            "rope_type": kind}
 
 
 @dataclass

@@ -55,6 +55,11 @@ def rope_inv_freq(config: DrafterConfig) -> torch.Tensor:
     return _rope(config)[0]
 
 
+def rope_attention_factor(config: DrafterConfig) -> float:
+    """YaRN's scale on cos and sin (1 for every other kind)."""
+    return _rope(config)[1]
+
+
 def _rope(config: DrafterConfig) -> tuple[torch.Tensor, float]:
     dim = config.head_dim
     inv = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
