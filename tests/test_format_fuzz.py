@@ -142,9 +142,10 @@ def _value_like(rng: np.random.Generator, array: np.ndarray, n: int) -> np.ndarr
         return np.full(shape, np.iinfo(array.dtype).max if array.dtype.kind in "iu" else 1,
                        array.dtype)
     if how == 2:  # one shorter
-        return array[:-1] if len(array) else np.zeros(1, array.dtype)
-    if how == 3:
-        return np.concatenate([array, array[-1:] if len(array) else np.zeros(1, array.dtype)])
+        return array[:-1] if len(array) else np.zeros((1, *array.shape[1:]), array.dtype)
+    if how == 3:  # one longer (an empty array of rows gains a row of zeros)
+        return np.concatenate([array, array[-1:] if len(array)
+                               else np.zeros((1, *array.shape[1:]), array.dtype)])
     if how == 4:
         return array.astype(np.float32 if array.dtype.kind != "f" else np.int64)
     return np.zeros((0, *shape[1:]), array.dtype)
