@@ -24,7 +24,7 @@ from eagle3kit import _ui, quickstart
 from eagle3kit._options import WriteOptions
 from eagle3kit.cli import app
 from eagle3kit.errors import UserError
-from eagle3kit.format import Dataset
+from eagle3kit.format import Dataset, DatasetError
 
 REDUCED = {"prompts": 12, "bench_prompts": 3, "target_steps": 40, "train_steps": 8,
            "max_tokens": 96}
@@ -204,6 +204,15 @@ def _wait_for(what, proc: subprocess.Popen, timeout: float = 600) -> None:
         time.sleep(0.2)
 
 
+def _committed(path: Path) -> int:
+    """Samples committed so far; 0 while gen is still creating the dataset (its manifest
+    exists before the first commit)."""
+    try:
+        return len(Dataset(path))
+    except DatasetError:
+        return 0
+
+
 def _stages(out: Path) -> list[str]:
     try:
         return list(json.loads((out / quickstart.STATE).read_text())["stages"])
@@ -219,8 +228,7 @@ def test_sigkill_then_rerun_continues(tmp_path: Path) -> None:
             "--max-tokens=96"]
     # killed in gen, once a first commit of 16 samples is in
     proc = _quickstart(out, *args)
-    _wait_for(lambda: "prompts" in _stages(out) and (out / "tokens" / "manifest.json").exists()
-              and len(Dataset(out / "tokens")) >= 16, proc)
+    _wait_for(lambda: "prompts" in _stages(out) and _committed(out / "tokens") >= 16, proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     committed = len(Dataset(out / "tokens"))
