@@ -224,16 +224,3 @@ def test_at_temperature_zero_engine_and_bench_agree_per_position(
     assert report["interval"] is None and report["verify"] is None
     assert len(report["engine"]["per_position"]) == K
     assert all(abs(d) <= report["tolerance"] for d in report["differences"]["per_position"])
-
-
-@pytest.mark.skipif(not os.environ.get("EAGLE3KIT_SAMPLED_FIGURES"),
-                    reason="the figures for docs/bench.md: set EAGLE3KIT_SAMPLED_FIGURES=1")
-@pytest.mark.parametrize("method", list(reversed(METHODS)))  # the running server first
-def test_figures_at_every_temperature(method: str, servers, world: World, reduced: Path,
-                                      prompts: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    vllm = serve(servers, world, reduced, method, monkeypatch)
-    for temperature in (0.6,):
-        _, report, _, seconds = gate(vllm, world, reduced, prompts,
-                                     "--temperature", str(temperature))
-        record(method, report, seconds)
-    print(f"\nsampled figures: {json.dumps(FIGURES, indent=1)}", file=sys.stderr)
