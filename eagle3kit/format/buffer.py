@@ -95,22 +95,33 @@ class _TokenBuffer:
                 f"over the format's limit of {meta_bound(1, n_tokens) - META_SLACK - 1:,} for "
                 f"a sample of {n_tokens:,} tokens ({META_PER_SAMPLE >> 10} KiB + "
                 f"{META_PER_TOKEN} bytes per token)")
-        start = self.n_tokens
+        held, start = len(self.ids), self.n_tokens
         try:
             self._pack(sample.prompt_ids)
             self._pack(sample.completion_ids)
             spans = loss_spans(sample, self.n_tokens - start)
+            self.offsets.append(self.n_tokens)
+            self.prompt_lens.append(len(sample.prompt_ids))
+            self.spans.append(spans)
+            self.loss.append(sum(end - start for start, end in spans))
+            self.partitions.append(sample.partition)
+            self.meta.append(meta_json)
+            self.finish.append(sample.finish_reason)
+            self.ids.append(sample.sample_id)
         except BaseException:
-            self.n_tokens = start  # a rejected sample leaves no partial tokens behind
+            # A rejected sample, or a stop signal (raised between any two lines), leaves no
+            # part of itself behind: close() commits what is queued, and a sample half in
+            # these lists gave a shard whose token count its partitions did not add up to.
+            self._truncate(held, start)
             raise
-        self.offsets.append(self.n_tokens)
-        self.prompt_lens.append(len(sample.prompt_ids))
-        self.spans.append(spans)
-        self.loss.append(sum(end - start for start, end in spans))
-        self.partitions.append(sample.partition)
-        self.ids.append(sample.sample_id)
-        self.meta.append(meta_json)
-        self.finish.append(sample.finish_reason)
+
+    def _truncate(self, samples: int, tokens: int) -> None:
+        """Keep the first `samples` samples (`tokens` tokens) and nothing after them."""
+        self.n_tokens = tokens
+        del self.offsets[samples + 1 :]
+        for column in (self.prompt_lens, self.spans, self.loss, self.partitions, self.meta,
+                       self.finish, self.ids):
+            del column[samples:]
 
     def arrays(self) -> tuple[dict[str, np.ndarray], list[str]]:
         names = sorted(set(self.partitions))

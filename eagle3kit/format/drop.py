@@ -57,8 +57,8 @@ class Dropping:
             for i in range(entry["samples"]):
                 if i not in rows:
                     buffer.add(shard.sample(i))
-            replaced[entry["name"]] = self._seal(buffer, self._seq) if len(buffer) else None
-            self._seq += 1
+            seq, self._seq = self._seq, self._seq + 1  # first: a name is never given twice
+            replaced[entry["name"]] = self._seal(buffer, seq) if len(buffer) else None
             dropped += len(rows)
         with file_lock(self.path / COMMIT_LOCK):
             manifest = read_json(self.path / MANIFEST)

@@ -230,16 +230,33 @@ class _HiddenBuffer:
 
     def add(self, sample: HiddenSample) -> None:
         ids, mask, aux, last = self._check(sample)
-        self._encode("aux", aux)
-        self._encode("last", last)
-        self._put("tokens", ids)
-        self._put("loss_mask", mask)
-        self.ids.append(sample.sample_id)
-        self.partitions.append(sample.partition)
-        self.lengths.append(len(ids))
-        self.prompt_lens.append(int(sample.prompt_len))
-        self.loss.append(int(mask.sum()))
-        self.n_tokens += len(ids)
+        held = (len(self.ids), self.n_tokens, self.nbytes, self.max_abs, self.max_rel,
+                {name: len(chunks) for name, chunks in self.chunks.items()})
+        try:
+            self._encode("aux", aux)
+            self._encode("last", last)
+            self._put("tokens", ids)
+            self._put("loss_mask", mask)
+            self.partitions.append(sample.partition)
+            self.lengths.append(len(ids))
+            self.prompt_lens.append(int(sample.prompt_len))
+            self.loss.append(int(mask.sum()))
+            self.n_tokens += len(ids)
+            self.ids.append(sample.sample_id)
+        except BaseException:
+            # A stop signal can land between any two lines: the sample leaves no part of
+            # itself behind for close() to commit (see _TokenBuffer.add).
+            self._truncate(*held)
+            raise
+
+    def _truncate(self, samples: int, tokens: int, nbytes: int, max_abs: float,
+                  max_rel: float, chunks: dict[str, int]) -> None:
+        """Back to the state `add` noted before its sample."""
+        self.n_tokens, self.nbytes, self.max_abs, self.max_rel = tokens, nbytes, max_abs, max_rel
+        for column in (self.partitions, self.lengths, self.prompt_lens, self.loss, self.ids):
+            del column[samples:]
+        for name in list(self.chunks):
+            del self.chunks[name][chunks.get(name, 0):]
 
     def _joined(self, name: str, width: int | None = None) -> np.ndarray:
         parts = self.chunks.get(name, [])

@@ -170,12 +170,15 @@ class DatasetWriter(Opening, AttachedFiles, Dropping):
         self._refuse_after_failure()
         buffer = self._buffer
         if len(buffer):
-            self._buffer = self._new_buffer()
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="eagle3kit-commit")
-            self._pending = self._pool.submit(self._commit_buffer, buffer, self._seq,
-                                              self._progress)
-            self._seq += 1
+            # In this order because a stop signal can land between any two lines: a shard
+            # name is never given twice, and queued samples are never committed twice (at
+            # worst, cut between the swap and the submit, they are not committed by this
+            # run and the next one adds them).
+            seq, self._seq = self._seq, self._seq + 1
+            self._buffer = self._new_buffer()
+            self._pending = self._pool.submit(self._commit_buffer, buffer, seq, self._progress)
         if wait:
             self._finish_pending()
 
