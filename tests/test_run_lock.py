@@ -19,6 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, DatasetWriter, TokenSample
 
 TIMEOUT_S = 60.0
@@ -234,3 +235,24 @@ def test_same_run_id_joins_and_other_runs_stay_out(tmp_path: Path, holders: list
     assert {s["rank"] for s in ds_read.shards} == {0, 1}
     # Both processes are one run: the manifest records a single run start.
     assert [r["run_id"] for r in ds_read.manifest["runs"]] == [run_id]
+
+
+def test_a_rank_finds_the_run_dir_empty_while_the_first_rank_writes_the_owner_file(
+        tmp_path: Path) -> None:
+    """CI, slow tier: under torchrun, rank 1 looked whether the new run directory was empty at
+    the moment rank 0 was writing `.owner.json` through its temp file, took the temp for a
+    stranger's file and refused the directory ("exists and is not a training run")."""
+    from eagle3kit._durable import temp_beside
+    from eagle3kit.checkpoints.rundir import LOCK_FILES, RunDir
+
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    for name in LOCK_FILES[:2]:
+        (run.path / name).touch()
+    temp_beside(run.path / LOCK_FILES[2]).write_text("{")  # rank 0, mid-write
+    assert run.check_usable("new") is False
+    assert run.check_usable("overwrite") is False
+    # Anything else there is still somebody else's.
+    (run.path / "notes.tmp").write_text("mine")
+    with pytest.raises(UserError, match="exists and is not a training run"):
+        run.check_usable("new")

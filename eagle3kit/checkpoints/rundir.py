@@ -40,6 +40,15 @@ LOCK_FILES = (".run.lock", ".gate.lock", ".owner.json")
 taking it goes through, and the file naming the holder (eagle3kit/_lock.py)."""
 
 
+_LOCK_TEMP = re.compile(r"^\.(" + "|".join(re.escape(n) for n in LOCK_FILES) + r")\.\d+\.tmp$")
+
+
+def _is_lock_file(name: str) -> bool:
+    """One of the lock files, or the temp file the owner file is written through: torchrun's
+    first rank may be writing it while another rank looks whether the directory is empty."""
+    return name in LOCK_FILES or _LOCK_TEMP.match(name) is not None
+
+
 def _json_object(path: Path) -> dict | None:
     """`path` as a JSON object; None when it is missing, unreadable or something else."""
     try:
@@ -140,7 +149,7 @@ class RunDir:
         """Nothing here but the run's lock files (a missing directory is empty too)."""
         if not self.path.exists():
             return True
-        return all(p.name in LOCK_FILES for p in self.path.iterdir())
+        return all(_is_lock_file(p.name) for p in self.path.iterdir())
 
     def check_usable(self, mode: str) -> bool:
         """Whether a run continues here; refuse a directory that is something else."""
