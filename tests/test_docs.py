@@ -462,9 +462,12 @@ def run_page(doc: Path, tmp_path: Path, prewarmed: Path | None, timeout: int = 6
     for cmd in commands(doc):
         proc = subprocess.run(["bash", "-c", cmd.text], cwd=work, env=env, capture_output=True,
                               text=True, timeout=timeout)
+        # A torchrun rank's own message sits far above the other ranks' tracebacks.
+        errors = "\n".join(line for line in proc.stderr.splitlines() if "error: " in line)
         assert proc.returncode == cmd.status, (
             f"{doc.name}:{cmd.line}: `{cmd.text}` exited {proc.returncode}, the doc says "
-            f"{cmd.status}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
+            f"{cmd.status}\n--- error lines\n{errors[-3000:]}\n--- stdout\n"
+            f"{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
         if cmd.status == 2:
             assert "Traceback" not in proc.stderr and proc.stderr.count("error: ") == 1
         ran.append((cmd, proc))
