@@ -46,7 +46,10 @@ FIGURES: dict[str, dict] = {}
 KERNELS = """
 import json, sys
 import torch
-import vllm._C  # noqa: F401  (registers the CPU kernels)
+from vllm.platforms.cpu import CpuPlatform
+# The CPU kernels, built for this CPU's instruction set as the engine picks them: `vllm._C`
+# is the AVX-512 build, and importing it on an AVX2-only CPU dies of SIGILL.
+CpuPlatform.import_kernels()
 from vllm.utils import cpu_triton_utils as cpu_tl
 
 n = 40000
@@ -121,7 +124,7 @@ docstring says how it is broken): the servers below start with it first on PYTHO
 EXPAND = """
 import torch
 from vllm.platforms.cpu import CpuPlatform
-import vllm._C  # noqa: F401
+CpuPlatform.import_kernels()  # this CPU's build, as in KERNELS
 CpuPlatform.register_triton_kernel_overrides()
 from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
 cu = torch.tensor([3, 6], dtype=torch.int32)
