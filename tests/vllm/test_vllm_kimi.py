@@ -219,9 +219,11 @@ def test_extract_on_vllm_matches_transformers_in_bf16(servers, kimi: dict,
     # within 2 bf16 steps of its state's largest value. After a MoE layer a few tokens move
     # further: a router score a bf16 step from the next expert's picks another expert in one
     # engine (top-2 of 8); at most 1% of tokens, and 99% within 3 steps.
+    # The last state has been through every MoE layer and the final norm: 99% within 4 steps
+    # (3.2 measured where vLLM runs its reference MLA kernels, on a CPU without AMX).
     assert figures[names[0]]["max"] <= 2 * step, figures
     for name in names:
-        assert figures[name]["p99"] <= 3 * step, figures
+        assert figures[name]["p99"] <= (4 if name == "last" else 3) * step, figures
         assert figures[name]["beyond_4_steps"] <= figures[name]["tokens"] // 100, figures
     assert list(storage.glob("*.safetensors")) == []
 
@@ -236,6 +238,16 @@ def test_extract_on_vllm_matches_transformers_in_bf16(servers, kimi: dict,
     assert result["steps"] == 4 and result["metrics"]["served"]["fetched"] > 0
 
 
+BLOCK_SIZE_FIX = Path(__file__).resolve().parent / "cpu_mla_block_fix"
+"""A sitecustomize.py that lets vLLM 0.32.0's CPU build put a dense drafter beside an MLA
+target on a CPU without AMX (its docstring says why it cannot otherwise)."""
+
+
+def _with_the_block_size_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(BLOCK_SIZE_FIX), *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+
 def _parity(vllm, kimi: dict, drafter: Path, dtype: str = "bfloat16"
             ) -> subprocess.CompletedProcess:
     return eagle3kit("bench", "parity", kimi["bench"], "--server", vllm.url, "--target",
@@ -247,6 +259,7 @@ def _parity(vllm, kimi: dict, drafter: Path, dtype: str = "bfloat16"
 def test_the_drafter_speculates_in_vllm_as_bench_parity_measures(
         servers, kimi: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")  # /server_info: what the engine serves
+    _with_the_block_size_fix(monkeypatch)
     vllm = servers.get("kimi-eagle3", kimi["target"],
                        [*launch.eagle3_args(kimi["sound"], K), *BF16])
     gate = _parity(vllm, kimi, kimi["sound"])
@@ -264,6 +277,7 @@ def test_the_drafter_speculates_in_vllm_as_bench_parity_measures(
 def test_a_drafter_served_without_its_yarn_is_caught_by_bench_parity(
         servers, kimi: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    _with_the_block_size_fix(monkeypatch)
     vllm = servers.get("kimi-eagle3-plain-rope", kimi["target"],
                        [*launch.eagle3_args(kimi["broken"], K), *BF16])
     # float32 offline (bf16 on CPU is several times slower): the gate fails on the cause,
