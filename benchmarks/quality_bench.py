@@ -45,6 +45,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -54,15 +55,17 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 # After the thread settings above, which torch reads when it loads.
 from eagle3kit import tiny  # noqa: E402
+from eagle3kit._lock import file_lock  # noqa: E402
 from eagle3kit.format import Dataset  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("EAGLE3KIT_SPECULATORS_VENV",
                            Path.home() / ".cache" / "eagle3kit" / "speculators-0.9.0"))
-VENV_INSTALLS = [  # tests/test_speculators_load.py's, plus what its trainer imports
+VENV_INSTALLS = [  # tests/test_speculators_load.py's INSTALLS, the same list: either builds it
     ["torch==2.13.0", "transformers<=5.19"],
     ["--no-deps", "speculators==0.9.0", "hs-connectors==0.9.0"],
-    ["openai", "datasets>=4.0.0,<=5.1.0", "loguru>=0.7.2,<=0.7.3"],
+    ["openai", "datasets>=4.0.0,<=5.1.0", "loguru>=0.7.2,<=0.7.3", "pydantic-settings",
+     "httpx"],
 ]
 TRAINER_INSTALLS = ["httpx", "pydantic-settings", "psutil", "protobuf", "torch==2.13.0"]
 """What `speculators train` imports beyond the loader (torch pinned: never replaced)."""
@@ -277,12 +280,23 @@ def peer_python() -> Path:
     return VENV / "bin" / "python"
 
 
+def venv_lock() -> AbstractContextManager[None]:
+    """The lock tests/test_speculators_load.py builds the venv under (the slow tier runs
+    both at once, and a venv cleared by one while the other used it lost its packages)."""
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    return file_lock(VENV.with_name(VENV.name + ".lock"))
+
+
 def build_venv() -> None:
+    """Build the venv unless it is ready (it may have been, once the lock was ours)."""
+    ready = VENV / ".eagle3kit-ready"
+    if ready.is_file() and json.loads(ready.read_text()) == VENV_INSTALLS:
+        return
     log(f"building the speculators venv in {VENV}")
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
     for args in VENV_INSTALLS:
         subprocess.run([str(peer_python()), "-m", "pip", "install", "-q", *args], check=True)
-    (VENV / ".eagle3kit-ready").write_text(json.dumps(VENV_INSTALLS))
+    ready.write_text(json.dumps(VENV_INSTALLS))
 
 
 def ensure_trainer() -> None:
@@ -412,13 +426,14 @@ def main() -> None:
     root = a.dir / ("quick" if a.quick else "full")
     root.mkdir(parents=True, exist_ok=True)
     peer = not a.no_peer
-    if peer and not (VENV / ".eagle3kit-ready").is_file():
-        if not a.build_venv:
-            sys.exit(f"quality_bench: no speculators venv at {VENV}; add --build-venv (or "
-                     "--no-peer for the eagle3kit side only)")
-        build_venv()
     if peer:
-        ensure_trainer()
+        with venv_lock():
+            if not (VENV / ".eagle3kit-ready").is_file() and not a.build_venv:
+                sys.exit(f"quality_bench: no speculators venv at {VENV}; add --build-venv "
+                         "(or --no-peer for the eagle3kit side only)")
+            if a.build_venv:
+                build_venv()
+            ensure_trainer()
 
     began = time.perf_counter()
     target = make_target(root, sizes)

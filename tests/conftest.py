@@ -58,3 +58,77 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+FILE_SECONDS: dict[str, tuple[int, int]] = {
+    # file: (default tier, slow tier), seconds on 2 cores; files under 5 s in both are left out
+    "tests/test_served_files.py": (104, 0),
+    "tests/test_kimi.py": (87, 0),
+    "tests/test_owned_dirs.py": (56, 0),
+    "tests/test_gen.py": (38, 0),
+    "tests/test_train_best.py": (37, 0),
+    "tests/test_gen_hostile.py": (35, 0),
+    "tests/test_signals.py": (32, 0),
+    "tests/test_plan.py": (32, 12),
+    "tests/test_export_card.py": (25, 0),
+    "tests/test_benchmarks.py": (25, 0),
+    "tests/test_trust_remote_code.py": (22, 0),
+    "tests/test_train_online_server.py": (20, 20),
+    "tests/test_train_predicted.py": (20, 0),
+    "tests/test_gen_crash.py": (18, 54),
+    "tests/test_validate.py": (18, 0),
+    "tests/test_gen_faults.py": (17, 0),
+    "tests/test_crash.py": (17, 216),
+    "tests/test_config_file.py": (16, 0),
+    "tests/test_convert_errors.py": (14, 0),
+    "tests/test_gen_render.py": (14, 0),
+    "tests/test_writer_interrupt.py": (13, 0),
+    "tests/test_bench.py": (12, 111),
+    "tests/test_damage.py": (12, 0),
+    "tests/test_quickstart.py": (12, 106),
+    "tests/test_format_fuzz.py": (12, 121),
+    "tests/test_train_trackers.py": (11, 0),
+    "tests/test_docs.py": (11, 149),
+    "tests/test_train.py": (11, 14),
+    "tests/test_format_bounds.py": (9, 0),
+    "tests/test_docs_export.py": (8, 17),
+    "tests/test_info_plot.py": (7, 0),
+    "tests/test_bench_parity.py": (7, 0),
+    "tests/test_train_scale.py": (7, 194),
+    "tests/test_gen_servers.py": (6, 0),
+    "tests/test_gen_hf.py": (6, 0),
+    "tests/test_fakeserver.py": (6, 0),
+    "tests/test_cli.py": (6, 0),
+    "tests/test_extract_vllm.py": (6, 0),
+    "tests/test_bench_depth.py": (5, 0),
+    "tests/test_docs_quickstart.py": (0, 477),
+    "tests/test_docs_bench.py": (0, 30),
+    "tests/test_quality_bench.py": (0, 150),
+    "tests/test_train_accept.py": (0, 72),
+    "tests/test_tiny.py": (4, 57),
+    "tests/test_docs_train.py": (0, 128),
+    "tests/test_gen_soak.py": (0, 37),
+    "tests/test_speculators_load.py": (0, 145),
+    "tests/test_docs_plan.py": (0, 30),
+    "tests/test_extract.py": (1, 24),
+    "tests/test_docs_extract.py": (0, 17),
+}
+"""Each test file's seconds in each tier (summed from `--durations=0`, 2026-12-05; the slow
+tier's speculators file with its venv built, as on a fresh CI machine)."""
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected the other tiers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest files first. xdist hands out whole files (`--dist loadfile`) in the order
+    collected (`--no-loadscope-reorder`; its own reordering is by number of tests), so a
+    long file met last runs alone while the other worker idles: the slow tier's quickstart
+    page (7 minutes, one test) came last, alphabetically and by count. Longest first, the
+    short files fill in at the end. Files of equal (or unknown) length keep their order."""
+    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+
+    def seconds(item: pytest.Item) -> int:
+        path = item.nodeid.split("::")[0]
+        default_s, slow_s = FILE_SECONDS.get(path, (0, 0))
+        return slow_s if path in slow else default_s
+
+    items.sort(key=seconds, reverse=True)  # stable, reverse included

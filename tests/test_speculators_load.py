@@ -36,6 +36,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from eagle3kit._lock import file_lock
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # the first run builds the venv
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,13 +115,17 @@ def _pip(venv: Path, *args: str) -> None:
 
 
 def _built(venv: Path, installs: list[list[str]]) -> Path:
-    """The venv's python, (re)built when what it should hold changed."""
-    ready = venv / ".eagle3kit-ready"
-    if not ready.exists() or json.loads(ready.read_text()) != installs:
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        for args in installs:
-            _pip(venv, *args)
-        ready.write_text(json.dumps(installs))
+    """The venv's python, (re)built when what it should hold changed. Under the lock
+    benchmarks/quality_bench.py takes too: the slow tier runs it beside these tests, and a
+    venv cleared by one while the other used it lost its `speculators`."""
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(venv.with_name(venv.name + ".lock")):
+        ready = venv / ".eagle3kit-ready"
+        if not ready.exists() or json.loads(ready.read_text()) != installs:
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            for args in installs:
+                _pip(venv, *args)
+            ready.write_text(json.dumps(installs))
     return venv / "bin" / "python"
 
 
