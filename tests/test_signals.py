@@ -10,7 +10,6 @@ the work, each sample once.
 
 from __future__ import annotations
 
-import os
 import shlex
 import signal
 import subprocess
@@ -43,17 +42,14 @@ def committed(out: Path) -> int:
         return 0
 
 
-def _as_from_a_shell() -> None:
-    """In the child before it runs: SIGINT as a shell hands it over, and a lower priority.
+def _sigint_as_from_a_shell() -> None:
+    """In the child before it runs: SIGINT at its default, as a shell hands it over.
 
     A child inherits the signals its parent ignores, and Python keeps an inherited SIGINT
     ignored. The pytest worker now and then had it ignored at the moment of the fork (by
     one of the threads earlier tests leave in it: the child caught SIGTERM and SIGUSR1 but
-    not SIGINT, ignored the test's Ctrl-C and exited 0), so the child starts with the
-    default, as a command typed at a shell does. Niced, the run cannot race ahead of a
-    watcher waiting for the CPU on a loaded machine."""
+    not SIGINT, ignored the test's Ctrl-C and exited 0)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.nice(10)
 
 
 def signal_mid_run(args: list[str], ready: Callable[[], bool],
@@ -62,7 +58,7 @@ def signal_mid_run(args: list[str], ready: Callable[[], bool],
     is handled before the run can end by itself). Returns the finished process."""
     cmd = [sys.executable, "-m", "eagle3kit", *args]
     proc = subprocess.Popen(cmd, env=cli_env(), stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_as_from_a_shell)
+                            preexec_fn=_sigint_as_from_a_shell)
     deadline = time.monotonic() + 240
     while proc.poll() is None and not ready() and time.monotonic() < deadline:
         time.sleep(0.002)
