@@ -70,8 +70,20 @@ class Ranks:
 
             dist.barrier()
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
+        """Leave the job. `finished` (every rank came to the end of its work together) waits for
+        the others first: a rank that tore its group down and exited while a peer still
+        finished its last collective died now and then in gloo's teardown (SIGABRT,
+        "terminate called without an active exception"). A rank that failed does not wait:
+        its peers may be in a collective it will never join."""
         if self.owns_group:
+            import gc
+
             import torch.distributed as dist
 
+            if finished:
+                dist.barrier()
+            # Modules and work objects of the job (FSDP's, the optimizer's) can sit in
+            # reference cycles that would hold the group's tensors until interpreter exit.
+            gc.collect()
             dist.destroy_process_group()

@@ -217,13 +217,15 @@ def _settings(cfg: ExtractConfig) -> dict:
 
 def run(cfg: ExtractConfig) -> ExtractResult:
     ranks = Ranks.start()
+    finished = False
     try:
         if ranks.rank:  # one voice: the other ranks only warn and fail
             cfg = replace(cfg, output=replace(cfg.output, quiet=True,
                                                       json=False))
         result = _extract(cfg, ranks)
+        finished = True
     finally:
-        ranks.close()
+        ranks.close(finished)
     _report(result, cfg)
     return result
 

@@ -43,12 +43,14 @@ from eagle3kit.train.ttt import step_counts
 
 def run(cfg: TrainConfig) -> TrainResult:
     ranks = Ranks.start(cfg.device)
+    finished = False
     try:
         if ranks.rank:  # one voice: the other ranks only warn and fail
             cfg = replace(cfg, output=replace(cfg.output, quiet=True, json=False))
         result = Trainer(cfg, ranks).run()
+        finished = True
     finally:
-        ranks.close()
+        ranks.close(finished)
     if ranks.rank == 0:
         _report(result, cfg)
     return result
