@@ -53,6 +53,21 @@ class Cli:
     """A field holding another options dataclass, whose options count as the config's own."""
     only: tuple[str, ...] = ()
     """embed: only these of the embedded options (none: all)."""
+    cli_only: str | None = None
+    """Why only the command line may give it (a key of `CLI_ONLY`): a settings file that sets
+    it is refused, a recorded run's value is not replayed (docs/security.md)."""
+
+
+CLI_ONLY = {
+    "code": "it lets a model's own code run",
+    "destination": "it says where data and secrets are sent",
+    "secret": "it is a secret",
+    "deletion": "it gives leave to delete or replace what is there",
+    "consent": "it consents to continuing an output or passing over a check",
+}
+"""What the options only the command line may give decide: a `--config` file may be someone
+else's (a copied run.json or manifest.json), and only the person at the keyboard is trusted
+with these (docs/security.md, "Settings files and copied directories")."""
 
 
 def opt(*flags: str, **how: Any) -> dict[str, Cli]:
@@ -108,11 +123,11 @@ class WriteOptions:
     commit_interval: float = field(default=60.0, metadata=opt(
         "--commit-interval", metavar="SECONDS"))
     """...or after S seconds, whichever is first."""
-    resume: bool = field(default=False, metadata=opt("--resume"))
+    resume: bool = field(default=False, metadata=opt("--resume", cli_only="consent"))
     """Continue the output; fail if there is none."""
-    overwrite: bool = field(default=False, metadata=opt("--overwrite"))
+    overwrite: bool = field(default=False, metadata=opt("--overwrite", cli_only="deletion"))
     """Start the output afresh."""
-    force: bool = field(default=False, metadata=opt("--force"))
+    force: bool = field(default=False, metadata=opt("--force", cli_only="consent"))
     """Accept settings that differ from those the output was started with."""
 
     def __post_init__(self) -> None:

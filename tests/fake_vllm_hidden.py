@@ -51,6 +51,8 @@ class FakeVllmHidden:
         self.api_key: str | None = None
         self.reported_storage: str | None = None
         self.requests: list[dict] = []
+        self.seen: list[tuple[str, str, str | None]] = []
+        """Every request (GET and POST): its method, path and Authorization header."""
         self.stall_until = 0.0
         """Until this time.monotonic(), a request hangs and is dropped unanswered with no file
         written (a stalled engine; vLLM aborts a request whose client went away)."""
@@ -126,6 +128,7 @@ class FakeVllmHidden:
 
             def _refused(self) -> bool:
                 """No or another bearer token where one is required: 401, as vLLM."""
+                server.seen.append((self.command, self.path, self.headers.get("Authorization")))
                 if server.api_key is None or self.path == "/health" or \
                         self.headers.get("Authorization") == f"Bearer {server.api_key}":
                     return False

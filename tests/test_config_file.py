@@ -18,10 +18,13 @@ from pathlib import Path
 
 import orjson
 import pytest
+import typer
+from fake_vllm_hidden import FakeVllmHidden
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from eagle3kit._command import Group, build
+from eagle3kit._command import Group, build, load, options
+from eagle3kit._options import CLI_ONLY
 from eagle3kit.cli import STAGES, app
 from eagle3kit.train.config import TrainConfig
 
@@ -29,9 +32,10 @@ REPO = Path(__file__).resolve().parent.parent
 SCALE = REPO / "docs" / "running-at-scale.md"
 
 
-def eagle3kit(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def eagle3kit(*args: str, cwd: Path | None = None, **extra_env: str
+              ) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **extra_env)
     return subprocess.run([sys.executable, "-m", "eagle3kit", *args], capture_output=True,
                           text=True, env=env, cwd=cwd, timeout=300)
 
@@ -138,8 +142,8 @@ def test_a_settings_file_cannot_allow_a_models_code(tmp_path, suffix):
     result = eagle3kit("convert", "--config", f"c{suffix}", "in.jsonl", "ds", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == (
-        f"error: --config c{suffix}: 'trust-remote-code' is taken from the command line only: "
-        "consent to run a model's own code is never read from a file (docs/security.md)")
+        f"error: --config c{suffix}: 'trust-remote-code' is taken from the command line only "
+        "(it lets a model's own code run): type --trust-remote-code (docs/security.md)")
     assert not (tmp_path / "ds").exists()
 
 
@@ -216,6 +220,13 @@ def _recipe_online_train_line() -> list[str]:
     return words[words.index("eagle3kit") + 2:]
 
 
+def _recipe_settings_line() -> list[str]:
+    """The recipe's `train --config kimi-train.toml ...` command."""
+    line = next(iter(re.findall(r"`([^`]*--config kimi-train.toml[^`]*)`", SCALE.read_text())))
+    words = shlex.split(line)
+    return words[words.index("eagle3kit") + 1:]
+
+
 def _train_config(args: list[str]) -> TrainConfig:
     command = get_command(app).commands["train"]  # type: ignore[attr-defined]
     with command.make_context("train", args) as ctx:
@@ -225,14 +236,17 @@ def _train_config(args: list[str]) -> TrainConfig:
 def test_the_recipes_settings_file_is_the_recipes_command_line(tmp_path, monkeypatch):
     """The documented TOML is read by the same loader and builds the same TrainConfig as the
     recipe's own train command (its model and state directories made here)."""
-    (tmp_path / "recipe.toml").write_text(_recipe_toml())
+    (tmp_path / "kimi-train.toml").write_text(_recipe_toml())
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tokens").mkdir()
     (tmp_path / "target").mkdir()
     (tmp_path / "target" / "config.json").write_text("{}")
     (tmp_path / "hs").mkdir()
     here = ["--target", str(tmp_path / "target"), "--hidden-states-dir", str(tmp_path / "hs")]
-    from_file = _train_config(["--config", "recipe.toml", "--trust-remote-code", *here])
+    typed = _recipe_settings_line()
+    assert typed[:3] == ["train", "--config", "kimi-train.toml"]
+    assert {"--server", "--hidden-states-dir", "--trust-remote-code"} <= set(typed)
+    from_file = _train_config([*typed[1:], *here])
     from_line = _train_config([*_recipe_online_train_line(), *here])
     assert from_file == from_line
     assert from_file.servers == ["http://127.0.0.1:8000@4"] and from_file.layers == [2, 30, 58]
@@ -251,3 +265,191 @@ def test_a_no_flag_by_its_field_name_or_its_own(tmp_path, monkeypatch, text, ver
     command = get_command(app).commands["info"]  # type: ignore[attr-defined]
     with command.make_context("info", ["--config", "i.toml"]) as ctx:
         assert build(InfoConfig, dict(ctx.params)).verify is verify
+
+
+# Options only the command line gives (docs/security.md, issue 38) ----------------------------
+SECURITY = REPO / "docs" / "security.md"
+
+
+def _command(path: tuple[str, ...]):
+    command = get_command(app)
+    for name in path:
+        command = command.commands[name]  # type: ignore[attr-defined]
+    return command
+
+
+def marked() -> list[tuple[tuple[str, ...], str, str]]:
+    """(command path, field, why) of every option marked cli_only, every command."""
+    found = []
+    for path in command_paths():
+        stage = STAGES[path[0]]
+        stage = stage.stages[path[1]] if isinstance(stage, Group) else stage
+        found += [(path, o.field.name, o.cli.cli_only) for o in options(load(stage.config))
+                  if o.cli.cli_only]
+    return found
+
+
+def spellings(command, field: str) -> list[str]:
+    """Every key the loader takes for the option filling `field`."""
+    param = next(p for p in command.params if p.name == field)
+    names = {field, field.replace("_", "-")}
+    names |= {f[2:] for f in [*param.opts, *getattr(param, "secondary_opts", ())]
+              if f.startswith("--")}
+    return sorted(names)
+
+
+def test_the_marks_cover_what_the_issue_names():
+    """The options issue 38 found replayed are among the marked, on every command with them."""
+    fields = {(p[0], f) for p, f, _ in marked()}
+    assert {("train", "servers"), ("train", "hidden_states_dir"), ("train", "report_to"),
+            ("train", "api_key"), ("convert", "overwrite"), ("export", "overwrite"),
+            ("export", "overwrite_dir"), ("gen", "resume"), ("gen", "force"),
+            ("extract", "server"), ("quickstart", "overwrite")} <= fields
+
+
+@pytest.mark.parametrize(("path", "field", "why"), marked(),
+                         ids=lambda v: " ".join(v) if isinstance(v, tuple) else v)
+def test_every_command_line_only_option_is_refused_from_a_file(tmp_path, capsys, path, field,
+                                                               why):
+    """Under every spelling, in each format and nested in a table: one line naming the key
+    and the flag, before anything else is read; a recorded run drops it with a note."""
+    from eagle3kit._command import file_defaults, setting_keys
+
+    command = _command(path)
+    command.params  # noqa: B018 - made from the config on first use
+    param = next(p for p in command.params if p.name == field)
+    flag = next(f for f in param.opts if f.startswith("--"))
+    value = ["x"] if param.multiple or param.nargs == -1 else \
+        True if param.is_flag else "x"
+    for n, key in enumerate(spellings(command, field)):
+        cases = [
+            (f"c{n}.toml", f"{key} = {json.dumps(value)}\n", key),
+            (f"c{n}.yaml", f"{key}: {json.dumps(value)}\n", key),
+            (f"c{n}.json", json.dumps({key: value}), key),
+            (f"n{n}.toml", f"[write]\n{key} = {json.dumps(value)}\n", f"write.{key}"),
+        ]
+        for name, text, shown in cases:
+            (tmp_path / name).write_text(text)
+            with pytest.raises(typer.Exit) as exited:
+                command.make_context(path[-1], ["--config", str(tmp_path / name)])
+            assert exited.value.exit_code == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1, err
+            assert f"--config {tmp_path / name}: '{shown}' is taken from the command line " \
+                   f"only ({CLI_ONLY[why]}): type {flag}" in err, err
+        # A recorded run (run.json's or manifest.json's `config`): dropped, named in the note.
+        keys = setting_keys(command.params, command.option_list)
+        defaults, skipped = file_defaults(None, {key: value}, True, Path("run.json"), keys)
+        assert defaults == {} and skipped == [key]
+
+
+def test_the_security_table_lists_the_marked_options():
+    """docs/security.md's table of options only the command line gives is the marks."""
+    text = SECURITY.read_text()
+    start = text.index("### Settings files (`--config`)")
+    rows = re.findall(r"^\| `(--[a-z-]+)` \| ([a-z, ]+) \|", text[start:], re.M)
+    documented = {flag: set(commands.split(", ")) for flag, commands in rows}
+    expected: dict[str, set[str]] = {}
+    for path, field, _ in marked():
+        param = next(p for p in _command(path).params if p.name == field)
+        flag = next(f for f in param.opts if f.startswith("--"))
+        expected.setdefault(flag, set()).add(" ".join(path))
+    assert documented == expected
+
+
+def test_a_settings_toml_cannot_overwrite(tmp_path):
+    """Issue 38: a settings TOML with `overwrite = true` replaced a dataset."""
+    write_jsonl(tmp_path / "in.jsonl", 40)
+    assert eagle3kit("convert", "in.jsonl", "mine", cwd=tmp_path).returncode == 0
+    write_jsonl(tmp_path / "new.jsonl", 3)
+    (tmp_path / "s.toml").write_text('src = "new.jsonl"\ndst = "mine"\noverwrite = true\n')
+    result = eagle3kit("convert", "--config", "s.toml", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == (
+        "error: --config s.toml: 'overwrite' is taken from the command line only (it gives "
+        "leave to delete or replace what is there): type --overwrite (docs/security.md)\n")
+    assert _samples(tmp_path / "mine") == 40
+
+
+def _samples(dataset: Path) -> int:
+    return sum(s["samples"] for s in json.loads((dataset / "manifest.json").read_bytes())["shards"])
+
+
+def test_a_replayed_manifest_does_not_overwrite_a_dataset(tmp_path):
+    """Issue 38: `convert --config THEIRS/manifest.json new.jsonl MINE` with "overwrite": true
+    in the manifest's config wiped MINE (40 samples to 3)."""
+    write_jsonl(tmp_path / "in.jsonl", 40)
+    assert eagle3kit("convert", "in.jsonl", "mine", cwd=tmp_path).returncode == 0
+    write_jsonl(tmp_path / "new.jsonl", 3)
+    assert eagle3kit("convert", "new.jsonl", "theirs", cwd=tmp_path).returncode == 0
+    manifest = json.loads((tmp_path / "theirs/manifest.json").read_bytes())
+    manifest["config"].update(overwrite=True, force=True)
+    (tmp_path / "theirs/manifest.json").write_text(json.dumps(manifest))
+    result = eagle3kit("convert", "--config", "theirs/manifest.json", "new.jsonl", "mine",
+                       cwd=tmp_path)
+    assert "recorded, not replayed" in result.stderr and "overwrite, force" in result.stderr
+    assert _samples(tmp_path / "mine") == 40, result.stderr  # s0..s2 are already there
+
+
+@pytest.fixture(scope="module")
+def trained(tiny, tmp_path_factory):
+    """A two-step run on the tiny target."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    result = eagle3kit("train", str(tiny / "tokens"), str(run), "--online", "--target",
+                       str(tiny / "target"), "--layers", "1,2,3", "--max-steps", "2",
+                       "--device", "cpu", "--batch-tokens", "256", "--draft-vocab", "64",
+                       "--eval-split", "0", "-q")
+    assert result.returncode == 0, result.stderr
+    return run
+
+
+def test_a_replayed_record_does_not_empty_a_folder_through_export(trained, tmp_path):
+    """Issue 38: `export --config recorded.json` with `out` and `overwrite-dir` set deleted a
+    folder that was no export."""
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("mine")
+    record = {"config": {"run": str(trained), "out": str(precious),
+                         "overwrite-dir": str(precious), "overwrite": True}}
+    (tmp_path / "recorded.json").write_text(json.dumps(record))
+    result = eagle3kit("export", "--config", str(tmp_path / "recorded.json"))
+    assert "not replayed" in result.stderr and "overwrite-dir, overwrite" in result.stderr
+    assert result.returncode == 2, result.stderr  # OUT holds something that is no export
+    assert (precious / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in precious.iterdir()) == ["notes.txt"]
+
+
+def test_a_replayed_run_json_sends_nothing_to_its_servers(tiny, tmp_path):
+    """Issue 38: `train DS RUN2 --config THEIRS/run.json` took `servers`, `hidden_states_dir`
+    and `report_to` from the file: the user's EAGLE3KIT_API_KEY went as bearer to the file's
+    server, which named a model shard in the file's folder that was then read and deleted,
+    and a tracker was turned on. Now the run trains from the target in-process (the typed
+    options only), the server hears nothing and the folder is untouched."""
+    storage = tmp_path / "their-storage"
+    served = FakeVllmHidden(tiny / "target", storage, layer_ids=[1, 2, 3]).start()
+    try:
+        shard = storage / "model-00001-of-00064.safetensors"
+        shard.write_bytes(b"the user's model weights")
+        served.names = lambda _path: str(shard)
+        record = {"config": {
+            "data": [{"path": str(tiny / "tokens"), "weight": 1.0}],
+            "out": str(tmp_path / "their-run"), "target": str(tiny / "target"),
+            "online": True, "layers": [1, 2, 3], "servers": [f"{served.url}@2"],
+            "hidden_states_dir": str(storage), "report_to": "tensorboard",
+            "max_steps": 1, "device": "cpu", "batch_tokens": 256, "draft_vocab": 64,
+            "eval_split": 0, "trust_remote_code": True}}
+        (tmp_path / "run.json").write_text(json.dumps(record))
+        result = eagle3kit("train", "--config", str(tmp_path / "run.json"),
+                           str(tiny / "tokens"), str(tmp_path / "run2"), "--no-progress",
+                           EAGLE3KIT_API_KEY="the-users-secret")
+    finally:
+        served.stop()
+    assert result.returncode == 0, result.stderr
+    assert ("recorded, not replayed (not options here, or the command line's alone): "
+            "servers, hidden_states_dir, report_to, trust_remote_code") in result.stderr
+    assert served.seen == []
+    assert shard.read_bytes() == b"the user's model weights"
+    assert not (tmp_path / "run2" / "tensorboard").exists()
+    recorded = json.loads((tmp_path / "run2" / "run.json").read_bytes())["config"]
+    assert recorded["servers"] == [] and recorded["hidden_states_dir"] is None
+    assert recorded["report_to"] == "none"

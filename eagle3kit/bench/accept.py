@@ -123,7 +123,7 @@ class AcceptConfig:
     """Sampling seed."""
     plot: Path | None = field(default=None, metadata=opt(metavar="FILE.png"))
     """Draw acceptance per position and category, and against context depth (plot extra)."""
-    trust_remote_code: bool = field(default=False, metadata=opt())
+    trust_remote_code: bool = field(default=False, metadata=opt(cli_only="code"))
     """Run code the target directory ships (auto_map in its config or tokenizer); only ever
     from the flag."""
     depth: DepthOptions = field(default_factory=DepthOptions, metadata=embed())

@@ -30,7 +30,7 @@ TOLERANCE = 0.05
 
 @dataclass
 class ParityConfig:
-    server: str = field(metadata=opt(metavar="URL"))
+    server: str = field(metadata=opt(metavar="URL", cli_only="destination"))
     """Your SGLang or vLLM server, speculating with --drafter: its URL."""
     prompts: list[Path] = field(metadata=bench_prompts.PROMPTS_ARG)
     """Prompt files, as gen takes them (JSONL, JSON, parquet); EAGLE/MT-bench question.jsonl."""
@@ -76,11 +76,11 @@ class ParityConfig:
     dtype: str = field(default="auto", metadata=opt())
     """bench accept's dtype: auto, bfloat16, float16, float32."""
     api_key: str | None = field(default=None, repr=False, metadata=opt(
-        envvar="EAGLE3KIT_API_KEY"))
+        envvar="EAGLE3KIT_API_KEY", cli_only="secret"))
     """Bearer token for the servers (never stored)."""
     request_timeout: float | None = field(default=None, metadata=opt(metavar="SECONDS"))
     """Limit on one request (default none)."""
-    trust_remote_code: bool = field(default=False, metadata=opt())
+    trust_remote_code: bool = field(default=False, metadata=opt(cli_only="code"))
     """Run code the target directory ships (auto_map); only ever from the flag."""
     depth: DepthOptions = field(default_factory=DepthOptions, metadata=embed())
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)

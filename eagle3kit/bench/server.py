@@ -44,13 +44,14 @@ ATTEMPTS = 3
 
 @dataclass
 class ServerBenchConfig:
-    server: str = field(metadata=opt(metavar="URL"))
+    server: str = field(metadata=opt(metavar="URL", cli_only="destination"))
     """An SGLang or vLLM server running speculative decoding: its URL."""
     prompts: list[Path] = field(metadata=bench_prompts.PROMPTS_ARG)
     """Prompt files, as gen takes them (JSONL, JSON, parquet); EAGLE/MT-bench question.jsonl."""
     tokenizer: Path = field(metadata=opt())
     """The target's tokenizer directory (prompts are rendered client-side and sent as ids)."""
-    baseline: str | None = field(default=None, metadata=opt(metavar="URL"))
+    baseline: str | None = field(default=None, metadata=opt(metavar="URL",
+                                                             cli_only="destination"))
     """The same model served without speculation: the speedup."""
     api: str = field(default="auto", metadata=opt())
     """auto, sglang or vllm."""
@@ -75,7 +76,7 @@ class ServerBenchConfig:
     k: int | None = field(default=None, metadata=opt("--k"))
     """Draft tokens per round, when the server does not say (shown beside the figures)."""
     api_key: str | None = field(default=None, repr=False, metadata=opt(
-        envvar="EAGLE3KIT_API_KEY"))
+        envvar="EAGLE3KIT_API_KEY", cli_only="secret"))
     """Bearer token for the servers (never stored)."""
     request_timeout: float | None = field(default=None, metadata=opt(metavar="SECONDS"))
     """Limit on one request (default none)."""
@@ -83,7 +84,7 @@ class ServerBenchConfig:
     """Sampling seed."""
     plot: Path | None = field(default=None, metadata=opt(metavar="FILE.png"))
     """Draw acceptance per position and category, and against context depth (plot extra)."""
-    trust_remote_code: bool = field(default=False, metadata=opt())
+    trust_remote_code: bool = field(default=False, metadata=opt(cli_only="code"))
     """Run code the tokenizer directory ships (auto_map in its tokenizer_config.json); only
     ever from the flag."""
     depth: DepthOptions = field(default_factory=DepthOptions, metadata=embed())

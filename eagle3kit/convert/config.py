@@ -36,7 +36,8 @@ class ConvertConfig:
     layers: list[int] | str | None = field(default=None, metadata=opt(
         metavar="2,18,33", type=str))
     """Hidden-state import: the aux layer ids, boundary convention."""
-    trust_remote_code: bool = field(default=False, metadata=opt("--trust-remote-code"))
+    trust_remote_code: bool = field(default=False, metadata=opt("--trust-remote-code",
+                                                                  cli_only="code"))
     """Run the Python code a model or tokenizer directory ships (auto_map in its config), here
     the --tokenizer's on export. Only this flag allows it: what a dataset or run records
     never does."""

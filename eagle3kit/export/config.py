@@ -37,12 +37,14 @@ class ExportConfig:
     """vLLM export: add a bit-exact copy of the target's input embedding."""
     layers: list[int] | str | None = field(default=None, metadata=opt(metavar="A,B,C", type=str))
     """Boundary aux layer ids, only for a source checkpoint that records none."""
-    trust_remote_code: bool = field(default=False, metadata=opt("--trust-remote-code"))
+    trust_remote_code: bool = field(default=False, metadata=opt("--trust-remote-code",
+                                                                  cli_only="code"))
     """Run code the target directory ships (auto_map); only ever from the flag, never from
     run.json."""
-    overwrite: bool = field(default=False, metadata=opt("--overwrite"))
+    overwrite: bool = field(default=False, metadata=opt("--overwrite", cli_only="deletion"))
     """Replace an OUT that holds an earlier export."""
-    overwrite_dir: Path | None = field(default=None, metadata=opt(metavar="OUT"))
+    overwrite_dir: Path | None = field(default=None, metadata=opt(metavar="OUT",
+                                                                  cli_only="deletion"))
     """Replace OUT even when it is not an earlier export, deleting what it holds: name OUT
     again here, so that no folder is emptied by a mistyped OUT."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)

@@ -34,7 +34,8 @@ class ExtractConfig:
     """The tokenizer the token ids came from; default the one stored in the token dataset."""
     engine: str = field(default="hf", metadata=opt())
     """hf: transformers in this process; vllm: a vLLM server with extract_hidden_states."""
-    server: str | None = field(default=None, metadata=opt(metavar="URL"))
+    server: str | None = field(default=None, metadata=opt(metavar="URL",
+                                                            cli_only="destination"))
     """--engine vllm: the server's URL."""
     model: str | None = field(default=None, metadata=opt())
     """--engine vllm: the served model name (default: the server's first)."""
@@ -42,11 +43,12 @@ class ExtractConfig:
     """--engine vllm: requests in flight."""
     request_timeout: float = field(default=600.0, metadata=opt(metavar="SECONDS"))
     """--engine vllm: seconds one request may take."""
-    hidden_states_dir: Path | None = field(default=None, metadata=opt(metavar="DIR"))
+    hidden_states_dir: Path | None = field(default=None, metadata=opt(metavar="DIR",
+                                                                      cli_only="deletion"))
     """--engine vllm: the server's shared_storage_path as this machine sees it; only
     `.safetensors` files inside it that the server names are read, then deleted. Required."""
     api_key: str | None = field(default=None, repr=False, metadata=opt(
-        envvar="EAGLE3KIT_API_KEY"))
+        envvar="EAGLE3KIT_API_KEY", cli_only="secret"))
     """--engine vllm: bearer token for the server (never stored)."""
     device: str = field(default="auto", metadata=opt())
     """cpu, cuda, cuda:N; auto: cuda when there is one (under torchrun, the rank's)."""
@@ -58,10 +60,10 @@ class ExtractConfig:
     """Tokens per forward pass, padding included; a longer sample runs alone."""
     codec: str = field(default="raw", metadata=opt())
     """raw (bf16), fp8 (e4m3, a scale per token and state) or zstd (bf16 byte planes)."""
-    trust_remote_code: bool = field(default=False, metadata=opt())
+    trust_remote_code: bool = field(default=False, metadata=opt(cli_only="code"))
     """Run code the target directory or the dataset's stored tokenizer ships (auto_map);
     only ever from the flag, never from what the token dataset records."""
-    ignore_disk_check: bool = field(default=False, metadata=opt())
+    ignore_disk_check: bool = field(default=False, metadata=opt(cli_only="consent"))
     """Start even when the free disk is short of the estimate."""
     dry_run: bool = field(default=False, metadata=opt())
     """Print the estimate and exit; nothing is written."""

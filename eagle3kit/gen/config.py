@@ -86,13 +86,13 @@ class GenConfig:
     skip_bad_lines: bool = field(default=False, metadata=opt("--skip-bad-lines", panel=INPUT))
     """Skip and count malformed prompt lines instead of stopping at the first."""
     servers: list[ServerSpec | str] = field(default_factory=list, metadata=opt(
-        "--server", metavar="URL[@N]", panel=SERVERS))
+        "--server", metavar="URL[@N]", panel=SERVERS, cli_only="destination"))
     """An SGLang or vLLM server; repeat for several; @N sets its own concurrency. Required
     unless --engine hf."""
     api: str = field(default="auto", metadata=opt(panel=SERVERS))
     """auto, sglang, vllm, or openai-chat (text fallback, marked reconstructed)."""
     api_key: str | None = field(default=None, repr=False, metadata=opt(
-        envvar="EAGLE3KIT_API_KEY", panel=SERVERS))
+        envvar="EAGLE3KIT_API_KEY", panel=SERVERS, cli_only="secret"))
     """Bearer token for the servers (never stored)."""
     engine: Literal["server", "hf"] = field(default="server", metadata=opt(panel=SERVERS))
     """server, or hf: transformers in-process with --target."""
@@ -121,7 +121,7 @@ class GenConfig:
     tokenizer: Path | None = field(default=None, metadata=opt(panel=RENDER))
     """The target's tokenizer directory. Required, except with --engine hf (then --target's)."""
     trust_remote_code: bool = field(default=False, metadata=opt(
-        "--trust-remote-code", panel=RENDER))
+        "--trust-remote-code", panel=RENDER, cli_only="code"))
     """Run the Python code the tokenizer or target ships (auto_map); recorded in the dataset,
     so later stages need it no more."""
     chat_template: Path | None = field(default=None, metadata=opt(panel=RENDER))

@@ -83,7 +83,8 @@ class TrainConfig:
     """Run the frozen target in the loop on token datasets instead of reading stored states."""
     layers: list[int] | str | None = field(default=None, metadata=opt(metavar="2,18,33", type=str))
     """Aux layer ids (boundary convention) for --online; offline they come from the data."""
-    servers: list[str] = field(default_factory=list, metadata=opt("--server", metavar="URL[@N]"))
+    servers: list[str] = field(default_factory=list, metadata=opt(
+        "--server", metavar="URL[@N]", cli_only="destination"))
     """--online --server: vLLM servers running extract_hidden_states (`URL` or `URL@SLOTS`)
     give the states; no target weights but the final norm, lm_head and embedding load."""
     prefetch: int | None = field(default=None, metadata=opt(metavar="SAMPLES"))
@@ -95,12 +96,13 @@ class TrainConfig:
     """--server: seconds one request may take before the server counts as stalled."""
     model: str | None = field(default=None, metadata=opt())
     """--server: the served model name (default: each server's first)."""
-    hidden_states_dir: Path | None = field(default=None, metadata=opt(metavar="DIR"))
+    hidden_states_dir: Path | None = field(default=None, metadata=opt(metavar="DIR",
+                                                                      cli_only="deletion"))
     """--server: the servers' shared_storage_path as this machine sees it (or a folder
     holding them all); only `.safetensors` files inside it that a server names are read,
     then deleted. Required with --server."""
     api_key: str | None = field(default=None, repr=False, metadata=opt(
-        envvar="EAGLE3KIT_API_KEY"))
+        envvar="EAGLE3KIT_API_KEY", cli_only="secret"))
     """--server: bearer token for the servers (never stored)."""
     draft_vocab: int = field(default=32000, metadata=opt(metavar="N"))
     """Draft vocabulary size: the most frequent loss-carrying tokens (capped at the target's)."""
@@ -191,10 +193,11 @@ class TrainConfig:
     fsdp: bool = field(default=False, metadata=opt())
     """Shard the drafter, its gradients and optimizer state over the ranks (FSDP2) instead
     of a whole copy per rank (DDP)."""
-    trust_remote_code: bool = field(default=False, metadata=opt())
+    trust_remote_code: bool = field(default=False, metadata=opt(cli_only="code"))
     """Run code the target directory ships (auto_map); only ever from the flag, never from
     what a dataset records."""
-    report_to: str = field(default="none", metadata=opt(metavar="NAMES"))
+    report_to: str = field(default="none", metadata=opt(metavar="NAMES",
+                                                        cli_only="destination"))
     """Experiment trackers to send the metrics to, a comma list of tensorboard, wandb,
     mlflow, trackio (each an extra: pip install 'eagle3kit[wandb]'), set up by their usual
     environment variables; none: only metrics.jsonl."""

@@ -33,7 +33,8 @@ class ValidateConfig:
     """Leave out these checks."""
     write_clean: Path | None = field(default=None, metadata=opt(metavar="OUT"))
     """Write a new dataset without the samples any check flagged."""
-    trust_remote_code: bool = field(default=False, metadata=opt("--trust-remote-code"))
+    trust_remote_code: bool = field(default=False, metadata=opt("--trust-remote-code",
+                                                                  cli_only="code"))
     """Run code the tokenizer ships (auto_map); only ever from the flag. Without it, a stored
     tokenizer that needs its code is not loaded and the checks needing it are skipped."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
