@@ -4,7 +4,8 @@
 `expand_kernel` with a correct one when Python starts: put this folder first on the vLLM
 server's PYTHONPATH. `python -m eagle3kit.bench.vllm_cpu_expand_fix` prints the folder:
 
-    PYTHONPATH=$(python -m eagle3kit.bench.vllm_cpu_expand_fix) vllm serve ...
+    PYTHONPATH=$(python -m eagle3kit.bench.vllm_cpu_expand_fix) \
+        python -m vllm.entrypoints.openai.api_server --model DIR ...
 
 (a server on another machine takes a copy of the file, in a folder of its own). Python loads
 only the first `sitecustomize` on its path: this one takes the place of any other.
