@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from eagle3kit import _ui
 from eagle3kit.bench import diagnose
 from eagle3kit.bench.stats import likely_misconfigured
 from eagle3kit.errors import UserError
@@ -37,6 +38,8 @@ def sampling_probe(cfg: Any, k: int, online: Any, offline: Any, agree: bool
         return []
     zero = dataclasses.replace(cfg, temperature=0.0, max_samples=min(
         cfg.max_samples or diagnose.PROBE_SAMPLES, diagnose.PROBE_SAMPLES))
+    _ui.info(f"the engine keeps almost no drafts at temperature {cfg.temperature:g}: both "
+             f"sides again at temperature 0 on {zero.max_samples} conversations", cfg.output)
     try:
         engine_zero = engine_length(server.measure(zero.server_config()))
         offline_zero = accept.run(zero.accept_config(k)).acceptance_length
