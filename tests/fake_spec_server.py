@@ -18,6 +18,10 @@ Decoding takes `step_s` per target forward: per round when speculating, per toke
 so a speculating server is faster by about its acceptance length. `log` keeps (tokens,
 rounds, accepted per round) of every generation, for the exact figures a test expects.
 
+`sampled_accept` gives requests with temperature > 0 rates of their own: (0, 0, 0) is the
+signature of vLLM 0.32.0's CPU build (vllm#55005), which verifies sampled drafts against
+uninitialised memory and keeps almost none while temperature 0 keeps its rates.
+
     with SpecServer("vllm", k=3, accept=(0.8, 0.6, 0.4)) as srv: ...
     with SpecServer("sglang", speculative=False) as baseline: ...
 """
@@ -43,13 +47,15 @@ class SpecServer(FakeServer):
                  step_s: float = 0.0, engines: int = 2, spec_seed: int = 0,
                  served: dict[str, Any] | None = None, chat_tokenizer: Any = None,
                  chat_prefix: Sequence[int] = (), per_request_metrics: bool = False,
-                 **options: Any) -> None:
+                 sampled_accept: Sequence[float] | None = None, **options: Any) -> None:
         options.setdefault("eos_token_id", None)  # lengths set by max_tokens: easy to predict
         super().__init__(api, speculative=speculative, **options)
-        if len(accept) != k:
+        if len(accept) != k or (sampled_accept is not None and len(sampled_accept) != k):
             raise ValueError("accept needs one conditional rate per draft position")
         self.k = k
         self.accept = list(accept)
+        self.sampled_accept = None if sampled_accept is None else list(sampled_accept)
+        """The rates of requests with temperature > 0 (None: `accept`'s)."""
         self.step_s = step_s
         self.engines = engines
         self._rng = random.Random(spec_seed)
@@ -71,12 +77,15 @@ class SpecServer(FakeServer):
         self._steps: dict[asyncio.Task, list[int]] = {}
 
     # The acceptance model ---------------------------------------------------------------
-    def simulate(self, tokens: int) -> list[int]:
-        """Accepted drafts of each round for a generation of `tokens` tokens."""
+    def simulate(self, tokens: int, sampled: bool = False) -> list[int]:
+        """Accepted drafts of each round for a generation of `tokens` tokens (`sampled`: at
+        temperature > 0)."""
+        rates = self.sampled_accept if sampled and self.sampled_accept is not None \
+            else self.accept
         made, rounds = 1, []
         while made < tokens:
             accepted = 0
-            while accepted < self.k and self._rng.random() < self.accept[accepted]:
+            while accepted < self.k and self._rng.random() < rates[accepted]:
                 accepted += 1
             rounds.append(accepted)
             made += accepted + 1
@@ -97,7 +106,7 @@ class SpecServer(FakeServer):
             await asyncio.sleep(self.step_s * n_tokens)
             return await super()._decode(rec, n_tokens, live)
         with self._lock:
-            rounds = self.simulate(n_tokens)
+            rounds = self.simulate(n_tokens, _temperature(rec.get("body")) > 0)
             if self.api == "vllm":
                 self._count(rounds)
             self.log.append((n_tokens, len(rounds), rounds))
@@ -199,6 +208,17 @@ class SpecServer(FakeServer):
     def expected_per_position(self) -> list[float]:
         rounds = [a for _, _, rs in self.log for a in rs]
         return [sum(a > i for a in rounds) / len(rounds) for i in range(self.k)]
+
+
+def _temperature(body: Any) -> float:
+    """A generation request's temperature: vLLM's top-level field, SGLang's in
+    sampling_params; 1.0 (both servers' default) where it is left out."""
+    if not isinstance(body, dict):
+        return 1.0
+    params = body.get("sampling_params")
+    where = params if isinstance(params, dict) else body
+    value = where.get("temperature", 1.0)
+    return float(value) if isinstance(value, int | float) else 1.0
 
 
 if __name__ == "__main__":  # a server for trying `eagle3kit bench server` by hand

@@ -328,3 +328,114 @@ def test_bad_sampling_flags_are_one_message(world, args: list[str], message: str
         "--target", str(world["target"]), "--drafter", str(world["drafter"]), *args])
     assert result.exit_code == 2, result.output
     assert message in result.stderr and "Traceback" not in result.output
+
+
+# The engine's own fault: sampling at temperature > 0 (vLLM 0.32.0's CPU build) --------------
+ALWAYS = (1.0, 1.0, 1.0)
+
+
+@pytest.fixture(scope="module")
+def certain(world) -> dict[str, Path]:
+    """A target that always says one token and a drafter that always drafts it, exported:
+    bench accept keeps every draft at every temperature (the target gives the token
+    probability ~1), so a stand-in that keeps every draft at temperature 0 agrees with it
+    exactly, and one that keeps none at 1.0 is far outside its interval.
+
+    The token's embedding column 0 is large in every embedding, so the residual stream's
+    component 0 is too, in the target's layers and in the drafter's fc output; both final
+    norms pass only that component, and both heads map it onto the token alone."""
+    import numpy as np
+
+    from eagle3kit.model import build_vocab
+
+    root = world["root"] / "certain"
+    target = root / "target"
+    shutil.copytree(world["target"], target)
+    config = json.loads((target / "config.json").read_text())
+    # make_tiny_run's draft vocabulary (seed 0, 300 ids): the token must be one of them.
+    vocab = build_vocab(np.random.default_rng(0).integers(0, 50, config["vocab_size"]), 300)
+    draft_id = 100
+    token = draft_id + int(vocab.d2t[draft_id])
+    weights = load_file(str(target / "model.safetensors"))
+    weights["model.embed_tokens.weight"][:, 0] = 50.0
+    weights["model.norm.weight"].zero_()
+    weights["model.norm.weight"][0] = 1.0
+    weights["lm_head.weight"].zero_()
+    weights["lm_head.weight"][token, 0] = 10.0
+    save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
+    make_tiny_run.make_run(root / "run", target, [2, 4, 5])
+    drafter = root / "run" / "drafter" / "model.safetensors"
+    weights = load_file(str(drafter))
+    hidden = weights["fc.weight"].shape[0]
+    weights["fc.weight"].zero_()
+    for aux in range(3):
+        weights["fc.weight"][0, aux * hidden] = 1.0
+    weights["norm.weight"].zero_()
+    weights["norm.weight"][0] = 1.0
+    weights["lm_head.weight"].zero_()
+    weights["lm_head.weight"][draft_id, 0] = 10.0
+    save_file(weights, str(drafter), metadata={"format": "pt"})
+    export.run(export.ExportConfig(root / "run", root / "export", format="vllm",
+                                   target=target, output=QUIET))
+    return {**world, "target": target, "drafter": root / "export"}
+
+
+def vllm_cpu(world: dict, accept=ALWAYS, sampled=NEVER) -> SpecServer:
+    """A vLLM stand-in that keeps drafts at `accept`'s rates at temperature 0 and at
+    `sampled`'s above it (NEVER: the CPU build's broken expand kernel, vllm#55005)."""
+    from transformers import AutoTokenizer
+
+    return SpecServer("vllm", accept=accept, sampled_accept=sampled, tokenizer=world["target"],
+                      model_name=str(world["target"]), context_length=2048,
+                      chat_tokenizer=AutoTokenizer.from_pretrained(world["target"]))
+
+
+def greedy_requests(srv: SpecServer) -> int:
+    return sum(r["path"] == "/v1/completions" and r["body"]["temperature"] == 0
+               for r in srv.requests)
+
+
+def test_an_engine_that_keeps_no_sampled_drafts_but_agrees_at_temperature_0_is_named(
+        certain) -> None:
+    with vllm_cpu(certain) as srv:
+        result = CliRunner().invoke(app, [
+            "bench", "parity", str(certain["prompts"]), "--server", srv.url,
+            "--target", str(certain["target"]), "--drafter", str(certain["drafter"]),
+            "--temperature", "1", "--max-new-tokens", "6", "--device", "cpu", "--json"])
+        probed = greedy_requests(srv)
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["engine"]["acceptance_length"] == pytest.approx(1.0)
+    assert report["offline"]["acceptance_length"] == pytest.approx(4.0)
+    assert [f["cause"] for f in report["findings"]] == ["engine-sampling"]
+    message = report["findings"][0]["message"]
+    assert "accepts 4.000, as bench accept does (4.000)" in message
+    assert "vllm#55005" in message and "python -m eagle3kit.bench.vllm_cpu_expand_fix" in message
+    stderr = " ".join(result.stderr.split())
+    assert "the engine's sampling at temperature > 0 [engine-sampling]" in stderr
+    assert "the engine's sampling at temperature > 0 is at fault" in stderr
+    assert probed == 2  # the probe: both prompts again, at temperature 0
+
+
+def test_an_engine_that_keeps_sampled_drafts_passes_without_a_probe(certain) -> None:
+    with vllm_cpu(certain, sampled=ALWAYS) as srv:
+        report = gate(certain, srv, temperature=1.0)
+        probed = greedy_requests(srv)
+    assert report.passed and report.findings == [], report.findings
+    assert report.engine["acceptance_length"] == pytest.approx(4.0) and probed == 0
+
+
+def test_an_engine_bad_at_temperature_0_too_is_not_blamed_on_its_sampling(certain) -> None:
+    with vllm_cpu(certain, accept=NEVER) as srv:
+        report = gate(certain, srv, temperature=1.0)
+        probed = greedy_requests(srv)
+    assert probed > 0  # probed at temperature 0, where it disagrees with bench accept too
+    assert causes(report) == ["unexplained"] and report.exit_code == 1
+
+
+def test_every_cause_has_its_troubleshooting_entry() -> None:
+    from eagle3kit.bench.diagnose import CAUSES
+
+    page = (REPO / "docs" / "troubleshooting.md").read_text()
+    table = page[page.index("## bench parity: the causes it names"):]
+    assert [c for c in CAUSES if f"| `{c}` |" not in table] == []

@@ -112,6 +112,32 @@ def test_low_acceptance_is_flagged(tokenizer):
     assert any("almost never accepted" in w for w in report.warnings)
 
 
+def test_a_server_that_keeps_no_sampled_drafts_but_keeps_them_at_temperature_0_is_named(
+        tokenizer):
+    """vLLM 0.32.0's CPU build (vllm#55005) keeps almost no drafts at temperature > 0 and
+    keeps them at 0: bench probes the server at temperature 0 and names its sampling."""
+    with SpecServer("vllm", tokenizer=str(tokenizer), accept=(0.9, 0.8, 0.7),
+                    sampled_accept=(0.0, 0.0, 0.0)) as srv:
+        report = bench.run(config(srv.url, tokenizer, temperature=0.7))
+        probed = [r["body"]["temperature"] for r in srv.requests
+                  if r["path"] == "/v1/completions"][12:]
+    assert report.acceptance_length == pytest.approx(1.0) and report.temperature == 0.7
+    assert probed == [0.0] * 8  # 4 conversations x 2 turns, at temperature 0
+    assert [f["cause"] for f in report.findings] == ["engine-sampling"]
+    assert "vllm#55005" in report.findings[0]["message"]
+    assert any("[engine-sampling]" in w for w in report.warnings)
+    assert not any("almost never accepted" in w for w in report.warnings)
+
+
+def test_a_server_that_keeps_no_drafts_at_temperature_0_either_is_not_blamed(tokenizer):
+    with SpecServer("vllm", tokenizer=str(tokenizer), accept=(0.02, 0.0, 0.0)) as srv:
+        report = bench.run(config(srv.url, tokenizer, temperature=0.7))
+        probed = sum(r["path"] == "/v1/completions" and r["body"]["temperature"] == 0
+                     for r in srv.requests)
+    assert probed == 8 and report.findings == []
+    assert any("almost never accepted" in w for w in report.warnings)
+
+
 def cli(*args: str):
     result = CliRunner().invoke(app, ["bench", "server", *args])
     return result.exit_code, result.output

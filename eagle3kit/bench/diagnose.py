@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3kit.bench.stats import likely_misconfigured
 from eagle3kit.target import to_layer_output
 
 CAUSES = {
@@ -31,6 +32,7 @@ CAUSES = {
     "chat-template": "chat template and BOS",
     "method": "speculative method",
     "verification": "verification rule at temperature > 0",
+    "engine-sampling": "the engine's sampling at temperature > 0",
     "served-drafter": "the drafter served",
     "served-target": "the target served",
     "checkpoint": "the drafter checkpoint",
@@ -262,3 +264,47 @@ def unexplained(engine: float | None, offline: float | None, near_one: bool,
 
 def _fmt(value: float | None) -> str:
     return "–" if value is None else f"{value:.3f}"
+
+
+# When the engine's own sampling is at fault -------------------------------------------------
+NEAR_ZERO = 0.05
+"""A first draft position kept less often than this: the engine keeps almost no drafts."""
+PROBE_SAMPLES = 4
+"""Conversations the temperature-0 probe measures (of the run's own, the first ones)."""
+SERVER_ZERO_KEEPS = 1.5
+"""`bench server` has no offline side: the temperature-0 acceptance length above which a
+sampled one near 1 is the engine's fault (half a draft kept a round, where a sound engine at
+temperature > 0 keeps far more than none)."""
+EXPAND_FIX = "eagle3kit/bench/vllm_cpu_expand_fix/sitecustomize.py"
+"""The patch a vLLM CPU server takes first on its PYTHONPATH (`python -m
+eagle3kit.bench.vllm_cpu_expand_fix` prints the folder)."""
+
+
+def keeps_almost_nothing(length: float | None, per_position: list[float | None]) -> bool:
+    """The engine's figures at temperature > 0 say it keeps almost no drafts: an acceptance
+    length near 1, or a first position kept under NEAR_ZERO of the rounds."""
+    first = per_position[0] if per_position else None
+    return likely_misconfigured(length) or (first is not None and first < NEAR_ZERO)
+
+
+def engine_sampling(api: str, temperature: float, sampled: float | None, zero: float,
+                    offline_zero: float | None = None) -> Finding:
+    """The engine keeps almost no drafts at `temperature` but keeps them at 0 (`zero`, with
+    bench accept's `offline_zero` beside it where the gate measured one): its sampling, not
+    the drafter, is at fault."""
+    agrees = "" if offline_zero is None else f", as bench accept does ({offline_zero:.3f})"
+    head = (f"at temperature {temperature:g} the engine keeps almost no drafts (acceptance "
+            f"length {_fmt(sampled)}) but the same server at temperature 0 accepts "
+            f"{zero:.3f}{agrees}: its sampling at temperature > 0 is at fault, not the drafter")
+    if api != "vllm":
+        return Finding("engine-sampling", (
+            f"{head}; check the engine's release notes for a sampling fix, and measure at "
+            f"temperature 0 meanwhile"))
+    return Finding("engine-sampling", (
+        f"{head}. vLLM 0.32.0's CPU build verifies sampled drafts against uninitialised "
+        f"memory (vllm#55005: its C++ stand-in for expand_kernel never copies the "
+        f"temperatures back), and garbles greedy requests batched with sampled ones too: start "
+        f"the server with {EXPAND_FIX} first on its PYTHONPATH (`python -m "
+        f"eagle3kit.bench.vllm_cpu_expand_fix` prints the folder), serve from a GPU build, or "
+        f"serve at temperature 0 (docs/troubleshooting.md, engine-sampling)"))
+

@@ -334,7 +334,7 @@ def run(cfg: ParityConfig) -> ParityReport:
     target_config, _ = target_dict(cfg.target)
     assert target_config is not None  # None only for no target; --target is required
     _ui.info(f"bench parity: {cfg.server} against bench accept with {cfg.drafter}", cfg.output)
-    online = server.run(cfg.server_config())
+    online = server.measure(cfg.server_config())
     k = online.k or cfg.k or 3
 
     convs = prompts.load(cfg.prompts, cfg.format, cfg.max_samples) if cfg.prompts else []
@@ -386,6 +386,9 @@ def run(cfg: ParityConfig) -> ParityReport:
                                      offline_figures["per_position"], cfg.tolerance)
         interval = None
     near_one = engine_length is not None and likely_misconfigured(engine_length)
+    from eagle3kit.bench.probe import sampling_probe  # T > 0, the engine keeping ~nothing
+
+    findings += sampling_probe(cfg, k, online, offline, agree)
     if (not agree or near_one) and not findings:
         findings.append(diagnose.unexplained(engine_length, offline_figures["acceptance_length"],
                                              near_one, served, rule.name if sampled else None))
@@ -573,8 +576,10 @@ def show(report: ParityReport, opts: _ui.OutputOptions) -> None:
         why = [text for failed, text in (
             (not report.agree, f"the engine and bench accept differ {apart}"),
             (near_one, "the engine accepts almost nothing"),
-            (any(f["cause"] != "unexplained" for f in report.findings),
-             "what is served differs from the run")) if failed]
+            (any(f["cause"] not in ("unexplained", "engine-sampling") for f in report.findings),
+             "what is served differs from the run"),
+            (any(f["cause"] == "engine-sampling" for f in report.findings),
+             "the engine's sampling at temperature > 0 is at fault")) if failed]
         _ui.error(f"bench parity failed: {'; '.join(why)} (the causes found are above)")
 
 

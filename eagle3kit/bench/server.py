@@ -170,6 +170,9 @@ class ServerReport:
     engine's own rounds of each request (vLLM started with --per-request-spec-decode-metrics
     detailed); empty when the server does not report them."""
     warnings: list[str] = field(default_factory=list)
+    findings: list[dict[str, str]] = field(default_factory=list)
+    """Causes named (cause, message; eagle3kit.bench.diagnose): at temperature > 0 an engine
+    that keeps almost no drafts yet keeps them at temperature 0 is `engine-sampling`."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -424,6 +427,53 @@ def _figures(info: Any, out: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(cfg: ServerBenchConfig) -> ServerReport:
+    report = measure(cfg)
+    length = report.acceptance_length_without_prefill or report.acceptance_length
+    if not sampling_probe(cfg, report) and likely_misconfigured(length):
+        report.warnings.append(
+            f"acceptance length {length:.3f}: drafts are almost never "
+            "accepted; check the aux layer ids and their convention, the algorithm (EAGLE3, "
+            "not EAGLE) and that the drafter was trained for this target")
+    from eagle3kit.bench.report import show_server
+
+    show_server(report, cfg)
+    return report
+
+
+def sampling_probe(cfg: ServerBenchConfig, report: ServerReport) -> bool:
+    """At temperature > 0, where the engine keeps almost no drafts: the same server again at
+    temperature 0 on the first few conversations. Keeping drafts there, its sampling is at
+    fault (eagle3kit.bench.diagnose.engine_sampling): the finding goes into the report and
+    its warnings, and the answer is True."""
+    from dataclasses import replace
+
+    from eagle3kit.bench import diagnose
+
+    length = report.acceptance_length_without_prefill or report.acceptance_length
+    if cfg.temperature == 0 or not diagnose.keeps_almost_nothing(length, report.per_position):
+        return False
+    _ui.info("the engine keeps almost no drafts: measuring it at temperature 0 on "
+             f"{diagnose.PROBE_SAMPLES} conversations", cfg.output)
+    zero = replace(cfg, temperature=0.0, baseline=None, plot=None,
+                   max_samples=min(cfg.max_samples or diagnose.PROBE_SAMPLES,
+                                   diagnose.PROBE_SAMPLES),
+                   output=_ui.OutputOptions(quiet=True, no_progress=True))
+    try:
+        at_zero = measure(zero)
+    except UserError:  # the probe is a diagnosis: a failure of its own changes nothing
+        return False
+    kept = at_zero.acceptance_length_without_prefill or at_zero.acceptance_length
+    if kept is None or kept < diagnose.SERVER_ZERO_KEEPS:
+        return False
+    finding = diagnose.engine_sampling(report.api, cfg.temperature, length, kept)
+    report.findings.append(finding.to_dict())
+    report.warnings.append(f"{diagnose.CAUSES[finding.cause]} [{finding.cause}]: "
+                           f"{finding.message}")
+    return True
+
+
+def measure(cfg: ServerBenchConfig) -> ServerReport:
+    """The run's figures, not shown."""
     logging.getLogger("httpx").setLevel(logging.WARNING)
     renderer = bench_prompts.load_renderer(cfg.tokenizer, "--tokenizer", cfg.chat_template,
                                            cfg.trust_remote_code)
@@ -436,11 +486,7 @@ def run(cfg: ServerBenchConfig) -> ServerReport:
         for role, url in roles:
             outcomes[role] = asyncio.run(_generate_all(cfg, url, renderer, convs, progress,
                                                        role))
-    report = _summarize(cfg, outcomes)
-    from eagle3kit.bench.report import show_server
-
-    show_server(report, cfg)
-    return report
+    return _summarize(cfg, outcomes)
 
 
 def _summarize(cfg: ServerBenchConfig, outcomes: dict[str, tuple[Any, dict[str, Any]]]
@@ -480,12 +526,6 @@ def _summarize(cfg: ServerBenchConfig, outcomes: dict[str, tuple[Any, dict[str, 
         if _speculates(base_info, base_out):
             report.warnings.append(f"--baseline {cfg.baseline} speculates too: the speedup "
                                    "compares two speculating servers")
-    length = report.acceptance_length_without_prefill or report.acceptance_length
-    if likely_misconfigured(length):
-        report.warnings.append(
-            f"acceptance length {length:.3f}: drafts are almost never "
-            "accepted; check the aux layer ids and their convention, the algorithm (EAGLE3, "
-            "not EAGLE) and that the drafter was trained for this target")
     return report
 
 

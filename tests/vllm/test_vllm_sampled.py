@@ -13,9 +13,10 @@ the same server.
 
 vLLM 0.32.0's CPU build verifies sampled drafts against a garbage distribution (its C++
 `expand_kernel` stand-in returns uninitialised per-token temperatures: docs/vllm-cpu.md), so
-the servers here run with cpu_expand_fix/ first on PYTHONPATH, which puts a correct one in
-its place; a test checks that the unpatched one is still wrong. Without a server, vLLM's
-own rejection kernel is checked against each rule's closed form.
+the servers here run with eagle3kit/bench/vllm_cpu_expand_fix/ (the fix shipped to users)
+first on PYTHONPATH, which puts a correct one in its place; a test checks that the unpatched
+one is still wrong. Without a server, vLLM's own rejection kernel is checked against each
+rule's closed form.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import pytest
 from conftest import K, World
 
 from eagle3kit import _ui, export
+from eagle3kit.bench.vllm_cpu_expand_fix import FOLDER
 
 pytestmark = pytest.mark.vllm
 PROMPTS = 8
@@ -117,9 +119,10 @@ def prompts(world: World, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-EXPAND_FIX = Path(__file__).resolve().parent / "cpu_expand_fix"
-"""A sitecustomize.py that replaces vLLM 0.32.0's broken CPU `expand_kernel` override (its
-docstring says how it is broken): the servers below start with it first on PYTHONPATH."""
+EXPAND_FIX = FOLDER
+"""eagle3kit/bench/vllm_cpu_expand_fix/: a sitecustomize.py that replaces vLLM 0.32.0's broken
+CPU `expand_kernel` override (its docstring says how it is broken), the one users get: the
+servers below start with it first on PYTHONPATH."""
 
 EXPAND = """
 import torch
@@ -139,7 +142,8 @@ def test_vllms_cpu_build_expands_temperatures_wrongly_and_the_tier_fixes_it(
         vllm_env: Path) -> None:
     """Why the engine's acceptance at temperature > 0 is near 1 on the CPU build: the
     temperatures it scales the target's logits by are uninitialised memory. If a vLLM
-    release fixes this, the first assertion fails and cpu_expand_fix/ can go."""
+    release fixes this, the first assertion fails and the fix can go (the engine-sampling
+    cause stays: older builds are still served)."""
     want = [1.0, 1.0, 1.0, 0.6, 0.6, 0.6]
     runs = {}
     for fixed in (False, True):
