@@ -121,7 +121,9 @@ def _open(src: Path) -> Any:
                    or pa.types.is_large_binary(f.type)]
         return pq.ParquetFile(src, read_dictionary=strings)
     except (OSError, pa.ArrowException) as exc:
-        raise UserError(f"{src}: not a readable Parquet file ({exc})") from None
+        # Arrow's messages may run over lines (thrift's end with one): one line here.
+        raise UserError(f"{src}: not a readable Parquet file ({' '.join(str(exc).split())})"
+                        ) from None
 
 
 def _file_hash(src: Path) -> str:
@@ -134,9 +136,10 @@ def _file_hash(src: Path) -> str:
     return hasher.hexdigest()
 
 
-BATCH_VALUES = 1 << 23
+BATCH_VALUES = 1 << 21
 """Values (token ids, strings) a batch decodes when its row group's rows share them evenly:
-about 64 MiB in Arrow, whatever the rows per group."""
+as many as the longest sample holds (MAX_SAMPLE_TOKENS), 16 MiB in Arrow, whatever the rows
+per group."""
 IDS_COLUMNS = ("prompt_ids", "completion_ids")
 ROW_BYTES_PER_TOKEN = 16
 """A row's bytes per token beside its metadata's share: its ids and its loss mask, as int64."""
@@ -289,7 +292,8 @@ def _batches(pf: Any, src: Path, skip: int) -> Iterator[list[dict | ValueError]]
                 skip = 0
                 yield rows
     except (OSError, pa.ArrowException) as exc:
-        raise UserError(f"{src}: cannot read the Parquet data ({exc})") from None
+        raise UserError(f"{src}: cannot read the Parquet data ({' '.join(str(exc).split())})"
+                        ) from None
 
 
 def _record(row: dict) -> dict:
