@@ -39,7 +39,7 @@ import typer
 from typer.main import _get_params_name_from_function, get_callback
 
 from eagle3kit._help import HelpGroup, StageCommand
-from eagle3kit._options import CLI, CLI_ONLY, Cli
+from eagle3kit._options import CLI, CLI_ONLY, Cli, check_int_bounds
 from eagle3kit.errors import UserError
 
 _CLASSVAR = dataclasses._FIELD_CLASSVAR  # type: ignore[attr-defined]
@@ -181,11 +181,18 @@ def _parameter(o: Option) -> inspect.Parameter:
                              default=False if annotation is bool else None)
 
 
-def build(cls: type, values: dict[str, Any], base: Any = None) -> Any:
+def build(cls: type, values: dict[str, Any], base: Any = None, embedded: bool = False) -> Any:
     """The config `cls` from the command line's `values` (by field name): only the options
     given are passed, so every other field keeps its default; a required one not given is
-    passed as None for the config to refuse by its flag."""
+    passed as None for the config to refuse by its flag. Every integer given is bounded
+    first, embedded options' too, before any config (which may look at files) is made."""
     from eagle3kit._help import NOTHING, field_default
+
+    if not embedded:
+        for o in options(cls):
+            if values.get(o.field.name) is not None:
+                check_int_bounds(o.field.name, values[o.field.name], hints(o.owner)[o.field.name],
+                                 o.cli)
 
     given: dict[str, Any] = {}
     for f in _fields(cls):
@@ -195,7 +202,7 @@ def build(cls: type, values: dict[str, Any], base: Any = None) -> Any:
             continue
         if spec.embed:
             sub = None if default is NOTHING else default
-            given[f.name] = build(_embedded_class(cls, f, default), values, sub)
+            given[f.name] = build(_embedded_class(cls, f, default), values, sub, embedded=True)
             continue
         value = values.get(f.name)
         if spec.last:

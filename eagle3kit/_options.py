@@ -17,6 +17,8 @@ Light: configs import this before anything heavy loads.
 
 from __future__ import annotations
 
+import types
+import typing
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -56,6 +58,11 @@ class Cli:
     cli_only: str | None = None
     """Why only the command line may give it (a key of `CLI_ONLY`): a settings file that sets
     it is refused, a recorded run's value is not replayed (docs/security.md)."""
+    bounds: tuple[int, int] | None = None
+    """The least and greatest integer the option takes (none: INT_BOUNDS)."""
+    ints: bool = False
+    """Text holding integers separated by commas (--depth-buckets 1024,4096), each bounded
+    as an integer option is; a field typed as holding integers needs no telling."""
 
 
 CLI_ONLY = {
@@ -84,6 +91,61 @@ def embed(*only: str, panel: str | None = None) -> dict[str, Cli]:
     """Field metadata embedding another options dataclass (`only` these of its options); its
     options without a panel of their own go to `panel`."""
     return {CLI: Cli(embed=True, only=only, panel=panel)}
+
+
+INT_BOUNDS = (-(2**31), 2**31 - 1)
+"""The integers an option takes unless its field says otherwise (`opt(bounds=...)`): int32,
+which every count, length, layer and token id eagle3kit takes fits in (the format stores
+ids and positions as int32, and torch and the engines take them so). A 23-digit
+--sliding-window used to pass the config, create the run and end in torch's traceback."""
+SEED_BOUNDS = (0, 2**31 - 1)
+"""A seed: numpy's generators take no negative one, and a seed is mixed with sample numbers
+into torch's 64 bits."""
+
+
+def check_int_bounds(name: str, value: Any, hint: Any, cli: Cli) -> None:
+    """Refuse, naming the flag, an integer outside the option's bounds: `value` itself, each
+    of a list's, or each comma-separated number of text for a field holding integers
+    (--layers 2,18,33, --tree 4,5). The command line checks every option given (or set by a
+    --config file) so, as it builds the config: before anything is written or measured."""
+    if not (cli.ints or _holds_ints(hint)):
+        return
+    low, high = cli.bounds or INT_BOUNDS
+    for number in _integers(value):
+        if not low <= number <= high:
+            flag = next((f for f in cli.flags if f.startswith("--")),
+                        f"--{name.replace('_', '-')}")
+            digits = str(abs(number))
+            shown = str(number) if len(digits) <= 20 else \
+                f"{'-' if number < 0 else ''}{digits[:6]}... ({len(digits):,} digits)"
+            most = f"the most it takes is {high:,}" if number > high else \
+                f"the least it takes is {low:,}"
+            raise UserError(f"{flag} {shown}: out of range ({most})")
+
+
+def _holds_ints(hint: Any) -> bool:
+    if hint is int:
+        return True
+    return typing.get_origin(hint) in (typing.Union, types.UnionType, list, tuple) and any(
+        _holds_ints(arg) for arg in typing.get_args(hint))
+
+
+def _integers(value: Any) -> list[int]:
+    """The integers in an option's value: an int, a list's, or text's comma-separated ones
+    (text that is not a number is left to the config to refuse in its own words)."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [n for item in value for n in _integers(item)]
+    found = []
+    for part in str(value).split(","):
+        try:
+            found.append(int(part))
+        except ValueError:
+            continue
+    return found
 
 
 OPEN_MODES = ("auto", "resume", "overwrite")

@@ -13,18 +13,24 @@ extra to install.
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from parquetcraft import BOMB_IDS, bomb_file, ids_bomb_table, write_groups
 
-from eagle3kit.format import Dataset, DatasetWriter, TokenSample
+from eagle3kit.format import MAX_SAMPLE_TOKENS, Dataset, DatasetWriter, TokenSample
 
 CLI_TIMEOUT_S = 60
+MEMORY_CAP = 1 << 30
+"""Address space for a convert of a Parquet bomb: main needed more than 2 GiB for the
+issue's file (a MemoryError traceback under that cap), a healthy import needs under 600 MiB."""
 JSON_COLUMNS = ("metadata", "source", "server", "counts")
 COLUMNS = ["sample_id", "prompt_ids", "completion_ids", "finish_reason", "partition", "metadata",
            "loss_mask", "source", "server", "latency", "counts"]
@@ -33,6 +39,21 @@ COLUMNS = ["sample_id", "prompt_ids", "completion_ids", "finish_reason", "partit
 def run_cli(*args: str | Path, env: dict | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "eagle3kit", *map(str, args)],
                           capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=env)
+
+
+def _cap_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+
+
+def run_capped(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """The real command with its address space capped at MEMORY_CAP."""
+    return subprocess.run([sys.executable, "-m", "eagle3kit", *map(str, args)],
+                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
+                          preexec_fn=_cap_memory)
+
+
+def stored_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def ok(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -168,6 +189,56 @@ def test_a_bad_row_is_refused_naming_file_and_row_keeping_the_rows_before(
     ds = Dataset(dst)
     assert ds.verify() == []
     assert list(ds.sample_ids()) == [f"id-{i}" for i in range(10) if i != 6]
+
+
+def test_a_parquet_bomb_is_refused_by_row_before_it_is_decoded(tmp_path: Path):
+    # The issue's file: one row declaring 20 M ids, a run of one id that zstd and RLE keep
+    # in a few bytes. Main decoded it whole (1.1 GB; a MemoryError traceback under a 2 GiB
+    # cap, "cannot read the Parquet data" under 1 GiB) or stored an 80 MB dataset.
+    src = bomb_file(tmp_path / "bomb.parquet")
+    assert src.stat().st_size < 4096
+    dst = tmp_path / "ds"
+
+    message = the_error(run_capped("convert", src, dst, "--commit-every", 1))
+    assert message.startswith(
+        f"error: {src}: row 2 (counting from 0): its row group declares {BOMB_IDS:,} values "
+        f"in completion_ids, more than a sample may hold ({MAX_SAMPLE_TOKENS:,} tokens each) "
+        "(use --skip-bad-lines"), message
+    assert list(Dataset(dst).sample_ids()) == ["id-0", "id-1"]
+
+    result = run_capped("convert", src, dst, "--skip-bad-lines")
+    assert result.returncode == 0, result.stderr
+    assert f"{src}: skipped 1 malformed rows" in result.stderr
+    assert list(Dataset(dst).sample_ids()) == ["id-0", "id-1", "id-3", "id-4"]
+    assert stored_bytes(dst) < 1 << 20
+
+
+def test_a_row_over_the_bound_among_others_is_refused_before_python_sees_it(tmp_path: Path):
+    # Three rows in one row group, the middle one past the bound: the group may hold that
+    # many ids in all, so it is decoded (in Arrow) and the row refused by its size; its
+    # neighbours are stored. Main stored a 3 M-token sample.
+    src = write_groups(tmp_path / "rows.parquet",
+                       [ids_bomb_table(0, [2, MAX_SAMPLE_TOKENS + 1, 2])])
+    dst = tmp_path / "ds"
+    message = the_error(run_capped("convert", src, dst))
+    assert message.startswith(
+        f"error: {src}: row 1 (counting from 0): {MAX_SAMPLE_TOKENS + 3:,} tokens, more than "
+        f"a sample may hold ({MAX_SAMPLE_TOKENS:,})"), message
+
+    result = run_capped("convert", src, dst, "--skip-bad-lines")
+    assert result.returncode == 0, result.stderr
+    assert list(Dataset(dst).sample_ids()) == ["id-0", "id-2"]
+    assert stored_bytes(dst) < 1 << 20
+
+
+def test_the_writer_refuses_a_sample_past_the_bound(tmp_path: Path):
+    with DatasetWriter(tmp_path / "ds") as writer:
+        ids = np.zeros(MAX_SAMPLE_TOKENS, np.int32)
+        with pytest.raises(ValueError, match=f"sample long: {MAX_SAMPLE_TOKENS + 1:,} tokens, "
+                                             "more than a sample may hold"):
+            writer.add(TokenSample("long", ids, [1]))
+        writer.add(TokenSample("at-the-bound", ids[:-1], [1]))
+    assert list(Dataset(tmp_path / "ds").sample_ids()) == ["at-the-bound"]
 
 
 def test_not_a_parquet_file_is_one_line(tmp_path: Path):

@@ -17,7 +17,7 @@ from typing import Any, TypedDict
 
 import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
-from eagle3kit._options import embed, opt
+from eagle3kit._options import SEED_BOUNDS, embed, opt
 from eagle3kit.bench.contexts import DepthOptions
 from eagle3kit.bench.stats import Acceptance, likely_misconfigured
 from eagle3kit.errors import UserError
@@ -119,7 +119,7 @@ class AcceptConfig:
     tie_epsilon: float | None = field(default=None, metadata=opt())
     """Largest top-1 minus chosen-token logit gap counted as a near-tie (default 1e-3 fp32,
     0.25 bf16, 0.05 fp16)."""
-    seed: int = field(default=0, metadata=opt())
+    seed: int = field(default=0, metadata=opt(bounds=SEED_BOUNDS))
     """Sampling seed."""
     plot: Path | None = field(default=None, metadata=opt(metavar="FILE.png"))
     """Draw acceptance per position and category, and against context depth (plot extra)."""

@@ -48,13 +48,15 @@ class DepthOptions:
     """Where in the sequence bench measures: the depth buckets of its reports, and deep
     contexts cut from recorded samples (accept, server and parity embed these)."""
 
-    depth_buckets: str = field(default=DEPTH_EDGES_TEXT, metadata=opt(metavar="EDGES"))
+    depth_buckets: str = field(default=DEPTH_EDGES_TEXT, metadata=opt(metavar="EDGES",
+                                                                          ints=True))
     """Context-depth bucket edges in tokens: acceptance is also reported per bucket of where
     each verification round happens (the default: < 1K, 1K-4K, 4K-16K, >= 16K)."""
     context_from: Path | None = field(default=None, metadata=opt(metavar="DATASET"))
     """Also measure on contexts cut from this token dataset's recorded samples (prompt +
     completion; give one the drafter did not train on): see --context-tokens."""
-    context_tokens: str | None = field(default=None, metadata=opt(metavar="N[,N...]"))
+    context_tokens: str | None = field(default=None, metadata=opt(metavar="N[,N...]",
+                                                                     ints=True))
     """With --context-from: the first N tokens of each sample longer than N are a prompt the
     target continues (several N: one prompt each); last-turn: each sample up to its last
     answer (a multi-turn sample's whole history)."""

@@ -19,7 +19,7 @@ from typing import Any, cast
 import eagle3kit.bench.diagnose as diagnose
 import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
-from eagle3kit._options import embed, opt
+from eagle3kit._options import SEED_BOUNDS, embed, opt
 from eagle3kit.bench.contexts import DepthOptions
 from eagle3kit.bench.stats import likely_misconfigured
 from eagle3kit.errors import UserError
@@ -55,7 +55,7 @@ class ParityConfig:
     """Top-p of both sides (sent to the server, applied by bench accept)."""
     top_k: int = field(default=-1, metadata=opt())
     """Top-k of both sides; -1 off."""
-    seed: int = field(default=0, metadata=opt())
+    seed: int = field(default=0, metadata=opt(bounds=SEED_BOUNDS))
     """Sampling seed of both sides."""
     api: str = field(default="auto", metadata=opt())
     """auto, sglang or vllm."""

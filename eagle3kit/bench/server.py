@@ -29,7 +29,7 @@ from typing import Any
 
 import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
-from eagle3kit._options import embed, opt
+from eagle3kit._options import SEED_BOUNDS, embed, opt
 from eagle3kit.bench.contexts import DepthOptions
 from eagle3kit.bench.stats import likely_misconfigured, percentile
 from eagle3kit.errors import UserError
@@ -80,7 +80,7 @@ class ServerBenchConfig:
     """Bearer token for the servers (never stored)."""
     request_timeout: float | None = field(default=None, metadata=opt(metavar="SECONDS"))
     """Limit on one request (default none)."""
-    seed: int = field(default=0, metadata=opt())
+    seed: int = field(default=0, metadata=opt(bounds=SEED_BOUNDS))
     """Sampling seed."""
     plot: Path | None = field(default=None, metadata=opt(metavar="FILE.png"))
     """Draw acceptance per position and category, and against context depth (plot extra)."""

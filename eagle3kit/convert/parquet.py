@@ -16,6 +16,7 @@ and the row (counted from 0, as pandas and datasets number them).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from eagle3kit._durable import fsync_file, replace_durably
 from eagle3kit.convert.config import ConvertConfig
 from eagle3kit.convert.jsonl import (
     FIRST_COMMIT,
+    TEXT_KEYS,
     SourceMark,
     check_partition,
     count_added,
@@ -38,7 +40,7 @@ from eagle3kit.convert.jsonl import (
 )
 from eagle3kit.convert.result import ConvertResult
 from eagle3kit.errors import UserError
-from eagle3kit.format import Dataset, DatasetWriter
+from eagle3kit.format import MAX_SAMPLE_TOKENS, Dataset, DatasetWriter, meta_bound
 
 JSON_COLUMNS = ("metadata", "source", "server", "counts")
 ROWS_PER_GROUP = 1024
@@ -107,13 +109,21 @@ def export_parquet(cfg: ConvertConfig) -> ConvertResult:
 
 # Import ------------------------------------------------------------------------------------
 def _open(src: Path) -> Any:
+    """The file, its string columns read as dictionaries: a long string repeated on every
+    row is decoded once, not once per row, before the rows' sizes are checked."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(src)
+        schema = pq.read_schema(src)
+        strings = [f.name for f in schema if pa.types.is_string(f.type)
+                   or pa.types.is_large_string(f.type) or pa.types.is_binary(f.type)
+                   or pa.types.is_large_binary(f.type)]
+        return pq.ParquetFile(src, read_dictionary=strings)
     except (OSError, pa.ArrowException) as exc:
-        raise UserError(f"{src}: not a readable Parquet file ({exc})") from None
+        # Arrow's messages may run over lines (thrift's end with one): one line here.
+        raise UserError(f"{src}: not a readable Parquet file ({' '.join(str(exc).split())})"
+                        ) from None
 
 
 def _file_hash(src: Path) -> str:
@@ -126,24 +136,164 @@ def _file_hash(src: Path) -> str:
     return hasher.hexdigest()
 
 
-def _batches(pf: Any, src: Path, skip: int):
-    """The file's rows as lists of dicts, from row `skip` on; a damaged file ends in one line
-    naming it."""
+BATCH_VALUES = 1 << 21
+"""Values (token ids, strings) a batch decodes when its row group's rows share them evenly:
+as many as the longest sample holds (MAX_SAMPLE_TOKENS), 16 MiB in Arrow, whatever the rows
+per group."""
+IDS_COLUMNS = ("prompt_ids", "completion_ids")
+ROW_BYTES_PER_TOKEN = 16
+"""A row's bytes per token beside its metadata's share: its ids and its loss mask, as int64."""
+
+
+def row_bytes_bound(tokens: int) -> int:
+    """The most bytes a row of `tokens` tokens may decode to: its ids and loss mask, and the
+    share of metadata the format allows a sample (docs/format.md)."""
+    return meta_bound(1, tokens) + ROW_BYTES_PER_TOKEN * tokens
+
+
+MAX_ROW_BYTES = row_bytes_bound(MAX_SAMPLE_TOKENS)
+
+
+def _group_refusal(group: Any) -> str | None:
+    """Why no row of this row group can be a sample, from its metadata alone (nothing is
+    decoded): a column declaring more values than its rows may hold (a run of one repeated id
+    compresses millions of them into a few bytes), or more bytes."""
+    rows = group.num_rows
+    most = f"more than {'a sample' if rows == 1 else f'{rows:,} samples'} may hold"
+    declared = 0
+    for i in range(group.num_columns):
+        column = group.column(i)
+        if column.num_values > rows * MAX_SAMPLE_TOKENS:
+            name = column.path_in_schema.split(".")[0]
+            return (f"its row group declares {column.num_values:,} values in {name}, {most} "
+                    f"({MAX_SAMPLE_TOKENS:,} tokens each)")
+        declared += column.total_uncompressed_size
+    if declared > rows * MAX_ROW_BYTES:
+        return (f"its row group declares {declared:,} bytes, {most} ({MAX_ROW_BYTES:,} bytes "
+                "each)")
+    return None
+
+
+def _batch_rows(group: Any) -> int:
+    """Rows per batch for this row group: about BATCH_VALUES values decoded at a time."""
+    values = sum(max(group.column(i).num_values, group.column(i).total_uncompressed_size // 8)
+                 for i in range(group.num_columns))
+    return max(1, min(ROWS_PER_GROUP, BATCH_VALUES * group.num_rows // max(values, 1)))
+
+
+def _entry_bytes(array: Any) -> Any:
+    """The bytes each entry of an Arrow array decodes to (as a numpy int64 array): what
+    `to_pylist` would turn into Python objects."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = array.type
+    n = len(array)
+    if pa.types.is_dictionary(kind):  # read_dictionary: each distinct string held once
+        sizes = _entry_bytes(array.dictionary)
+        indices = array.indices.fill_null(0).to_numpy(zero_copy_only=False)
+        return sizes[indices] if len(sizes) else np.zeros(n, np.int64)
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
+            kind) or pa.types.is_large_binary(kind):
+        return pc.binary_length(array).fill_null(0).to_numpy(zero_copy_only=False).astype(
+            np.int64)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        lengths = pc.list_value_length(array).fill_null(0).to_numpy(
+            zero_copy_only=False).astype(np.int64)
+        inner = array.flatten()
+        if pa.types.is_primitive(inner.type):
+            return lengths * max(1, inner.type.bit_width // 8)
+        ends = np.cumsum(lengths)
+        total = np.concatenate([[0], np.cumsum(_entry_bytes(inner))])
+        return total[ends] - total[ends - lengths]
+    if pa.types.is_struct(kind):
+        return sum((_entry_bytes(child) for child in array.flatten()), np.zeros(n, np.int64))
+    if pa.types.is_primitive(kind):
+        return np.full(n, max(1, kind.bit_width // 8), np.int64)
+    return np.full(n, array.nbytes, np.int64)  # a map or a union: charged the whole array
+
+
+def _row_problems(batch: Any) -> list[str | None]:
+    """Why each row of a decoded batch cannot be a sample because of its size (None: it may
+    be one), found in Arrow before any of it becomes Python objects."""
+    import numpy as np
+
+    names = batch.schema.names
+    tokens = sum((_lengths(batch, name) for name in IDS_COLUMNS if name in names),
+                 np.zeros(batch.num_rows, np.int64))
+    mask = _lengths(batch, "loss_mask") if "loss_mask" in names else np.zeros_like(tokens)
+    nbytes = sum((_entry_bytes(column) for column in batch.columns),
+                 np.zeros(batch.num_rows, np.int64))
+    problems: list[str | None] = []
+    for n, m, size in zip(tokens.tolist(), mask.tolist(), nbytes.tolist(), strict=True):
+        if max(n, m) > MAX_SAMPLE_TOKENS:
+            problems.append(f"{max(n, m):,} tokens, more than a sample may hold "
+                            f"({MAX_SAMPLE_TOKENS:,})")
+        elif size > row_bytes_bound(n):
+            problems.append(f"it decodes to {size:,} bytes, more than a sample of {n:,} tokens "
+                            f"may hold ({row_bytes_bound(n):,})")
+        else:
+            problems.append(None)
+    return problems
+
+
+def _lengths(batch: Any, name: str) -> Any:
+    """The entries of list column `name` in each row (0 for a null; what is not a list
+    is left to the row's own check)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = batch.column(name)
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+        return np.zeros(batch.num_rows, np.int64)
+    return pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(
+        np.int64)
+
+
+def _decoded(batch: Any) -> list[dict | ValueError]:
+    """A batch's rows as dicts; a row too large to be a sample as the ValueError saying so,
+    never turned into Python objects."""
     import pyarrow as pa
 
+    problems = _row_problems(batch)
+    if not any(problems):
+        return batch.to_pylist()
+    fine = iter(batch.filter(pa.array([p is None for p in problems])).to_pylist())
+    return [ValueError(p) if p else next(fine) for p in problems]
+
+
+def _batches(pf: Any, src: Path, skip: int) -> Iterator[list[dict | ValueError]]:
+    """The file's rows as lists of dicts, from row `skip` on; a row too large to be a sample
+    as the ValueError saying why (refused like any malformed row); a damaged file ends in
+    one line naming it. The text columns export adds are not read: import ignores them."""
+    import pyarrow as pa
+
+    columns = [name for name in pf.schema_arrow.names if name not in TEXT_KEYS]
     try:
         for group in range(pf.num_row_groups):
-            size = pf.metadata.row_group(group).num_rows
+            meta = pf.metadata.row_group(group)
+            size = meta.num_rows
             if skip >= size:  # a group the committed samples already cover: not even read
                 skip -= size
                 continue
-            for batch in pf.iter_batches(batch_size=ROWS_PER_GROUP, row_groups=[group]):
-                rows = batch.to_pylist()
-                if skip:
-                    rows, skip = rows[skip:], max(0, skip - len(rows))
+            refusal = _group_refusal(meta)
+            if refusal is not None:
+                yield [ValueError(refusal)] * (size - skip)
+                skip = 0
+                continue
+            for batch in pf.iter_batches(batch_size=_batch_rows(meta), row_groups=[group],
+                                         columns=columns):
+                if skip >= batch.num_rows:
+                    skip -= batch.num_rows
+                    continue
+                rows = _decoded(batch.slice(skip))
+                skip = 0
                 yield rows
     except (OSError, pa.ArrowException) as exc:
-        raise UserError(f"{src}: cannot read the Parquet data ({exc})") from None
+        raise UserError(f"{src}: cannot read the Parquet data ({' '.join(str(exc).split())})"
+                        ) from None
 
 
 def _record(row: dict) -> dict:
@@ -194,9 +344,11 @@ def import_parquet(cfg: ConvertConfig) -> ConvertResult:
     return result
 
 
-def _import_row(cfg: ConvertConfig, row: dict, mark: SourceMark, writer: DatasetWriter,
-                result: ConvertResult, progress: _ui.Progress) -> None:
+def _import_row(cfg: ConvertConfig, row: dict | ValueError, mark: SourceMark,
+                writer: DatasetWriter, result: ConvertResult, progress: _ui.Progress) -> None:
     try:
+        if isinstance(row, ValueError):  # too large to decode: refused as it stands
+            raise row
         sample = record_to_sample(_record(row))
         added = writer.add(sample)
     except (ValueError, OverflowError, TypeError) as exc:

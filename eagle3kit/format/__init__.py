@@ -21,13 +21,15 @@ from eagle3kit.format.layout import FORMAT_NAME, FORMAT_VERSION
 from eagle3kit.format.lock import new_run_id
 from eagle3kit.format.reader import Dataset, ShardColumns, TokenView
 from eagle3kit.format.recorded import Origin, Recorded
-from eagle3kit.format.sample import TokenSample, make_sample_id, normalize
+from eagle3kit.format.sample import MAX_SAMPLE_TOKENS, TokenSample, make_sample_id, normalize
+from eagle3kit.format.shard import meta_bound
 from eagle3kit.format.writer import DatasetWriter, OpenMode
 
 __all__ = [
     "CODECS",
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "MAX_SAMPLE_TOKENS",
     "Dataset",
     "DatasetError",
     "DatasetWriter",
@@ -46,6 +48,7 @@ __all__ = [
     "hidden_bytes_per_token",
     "is_dataset",
     "make_sample_id",
+    "meta_bound",
     "new_run_id",
     "normalize",
     "own_manifest",

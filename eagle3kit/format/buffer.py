@@ -11,7 +11,7 @@ import orjson
 import zstandard
 
 from eagle3kit.format._ints import pack_int32_into, to_int32
-from eagle3kit.format.sample import IntSeq, TokenSample
+from eagle3kit.format.sample import MAX_SAMPLE_TOKENS, IntSeq, TokenSample
 from eagle3kit.format.shard import META_PER_SAMPLE, META_PER_TOKEN, META_SLACK, meta_bound
 
 
@@ -87,6 +87,9 @@ class _TokenBuffer:
             raise ValueError(f"sample {sample.sample_id}: metadata cannot be stored as JSON "
                              f"({exc})") from None
         n_tokens = len(sample.prompt_ids) + len(sample.completion_ids)
+        if n_tokens > MAX_SAMPLE_TOKENS:
+            raise ValueError(f"sample {sample.sample_id}: {n_tokens:,} tokens, more than a "
+                             f"sample may hold ({MAX_SAMPLE_TOKENS:,})")
         if len(meta_json) + 1 > meta_bound(1, n_tokens) - META_SLACK:
             # Readers bound the metadata frame by this share (docs/format.md), so a shard
             # holding more would be unreadable.

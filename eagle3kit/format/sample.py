@@ -13,6 +13,12 @@ import xxhash
 
 IntSeq = Sequence[int] | np.ndarray
 
+MAX_SAMPLE_TOKENS = 1 << 21
+"""The most tokens (prompt + completion) one sample may hold: 2,097,152, twice the longest
+context open models are served with (1M). Every writer refuses a longer sample, and convert
+refuses a Parquet row that holds more before Python sees it: a file that compresses millions
+of repeated ids into a few bytes costs no more than a sample may (docs/format.md)."""
+
 FINISH_REASONS = ("stop", "length", "abort")
 """Finish reasons a server gives; a sample left out on purpose has `filtered:<why>` or
 `skipped:<why>` instead, and may have no completion."""

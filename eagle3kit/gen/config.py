@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal, cast
 
 from eagle3kit import _json
-from eagle3kit._options import OutputOptions, WriteOptions, arg, embed, opt
+from eagle3kit._options import SEED_BOUNDS, OutputOptions, WriteOptions, arg, embed, opt
 from eagle3kit.errors import UserError
 
 PATHS_LAST = ("give the prompt files, then the output directory last (or --dataset NAME, then "
@@ -81,7 +81,8 @@ class GenConfig:
     """Only this partition, or all."""
     max_samples: int | None = field(default=None, metadata=opt(panel=INPUT))
     """At most N conversations (after --partition and --shuffle-seed)."""
-    shuffle_seed: int | None = field(default=None, metadata=opt(panel=INPUT))
+    shuffle_seed: int | None = field(default=None, metadata=opt(panel=INPUT,
+                                                                  bounds=SEED_BOUNDS))
     """Shuffle the conversations with this seed before --max-samples picks."""
     skip_bad_lines: bool = field(default=False, metadata=opt("--skip-bad-lines", panel=INPUT))
     """Skip and count malformed prompt lines instead of stopping at the first."""
@@ -157,7 +158,8 @@ class GenConfig:
     """Drop tokens less likely than this share of the likeliest one's probability."""
     n: int = field(default=1, metadata=opt("--n", panel=SAMPLING))
     """Samples per prompt; each has its own seed derived from its sample id."""
-    sampling_seed: int | None = field(default=None, metadata=opt(panel=SAMPLING))
+    sampling_seed: int | None = field(default=None, metadata=opt(panel=SAMPLING,
+                                                                    bounds=SEED_BOUNDS))
     """Each sample's seed derives from it and the sample id (default: unseeded)."""
     strict: bool = field(default=False, metadata=opt("--strict", panel=RUN))
     """Stop at the first response that breaks an invariant."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from eagle3kit._options import embed, opt
+from eagle3kit._options import SEED_BOUNDS, embed, opt
 from eagle3kit.errors import UserError
 from eagle3kit.gen import GenConfig
 from eagle3kit.target import check_layer_ids, parse_layer_ids
@@ -37,7 +37,7 @@ class PlanConfig:
         metavar="N", panel=PLAN))
     """extract's throughput (the tokens_per_s it reports, summed over ranks): forecast its
     time."""
-    seed: int = field(default=0, metadata=opt(panel=PLAN))
+    seed: int = field(default=0, metadata=opt(panel=PLAN, bounds=SEED_BOUNDS))
     """Chooses the pilot prompts and the bootstrap draws."""
     replicates: int = REPLICATES
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3kit import _ui
-from eagle3kit._options import OutputOptions, WriteOptions, arg, embed, opt
+from eagle3kit._options import SEED_BOUNDS, OutputOptions, WriteOptions, arg, embed, opt
 from eagle3kit._served_files import served_dir_problems
 from eagle3kit.errors import UserError
 from eagle3kit.target import check_layer_ids, device_problem, parse_dtype, parse_layer_ids
@@ -163,7 +163,7 @@ class TrainConfig:
     """Passes over the training split (default 1, or as many as --max-steps needs)."""
     max_steps: int | None = field(default=None, metadata=opt())
     """Stop after this many optimizer steps."""
-    seed: int = field(default=0, metadata=opt())
+    seed: int = field(default=0, metadata=opt(bounds=SEED_BOUNDS))
     device: str = field(default="auto", metadata=opt())
     """auto (cuda when available), cpu, cuda, cuda:N."""
     dtype: str = field(default="auto", metadata=opt())
