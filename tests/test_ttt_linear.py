@@ -18,8 +18,9 @@ from ttt_reference import quadratic_loss, quadratic_verdicts
 from eagle3kit.model import DrafterConfig, Eagle3Drafter, build_vocab
 from eagle3kit.model import attention as attn
 from eagle3kit.train import soft_ce
+from eagle3kit.train.heldout import chain_verdicts
 from eagle3kit.train.target import TargetBatch, TargetHead
-from eagle3kit.train.ttt import TTTLoss, chain_verdicts, step_counts
+from eagle3kit.train.ttt import TTTLoss, step_counts
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

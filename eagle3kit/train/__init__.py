@@ -17,9 +17,9 @@ _HOMES = {
     "Trainer": "loop",
     "OfflineTarget": "target", "OnlineTarget": "target", "TargetBatch": "target",
     "TargetHead": "target",
-    "EvalResult": "ttt", "TTTLoss": "ttt", "chain_verdicts": "ttt",
-    "conditional_counts": "ttt", "evaluate": "ttt", "predicted_acceptance_length": "ttt",
-    "step_counts": "ttt",
+    "TTTLoss": "ttt", "step_counts": "ttt",
+    "EvalResult": "heldout", "chain_verdicts": "heldout", "conditional_counts": "heldout",
+    "evaluate": "heldout", "predicted_acceptance_length": "heldout",
 }
 
 __all__ = [
@@ -42,17 +42,16 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from eagle3kit.train.loop import Trainer
-    from eagle3kit.train.target import OfflineTarget, OnlineTarget, TargetBatch, TargetHead
-    from eagle3kit.train.ttt import (
+    from eagle3kit.train.heldout import (
         EvalResult,
-        TTTLoss,
         chain_verdicts,
         conditional_counts,
         evaluate,
         predicted_acceptance_length,
-        step_counts,
     )
+    from eagle3kit.train.loop import Trainer
+    from eagle3kit.train.target import OfflineTarget, OnlineTarget, TargetBatch, TargetHead
+    from eagle3kit.train.ttt import TTTLoss, step_counts
 
 
 __getattr__ = attribute_loader(__name__, _HOMES)

@@ -8,9 +8,9 @@ from typing import Any
 
 import eagle3kit.train.data as tdata
 import eagle3kit.train.sharding as sharding
+from eagle3kit.train.heldout import EvalResult, Sampled, evaluate
 from eagle3kit.train.state import TrainerState
 from eagle3kit.train.target import TargetBatch
-from eagle3kit.train.ttt import EvalResult, Sampled, evaluate
 
 
 class Batches(TrainerState):
