@@ -7,15 +7,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
+import eagle3kit.train.sharding as sharding
+from eagle3kit._ranks import Ranks
 from eagle3kit.model import Eagle3Drafter, TTTState
 from eagle3kit.model.acceptance import predicted_acceptance_length
 from eagle3kit.model.depth import DEPTH_EDGES
-from eagle3kit.train.target import TargetBatch
+from eagle3kit.train.config import TrainConfig
+from eagle3kit.train.target import TargetBatch, TargetHead
 from eagle3kit.train.ttt import shifted
+
+if TYPE_CHECKING:
+    from eagle3kit.train.feed import Feed
 
 
 @dataclass
@@ -352,3 +361,58 @@ def _row_figures(row: torch.Tensor, k: int) -> dict | None:
         "per_position": [round(r, 6) for r in rates],
         "predicted_acceptance_length": round(predicted_acceptance_length(rates), 6),
     }
+
+
+# A run's held-out evaluation ----------------------------------------------------------------
+class HeldOut:
+    """The held-out evaluation of a training run: this rank's share of the held-out split
+    (`feed`) through the drafter, the counts summed over the ranks, at --eval-k, with
+    --eval-temperature and --eval-verify, per reasoning phase where the target's tokenizer
+    marks them."""
+
+    def __init__(self, cfg: TrainConfig, ranks: Ranks, feed: Feed, head: TargetHead) -> None:
+        self.cfg, self.ranks, self.feed, self.head = cfg, ranks, feed, head
+
+    @cached_property
+    def markers(self) -> Any:
+        """The target tokenizer's think / tool-call markers (bench accept's), for the
+        prediction per reasoning phase; None without a loadable tokenizer."""
+        assert self.cfg.target is not None  # TrainConfig refuses a run without --target
+        return markers_of(self.cfg.target, self.cfg.trust_remote_code)
+
+    def evaluate(self, drafter: Eagle3Drafter, model: nn.Module, step: int) -> dict | None:
+        """The evaluation after `step` (every rank takes part); None without a held-out
+        split."""
+        if not self.feed.pool.heldout:
+            return None
+        with sharding.gathered(model):
+            result = evaluate(drafter, self.feed.heldout_batches(), self.cfg.eval_k,
+                              reduce=self.ranks.sum, markers=self.markers,
+                              sampled=self.sampled())
+        result.step = step
+        return result.to_dict()
+
+    def sampled(self) -> Sampled | None:
+        """--eval-temperature and --eval-verify, for the prediction at a temperature."""
+        if self.cfg.eval_temperature == 0:
+            return None
+        from eagle3kit.model.verification import Rule
+
+        return Sampled(Rule(self.cfg.eval_verify), self.cfg.eval_temperature,
+                       self.head.lm_head)
+
+
+def markers_of(target: Path, trust_remote_code: bool) -> Any:
+    """The think / tool-call markers of `target`'s tokenizer; None without a loadable
+    tokenizer or without markers."""
+    from transformers import AutoTokenizer
+
+    from eagle3kit.chat.phases import Markers
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(target),
+                                                  trust_remote_code=trust_remote_code)
+    except Exception:  # a target without a tokenizer: the prediction goes without phases
+        return None
+    markers = Markers.of(tokenizer)
+    return markers if markers.known else None

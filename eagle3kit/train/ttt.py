@@ -12,7 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+import eagle3kit.train.losses as losses
 from eagle3kit.model import Eagle3Drafter, TTTState
+from eagle3kit.train.losses import StepLoss
 from eagle3kit.train.soft_ce import Step, soft_cross_entropy
 from eagle3kit.train.target import TargetBatch, TargetHead
 
@@ -41,17 +43,19 @@ def step_counts(batch: TargetBatch, t2d: torch.Tensor, steps: int) -> torch.Tens
 
 
 class TTTLoss(nn.Module):
-    """Σ_k decay^k · soft cross-entropy of step k against the target's draft-vocabulary
+    """Σ_k decay^k · the step loss of step k against the target's draft-vocabulary
     distribution, each step summed over its masked positions and divided by `counts[k]`
-    (the global batch's count, so micro-batches and ranks add up to one mean)."""
+    (the global batch's count, so micro-batches and ranks add up to one mean). The step
+    loss (losses.py, --loss) is the soft cross-entropy unless another is given."""
 
     head: TargetHead
     draft_ids: torch.Tensor  # a buffer
 
     def __init__(self, drafter: Eagle3Drafter, head: TargetHead, steps: int,
-                 decay: float) -> None:
+                 decay: float, step_loss: StepLoss = losses.soft_cross_entropy) -> None:
         super().__init__()
         self.drafter = drafter
+        self.step_loss = step_loss
         # Frozen and shared with the target: kept out of this module's parameters, state and
         # DDP's broadcast.
         self.__dict__["head"] = head
@@ -63,7 +67,7 @@ class TTTLoss(nn.Module):
     def forward(self, batch: TargetBatch | None, counts: torch.Tensor,
                 autocast: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor,
                                                                torch.Tensor]:
-        """(loss, per-step CE sums [steps], per-step correct counts [steps])."""
+        """(loss, per-step loss sums [steps], per-step correct counts [steps])."""
         if batch is None:  # a rank with nothing in this micro-batch still joins the reduce
             zero = sum((p * 0).sum() for p in self.drafter.trainable_parameters())
             assert isinstance(zero, torch.Tensor)  # a drafter always has trainable parameters
@@ -89,7 +93,7 @@ class TTTLoss(nn.Module):
                     steps.append(Step(k, self.drafter.head_input(hidden[:, :n]), masks[k][:, :n],
                                       coef))
             total, sums, correct = soft_cross_entropy(self.drafter.lm_head.weight, probs,
-                                                      best, steps)
+                                                      best, steps, self.step_loss)
         pad = self.steps - len(steps)  # steps past a short batch's end carry nothing
         return (total, torch.cat([sums, sums.new_zeros(pad)]),
                 torch.cat([correct, correct.new_zeros(pad)]))
