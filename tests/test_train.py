@@ -501,6 +501,7 @@ def test_both_exports_round_trip_through_init_from(tiny, tmp_path, fmt):
     ({"lm_head": "copy"}, "--lm-head must be one of train, target, frozen"),
     ({"data_order": "sorted"}, "--data-order must be one of shuffle, fixed"),
     ({"drafter_step": "newest"}, "--drafter-step must be one of best, last"),
+    ({"loss": "hinge"}, "--loss must be one of soft-ce"),
     ({"eval_temperature": -0.5}, "--eval-temperature must be >= 0"),
     ({"eval_verify": "greedy"}, "--eval-verify must be one of onehot, probabilistic, sglang"),
 ])
