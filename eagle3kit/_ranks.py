@@ -8,10 +8,15 @@ only when there is a job, or a device to resolve.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 from eagle3kit.target.device import resolve_device
+
+Config = TypeVar("Config")
+"""A stage's config: a dataclass with `output` (OutputOptions)."""
 
 
 @dataclass
@@ -55,6 +60,28 @@ class Ranks:
         shared: list[str | None] = [new_run_id() if rank == 0 else None]
         dist.broadcast_object_list(shared, src=0)
         return cls(rank, world, local, dev, shared[0], owns)
+
+    @classmethod
+    @contextmanager
+    def joined(cls, device: str | None = None) -> Iterator[Ranks]:
+        """This process's place in the job (`start`) for the length of a stage's work, and
+        the job left after it (`close`): together with the other ranks when the work
+        finished, at once when it raised."""
+        ranks = cls.start(device)
+        finished = False
+        try:
+            yield ranks
+            finished = True
+        finally:
+            ranks.close(finished)
+
+    def voiced(self, cfg: Config) -> Config:
+        """`cfg` as this rank reports it: one voice, the other ranks only warn and fail
+        (their output quiet, without --json)."""
+        if not self.rank:
+            return cfg
+        raw: Any = cfg
+        return replace(raw, output=replace(raw.output, quiet=True, json=False))
 
     def sum(self, t: Any) -> Any:
         """All-reduce `t` in place over the ranks (a sum); `t` itself for one process."""

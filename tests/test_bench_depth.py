@@ -259,8 +259,8 @@ def test_train_predicts_per_depth_bucket_where_each_chain_starts() -> None:
     from transformers import LlamaConfig
 
     from eagle3kit.model import DrafterConfig, Eagle3Drafter
+    from eagle3kit.train.heldout import evaluate
     from eagle3kit.train.target import TargetBatch
-    from eagle3kit.train.ttt import evaluate
 
     rows = [list(range(1, 16)), list(range(1, 11))]  # 15 and 10 tokens, prompts of 3
     length, hidden = 15, 32

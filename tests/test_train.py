@@ -29,12 +29,13 @@ from eagle3kit.errors import UserError
 from eagle3kit.format import DatasetWriter, TokenSample
 from eagle3kit.train import (
     TrainConfig,
-    Trainer,
     conditional_counts,
     predicted_acceptance_length,
     run,
 )
 from eagle3kit.train import data as tdata
+from eagle3kit.train.loop import TrainLoop
+from eagle3kit.train.setup import Setup
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -173,9 +174,9 @@ def test_global_batches_split_into_equal_parts():
 
 # Recipe options (docs/train.md, "Why these defaults") ---------------------------------------------
 def test_schedules_decay_as_named():
-    from eagle3kit.train.setup import _lr_lambda
+    from eagle3kit.train.setup import lr_lambda
 
-    cosine, linear, constant = (_lr_lambda(11, 1, 0.1, s) for s in ("cosine", "linear",
+    cosine, linear, constant = (lr_lambda(11, 1, 0.1, s) for s in ("cosine", "linear",
                                                                     "constant"))
     assert [f(0) for f in (cosine, linear, constant)] == [1.0, 1.0, 1.0]  # the warm-up's end
     assert linear(6) == pytest.approx(0.1 + 0.9 * 0.5) == cosine(6)  # halfway
@@ -241,13 +242,17 @@ def test_fixed_data_order_repeats_each_epoch(tiny):
 
 
 # Online and offline agree -------------------------------------------------------------------------
-def first_step(tiny, data, out, **kw) -> Trainer:
+def first_step(tiny, data, out, **kw) -> Setup:
     from eagle3kit._ranks import Ranks
+    from eagle3kit.train.run import train
+    from eagle3kit.train.setup import build
 
-    trainer = Trainer(config(tiny, data, out, max_steps=1, eval_split=0, **kw),
-                      Ranks.start("cpu"))
-    trainer.run()
-    return trainer
+    setup = build(config(tiny, data, out, max_steps=1, eval_split=0, **kw), Ranks.start("cpu"))
+    try:
+        train(setup)
+    finally:
+        setup.release()
+    return setup
 
 
 def test_online_and_offline_give_the_same_first_step_loss(tiny, tmp_path):
@@ -266,8 +271,8 @@ def test_online_and_offline_give_the_same_first_step_loss(tiny, tmp_path):
     item = on.plan.step(0)[1][0]
     ids, mask = on.sources[item.source].tokens(item.index)
     ids, mask = ids[:item.length], mask[:item.length]
-    online = on.online.batch([(ids, mask)])
-    aux, last = on.online.capture(torch.from_numpy(ids.astype(np.int64))[None])
+    online = on.feed.target.batch([(ids, mask)])
+    aux, last = on.feed.target.capture(torch.from_numpy(ids.astype(np.int64))[None])
     aux, last = aux[0].numpy(), last[0].numpy()
     rebuilt = OfflineTarget(off.head, "pre_norm", torch.device("cpu")).batch(
         [(ids, mask, aux, last)])
@@ -281,7 +286,7 @@ def test_interrupted_run_resumes_to_the_same_weights(tiny, tmp_path, monkeypatch
     whole = run(config(tiny, tiny["hidden"], tmp_path / "whole", max_steps=5))
     assert whole.steps == 5
     calls = {"n": 0}
-    original = Trainer._step
+    original = TrainLoop.step
 
     def dies_at_step_4(self, batch):
         calls["n"] += 1
@@ -289,10 +294,10 @@ def test_interrupted_run_resumes_to_the_same_weights(tiny, tmp_path, monkeypatch
             raise KeyboardInterrupt
         return original(self, batch)
 
-    monkeypatch.setattr(Trainer, "_step", dies_at_step_4)
+    monkeypatch.setattr(TrainLoop, "step", dies_at_step_4)
     with pytest.raises(KeyboardInterrupt):
         run(config(tiny, tiny["hidden"], tmp_path / "cut", max_steps=5))
-    monkeypatch.setattr(Trainer, "_step", original)
+    monkeypatch.setattr(TrainLoop, "step", original)
     assert (tmp_path / "cut" / "checkpoints" / "step-00000002").is_dir()
     resumed = run(config(tiny, tiny["hidden"], tmp_path / "cut", max_steps=5))
     assert resumed.resumed_from == 2 and resumed.initial_eval is None
@@ -496,6 +501,7 @@ def test_both_exports_round_trip_through_init_from(tiny, tmp_path, fmt):
     ({"lm_head": "copy"}, "--lm-head must be one of train, target, frozen"),
     ({"data_order": "sorted"}, "--data-order must be one of shuffle, fixed"),
     ({"drafter_step": "newest"}, "--drafter-step must be one of best, last"),
+    ({"loss": "hinge"}, "--loss must be one of soft-ce"),
     ({"eval_temperature": -0.5}, "--eval-temperature must be >= 0"),
     ({"eval_verify": "greedy"}, "--eval-verify must be one of onehot, probabilistic, sglang"),
 ])
@@ -663,7 +669,7 @@ def test_a_variant_trains_resumes_and_exports_as_itself(tiny, tmp_path, monkeypa
         "norm_before_residual": True, "norm_before_fc": True, "fc_norm": False,
         "norm_output": True, "num_hidden_layers": 2, "embed_requires_grad": False}
     calls = {"n": 0}
-    original = Trainer._step
+    original = TrainLoop.step
 
     def dies_at_step_3(self, batch):
         calls["n"] += 1
@@ -671,10 +677,10 @@ def test_a_variant_trains_resumes_and_exports_as_itself(tiny, tmp_path, monkeypa
             raise KeyboardInterrupt
         return original(self, batch)
 
-    monkeypatch.setattr(Trainer, "_step", dies_at_step_3)
+    monkeypatch.setattr(TrainLoop, "step", dies_at_step_3)
     with pytest.raises(KeyboardInterrupt):
         run(config(tiny, tiny["hidden"], tmp_path / "cut", **layout))
-    monkeypatch.setattr(Trainer, "_step", original)
+    monkeypatch.setattr(TrainLoop, "step", original)
     # the command without the layout flags is another setting, named
     with pytest.raises(UserError, match=r"--variant: .*norm_before_fc.* -> None.*--force"):
         run(config(tiny, tiny["hidden"], tmp_path / "cut"))

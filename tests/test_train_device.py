@@ -14,7 +14,8 @@ import torch
 from eagle3kit._ui import OutputOptions
 from eagle3kit.format import DatasetWriter, TokenSample
 from eagle3kit.target import to_device, wants_pinned_memory
-from eagle3kit.train import TrainConfig, Trainer, run
+from eagle3kit.train import TrainConfig, run
+from eagle3kit.train.loop import TrainLoop
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -54,7 +55,7 @@ def short_run(tiny, out: Path) -> TrainConfig:
 
 
 def test_a_step_reads_back_from_the_device_once(tiny, tmp_path, monkeypatch) -> None:
-    """Per step, `_step` and `_control` bring one tensor to the host: the step's logged
+    """Per step, `TrainLoop.step` and `.control` bring one tensor to the host: the step's logged
     figures, in one `.tolist()` (every step is logged, to metrics.jsonl and the progress
     line). Before, each figure was read on its own (float x2, int, .tolist() x3) and the
     stop flags twice more: 8 waits for the GPU's queue per step."""
@@ -71,9 +72,9 @@ def test_a_step_reads_back_from_the_device_once(tiny, tmp_path, monkeypatch) -> 
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
-    per_call: dict[str, list[list[str]]] = {"_step": [], "_control": []}
+    per_call: dict[str, list[list[str]]] = {"step": [], "control": []}
     for method in per_call:
-        original = getattr(Trainer, method)
+        original = getattr(TrainLoop, method)
 
         def watched(self, *args, _method=method, _original=original, **kwargs):
             calls.clear()
@@ -84,15 +85,15 @@ def test_a_step_reads_back_from_the_device_once(tiny, tmp_path, monkeypatch) -> 
                 active[0] = False
                 per_call[_method].append(list(calls))
 
-        monkeypatch.setattr(Trainer, method, watched)
+        monkeypatch.setattr(TrainLoop, method, watched)
     result = run(short_run(tiny, tmp_path / "r"))
     assert result.steps == 6 and result.loss is not None
-    assert len(per_call["_step"]) == 6
+    assert len(per_call["step"]) == 6
     # The first step also runs the attention kernel's one-time self-check (model/attention.py),
     # which compares a few results on the host once per run.
-    assert all(c == ["tolist"] for c in per_call["_step"][1:]), per_call["_step"]
-    assert per_call["_step"][0][-1:] == ["tolist"]
-    assert all(c == [] for c in per_call["_control"]), per_call["_control"]
+    assert all(c == ["tolist"] for c in per_call["step"][1:]), per_call["step"]
+    assert per_call["step"][0][-1:] == ["tolist"]
+    assert all(c == [] for c in per_call["control"]), per_call["control"]
 
 
 
@@ -125,16 +126,16 @@ def test_a_training_step_keeps_its_tensors_on_the_configured_device(tiny, tmp_pa
 
         monkeypatch.setattr(torch, name, watched)
     batches: list = []
-    original_step = Trainer._step
+    original_step = TrainLoop.step
 
     def step(self, items):
         made.clear()
-        batches.append(self._target_batch(items))
+        batches.append(self.setup.feed.batch(items))
         out = original_step(self, items)
-        assert {d.type for d in made} == {self.device.type}, made
+        assert {d.type for d in made} == {self.setup.device.type}, made
         return out
 
-    monkeypatch.setattr(Trainer, "_step", step)
+    monkeypatch.setattr(TrainLoop, "step", step)
     run(short_run(tiny, tmp_path / "r"))
     for b in batches:
         for t in (b.ids, b.loss_mask, b.lengths, b.aux, b.normed, b.argmax):

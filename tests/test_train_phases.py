@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from eagle3kit.chat.phases import PHASES, Markers, phase_after
+from eagle3kit.train.heldout import chain_starts, chain_verdicts, evaluate, start_phases
 from eagle3kit.train.target import TargetBatch
-from eagle3kit.train.ttt import chain_starts, chain_verdicts, evaluate, start_phases
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 THINK, END_THINK, CALL, END_CALL = 60, 61, 62, 63

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from eagle3kit._ui import OutputOptions
-from eagle3kit.train.ttt import conditional_counts, decoding_rounds, predicted_acceptance_length
+from eagle3kit.train.heldout import conditional_counts, decoding_rounds, predicted_acceptance_length
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 QUIET = OutputOptions(quiet=True)

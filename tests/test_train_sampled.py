@@ -11,8 +11,7 @@ import torch
 
 from eagle3kit.model import DrafterConfig, Eagle3Drafter, TTTState, build_vocab
 from eagle3kit.model.verification import Rule
-from eagle3kit.train.target import TargetBatch
-from eagle3kit.train.ttt import (
+from eagle3kit.train.heldout import (
     Sampled,
     chain_starts,
     conditional_counts,
@@ -20,6 +19,7 @@ from eagle3kit.train.ttt import (
     position_verdicts,
     predicted_acceptance_length,
 )
+from eagle3kit.train.target import TargetBatch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 VOCAB, HIDDEN, DRAFT_VOCAB = 40, 16, 24

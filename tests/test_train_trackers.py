@@ -18,8 +18,9 @@ import torch
 from test_train import config, env, metrics, train_cmd, weights
 
 from eagle3kit.errors import UserError
-from eagle3kit.train import Trainer, run
+from eagle3kit.train import run
 from eagle3kit.train import trackers as trackers_module
+from eagle3kit.train.loop import TrainLoop
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 tiny = test_train.tiny  # the module's fixture: a tiny target and its datasets
@@ -81,7 +82,7 @@ def test_mlflow_local_store_holds_the_metrics_and_resume_continues_its_run(
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     out = tmp_path / "run"
-    original, calls = Trainer._step, {"n": 0}
+    original, calls = TrainLoop.step, {"n": 0}
 
     def dies_at_step_3(self, batch):
         calls["n"] += 1
@@ -89,11 +90,11 @@ def test_mlflow_local_store_holds_the_metrics_and_resume_continues_its_run(
             raise KeyboardInterrupt
         return original(self, batch)
 
-    monkeypatch.setattr(Trainer, "_step", dies_at_step_3)
+    monkeypatch.setattr(TrainLoop, "step", dies_at_step_3)
     with pytest.raises(KeyboardInterrupt):
         run(config(tiny, tiny["hidden"], out, report_to="mlflow"))
     run_id = json.loads((out / "run.json").read_text())["trackers"]["mlflow"]
-    monkeypatch.setattr(Trainer, "_step", original)
+    monkeypatch.setattr(TrainLoop, "step", original)
     run(config(tiny, tiny["hidden"], out, report_to="mlflow"))  # resumes from step 2
     assert json.loads((out / "run.json").read_text())["trackers"] == {"mlflow": run_id}
 

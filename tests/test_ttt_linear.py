@@ -18,8 +18,9 @@ from ttt_reference import quadratic_loss, quadratic_verdicts
 from eagle3kit.model import DrafterConfig, Eagle3Drafter, build_vocab
 from eagle3kit.model import attention as attn
 from eagle3kit.train import soft_ce
+from eagle3kit.train.heldout import chain_verdicts
 from eagle3kit.train.target import TargetBatch, TargetHead
-from eagle3kit.train.ttt import TTTLoss, chain_verdicts, step_counts
+from eagle3kit.train.ttt import TTTLoss, step_counts
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -93,6 +94,33 @@ def test_loss_and_gradients_equal_the_quadratic_path(kernel):
     for a, b in zip(new_grads, old_grads, strict=True):
         assert b.abs().max() > 0
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_step_loss_is_one_function_of_the_logits_and_the_target(kernel):
+    """--loss's seam (losses.py): TTTLoss weighs and sums what its step loss gives at each
+    position; one written with autograd over the logits (half the soft cross-entropy) gives
+    half the built-in's loss, per-step sums and gradients, and the same accuracies."""
+
+    def halved(logits, probs, want_grad):
+        with torch.enable_grad():
+            x = logits.detach().requires_grad_()
+            loss = -(probs * torch.log_softmax(x, -1)).sum(-1) / 2
+            grad = torch.autograd.grad(loss.sum(), x)[0] if want_grad else None
+        return loss.detach(), grad
+
+    drafter, head = drafter_and_head()
+    batch = make_batch(head, [40, 23, 31])
+    counts = step_counts(batch, drafter.t2d, STEPS)
+    params = drafter.trainable_parameters()
+    whole = TTTLoss(drafter, head, STEPS, DECAY)(batch, counts)
+    half = TTTLoss(drafter, head, STEPS, DECAY, halved)(batch, counts)
+    torch.testing.assert_close(half[0], whole[0] / 2, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(half[1], whole[1] / 2, rtol=1e-5, atol=1e-6)
+    assert torch.equal(half[2], whole[2])
+    for a, b in zip(torch.autograd.grad(half[0], params), torch.autograd.grad(whole[0], params),
+                    strict=True):
+        assert b.abs().max() > 0
+        torch.testing.assert_close(a, b / 2, rtol=1e-4, atol=1e-6)
 
 
 def test_a_batch_shorter_than_the_unroll(kernel):

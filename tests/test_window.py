@@ -21,7 +21,8 @@ from transformers import LlamaConfig
 from eagle3kit.model import DraftCache, DrafterConfig, Eagle3Drafter, TTTState
 from eagle3kit.model import attention as attn
 from eagle3kit.train import soft_ce
-from eagle3kit.train.ttt import TTTLoss, chain_verdicts, step_counts
+from eagle3kit.train.heldout import chain_verdicts
+from eagle3kit.train.ttt import TTTLoss, step_counts
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

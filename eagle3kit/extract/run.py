@@ -17,7 +17,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -216,16 +216,9 @@ def _settings(cfg: ExtractConfig) -> dict:
 
 
 def run(cfg: ExtractConfig) -> ExtractResult:
-    ranks = Ranks.start()
-    finished = False
-    try:
-        if ranks.rank:  # one voice: the other ranks only warn and fail
-            cfg = replace(cfg, output=replace(cfg.output, quiet=True,
-                                                      json=False))
+    with Ranks.joined() as ranks:
+        cfg = ranks.voiced(cfg)
         result = _extract(cfg, ranks)
-        finished = True
-    finally:
-        ranks.close(finished)
     _report(result, cfg)
     return result
 

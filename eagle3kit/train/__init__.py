@@ -1,8 +1,12 @@
 """Training an EAGLE-3 drafter: offline from hidden-state datasets, or online with the
-target in the loop. `run(TrainConfig)` is the stage; `evaluate` predicts acceptance.
+target in the loop. `run(TrainConfig)` (run.py) is the stage: set-up (setup.py) builds the
+run once, the loop (loop.py) steps it, checkpointing.py saves and resumes it, feed.py feeds
+it, heldout.py evaluates it, ttt.py and losses.py are its loss; `evaluate` predicts
+acceptance.
 
-Importing this package is free: `TrainConfig` checks a command line before torch loads, and
-the rest (all torch) loads on first use. See docs/train.md.
+Importing this package is free: `TrainConfig` checks a command line before torch loads,
+`run` loads torch when called, and the rest (all torch) loads on first use. See
+docs/train.md.
 """
 
 from __future__ import annotations
@@ -14,12 +18,11 @@ from eagle3kit.train.config import DataSpec, TrainConfig, TrainResult
 from eagle3kit.train.run import run
 
 _HOMES = {
-    "Trainer": "loop",
     "OfflineTarget": "target", "OnlineTarget": "target", "TargetBatch": "target",
     "TargetHead": "target",
-    "EvalResult": "ttt", "TTTLoss": "ttt", "chain_verdicts": "ttt",
-    "conditional_counts": "ttt", "evaluate": "ttt", "predicted_acceptance_length": "ttt",
-    "step_counts": "ttt",
+    "TTTLoss": "ttt", "step_counts": "ttt",
+    "EvalResult": "heldout", "chain_verdicts": "heldout", "conditional_counts": "heldout",
+    "evaluate": "heldout", "predicted_acceptance_length": "heldout",
 }
 
 __all__ = [
@@ -32,7 +35,6 @@ __all__ = [
     "TargetHead",
     "TrainConfig",
     "TrainResult",
-    "Trainer",
     "chain_verdicts",
     "conditional_counts",
     "evaluate",
@@ -42,17 +44,15 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from eagle3kit.train.loop import Trainer
-    from eagle3kit.train.target import OfflineTarget, OnlineTarget, TargetBatch, TargetHead
-    from eagle3kit.train.ttt import (
+    from eagle3kit.train.heldout import (
         EvalResult,
-        TTTLoss,
         chain_verdicts,
         conditional_counts,
         evaluate,
         predicted_acceptance_length,
-        step_counts,
     )
+    from eagle3kit.train.target import OfflineTarget, OnlineTarget, TargetBatch, TargetHead
+    from eagle3kit.train.ttt import TTTLoss, step_counts
 
 
 __getattr__ = attribute_loader(__name__, _HOMES)

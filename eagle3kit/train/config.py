@@ -26,6 +26,9 @@ started before the one dtype vocabulary continues without --force."""
 SCHEDULES = ("cosine", "linear", "constant")
 LM_HEADS = ("train", "target", "frozen")
 DATA_ORDERS = ("shuffle", "fixed")
+LOSSES = ("soft-ce",)
+"""--loss: the per-step loss between the drafter's and the target's distributions (the
+functions are eagle3kit/train/losses.py's, by these names)."""
 DRAFTER_STEPS = ("best", "last")
 """--drafter-step: what RUN/drafter/ holds (eagle3kit/train/selection.py)."""
 
@@ -130,6 +133,10 @@ class TrainConfig:
     """Training-time-test steps."""
     ttt_decay: float = field(default=0.8, metadata=opt())
     """Weight of step k's loss: decay**k."""
+    loss: str = field(default="soft-ce", metadata=opt())
+    """The loss of each training-time-test step, between the drafter's and the target's
+    distributions over the draft vocabulary: soft-ce (cross-entropy against the target's
+    whole distribution)."""
     max_len: int | None = field(default=None, metadata=opt(metavar="TOKENS"))
     """Longest sample trained on, in tokens (default: the target's context length, its
     max_position_embeddings: whole samples)."""
@@ -312,6 +319,8 @@ class TrainConfig:
             out["variant"] = self.drafter_variant()
         if self.sliding_window is not None:  # runs without one record what they always did
             out["sliding_window"] = self.sliding_window
+        if self.loss != "soft-ce":  # runs of the default loss record what they always did
+            out["loss"] = self.loss
         return out
 
 
@@ -384,7 +393,8 @@ def _check_choices(cfg: TrainConfig, found: list[str]) -> None:
     for flag, value, allowed in (("--schedule", cfg.schedule, SCHEDULES),
                                  ("--lm-head", cfg.lm_head, LM_HEADS),
                                  ("--data-order", cfg.data_order, DATA_ORDERS),
-                                 ("--drafter-step", cfg.drafter_step, DRAFTER_STEPS)):
+                                 ("--drafter-step", cfg.drafter_step, DRAFTER_STEPS),
+                                 ("--loss", cfg.loss, LOSSES)):
         if value not in allowed:
             found.append(f"{flag} must be one of {', '.join(allowed)} (got {value})")
     try:

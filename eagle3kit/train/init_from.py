@@ -10,7 +10,7 @@ from eagle3kit.errors import UserError
 from eagle3kit.model import Eagle3Drafter, describe_variant, vocab_problems
 
 
-def _load_init(path: Path, target_cfg: Any) -> Eagle3Drafter:
+def load_init(path: Path, target_cfg: Any) -> Eagle3Drafter:
     """--init-from: any EAGLE-3 layout checkpoints/ reads, else eagle3kit's own; without
     the embedding, which comes from the target once the drafter is known to fit it."""
     try:
@@ -31,7 +31,7 @@ def _load_init(path: Path, target_cfg: Any) -> Eagle3Drafter:
         raise UserError(f"--init-from {path}: cannot use it ({reason})") from None
 
 
-def _check_init(model: Eagle3Drafter, target_cfg: Any, layers: list[int], path: Path) -> None:
+def check_init(model: Eagle3Drafter, target_cfg: Any, layers: list[int], path: Path) -> None:
     c = model.config
     where = f"--init-from {path}"
     if c.vocab_size != target_cfg.vocab_size:
@@ -49,7 +49,7 @@ def _check_init(model: Eagle3Drafter, target_cfg: Any, layers: list[int], path: 
         raise UserError(f"{where}: its draft vocabulary is unusable: {problems[0]}")
 
 
-def _check_init_variant(model: Eagle3Drafter, cfg: Any) -> None:
+def check_init_variant(model: Eagle3Drafter, cfg: Any) -> None:
     """--init-from keeps the checkpoint's layout: --variant or a field flag that asks for
     another one is refused by name."""
     if not cfg.variant_given:

@@ -33,6 +33,7 @@ import numpy as np
 
 from eagle3kit import _ui
 from eagle3kit.errors import UserError
+from eagle3kit.train.config import TrainConfig
 
 HEALTH_POLL_MAX = 10.0
 """Longest wait between two /health polls of a paused server (as gen)."""
@@ -330,37 +331,20 @@ def connect(urls: list[tuple[str, int]], model: str | None, layers: list[int],
 
 
 
-def my_items(trainer: Any, start: int) -> Iterator[Any]:
-    """This rank's training items from step `start` on, in the order the steps take them:
-    each step's micro-batches of this rank (tdata.split_parts), each in its item order."""
-    import eagle3kit.train.data as tdata
-
-    cfg, ranks = trainer.cfg, trainer.ranks
-    for step in range(start, trainer.plan.total_steps):
-        parts = tdata.split_parts(trainer.plan.step(step)[1], ranks.world * cfg.grad_accum)
-        yield from (it for part in parts[ranks.rank * cfg.grad_accum:
-                                         (ranks.rank + 1) * cfg.grad_accum] for it in part)
-
-
-def _order(trainer: Any, start: int) -> Iterator[tuple[np.ndarray, int]]:
-    for it in my_items(trainer, start):
-        ids, _mask = trainer.sources[it.source].tokens(it.index)
-        yield ids[:it.length], it.length  # a truncated sample's states: those of its head
-
-
-def open_for(trainer: Any, start: int) -> ServedStates:
-    """Connect to the servers and start fetching this rank's samples from step `start`."""
+def open_for(cfg: TrainConfig, world: int, hidden: int, layers: list[int],
+             order: Iterable[tuple[np.ndarray, int]], lengths: list[int]) -> ServedStates:
+    """Connect to --server's servers and start fetching this rank's samples in `order`
+    (their token ids and lengths; `lengths`: every length the order holds, for the bound)."""
     from eagle3kit._served_files import StorageDir
 
-    cfg = trainer.cfg
-    hidden = int(trainer.target_cfg.hidden_size)
-    engines = connect(cfg.server_slots, cfg.model, trainer.layers, hidden, cfg.request_timeout,
+    assert cfg.hidden_states_dir is not None  # TrainConfig refuses --server without it
+    engines = connect(cfg.server_slots, cfg.model, layers, hidden, cfg.request_timeout,
                       StorageDir(cfg.hidden_states_dir), cfg.api_key)
     depth = cfg.prefetch_depth
-    lengths = sorted((it.length for it in my_items(trainer, start)), reverse=True)
-    bound = sum(lengths[:depth]) * bytes_per_token(hidden, len(trainer.layers))
+    longest = sorted(lengths, reverse=True)
+    bound = sum(longest[:depth]) * bytes_per_token(hidden, len(layers))
     slots = [n for _, n in cfg.server_slots]
     _ui.info(f"train: states from {len(engines)} server(s), {sum(slots)} requests in flight"
-             f"{' per rank' if trainer.ranks.world > 1 else ''}, up to {depth} samples "
+             f"{' per rank' if world > 1 else ''}, up to {depth} samples "
              f"ahead: at most {_ui.human_bytes(bound)} of states held in host memory", cfg.output)
-    return ServedStates(engines, slots, depth, _order(trainer, start), bound)
+    return ServedStates(engines, slots, depth, order, bound)

@@ -16,7 +16,8 @@ def _cut_line(long: dict) -> str:
             f"{long['truncated']} samples truncated, {long['dropped']} dropped; {limit})")
 
 
-def _report(result: TrainResult, cfg: TrainConfig) -> None:
+def report(result: TrainResult, cfg: TrainConfig) -> None:
+    """The summary, on stderr (and the result as JSON on stdout with --json)."""
     opts = cfg.output
     if result.stopped:
         step = f"checkpoints/step-{result.steps:08d}"

@@ -1,10 +1,12 @@
 """The training-time-test loss over the draft vocabulary, in blocks of positions.
 
-Σ_k coef_k · Σ_t mask_k,t · (−Σ_v p_t+1+k,v · log q_k,t,v), with q_k = softmax(normed_k W^T).
+Σ_k coef_k · Σ_t mask_k,t · loss(q_k,t, p_t+1+k), with q_k = softmax(normed_k W^T) and the
+loss a step loss of losses.py (--loss; the soft cross-entropy −Σ_v p_v · log q_v unless
+another is asked).
 Written as one autograd function over all the steps: the forward pass walks blocks of
-positions, computes each block's logits, its loss and at once its gradients (the
-gradient of a soft cross-entropy is coef · mask · (softmax · Σp − p), known as soon as the
-logits are), and keeps only the gradients with respect to the hidden states (the size of
+positions, computes each block's logits, its loss and at once its gradients (the step loss
+gives its gradient with respect to the logits, e.g. softmax · Σp − p for the soft
+cross-entropy), and keeps only the gradients with respect to the hidden states (the size of
 the hidden states) and one lm_head gradient for all steps. No [T, draft_vocab] tensor
 outlives its block, and nothing is recomputed in the backward pass: it only scales what
 the forward pass kept by the incoming gradient.
@@ -18,6 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+import eagle3kit.train.losses as losses
+from eagle3kit.train.losses import StepLoss
 
 BLOCK_BYTES = 32 << 20
 """Largest [B, block, draft_vocab] fp32 tensor of a block."""
@@ -40,8 +45,8 @@ class Step:
 class _SoftCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight: torch.Tensor, probs: torch.Tensor, best: torch.Tensor,
-                steps: list[Step], *normed: torch.Tensor):
-        want_grads = any(ctx.needs_input_grad[4:]) or ctx.needs_input_grad[0]
+                steps: list[Step], step_loss: StepLoss, *normed: torch.Tensor):
+        want_grads = any(ctx.needs_input_grad[5:]) or ctx.needs_input_grad[0]
         device = probs.device.type
         dtype = (torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device)
                  else normed[0].dtype)
@@ -63,14 +68,14 @@ class _SoftCE(torch.autograd.Function):
                     hb = h[:, start:stop].to(dtype)
                     p = probs[:, 1 + step.k + start:1 + step.k + stop]
                     mask = step.mask[:, start:stop]
-                    logq = torch.log_softmax(torch.matmul(hb, w.T).float(), dim=-1)
-                    ce = -(p * logq).sum(-1) * mask
-                    ce_sum += ce.sum().double()
-                    hits += ((logq.argmax(-1) == best[:, 1 + step.k + start:1 + step.k + stop])
+                    logits = torch.matmul(hb, w.T).float()
+                    hits += ((logits.argmax(-1) == best[:, 1 + step.k + start:1 + step.k + stop])
                              & mask).sum().double()
-                    if grad_h is None or grad_w is None:
+                    loss, g = step_loss(logits, p, want_grads)
+                    del logits  # the step loss may have written its gradient there
+                    ce_sum += (loss * mask).sum().double()
+                    if grad_h is None or grad_w is None or g is None:
                         continue
-                    g = logq.exp_().mul_(p.sum(-1, keepdim=True)).sub_(p)
                     g = g.mul_((mask * step.coef)[..., None]).to(dtype)
                     grad_h[:, start:stop] = torch.matmul(g, w).to(h.dtype)
                     grad_w += torch.matmul(g.reshape(-1, vocab).T,
@@ -90,15 +95,18 @@ class _SoftCE(torch.autograd.Function):
         grad_w = (ctx.grad_w * g).to(ctx.weight_dtype) if ctx.needs_input_grad[0] else None
         grads_h = [None if gh is None else gh * g.to(gh.dtype) for gh in ctx.grads_h]
         ctx.grad_w = ctx.grads_h = None
-        return grad_w, None, None, None, *grads_h
+        return grad_w, None, None, None, None, *grads_h
 
 
 def soft_cross_entropy(weight: torch.Tensor, probs: torch.Tensor, best: torch.Tensor,
-                       steps: list[Step]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(Σ_k coef_k · CE_k, per-step CE sums [steps] fp64, per-step hits [steps] fp64).
+                       steps: list[Step], step_loss: StepLoss = losses.soft_cross_entropy
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(Σ_k coef_k · loss_k, per-step loss sums [steps] fp64, per-step hits [steps] fp64);
+    `step_loss` (losses.py, --loss) gives the loss at each position, the soft cross-entropy
+    by default.
 
     weight: the drafter's lm_head [Vd, H]; probs [B, T, Vd]: the target's distribution
     over the draft vocabulary at every position; best [B, T]: its argmax. A hit is a
     loss-carrying position where the drafter's top draft token is the target's.
     """
-    return _SoftCE.apply(weight, probs, best, steps, *[s.normed for s in steps])
+    return _SoftCE.apply(weight, probs, best, steps, step_loss, *[s.normed for s in steps])
