@@ -19,7 +19,7 @@ from torch import nn
 from eagle3kit.model import Eagle3Drafter, TTTState
 from eagle3kit.model.acceptance import predicted_acceptance_length
 from eagle3kit.model.depth import DEPTH_EDGES
-from eagle3kit.train.soft_ce import Step, soft_cross_entropy
+from eagle3kit.train.soft_ce import Objective, Step, soft_cross_entropy
 from eagle3kit.train.target import TargetBatch, TargetHead
 
 
@@ -47,17 +47,20 @@ def step_counts(batch: TargetBatch, t2d: torch.Tensor, steps: int) -> torch.Tens
 
 
 class TTTLoss(nn.Module):
-    """Σ_k decay^k · soft cross-entropy of step k against the target's draft-vocabulary
-    distribution, each step summed over its masked positions and divided by `counts[k]`
-    (the global batch's count, so micro-batches and ranks add up to one mean)."""
+    """Σ_k decay^k · the objective of step k (the soft cross-entropy by default) against the
+    target's draft-vocabulary distribution at `teacher_temperature`, each step summed over
+    its masked positions and divided by `counts[k]` (the global batch's count, so
+    micro-batches and ranks add up to one mean)."""
 
     head: TargetHead
     draft_ids: torch.Tensor  # a buffer
 
     def __init__(self, drafter: Eagle3Drafter, head: TargetHead, steps: int,
-                 decay: float) -> None:
+                 decay: float, objective: Objective = Objective(),
+                 teacher_temperature: float = 1.0) -> None:
         super().__init__()
         self.drafter = drafter
+        self.objective, self.teacher_temperature = objective, teacher_temperature
         # Frozen and shared with the target: kept out of this module's parameters, state and
         # DDP's broadcast.
         self.__dict__["head"] = head
@@ -79,7 +82,8 @@ class TTTLoss(nn.Module):
         length = batch.ids.shape[1] - 1
         positions = torch.arange(length, device=batch.ids.device)[None].expand(
             batch.ids.shape[0], -1)
-        probs = self.head.draft_probs(batch.normed, self.draft_ids)  # [B, T, Vd]
+        probs = self.head.draft_probs(batch.normed, self.draft_ids,
+                                      self.teacher_temperature)  # [B, T, Vd]
         best = probs.argmax(-1)  # the target's top draft token, for the step accuracies
         state = TTTState()
         steps: list[Step] = []
@@ -93,7 +97,7 @@ class TTTLoss(nn.Module):
                 if n > 0:
                     coef = (self.decay ** k) / counts[k].clamp_min(1).float()
                     steps.append(Step(k, self.drafter.head_input(hidden[:, :n]), masks[k][:, :n],
-                                      coef))
+                                      coef, self.objective))
             total, sums, correct = soft_cross_entropy(self.drafter.lm_head.weight, probs,
                                                       best, steps)
         pad = self.steps - len(steps)  # steps past a short batch's end carry nothing
