@@ -56,11 +56,11 @@ class TTTLoss(nn.Module):
     draft_ids: torch.Tensor  # a buffer
 
     def __init__(self, drafter: Eagle3Drafter, head: TargetHead, steps: int,
-                 decay: float, objective: Objective = Objective(),
+                 decay: float, objective: Objective | None = None,
                  teacher_temperature: float = 1.0) -> None:
         super().__init__()
         self.drafter = drafter
-        self.objective, self.teacher_temperature = objective, teacher_temperature
+        self.objective, self.teacher_temperature = objective or Objective(), teacher_temperature
         # Frozen and shared with the target: kept out of this module's parameters, state and
         # DDP's broadcast.
         self.__dict__["head"] = head
