@@ -27,6 +27,8 @@ SCHEDULES = ("cosine", "linear", "constant")
 LM_HEADS = ("train", "target", "frozen")
 DATA_ORDERS = ("shuffle", "fixed")
 DRAFTER_STEPS = ("best", "last")
+LOSSES = ("kl", "tv", "nla", "lk")
+"""--loss's choices (eagle3kit.train.soft_ce.Objective)."""
 """--drafter-step: what RUN/drafter/ holds (eagle3kit/train/selection.py)."""
 
 SETTINGS = (
@@ -128,6 +130,16 @@ class TrainConfig:
     """Training-time-test steps."""
     ttt_decay: float = field(default=0.8, metadata=opt())
     """Weight of step k's loss: decay**k."""
+    loss: str = field(default="kl", metadata=opt(metavar="NAME"))
+    """What each draft step learns (docs/train.md, "Objectives"): kl (the target's
+    distribution, forward KL, as EAGLE-3 trains), tv (1 − α, where α = Σ min(p, q) is the
+    chance a sampled draft is kept), nla (−log α) or lk (λ·KL + (1 − λ)·TV, λ = exp(−3α))."""
+    auf: bool = field(default=False, metadata=opt("--auf/--no-auf"))
+    """Accept-until-fail: weigh step k by the chance the chain's earlier drafts were kept
+    under the serving rule (--eval-temperature, --eval-verify), since a chain discards every
+    draft after its first miss."""
+    teacher_temperature: float = field(default=1.0, metadata=opt())
+    """The target distribution the drafter learns: softmax(logits / T) (1: the target's own)."""
     max_len: int | None = field(default=None, metadata=opt(metavar="TOKENS"))
     """Longest sample trained on, in tokens (default: the target's context length, its
     max_position_embeddings: whole samples)."""
@@ -243,6 +255,15 @@ class TrainConfig:
         if found:
             raise UserError("; ".join(found))
 
+    def auf_rule(self) -> str:
+        """How --auf counts an earlier draft as kept: the serving rule the prediction models
+        (greedy at --eval-temperature 0; SGLang's rule at its default thresholds is onehot)."""
+        if not self.auf:
+            return "off"
+        if self.eval_temperature == 0:
+            return "greedy"
+        return "probabilistic" if self.eval_verify == "probabilistic" else "onehot"
+
     def drafter_variant(self) -> dict[str, Any]:
         """The layout fields of a new drafter: --variant's, then the field flags given."""
         from eagle3kit.model.config import VARIANTS
@@ -340,6 +361,10 @@ def _check_ranges(cfg: TrainConfig, found: list[str]) -> None:
             found.append(f"{flag} must be >= 0 (got {value})")
     if not (cfg.eval_temperature >= 0 and math.isfinite(cfg.eval_temperature)):
         found.append(f"--eval-temperature must be >= 0 (got {cfg.eval_temperature})")
+    if not (cfg.teacher_temperature > 0 and math.isfinite(cfg.teacher_temperature)):
+        found.append(f"--teacher-temperature must be > 0 (got {cfg.teacher_temperature})")
+    if cfg.loss not in LOSSES:
+        found.append(f"--loss must be one of {', '.join(LOSSES)} (got {cfg.loss})")
     from eagle3kit.model.acceptance import VERIFY_RULES as RULES
 
     if cfg.eval_verify not in RULES:

@@ -30,6 +30,7 @@ from eagle3kit.target import (
     resolve_layer_ids,
 )
 from eagle3kit.train.init_from import _check_init, _check_init_variant, _load_init
+from eagle3kit.train.soft_ce import Objective
 from eagle3kit.train.state import TrainerState
 from eagle3kit.train.target import OfflineTarget, OnlineTarget, TargetHead
 from eagle3kit.train.ttt import TTTLoss
@@ -198,7 +199,8 @@ class Setup(TrainerState):
         drafter.lm_head.weight.requires_grad_(cfg.lm_head != "frozen")
         self.vocab = vocab
         self.drafter = drafter.to(self.device)
-        self.loss = TTTLoss(self.drafter, self.head, cfg.ttt_steps, cfg.ttt_decay)
+        self.loss = TTTLoss(self.drafter, self.head, cfg.ttt_steps, cfg.ttt_decay,
+                            Objective(cfg.loss, cfg.auf_rule()), cfg.teacher_temperature)
         if cfg.fsdp and self.ranks.world == 1:
             _ui.info("train: --fsdp: one process, nothing to shard", cfg.output)
         self.model = sharding.wrap(self.loss, self.ranks.world, self.device, cfg.fsdp)

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 
 import torch
 
+from eagle3kit.train.config import LOSSES
+
 BLOCK_BYTES = 32 << 20
 """Largest [B, block, draft_vocab] fp32 tensor of a block."""
-LOSSES = ("kl", "tv", "nla", "lk")
-"""train --loss's choices (Objective.loss)."""
 AUF_RULES = ("off", "greedy", "onehot", "probabilistic")
 """Objective.auf's choices: how an earlier draft's acceptance is counted."""
 _EPS = 1e-6
