@@ -211,6 +211,25 @@ def test_the_held_out_prediction_at_a_temperature(tiny, tmp_path):
     assert recorded["temperature"] == 1.0 and recorded["verify"] == "probabilistic"
 
 
+def test_the_objective_reaches_the_loss_and_the_record(tiny, tmp_path):
+    """--loss, --auf and --teacher-temperature change what the first step optimises (the
+    weights start alike, so only the objective differs), and run.json records them; the
+    logged per-step cross-entropy is the same figure under every objective."""
+    first = {}
+    for name, kw in {"soft-ce": {}, "tv+auf": {"loss": "tv", "auf": True},
+                     "lk": {"loss": "lk"}, "hot": {"teacher_temperature": 2.0}}.items():
+        run(config(tiny, tiny["hidden"], tmp_path / name, max_steps=1, eval_split=0, **kw))
+        first[name] = metrics(tmp_path / name)[0]
+    assert len({round(m["loss"], 6) for m in first.values()}) == 4
+    recorded = json.loads((tmp_path / "tv+auf" / "run.json").read_text())["config"]
+    assert (recorded["loss"], recorded["auf"]) == ("tv", True)
+    assert config(tiny, tiny["hidden"], tmp_path / "x", auf=True).auf_rule() == "greedy"
+    assert config(tiny, tiny["hidden"], tmp_path / "x", auf=True, eval_temperature=1.0,
+                  eval_verify="probabilistic").auf_rule() == "probabilistic"
+    assert config(tiny, tiny["hidden"], tmp_path / "x", auf=True, eval_temperature=1.0
+                  ).auf_rule() == "onehot"
+
+
 def test_lm_head_from_the_target_and_frozen(tiny, tmp_path):
     from safetensors.torch import load_file
 
@@ -504,6 +523,8 @@ def test_both_exports_round_trip_through_init_from(tiny, tmp_path, fmt):
     ({"loss": "hinge"}, "--loss must be one of soft-ce"),
     ({"eval_temperature": -0.5}, "--eval-temperature must be >= 0"),
     ({"eval_verify": "greedy"}, "--eval-verify must be one of onehot, probabilistic, sglang"),
+    ({"loss": "ce"}, "--loss must be one of soft-ce, tv, nla, lk"),
+    ({"teacher_temperature": 0.0}, "--teacher-temperature must be > 0"),
 ])
 def test_bad_options(tiny, tmp_path, options, message):
     with pytest.raises(UserError, match=message):

@@ -126,10 +126,12 @@ class TargetHead(nn.Module):
             normed.shape[:-1], dtype=torch.long)
 
     @torch.no_grad()
-    def draft_probs(self, normed: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:
-        """The target's distribution restricted to the draft vocabulary and renormalised,
-        fp32: softmax over the t2d columns of its logits. [..., H] -> [..., Vd], one block of
-        positions at a time, so only the result is ever whole."""
+    def draft_probs(self, normed: torch.Tensor, draft_ids: torch.Tensor,
+                    temperature: float = 1.0) -> torch.Tensor:
+        """The target's distribution at `temperature` restricted to the draft vocabulary and
+        renormalised, fp32: softmax over the t2d columns of its logits / temperature.
+        [..., H] -> [..., Vd], one block of positions at a time, so only the result is ever
+        whole."""
         head = self.lm_head[draft_ids]
         flat = normed.reshape(-1, normed.shape[-1])
         out = torch.empty(flat.shape[0], head.shape[0], dtype=torch.float32,
@@ -137,5 +139,5 @@ class TargetHead(nn.Module):
         rows = max(1, LOGIT_CHUNK_BYTES // (4 * head.shape[0]))
         for i in range(0, flat.shape[0], rows):
             logits = torch.matmul(flat[i:i + rows].to(head.dtype), head.T)
-            out[i:i + rows] = torch.softmax(logits.float(), dim=-1)
+            out[i:i + rows] = torch.softmax(logits.float() / temperature, dim=-1)
         return out.reshape(*normed.shape[:-1], head.shape[0])

@@ -26,7 +26,7 @@ started before the one dtype vocabulary continues without --force."""
 SCHEDULES = ("cosine", "linear", "constant")
 LM_HEADS = ("train", "target", "frozen")
 DATA_ORDERS = ("shuffle", "fixed")
-LOSSES = ("soft-ce",)
+LOSSES = ("soft-ce", "tv", "nla", "lk")
 """--loss: the per-step loss between the drafter's and the target's distributions (the
 functions are eagle3kit/train/losses.py's, by these names)."""
 DRAFTER_STEPS = ("best", "last")
@@ -134,9 +134,16 @@ class TrainConfig:
     ttt_decay: float = field(default=0.8, metadata=opt())
     """Weight of step k's loss: decay**k."""
     loss: str = field(default="soft-ce", metadata=opt())
-    """The loss of each training-time-test step, between the drafter's and the target's
-    distributions over the draft vocabulary: soft-ce (cross-entropy against the target's
-    whole distribution)."""
+    """The loss of each training-time-test step (docs/train.md, "Objectives"): soft-ce
+    (cross-entropy against the target's distribution: forward KL, as EAGLE-3 trains), tv
+    (1 − α, where α = Σ min(p, q) is the chance a sampled draft is kept), nla (−log α) or lk
+    (λ·KL + (1 − λ)·TV, λ = exp(−3α))."""
+    auf: bool = field(default=False, metadata=opt("--auf/--no-auf"))
+    """Accept-until-fail: weigh step k by the chance the chain's earlier drafts were kept
+    under the serving rule (--eval-temperature, --eval-verify), since a chain discards every
+    draft after its first miss."""
+    teacher_temperature: float = field(default=1.0, metadata=opt())
+    """The target distribution the drafter learns: softmax(logits / T) (1: the target's own)."""
     max_len: int | None = field(default=None, metadata=opt(metavar="TOKENS"))
     """Longest sample trained on, in tokens (default: the target's context length, its
     max_position_embeddings: whole samples)."""
@@ -253,6 +260,15 @@ class TrainConfig:
         if found:
             raise UserError("; ".join(found))
 
+    def auf_rule(self) -> str:
+        """How --auf counts an earlier draft as kept: the serving rule the prediction models
+        (greedy at --eval-temperature 0; SGLang's rule at its default thresholds is onehot)."""
+        if not self.auf:
+            return "off"
+        if self.eval_temperature == 0:
+            return "greedy"
+        return "probabilistic" if self.eval_verify == "probabilistic" else "onehot"
+
     def drafter_variant(self) -> dict[str, Any]:
         """The layout fields of a new drafter: --variant's, then the field flags given."""
         from eagle3kit.model.config import VARIANTS
@@ -321,6 +337,10 @@ class TrainConfig:
             out["sliding_window"] = self.sliding_window
         if self.loss != "soft-ce":  # runs of the default loss record what they always did
             out["loss"] = self.loss
+        if self.auf:
+            out["auf"] = True
+        if self.teacher_temperature != 1.0:
+            out["teacher_temperature"] = self.teacher_temperature
         return out
 
 
@@ -352,6 +372,8 @@ def _check_ranges(cfg: TrainConfig, found: list[str]) -> None:
             found.append(f"{flag} must be >= 0 (got {value})")
     if not (cfg.eval_temperature >= 0 and math.isfinite(cfg.eval_temperature)):
         found.append(f"--eval-temperature must be >= 0 (got {cfg.eval_temperature})")
+    if not (cfg.teacher_temperature > 0 and math.isfinite(cfg.teacher_temperature)):
+        found.append(f"--teacher-temperature must be > 0 (got {cfg.teacher_temperature})")
     from eagle3kit.model.acceptance import VERIFY_RULES as RULES
 
     if cfg.eval_verify not in RULES:

@@ -157,7 +157,8 @@ def _build_held(
         cfg, ranks, run_dir, head, target_cfg, target_id, layers, sources, pool, previous
     )
     drafter = drafter.to(device)
-    loss = TTTLoss(drafter, head, cfg.ttt_steps, cfg.ttt_decay, step_loss(cfg.loss))
+    loss = TTTLoss(drafter, head, cfg.ttt_steps, cfg.ttt_decay, step_loss(cfg.loss),
+                   cfg.auf_rule(), cfg.teacher_temperature)
     if cfg.fsdp and ranks.world == 1:
         _ui.info("train: --fsdp: one process, nothing to shard", cfg.output)
     model = sharding.wrap(loss, ranks.world, device, cfg.fsdp)

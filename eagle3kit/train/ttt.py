@@ -46,16 +46,20 @@ class TTTLoss(nn.Module):
     """Σ_k decay^k · the step loss of step k against the target's draft-vocabulary
     distribution, each step summed over its masked positions and divided by `counts[k]`
     (the global batch's count, so micro-batches and ranks add up to one mean). The step
-    loss (losses.py, --loss) is the soft cross-entropy unless another is given."""
+    loss (losses.py, --loss) is the soft cross-entropy unless another is given; `auf`
+    weighs the steps by accept-until-fail (soft_ce.py) and the target's distribution is
+    taken at `teacher_temperature`."""
 
     head: TargetHead
     draft_ids: torch.Tensor  # a buffer
 
     def __init__(self, drafter: Eagle3Drafter, head: TargetHead, steps: int,
-                 decay: float, step_loss: StepLoss = losses.soft_cross_entropy) -> None:
+                 decay: float, step_loss: StepLoss = losses.soft_cross_entropy,
+                 auf: str = "off", teacher_temperature: float = 1.0) -> None:
         super().__init__()
         self.drafter = drafter
-        self.step_loss = step_loss
+        self.step_loss, self.auf = step_loss, auf
+        self.teacher_temperature = teacher_temperature
         # Frozen and shared with the target: kept out of this module's parameters, state and
         # DDP's broadcast.
         self.__dict__["head"] = head
@@ -77,7 +81,8 @@ class TTTLoss(nn.Module):
         length = batch.ids.shape[1] - 1
         positions = torch.arange(length, device=batch.ids.device)[None].expand(
             batch.ids.shape[0], -1)
-        probs = self.head.draft_probs(batch.normed, self.draft_ids)  # [B, T, Vd]
+        probs = self.head.draft_probs(batch.normed, self.draft_ids,
+                                      self.teacher_temperature)  # [B, T, Vd]
         best = probs.argmax(-1)  # the target's top draft token, for the step accuracies
         state = TTTState()
         steps: list[Step] = []
@@ -93,7 +98,7 @@ class TTTLoss(nn.Module):
                     steps.append(Step(k, self.drafter.head_input(hidden[:, :n]), masks[k][:, :n],
                                       coef))
             total, sums, correct = soft_cross_entropy(self.drafter.lm_head.weight, probs,
-                                                      best, steps, self.step_loss)
+                                                      best, steps, self.step_loss, self.auf)
         pad = self.steps - len(steps)  # steps past a short batch's end carry nothing
         return (total, torch.cat([sums, sums.new_zeros(pad)]),
                 torch.cat([correct, correct.new_zeros(pad)]))
