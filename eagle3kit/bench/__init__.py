@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING
 from eagle3kit._lazy import attribute_loader
 from eagle3kit.bench.stats import Acceptance, predicted_length
 
-_HOMES = {"AcceptConfig": "accept", "AcceptReport": "accept", "parse_tree": "accept"}
+_HOMES = {"AcceptConfig": "accept", "AcceptReport": "result", "parse_tree": "accept"}
 
 __all__ = ["AcceptConfig", "AcceptReport", "Acceptance", "parse_tree", "predicted_length",
            "run_accept"]
 
 if TYPE_CHECKING:
-    from eagle3kit.bench.accept import AcceptConfig, AcceptReport, parse_tree
+    from eagle3kit.bench.accept import AcceptConfig, parse_tree
+    from eagle3kit.bench.result import AcceptReport
 
 __getattr__ = attribute_loader(__name__, _HOMES)
 

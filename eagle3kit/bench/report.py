@@ -8,14 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from eagle3kit import _ui
 from eagle3kit._plot import pyplot
-
-if TYPE_CHECKING:
-    from eagle3kit.bench.accept import AcceptConfig, AcceptReport
-    from eagle3kit.bench.server import ServerBenchConfig, ServerReport
+from eagle3kit.bench.result import AcceptReport, ServerReport
 
 
 def sampling_label(run: Any) -> str:
@@ -66,8 +63,7 @@ def depth_table(title: str, depths: dict[str, dict], k: int, opts: _ui.OutputOpt
                 *([trained(name)] if trained else [])] for name, f in depths.items()], opts)
 
 
-def show_accept(report: AcceptReport, cfg: AcceptConfig) -> None:
-    opts = cfg.output
+def show_accept(report: AcceptReport, opts: _ui.OutputOptions, plot: Path | None) -> None:
     if opts.json:
         _ui.print_json(report.to_dict())
     _ui.kv(f"bench accept: {report.shape}, {sampling_label(report)}",
@@ -102,9 +98,9 @@ def show_accept(report: AcceptReport, cfg: AcceptConfig) -> None:
         _ui.error(f"{report.mismatches} output(s) differ from the target's own greedy decoding "
                   f"where its logits were not nearly tied (gap > {report.tie_epsilon:g}): "
                   "speculative decoding is not lossless here")
-    if cfg.plot is not None:
-        plot_accept(report, Path(cfg.plot))
-        _ui.info(f"figure: {cfg.plot}", opts)
+    if plot is not None:
+        plot_accept(report, Path(plot))
+        _ui.info(f"figure: {plot}", opts)
 
 
 def _accept_summary(report: AcceptReport) -> list[tuple[str, object]]:
@@ -154,8 +150,7 @@ def _position_rows(report: AcceptReport) -> list[list[object]]:
 
 
 # bench server -------------------------------------------------------------------------------
-def show_server(report: ServerReport, cfg: ServerBenchConfig) -> None:
-    opts = cfg.output
+def show_server(report: ServerReport, opts: _ui.OutputOptions, plot: Path | None) -> None:
     if opts.json:
         _ui.print_json(report.to_dict())
     title = f"bench server: {report.shape}, temperature {report.temperature:g}"
@@ -194,9 +189,9 @@ def show_server(report: ServerReport, cfg: ServerBenchConfig) -> None:
                 opts)
     for note in report.warnings:
         _ui.warn(note)
-    if cfg.plot is not None:
-        plot_server(report, Path(cfg.plot))
-        _ui.info(f"figure: {cfg.plot}", opts)
+    if plot is not None:
+        plot_server(report, Path(plot))
+        _ui.info(f"figure: {plot}", opts)
 
 
 # Figures ------------------------------------------------------------------------------------
