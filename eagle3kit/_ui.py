@@ -224,8 +224,11 @@ def _duration(seconds: float) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-def duration(seconds: float) -> str:
-    """90 -> '1m30s', as the status lines show elapsed time and ETA."""
+def duration(seconds: float, tenths: bool = False) -> str:
+    """90 -> '1m30s', as the status lines show elapsed time and ETA; with `tenths`, a time
+    under a minute to the tenth (8.2s), as plan's forecasts of a short run show it."""
+    if tenths and seconds < 60:
+        return f"{max(0.0, seconds):.1f}s"
     return _duration(seconds)
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
 from eagle3kit._options import embed, opt
+from eagle3kit._urls import bearer_header
 from eagle3kit.bench.contexts import DepthOptions
 from eagle3kit.bench.result import ServerReport
 from eagle3kit.bench.stats import likely_misconfigured, percentile
@@ -196,16 +197,12 @@ async def _get(client: Any, url: str, paths: tuple[str, ...], api_key: str | Non
     """The first path that answers 200: its response; None when none does."""
     for path in paths:
         try:
-            resp = await client.get(url + path, headers=_auth(api_key))
+            resp = await client.get(url + path, headers=bearer_header(api_key))
         except Exception as exc:  # transport errors of httpx or aiohttp alike
             raise UserError(f"GET {url}{path}: {exc}") from None
         if resp.status_code == 200:
             return resp
     return None
-
-
-def _auth(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 async def scrape(client: Any, url: str, api_key: str | None) -> dict[str, Any]:
