@@ -1,5 +1,6 @@
 """What each bench command returns: `AcceptReport` (with a `PromptResult` per turn) for
-`bench accept`, `ServerReport` for `bench server`; their `to_dict()` is the --json output.
+`bench accept`, `ServerReport` for `bench server`, `ParityReport` for `bench parity`; their
+`to_dict()` is the --json output.
 
 Their own module so the command that makes one and `report.py`, which shows it, both import
 it and neither the other.
@@ -129,6 +130,51 @@ class ServerReport:
     engine's own rounds of each request (vLLM started with --per-request-spec-decode-metrics
     detailed); empty when the server does not report them."""
     warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ParityReport:
+    server: str
+    api: str
+    version: str | None
+    drafter: str
+    target: str
+    shape: str
+    k: int
+    temperature: float
+    tolerance: float
+    passed: bool
+    agree: bool
+    """Engine and bench accept within the tolerance, overall and per position."""
+    engine: dict[str, Any]
+    """acceptance_length, per_position (vLLM; empty for SGLang), source, requests, errors."""
+    offline: dict[str, Any]
+    """bench accept: acceptance_length, per_position, lossless, predicted_acceptance_length."""
+    differences: dict[str, Any]
+    """acceptance_length and per_position: engine minus offline."""
+    phases: dict[str, dict[str, Any]]
+    """Offline acceptance per reasoning phase (a server's counters cannot be split so)."""
+    served: dict[str, Any]
+    findings: list[dict[str, str]]
+    warnings: list[str] = field(default_factory=list)
+    depths: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Context-depth bucket -> from, to, engine and offline (rounds, acceptance_length,
+    per_position; engine None where the server does not report rounds per request: vLLM's
+    --per-request-spec-decode-metrics detailed), difference (engine minus offline)."""
+    verify: str | None = None
+    """bench accept's verification rule at temperature > 0; None at temperature 0."""
+    top_p: float = 1.0
+    top_k: int = -1
+    interval: dict[str, Any] | None = None
+    """Temperature > 0: the range around the offline acceptance length the engine's must
+    fall in (low, high, half_width, confidence, offline_rounds, engine_rounds)."""
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

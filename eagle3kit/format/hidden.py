@@ -25,21 +25,19 @@ from eagle3kit.format.buffer import partition_stats
 from eagle3kit.format.dataset_dir import is_dataset
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import COMMIT_LOCK, MANIFEST
-from eagle3kit.format.reader import (
-    SHARD_OPENERS,
-    Dataset,
+from eagle3kit.format.reader import SHARD_OPENERS, Dataset, read_committed_ids
+from eagle3kit.format.sample import check_sample_id
+from eagle3kit.format.shard import ShardFile, unzstd
+from eagle3kit.format.shard_checks import (
     ascending_from_zero,
     check_counts,
     check_samples,
     check_unique,
     own_counts,
-    read_committed_ids,
     read_ids,
     read_partition_names,
     shard_damaged,
 )
-from eagle3kit.format.sample import check_sample_id
-from eagle3kit.format.shard import ShardFile, unzstd
 from eagle3kit.format.writer import DatasetWriter, OpenMode
 
 CODECS = ("raw", "fp8", "zstd")
