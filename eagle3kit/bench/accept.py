@@ -66,8 +66,8 @@ def check_sampling(cfg: Any, rules: tuple[str, ...] | None = None) -> None:
             raise UserError(f"{flag} is SGLang's: give it with --verify sglang")
 
 
-class _Default(int):
-    """A number a config holds by default, told apart from the same number given (--k 3)."""
+class _DefaultK(int):
+    """--k when it was not given (3): told apart from `--k 3` given, which --tree refuses."""
 
 
 @dataclass
@@ -78,7 +78,7 @@ class AcceptConfig:
     """The drafter checkpoint directory (any layout `eagle3kit info` reads)."""
     prompts: list[Path] = field(metadata=bench_prompts.PROMPTS_ARG)
     """Prompt files, as gen takes them (JSONL, JSON, parquet); EAGLE/MT-bench question.jsonl."""
-    k: int = field(default=_Default(3), metadata=opt("--k"))
+    k: int = field(default=_DefaultK(3), metadata=opt("--k"))
     """Draft tokens per round (a chain)."""
     tree: tuple[int, int] | str | None = field(default=None, metadata=opt(
         metavar="TOPK,DEPTH", type=str))
@@ -138,7 +138,7 @@ class AcceptConfig:
         self.prompts = bench_prompts.prompt_files(
             self.prompts, prompts_alias, optional=self.depth.context_from is not None)
         if isinstance(self.tree, str):
-            if type(self.k) is not _Default:
+            if type(self.k) is not _DefaultK:
                 raise UserError("--k and --tree exclude each other: a tree's depth is its "
                                 "second number (--tree TOPK,DEPTH)")
             self.tree = parse_tree(self.tree)

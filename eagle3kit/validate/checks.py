@@ -15,7 +15,7 @@ import numpy as np
 from eagle3kit.chat.reasoning import Profile
 from eagle3kit.format import Dataset
 from eagle3kit.validate.config import CHECKS, ValidateConfig
-from eagle3kit.validate.figures import LOOP_MAX_PERIOD, LOOP_MIN_TOKENS, Figures
+from eagle3kit.validate.figures import LOOP_MAX_PERIOD, LOOP_MIN_TOKENS, DatasetFigures
 
 if TYPE_CHECKING:
     from eagle3kit.chat.render import Renderer
@@ -61,7 +61,7 @@ class Context:
     cfg: ValidateConfig
     ds: Dataset
     prof: Profile
-    f: Figures
+    f: DatasetFigures
 
 
 @dataclass(frozen=True)
