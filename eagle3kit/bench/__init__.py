@@ -4,6 +4,8 @@
   transformers target, checked against the target's own decoding.
 - `eagle3kit.bench.server.run(ServerBenchConfig)`: acceptance, throughput and latency of a
   running SGLang or vLLM server that speculates.
+- `eagle3kit.bench.parity.run(ParityConfig)`: the serving-parity gate, the server's
+  acceptance against bench accept's on the same prompts, and why they differ.
 
 Submodules import torch only inside functions where they can; importing this package is free.
 """

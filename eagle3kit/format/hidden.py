@@ -1,8 +1,10 @@
 """Hidden-state datasets (kind "hidden"): what extract writes and offline training reads.
 
 Per token a hidden shard holds the target's auxiliary states (`aux`, [T, n_aux*H], the
-boundary-convention layer ids in order) and its last decoder layer's output before the final
-norm (`last`, [T, H]), beside the token ids and the loss mask, flat: no padding is stored.
+boundary-convention layer ids in order) and its last decoder layer's output (`last`, [T, H]):
+before the final norm as extract writes it, after it (`last_state: post_norm`) where convert
+imported SpecForge's states; beside them the token ids and the loss mask, flat: no padding is
+stored.
 The directory, the run lock and the commit protocol are the token datasets' (writer.py);
 only the queued samples' packing and the shard's arrays differ. See docs/format.md.
 """
