@@ -1,4 +1,5 @@
-"""bench: acceptance length before deployment (`accept`) and on a live server (`server`).
+"""bench: acceptance length before deployment (`accept`), on a live server (`server`), and the
+gate between them (`parity`).
 
 - `eagle3kit.bench.accept.run(AcceptConfig)`: real EAGLE-3 speculative decoding with the
   transformers target, checked against the target's own decoding.
