@@ -40,8 +40,8 @@ from eagle3kit.format import (
     TokenSample,
     hidden_bytes_per_token,
 )
-from eagle3kit.format.hidden import to_bf16
 from eagle3kit.format.layout import SHARD_DIR
+from eagle3kit.format.state_codecs import to_bf16
 from eagle3kit.target import TargetInfo, resolve_layer_ids
 from eagle3kit.tiny import make_target, make_tokenizer
 

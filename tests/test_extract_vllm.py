@@ -18,7 +18,7 @@ from eagle3kit import extract
 from eagle3kit._options import WRITE_KEYS, WriteOptions
 from eagle3kit.extract.vllm import ServerError
 from eagle3kit.format import HiddenDataset
-from eagle3kit.format.hidden import to_bf16
+from eagle3kit.format.state_codecs import to_bf16
 
 
 @pytest.fixture(scope="module")
