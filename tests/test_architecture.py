@@ -457,3 +457,36 @@ def test_no_import_loops_between_modules() -> None:
     sources = {name: (path.read_text(), path.name == "__init__.py")
                for name, path in all_modules().items()}
     assert loops(import_graph(sources, KNOWN)) == []
+
+
+# Tests and benchmarks share helpers, not test modules ----------------------------------------
+def imported_test_modules(source: str) -> list[str]:
+    """The test modules (`test_*`) `source` imports, the lazy imports inside functions too."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[-1].startswith("test_")]
+        elif (isinstance(node, ast.ImportFrom) and node.module
+              and node.module.split(".")[-1].startswith("test_")):
+            found.append(node.module)
+    return found
+
+
+def test_the_test_import_check_catches_one() -> None:
+    assert imported_test_modules("def f():\n    from test_extract import refused\n") == [
+        "test_extract"]
+    assert imported_test_modules("import test_train\nfrom tiny_train import env\n") == [
+        "test_train"]
+    assert imported_test_modules("from tiny_train import env\n") == []
+
+
+def test_no_test_module_is_imported() -> None:
+    # What several tests or benchmarks share is a helper module of tests/ or a conftest
+    # fixture: a test module imported elsewhere runs its module-scoped fixtures twice and
+    # makes one test file's edit another's failure.
+    tests = Path(__file__).resolve().parent
+    found = [f"{path.relative_to(PACKAGE.parent)} imports {name}"
+             for path in sorted([*tests.rglob("*.py"), *BENCHMARKS.glob("*.py")])
+             for name in imported_test_modules(path.read_text())]
+    assert found == []
+

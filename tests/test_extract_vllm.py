@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from extract_world import QUIET, Tiny, build_tiny
 from fake_vllm_hidden import FakeVllmHidden
-from test_extract import QUIET, Tiny, build_tiny
 
 from eagle3kit import extract
 from eagle3kit._options import WRITE_KEYS, WriteOptions
