@@ -209,8 +209,8 @@ def _target_record(cfg: ExtractConfig, identity: dict) -> dict:
     return identity
 
 
-def _settings(cfg: ExtractConfig) -> dict:
-    """The resolved settings a continuing run must share (or pass --force)."""
+def _manifest_config(cfg: ExtractConfig) -> dict:
+    """The config the manifest records: a continuing run must share it (or pass --force)."""
     return {"stage": "extract", "engine": cfg.engine, "codec": cfg.codec,
             "dtype": cfg.dtype, "model": cfg.model}
 
@@ -251,7 +251,7 @@ def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
     writer = HiddenWriter(
         cfg.out, layout=_layout(layers, target, tokenizer, tokens,
                                     _target_record(cfg, target.identity)), codec=cfg.codec,
-        config=_settings(cfg), **cfg.write.writer_options(),
+        config=_manifest_config(cfg), **cfg.write.writer_options(),
         provenance={"target": str(target.path.absolute()),
                     "tokens": str(cfg.tokens.absolute()), "server": cfg.server,
                     "trust_remote_code": cfg.trust_remote_code},
