@@ -20,11 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+from _common import REPO, with_test_helpers
+
+with_test_helpers()
 
 import torch  # noqa: E402
-from test_bench import fit_drafter, greedy_sequences  # noqa: E402  (the tests' TTT fit)
+from bench_fit import fit_drafter, greedy_sequences  # noqa: E402  (the tests' TTT fit)
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from eagle3kit._options import OutputOptions  # noqa: E402

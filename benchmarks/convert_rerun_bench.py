@@ -31,10 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+from _common import REPO, with_test_helpers
 
-from test_crash import write_source  # noqa: E402
+with_test_helpers()
+
+from random_samples import write_source  # noqa: E402
 
 from eagle3kit.format import Dataset  # noqa: E402
 

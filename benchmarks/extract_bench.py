@@ -44,7 +44,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from eagle3kit._options import OutputOptions
-from eagle3kit.extract import ExtractConfig, ExtractResult, batches, plan, scan
+from eagle3kit.extract import ExtractConfig, ExtractResult, batches, scan, workload
 from eagle3kit.extract import run as run_stage
 from eagle3kit.format import (
     CODECS,
@@ -81,7 +81,7 @@ def bare_loop(target: Path, tokens: Path, batch_tokens: int) -> tuple[float, flo
     model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
     ds = Dataset(tokens)
     items, _ = scan(ds)
-    todo = plan(items, set(), 0, 1, None).todo
+    todo = workload(items, set(), 0, 1, None).todo
     rows = [[ds.token_view(it.index).input_ids for it in b]
             for b in batches(todo, batch_tokens)]
     captured: dict = {}

@@ -75,10 +75,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from _common import REPO
 
 from eagle3kit.format import Dataset, DatasetWriter, TokenSample
 
-REPO = Path(__file__).resolve().parents[1]
 VOCAB = 152_000
 PARTITIONS = ("chat", "code")
 TARGETS = {"write": 10.0, "stream": 20.0}

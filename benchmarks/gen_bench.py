@@ -101,12 +101,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from _common import REPO, TESTS, with_test_helpers
 
-REPO = Path(__file__).resolve().parents[1]
-TESTS = REPO / "tests"
-for _path in (TESTS, REPO):  # fakeserver, real_tokenizers; eagle3kit even when not installed
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+with_test_helpers()
 
 from fakeserver import GEN_PATHS, FakeServer, _json  # noqa: E402
 from real_tokenizers import qwen3_tokenizer_dir  # noqa: E402

@@ -54,15 +54,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from _common import REPO, with_test_helpers
 
-REPO = Path(__file__).resolve().parents[1]
-TESTS = REPO / "tests"
-for _path in (TESTS, REPO):  # fakeserver, test helpers; eagle3kit even when not installed
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+with_test_helpers()
 
 from fakeserver import GEN_PATHS, FakeServer, FakeServerProcess  # noqa: E402
-from test_disk_full import _limit_file_size  # noqa: E402
+from file_limits import limit_file_size  # noqa: E402
 
 from eagle3kit.chat import Renderer  # noqa: E402
 from eagle3kit.format import Dataset  # noqa: E402
@@ -215,7 +212,7 @@ def run_gen(soak: Soak, limit: int | None, faults: bool) -> RunResult:
     with open(f"{log}.stdout", "wb") as fo, open(f"{log}.stderr", "wb") as fe:
         t0 = time.monotonic()
         proc = subprocess.Popen(gen_argv(soak), stdout=fo, stderr=fe, env=env, cwd=soak.work,
-                                preexec_fn=None if limit is None else _limit_file_size(limit))
+                                preexec_fn=None if limit is None else limit_file_size(limit))
         size, last_change, runs_before = received(soak), time.monotonic(), runs_recorded(soak)
         started = False
         next_event = time.monotonic() + soak.rng.uniform(0.5, 1.5) * soak.args.event_every

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _common import REPO, with_test_helpers
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from eagle3kit._options import OutputOptions
@@ -58,8 +59,7 @@ from eagle3kit.target import Capture
 from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings
 from eagle3kit.train import TargetBatch, TargetHead, TrainConfig, TTTLoss, step_counts
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+with_test_helpers()
 
 from ttt_reference import quadratic_loss  # noqa: E402  (the plain PyTorch loop's loss)
 

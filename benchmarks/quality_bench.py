@@ -54,11 +54,12 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 # After the thread settings above, which torch reads when it loads.
+from _common import REPO  # noqa: E402
+
 from eagle3kit import tiny  # noqa: E402
 from eagle3kit._lock import file_lock  # noqa: E402
 from eagle3kit.format import Dataset  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("EAGLE3KIT_SPECULATORS_VENV",
                            Path.home() / ".cache" / "eagle3kit" / "speculators-0.9.0"))
 VENV_INSTALLS = [  # tests/test_speculators_load.py's INSTALLS, the same list: either builds it

@@ -19,9 +19,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from _common import REPO
+
 STAGES = {
     "train": ["train", "{x}/no-data", "{x}/run", "--target", "{x}/no-target"],
     "export": ["export", "{x}/no-run", "{x}/out"],

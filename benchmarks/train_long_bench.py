@@ -35,13 +35,13 @@ import time
 from pathlib import Path
 
 import torch
+from _common import REPO, with_test_helpers
 from transformers import LlamaConfig
 
 from eagle3kit.model import DrafterConfig, Eagle3Drafter, build_vocab
 from eagle3kit.train import TargetBatch, TargetHead, TTTLoss, step_counts
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+with_test_helpers()
 
 from ttt_reference import quadratic_loss  # noqa: E402
 

@@ -40,8 +40,9 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+from _common import with_test_helpers  # noqa: E402
+
+with_test_helpers()
 
 # After the thread settings above, which torch reads when it loads.
 import torch  # noqa: E402

@@ -32,8 +32,9 @@ if hasattr(os, "sched_setaffinity"):
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
 
 import numpy as np  # noqa: E402
+from _common import with_test_helpers  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+with_test_helpers()
 
 from real_tokenizers import gpt_oss_tokenizer_dir, qwen3_tokenizer_dir  # noqa: E402
 

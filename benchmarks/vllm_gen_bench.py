@@ -40,8 +40,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "vllm"))
+from _common import REPO, TESTS, with_test_helpers
+
+with_test_helpers(TESTS / "vllm")
 
 import launch  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402

@@ -20,8 +20,13 @@ def attribute_loader(package: str, homes: dict[str, str]) -> Callable[[str], Any
         home = homes.get(name)
         if home is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{package}.{home}"), name)
-        setattr(sys.modules[package], name, value)
-        return value
+        module = importlib.import_module(f"{package}.{home}")
+        # Every name of that home at once: importing a submodule binds it on the package, so
+        # a home named like one of its names (validate's run.py and its `run`) would leave
+        # the package's `run` the module once another of its names was read.
+        for other, where in homes.items():
+            if where == home:
+                setattr(sys.modules[package], other, getattr(module, other))
+        return getattr(module, name)
 
     return __getattr__

@@ -224,8 +224,11 @@ def _duration(seconds: float) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-def duration(seconds: float) -> str:
-    """90 -> '1m30s', as the status lines show elapsed time and ETA."""
+def duration(seconds: float, tenths: bool = False) -> str:
+    """90 -> '1m30s', as the status lines show elapsed time and ETA; with `tenths`, a time
+    under a minute to the tenth (8.2s), as plan's forecasts of a short run show it."""
+    if tenths and seconds < 60:
+        return f"{max(0.0, seconds):.1f}s"
     return _duration(seconds)
 
 
@@ -250,7 +253,7 @@ class _Tally:
 
 
 @dataclass(frozen=True)
-class Figures:
+class LineFigures:
     """What one line shows, derived from its counts; None where there is nothing to show."""
 
     done: int
@@ -269,7 +272,7 @@ class Figures:
         return 100 * self.done / self.total if self.total else None
 
 
-def _figures(tally: _Tally, elapsed: float) -> Figures:
+def _figures(tally: _Tally, elapsed: float) -> LineFigures:
     counters = dict(tally.counters)  # one C-level copy: the live thread reads it concurrently
     done, total = tally.done, tally.total
     per_second = 1 / elapsed if elapsed > 0 else 0.0
@@ -277,7 +280,7 @@ def _figures(tally: _Tally, elapsed: float) -> Figures:
     # Skipped items (never sent, or given up on) have no output: they would dilute the means.
     with_output = done - tally.initial - (counters.get("skipped") or 0)
     tokens, truncated = counters.get("tokens"), counters.get("truncated")
-    return Figures(
+    return LineFigures(
         done=done,
         total=total,
         rate=rate,
@@ -297,7 +300,7 @@ def _row_name(key: str) -> tuple[str, str]:
     return (group, name) if sep else ("", group)
 
 
-def _live_cells(f: Figures, unit: str) -> dict[str, str | None]:
+def _live_cells(f: LineFigures, unit: str) -> dict[str, str | None]:
     """One row of the live table, as text; None leaves a cell (or a whole column) empty."""
 
     def maybe(value: float | None, fmt: Callable[[float], str]) -> str | None:
@@ -317,7 +320,7 @@ def _live_cells(f: Figures, unit: str) -> dict[str, str | None]:
     }
 
 
-def _summary_cells(f: Figures, unit: str) -> dict[str, object]:
+def _summary_cells(f: LineFigures, unit: str) -> dict[str, object]:
     """One row of the final table, as numbers that table() right-aligns."""
 
     def figure(x: float | None) -> float | int | None:
@@ -480,7 +483,7 @@ class Progress:
         """Items per second done by this run."""
         return self.figures().rate
 
-    def figures(self, row: str | None = None) -> Figures:
+    def figures(self, row: str | None = None) -> LineFigures:
         """The derived figures of the whole run, or of one row."""
         return _figures(self._all if row is None else self._rows[row], self.elapsed)
 

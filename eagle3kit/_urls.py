@@ -3,7 +3,8 @@
 A mistyped URL used to reach httpx and end in a traceback (`InvalidURL`), a misleading error
 (`http://host:30000@abc` read as credentials `host:30000`) or a "connection reset" for a port
 that cannot exist. `server_url` turns each into one line naming the flag and the value, and
-never repeats a password or key written into the URL.
+never repeats a password or key written into the URL. `bearer_header` is how every client
+(gen, bench, extract's vLLM states) sends --api-key to one.
 """
 
 from __future__ import annotations
@@ -77,3 +78,8 @@ def _host_port(netloc: str, bad) -> tuple[str, str | None]:
 def _masked(scheme: str, netloc: str, path: str) -> str:
     """The URL with what is before the last @ hidden: it may be a password or key."""
     return f"{scheme}://***@{netloc.rpartition('@')[2]}{path}"
+
+
+def bearer_header(api_key: str | None) -> dict[str, str]:
+    """The header that carries --api-key to a server; none without a key."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}

@@ -47,6 +47,22 @@ def _reads_stay_inside_the_repository():
         pytest.fail(f"read outside the repository: {', '.join(found)}", pytrace=False)
 
 
+@pytest.fixture(scope="session")
+def train_world(tmp_path_factory):
+    """The tiny training world (tests/tiny_train.py): a tiny 8-layer target, its token and
+    hidden-state datasets, built once per test run (per xdist worker) for every training
+    test. Tests read it and write their runs elsewhere."""
+    import torch
+    from tiny_train import build_train_world
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as one_torch_thread: the build's extract on a shared machine
+    try:
+        return build_train_world(tmp_path_factory.mktemp("train"))
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One torch thread for a module's tests: the 2-core machines they run on are shared, and

@@ -225,8 +225,10 @@ def reach_ins(module: str, source: str, is_package: bool, known: set[str]) -> li
 
 
 def import_graph(sources: dict[str, tuple[str, bool]], known: set[str]) -> dict[str, set[str]]:
-    """Module -> the modules it imports at run time (type-only imports left out)."""
-    return {name: {m for m, _ in imports(source, name, is_package, known, runtime_only=True)
+    """Module -> the modules it imports: every import, the lazy ones inside functions and
+    the type-only ones under `if TYPE_CHECKING:` too (a loop closed by a type-only import is
+    still two modules that each need the other to be read)."""
+    return {name: {m for m, _ in imports(source, name, is_package, known)
                    if m in known and m != name}
             for name, (source, is_package) in sources.items()}
 
@@ -347,17 +349,20 @@ def test_the_checker_allows_the_face(module: str, source: str) -> None:
     assert reach_ins(module, source, False, KNOWN) == []
 
 
-def test_the_loop_finder_finds_loops_and_ignores_type_only_imports() -> None:
+def test_the_loop_finder_finds_loops_lazy_and_type_only_ones_too() -> None:
     known = {"eagle3kit.a", "eagle3kit.a.b", "eagle3kit.c"}
     sources = {
         "eagle3kit.a": ("from eagle3kit.a.b import x\n", True),
         "eagle3kit.a.b": ("def f():\n    from eagle3kit.a import y\n", False),
-        "eagle3kit.c": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                        "    from eagle3kit.a.b import x\n", False),
+        "eagle3kit.c": ("import eagle3kit.a.b\n", False),
     }
     assert loops(import_graph(sources, known)) == [["eagle3kit.a", "eagle3kit.a.b"]]
     sources["eagle3kit.a.b"] = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                "    from eagle3kit.a import y\nimport eagle3kit.c\n", False)
+                                "    from eagle3kit.a import y\n", False)
+    assert loops(import_graph(sources, known)) == [["eagle3kit.a", "eagle3kit.a.b"]]
+    sources["eagle3kit.a.b"] = ("def f():\n    import eagle3kit.c\n", False)
+    assert loops(import_graph(sources, known)) == [["eagle3kit.a.b", "eagle3kit.c"]]
+    sources["eagle3kit.a.b"] = ("import json\n", False)
     assert loops(import_graph(sources, known)) == []
 
 
@@ -447,8 +452,41 @@ def test_no_module_reaches_into_another_room() -> None:
 
 
 def test_no_import_loops_between_modules() -> None:
-    # Every import counts, the lazy ones inside functions too; only `if TYPE_CHECKING:` ones,
-    # which never run, may close a loop.
+    # Every import counts, the lazy ones inside functions and the `if TYPE_CHECKING:` ones
+    # too: a loop is two modules that each need the other, whenever the import runs.
     sources = {name: (path.read_text(), path.name == "__init__.py")
                for name, path in all_modules().items()}
     assert loops(import_graph(sources, KNOWN)) == []
+
+
+# Tests and benchmarks share helpers, not test modules ----------------------------------------
+def imported_test_modules(source: str) -> list[str]:
+    """The test modules (`test_*`) `source` imports, the lazy imports inside functions too."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[-1].startswith("test_")]
+        elif (isinstance(node, ast.ImportFrom) and node.module
+              and node.module.split(".")[-1].startswith("test_")):
+            found.append(node.module)
+    return found
+
+
+def test_the_test_import_check_catches_one() -> None:
+    assert imported_test_modules("def f():\n    from test_extract import refused\n") == [
+        "test_extract"]
+    assert imported_test_modules("import test_train\nfrom tiny_train import env\n") == [
+        "test_train"]
+    assert imported_test_modules("from tiny_train import env\n") == []
+
+
+def test_no_test_module_is_imported() -> None:
+    # What several tests or benchmarks share is a helper module of tests/ or a conftest
+    # fixture: a test module imported elsewhere runs its module-scoped fixtures twice and
+    # makes one test file's edit another's failure.
+    tests = Path(__file__).resolve().parent
+    found = [f"{path.relative_to(PACKAGE.parent)} imports {name}"
+             for path in sorted([*tests.rglob("*.py"), *BENCHMARKS.glob("*.py")])
+             for name in imported_test_modules(path.read_text())]
+    assert found == []
+

@@ -218,10 +218,10 @@ def test_bench_server_buckets_the_engines_rounds_by_depth(pair) -> None:
     from fake_spec_server import SpecServer
 
     from eagle3kit._ui import OutputOptions
-    from eagle3kit.bench import server
+    from eagle3kit.bench import result, server
     from eagle3kit.bench.contexts import DepthOptions
 
-    def measure(per_request: bool) -> tuple[server.ServerReport, SpecServer]:
+    def measure(per_request: bool) -> tuple[result.ServerReport, SpecServer]:
         with SpecServer("vllm", tokenizer=str(pair["root"] / "tok"), k=K, mean_tokens=40,
                         per_request_metrics=per_request) as srv:
             report = server.run(server.ServerBenchConfig(

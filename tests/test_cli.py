@@ -46,6 +46,24 @@ def test_help_does_not_import_torch_or_transformers():
     assert len(lines) == 12 and all(line.endswith(("[]", "['numpy']")) for line in lines), lines
 
 
+def test_validate_help_loads_no_numpy():
+    """validate's config lists its check names itself, so its --help loads none of the
+    checks (numpy): before, the names came from the checks' registry."""
+    code = ("import sys\nfrom eagle3kit.cli import app\ntry:\n    app(['validate', '--help'])\n"
+            "except SystemExit:\n    pass\nprint('numpy' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines()[-1] == "False"
+
+
+def test_a_lazy_face_keeps_its_functions_over_their_submodules():
+    """validate's face loads run.py on first use; reading `validate` first must not leave
+    `eagle3kit.validate.run` the submodule that import bound on the package."""
+    code = ("import eagle3kit.validate as face\nfrom eagle3kit.validate import validate\n"
+            "print(callable(face.run), face.run.__module__, validate.__module__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "eagle3kit.validate.run", "eagle3kit.validate.run"]
+
+
 def test_version():
     result = eagle3kit("--version")
     assert result.returncode == 0

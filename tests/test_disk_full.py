@@ -14,8 +14,6 @@ every source sample exactly once, and no debris is left behind.
 
 from __future__ import annotations
 
-import resource
-import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -25,20 +23,12 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from file_limits import limit_file_size
 
 from eagle3kit.format import Dataset, is_dataset
 from eagle3kit.format.layout import MANIFEST, OWNER, SHARD_DIR
 
 CLI_TIMEOUT_S = 120
-
-
-def _limit_file_size(limit: int) -> Callable[[], None]:
-    def preexec() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-        # Without this the kernel kills the process with SIGXFSZ instead of failing the write.
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-
-    return preexec
 
 
 def convert(
@@ -50,7 +40,7 @@ def convert(
         capture_output=True,
         text=True,
         timeout=CLI_TIMEOUT_S,
-        preexec_fn=None if limit is None else _limit_file_size(limit),
+        preexec_fn=None if limit is None else limit_file_size(limit),
     )
 
 

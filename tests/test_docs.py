@@ -38,25 +38,35 @@ lines of its `console` blocks with what they print, the documented ports put bac
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import random
-import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from doc_runner import (  # noqa: F401  (prewarmed is a fixture)
+    BACKGROUND,
+    DOC_SERVERS,
+    LOOPBACK,
+    REPO,
+    RUN_LANGS,
+    Command,
+    DocServers,
+    block_commands,
+    checkout_like,
+    code_blocks,
+    commands,
+    doc_env,
+    prewarmed,
+    refresh,
+    serve_prewarmed,
+    shims,
+    split_command,
+)
 
-REPO = Path(__file__).resolve().parent.parent
 # Pages whose commands need their own set-up (tiny models, trained runs, stand-in servers)
 # run in their own modules, each of which checks that every command of its page ran.
 OWN_DOC_TESTS = {
@@ -71,96 +81,12 @@ OWN_DOC_TESTS = {
 }
 DOCS = [REPO / "README.md", *(p for p in sorted((REPO / "docs").glob("*.md"))
                               if p.name not in OWN_DOC_TESTS)]
-RUN_LANGS = {"console", "bash", "sh", "shell"}
-FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
-EXPECT = re.compile(r"\s+#\s*exits\s+(\d+)\s*$")
-SKIPPED = ("pip install ", "python -m pytest")
 TEST_COMMAND = "pip install torch==2.13.0 && pip install -e '.[test,trackers]' && python -m pytest"
 MAIN_COMMAND = "pip install torch==2.13.0 && pip install -e . && eagle3kit quickstart"
-LOOPBACK = re.compile(r"\b127\.0\.0\.1:(\d+)\b")
-BACKGROUND = re.compile(r"\s+&\s*$")
-"""A command the docs start in the background: a server the later commands talk to."""
-PORT_FLAG = re.compile(r"--port (\d+)\b")
 CACHED_SETUP = {
     "python examples/make_tiny.py --save-tokenizer qwen3-tokenizer": ("qwen3-tokenizer",),
 }
 """Set-up command -> the paths (relative to the work directory) it makes."""
-
-
-@dataclass(frozen=True)
-class StandIn:
-    api: str | None
-    """sglang or vllm; None: nothing listens there (a server that is down)."""
-    what: str
-    options: dict = field(default_factory=dict)
-    """FakeServer keyword arguments."""
-
-
-SHARED = {"faults": {"latency_s": 0.02}}
-"""The two SGLang stand-ins answer after 20 ms, so that gen spreads a run over both."""
-
-DOC_SERVERS = {
-    30000: StandIn("sglang", "an SGLang server", SHARED),
-    30001: StandIn("sglang", "a second SGLang server", SHARED),
-    30005: StandIn("sglang", "an SGLang server behind an API key",
-                   {"api_key": "sk-docs-example"}),
-    8000: StandIn("vllm", "a vLLM server"),
-    8001: StandIn("vllm", "a vLLM server that reports one completion token more than it returns",
-                  {"faults": {"count_delta": 1}}),
-    30999: StandIn(None, "nothing: a server that is down"),
-}
-"""Loopback port written in the docs -> what the test starts in its place."""
-
-
-@dataclass
-class Command:
-    line: int
-    text: str
-    status: int
-
-
-def code_blocks(path: Path) -> list[tuple[str, int, str]]:
-    """(language, first line number, body) of each fenced block."""
-    text = path.read_text()
-    return [
-        (m.group(1).lower(), text.count("\n", 0, m.start(2)) + 1, m.group(2))
-        for m in FENCE.finditer(text)
-    ]
-
-
-def block_commands(lang: str, body: str) -> list[tuple[int, str]]:
-    out = []
-    for i, raw in enumerate(body.splitlines()):
-        line = raw.strip()
-        if lang == "console":
-            if not line.startswith("$ "):
-                continue
-            line = line[2:].strip()
-        elif not line or line.startswith("#"):
-            continue
-        out.append((i, line))
-    return out
-
-
-def split_command(line: str) -> list[tuple[str, int]]:
-    """One command line as (part, expected status) pairs: && split, set-up parts dropped."""
-    m = EXPECT.search(line)
-    status = int(m.group(1)) if m else 0
-    parts = [p.strip() for p in EXPECT.sub("", line).split("&&")]
-    parts = [p for p in parts if not p.startswith(SKIPPED)]
-    return [(part, status if k == len(parts) - 1 else 0) for k, part in enumerate(parts)]
-
-
-def commands(path: Path) -> list[Command]:
-    """Every command of the runnable blocks in `path`, && chains split, set-up parts dropped."""
-    found = []
-    for lang, first, body in code_blocks(path):
-        if lang not in RUN_LANGS:
-            continue
-        for offset, line in block_commands(lang, body):
-            found += [Command(first + offset, part, status)
-                      for part, status in split_command(line)]
-    return found
 
 
 def doc_ports(text: str) -> set[int]:
@@ -168,107 +94,6 @@ def doc_ports(text: str) -> set[int]:
 
 
 # Stand-in servers ----------------------------------------------------------------------------
-class DocServers:
-    """Starts the stand-in for a documented port on first use; maps documented ports to real."""
-
-    def __init__(self, tokenizer_dir: Path) -> None:
-        self.tokenizer_dir = tokenizer_dir
-        self._tokenizer = None
-        self.ports: dict[int, int] = {}
-        self._running: list = []
-        self.launched: dict[int, int] = {}
-        """Documented port -> the real one of a server the page started itself (`... &`)."""
-        self._processes: list[subprocess.Popen] = []
-
-    def port(self, documented: int) -> int:
-        if documented in self.launched:
-            return self.launched[documented]
-        if documented not in self.ports:
-            if documented not in DOC_SERVERS:
-                raise KeyError(documented)
-            self.ports[documented] = self._start(DOC_SERVERS[documented],
-                                                 len(str(documented)))
-        return self.ports[documented]
-
-    def substitute(self, text: str) -> str:
-        return LOOPBACK.sub(lambda m: f"127.0.0.1:{self.port(int(m.group(1)))}", text)
-
-    def restore(self, text: str) -> str:
-        """Output as it reads with the servers on their documented ports."""
-        back = {real: doc for doc, real in {**self.ports, **self.launched}.items()}
-        return LOOPBACK.sub(lambda m: f"127.0.0.1:{back.get(int(m.group(1)), m.group(1))}",
-                            text)
-
-    def _start(self, spec: StandIn, digits: int) -> int:
-        port = _free_port(digits)
-        if spec.api is None:
-            return port  # nothing listens: connections are refused
-        from fakeserver import FakeServer, HFTokenizer
-
-        if self._tokenizer is None:
-            from tokenizers import Tokenizer
-
-            self._tokenizer = HFTokenizer(
-                Tokenizer.from_file(str(self.tokenizer_dir / "tokenizer.json")))
-        server = FakeServer(spec.api, port=port, tokenizer=self._tokenizer,
-                            record_bodies=False, **spec.options).start()
-        self._running.append(server)
-        return server.port
-
-    def launch(self, command: str, cwd: Path, env: dict[str, str], timeout: float = 120
-               ) -> str:
-        """Start a documented `SERVER --port N ... &` on a free port; return what it prints
-        once it listens, as it reads with the documented port."""
-        documented = [int(p) for p in PORT_FLAG.findall(command)]
-        assert documented, f"a background command names no --port: {command}"
-        for port in documented:
-            self.launched[port] = _free_port(len(str(port)))
-        text = PORT_FLAG.sub(lambda m: f"--port {self.launched[int(m.group(1))]}",
-                             BACKGROUND.sub("", command))
-        log = Path(tempfile.mkdtemp(prefix="e3k-doc-server-")) / "log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(["bash", "-c", f"exec {self.substitute(text)}"], cwd=cwd,
-                                    env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT)
-        self._processes.append(proc)
-        deadline = time.monotonic() + timeout
-        while " on http://" not in (said := log.read_text()):
-            assert proc.poll() is None and time.monotonic() < deadline, (
-                f"`{command}` did not say where it listens:\n{said}")
-            time.sleep(0.05)
-        shutil.rmtree(log.parent, ignore_errors=True)
-        return self.restore(said.strip())
-
-    def stop_launched(self) -> None:
-        for proc in self._processes:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self._processes.clear()
-        self.launched.clear()
-
-    def stop(self) -> None:
-        self.stop_launched()
-        for server in self._running:
-            server.stop()
-        self._running.clear()
-
-
-def _free_port(digits: int) -> int:
-    """A free port with as many digits as the documented one, so outputs keep their widths."""
-    low, high = max(1024, 10 ** (digits - 1)), min(65535, 10**digits - 1)
-    rng = random.Random()
-    for _ in range(200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", rng.randint(low, high)))
-            except OSError:
-                continue
-            return s.getsockname()[1]
-    raise RuntimeError(f"no free {digits}-digit port")
 
 
 # Running commands ------------------------------------------------------------------------------
@@ -293,97 +118,6 @@ class SetupCache:
             self.done.add(command)
 
 
-PREWARM_CLIENT = """\
-import json, os, socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.connect(os.environ["EAGLE3KIT_DOCS_PREWARMED"])
-body = json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
-socket.send_fds(s, [len(body).to_bytes(8, "big")], [0, 1, 2])
-s.sendall(body)
-code = b""
-while len(code) < 4:
-    chunk = s.recv(4 - len(code))
-    if not chunk:
-        sys.exit(1)
-    code += chunk
-sys.exit(int.from_bytes(code, "big", signed=True))
-"""
-
-
-def _shims(bin_dir: Path, prewarmed: Path | None = None) -> None:
-    """`eagle3kit` and `python` as the interpreter running the tests; `eagle3kit` through the
-    pre-warmed interpreter when there is one."""
-    bin_dir.mkdir()
-    eagle3kit = f'exec "{sys.executable}" -m eagle3kit'
-    if prewarmed is not None:
-        client = bin_dir / "prewarmed_client.py"
-        client.write_text(PREWARM_CLIENT)
-        eagle3kit = (f'EAGLE3KIT_DOCS_PREWARMED="{prewarmed}" exec "{sys.executable}" -S '
-                     f'"{client}"')
-    for name, line in (("eagle3kit", eagle3kit), ("python", f'exec "{sys.executable}"')):
-        shim = bin_dir / name
-        shim.write_text(f'#!/bin/sh\n{line} "$@"\n')
-        shim.chmod(0o755)
-
-
-def serve_prewarmed(path: str) -> None:
-    """The pre-warmed interpreter: import what `eagle3kit` commands import, then fork one
-    child per connection to run one command with the caller's stdio, argv, cwd and env."""
-    import jinja2  # noqa: F401
-    import torch  # noqa: F401
-    from transformers import AutoTokenizer  # noqa: F401  (transformers imports lazily)
-
-    import eagle3kit.cli
-    import eagle3kit.gen
-    import eagle3kit.gen.scheduler
-    import eagle3kit.gen.servers
-
-    server = socket.socket(socket.AF_UNIX)
-    server.bind(path + ".tmp")
-    server.listen(64)
-    os.rename(path + ".tmp", path)  # the path appears only once connections are accepted
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
-    sys.stdout.flush()
-    sys.stderr.flush()
-    while True:
-        conn, _ = server.accept()
-        if os.fork() == 0:
-            server.close()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _run_forwarded(conn, eagle3kit.cli.main)
-        conn.close()
-
-
-def _run_forwarded(conn: socket.socket, main) -> None:
-    head, fds, _, _ = socket.recv_fds(conn, 8, 3)
-    size, body = int.from_bytes(head, "big"), b""
-    while len(body) < size:
-        body += conn.recv(size - len(body))
-    request = json.loads(body)
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        os.close(fd)
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    sys.argv = ["eagle3kit", *request["argv"]]
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # a traceback is what the user would see: show it, exit 1
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError):
-            stream.flush()
-    conn.sendall(code.to_bytes(4, "big", signed=True))
-    os._exit(code)
-
-
 @pytest.fixture(scope="session")
 def qwen3_dir(tmp_path_factory) -> Path:
     from real_tokenizers import qwen3_tokenizer_dir
@@ -401,77 +135,6 @@ def doc_servers(qwen3_dir) -> Iterator[DocServers]:
 @pytest.fixture(scope="session")
 def setup_cache(tmp_path_factory) -> SetupCache:
     return SetupCache(tmp_path_factory.mktemp("setup-cache"))
-
-
-@pytest.fixture(scope="session")
-def prewarmed(tmp_path_factory) -> Iterator[Path | None]:
-    if os.environ.get("EAGLE3KIT_DOCS_FRESH", "") not in ("", "0"):
-        yield None
-        return
-    sock = Path(tempfile.mkdtemp(prefix="e3k-docs-")) / "prewarmed.sock"  # short: AF_UNIX
-    log = tmp_path_factory.mktemp("prewarmed") / "log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests")])
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, __file__, "--serve-prewarmed", str(sock)],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
-    deadline = time.monotonic() + 120
-    while not sock.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-        time.sleep(0.05)
-    yield sock
-    proc.kill()
-    proc.wait()
-    shutil.rmtree(sock.parent, ignore_errors=True)
-
-
-def _checkout_like(tmp_path: Path) -> Path:
-    work = tmp_path / "work"
-    work.mkdir()
-    shutil.copytree(
-        REPO / "examples", work / "examples", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    (work / "tests").mkdir()
-    (work / "tests" / "data").symlink_to(REPO / "tests" / "data")
-    (work / "tests" / "fakeserver.py").symlink_to(REPO / "tests" / "fakeserver.py")
-    return work
-
-
-def _doc_env(bin_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")}
-    env.update(
-        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
-        COLUMNS="100",
-        PYTHONPATH=str(REPO),
-    )
-    return env
-
-
-def run_page(doc: Path, tmp_path: Path, prewarmed: Path | None, timeout: int = 600
-             ) -> tuple[Path, list[tuple[Command, subprocess.CompletedProcess]]]:
-    """Run every command of `doc` in order, one torch thread, in a checkout-like directory.
-
-    Each must end with the status the page gives; a refused input with one message and no
-    traceback. Returns the work directory and each command with its finished process, for
-    the page's own checks.
-    """
-    work = _checkout_like(tmp_path)
-    _shims(tmp_path / "bin", prewarmed)
-    env = {**_doc_env(tmp_path / "bin"), "OMP_NUM_THREADS": "1"}
-    ran = []
-    for cmd in commands(doc):
-        proc = subprocess.run(["bash", "-c", cmd.text], cwd=work, env=env, capture_output=True,
-                              text=True, timeout=timeout)
-        # A torchrun rank's own message sits far above the other ranks' tracebacks.
-        errors = "\n".join(line for line in proc.stderr.splitlines() if "error: " in line)
-        assert proc.returncode == cmd.status, (
-            f"{doc.name}:{cmd.line}: `{cmd.text}` exited {proc.returncode}, the doc says "
-            f"{cmd.status}\n--- error lines\n{errors[-3000:]}\n--- stdout\n"
-            f"{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
-        if cmd.status == 2:
-            assert "Traceback" not in proc.stderr and proc.stderr.count("error: ") == 1
-        ran.append((cmd, proc))
-    return work, ran
 
 
 # These pages run many tokenizer-loading commands (a minute or more each on 2 cores), and the
@@ -508,9 +171,9 @@ def _run_commands(doc: Path, cmds: list[Command], tmp_path: Path, request) -> Pa
     servers = request.getfixturevalue("doc_servers") if doc_ports(
         " ".join(c.text for c in cmds)) else None
     cache: SetupCache = request.getfixturevalue("setup_cache")
-    work = _checkout_like(tmp_path)
-    _shims(tmp_path / "bin", request.getfixturevalue("prewarmed"))
-    env = _doc_env(tmp_path / "bin")
+    work = checkout_like(tmp_path)
+    shims(tmp_path / "bin", request.getfixturevalue("prewarmed"))
+    env = doc_env(tmp_path / "bin")
     try:
         for cmd in cmds:
             if BACKGROUND.search(cmd.text):
@@ -572,7 +235,7 @@ def test_the_readmes_server_line_prints_what_the_readme_shows(tmp_path, doc_serv
     lines = body.splitlines()
     at = next(i for i, line in enumerate(lines) if "tests/fakeserver.py" in line)
     command, shown = lines[at][2:], lines[at + 1]
-    work = _checkout_like(tmp_path)
+    work = checkout_like(tmp_path)
     (work / "qwen3-tokenizer").symlink_to(qwen3_dir)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     try:
@@ -671,55 +334,6 @@ def test_documented_ports_are_substituted() -> None:
 
 
 # Refreshing the outputs shown in the docs ---------------------------------------------------------
-def refresh(doc: Path, servers: DocServers, root: Path = Path("/tmp/eagle3kit")) -> str:
-    """The doc with every `console` block's output lines replaced by what its commands print
-    (stdout and stderr as a terminal interleaves them), run in `root` like the test does."""
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
-    for name in ("examples",):
-        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "tests").mkdir()
-    (root / "tests" / "data").symlink_to(REPO / "tests" / "data")
-    (root / "tests" / "fakeserver.py").symlink_to(REPO / "tests" / "fakeserver.py")
-    bin_dir = root.parent / f"{root.name}-bin"
-    shutil.rmtree(bin_dir, ignore_errors=True)
-    _shims(bin_dir)
-    env = {**_doc_env(bin_dir), "PYTHONUNBUFFERED": "1"}
-    text = doc.read_text()
-    pieces, end = [], 0
-    for m in FENCE.finditer(text):
-        lang, body = m.group(1).lower(), m.group(2)
-        if lang not in RUN_LANGS:
-            continue
-        lines = []
-        for line in body.splitlines():
-            stripped = line.strip()
-            if lang == "console" and not stripped.startswith("$ "):
-                continue  # old output
-            lines.append(line)
-            if lang != "console" and (not stripped or stripped.startswith("#")):
-                continue
-            command = stripped[2:] if lang == "console" else stripped
-            if BACKGROUND.search(command):
-                said = servers.launch(command, root, env)
-                lines += [said] if lang == "console" else []
-                continue
-            for part, status in split_command(command):
-                proc = subprocess.run(["bash", "-c", servers.substitute(part)], cwd=root, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      timeout=600)
-                if proc.returncode != status:
-                    print(f"{doc.name}: `{part}` exited {proc.returncode}, not {status}",
-                          file=sys.stderr)
-                if lang == "console":
-                    output = servers.restore(proc.stdout).rstrip("\n").splitlines()
-                    lines += [line.rstrip() for line in output]
-        new_body = "".join(f"{line}\n" for line in lines)
-        pieces += [text[end:m.start(2)], new_body]
-        end = m.end(2)
-    servers.stop_launched()
-    return "".join(pieces) + text[end:]
 
 
 def main(argv: list[str]) -> None:

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from doc_runner import code_blocks, split_command
 from fake_spec_server import SpecServer
-from test_docs import code_blocks, split_command
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "bench.md"

@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_docs import _checkout_like, _doc_env, _shims, commands, prewarmed  # noqa: F401
-from test_launch_lines import blocks, logical_lines, parse
+from doc_runner import checkout_like, commands, doc_env, prewarmed, shims  # noqa: F401
+from launch_blocks import blocks, logical_lines, parse
 
 REPO = Path(__file__).resolve().parent.parent
 # export.md trains nothing but exports and reloads several times (half a minute on 2 cores):
@@ -24,9 +24,9 @@ PAGES = [pytest.param(REPO / "docs" / "export.md", id="export.md", marks=pytest.
 def test_doc_commands_run(doc: Path, tmp_path: Path, prewarmed) -> None:  # noqa: F811
     cmds = commands(doc)
     assert any(c.text.startswith("eagle3kit ") for c in cmds)
-    work = _checkout_like(tmp_path)
-    _shims(tmp_path / "bin", prewarmed)
-    env = _doc_env(tmp_path / "bin")
+    work = checkout_like(tmp_path)
+    shims(tmp_path / "bin", prewarmed)
+    env = doc_env(tmp_path / "bin")
     for cmd in cmds:
         proc = subprocess.run(["bash", "-c", cmd.text], cwd=work, env=env, capture_output=True,
                               text=True, timeout=300)

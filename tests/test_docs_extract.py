@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_docs import (  # noqa: F401  (prewarmed is a fixture)
+from doc_runner import (  # noqa: F401  (prewarmed is a fixture)
     REPO,
     commands,
     prewarmed,

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from doc_runner import LOOPBACK, checkout_like, commands, doc_env, free_port, refresh, shims
 from fakeserver_timing import Lengths, TimedServerProcess
-from test_docs import LOOPBACK, _checkout_like, _doc_env, _free_port, _shims, commands, refresh
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE = REPO / "docs" / "plan.md"
@@ -38,7 +38,7 @@ class PlanServer:
     """The stand-in; maps the documented port to the one it listens on, and back."""
 
     def __init__(self, tokenizer_dir: Path) -> None:
-        self.server = TimedServerProcess("sglang", port=_free_port(5),
+        self.server = TimedServerProcess("sglang", port=free_port(5),
                                          tokenizer=str(tokenizer_dir / "tokenizer.json"),
                                          **STAND_IN).start()
 
@@ -69,9 +69,9 @@ def plan_server(tmp_path_factory):
 def test_plan_page_commands_run(tmp_path, plan_server):
     cmds = commands(PAGE)
     assert any(c.text.startswith("eagle3kit plan ") for c in cmds)
-    work = _checkout_like(tmp_path)
-    _shims(tmp_path / "bin")
-    env = _doc_env(tmp_path / "bin")
+    work = checkout_like(tmp_path)
+    shims(tmp_path / "bin")
+    env = doc_env(tmp_path / "bin")
     for cmd in cmds:
         text = plan_server.substitute(cmd.text)
         proc = subprocess.run(["bash", "-c", text], cwd=work, env=env, capture_output=True,

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_docs import (  # noqa: F401  (prewarmed is a fixture)
+from doc_runner import (  # noqa: F401  (prewarmed is a fixture)
     REPO,
     commands,
     prewarmed,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_launch_lines import parse
+from launch_blocks import parse
 
 from eagle3kit._options import WRITE_KEYS, WriteOptions
 from eagle3kit._ui import OutputOptions

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from extract_world import QUIET, Tiny, build_tiny
 from fake_vllm_hidden import FakeVllmHidden
-from test_extract import QUIET, Tiny, build_tiny
 
 from eagle3kit import extract
 from eagle3kit._options import WRITE_KEYS, WriteOptions
 from eagle3kit.extract.vllm import ServerError
 from eagle3kit.format import HiddenDataset
-from eagle3kit.format.hidden import to_bf16
+from eagle3kit.format.state_codecs import to_bf16
 
 
 @pytest.fixture(scope="module")

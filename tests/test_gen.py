@@ -264,7 +264,7 @@ def test_a_temperature_that_is_not_a_finite_number_is_refused_by_its_flag(tmp_pa
     """NaN passes `< 0`, and JSON has no NaN: the requests would carry `"temperature": null`
     (the server's own default, recorded nowhere). Refused on a new output, and with --force
     on a started one, before any request: the server never sees a null temperature."""
-    from test_extract import refused
+    from extract_world import refused
 
     prompts = small_prompts(tmp_path, 2)
     with FakeServer("sglang", tokenizer=qwen3) as server:

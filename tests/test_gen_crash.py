@@ -28,8 +28,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeServer, FakeServerProcess
-from real_tokenizers import qwen3_tokenizer_dir
-from test_gen_faults import (
+from gen_harness import (
     MT_BENCH,
     check_exact,
     cli,
@@ -39,6 +38,7 @@ from test_gen_faults import (
     sample_of,
     served,
 )
+from real_tokenizers import qwen3_tokenizer_dir
 
 from eagle3kit.format import Dataset, is_dataset
 from eagle3kit.gen.config import ServerSpec

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import orjson
 import pytest
+from gen_harness import MT_BENCH, QA, cli, ints, prompt_file
 from real_tokenizers import qwen3_tokenizer_dir
-from test_gen_faults import MT_BENCH, QA, cli, ints, prompt_file
 
 from eagle3kit import convert, gen
 from eagle3kit._options import WRITE_KEYS, WriteOptions

@@ -30,8 +30,8 @@ from pathlib import Path
 import orjson
 import pytest
 from fakeserver import BAD_ID_KINDS, FakeServer, load_tokenizer
-from test_disk_full import _limit_file_size
-from test_gen_faults import (
+from file_limits import limit_file_size
+from gen_harness import (
     QA,
     check_exact,
     cli,
@@ -174,7 +174,7 @@ def test_a_full_disk_during_gen_ends_with_one_message_and_the_rerun_completes(tm
                 "1", "--concurrency", "8", "--no-progress"]
         t0 = time.monotonic()
         full = subprocess.run(argv, capture_output=True, text=True, timeout=180,
-                              preexec_fn=_limit_file_size(24_000))
+                              preexec_fn=limit_file_size(24_000))
         elapsed = time.monotonic() - t0
         line = assert_one_error(full.returncode, full.stderr, 1, "no space left",
                                 f"{out / MANIFEST}", "Continue with: ")

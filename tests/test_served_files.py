@@ -16,12 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import test_train
 from fake_vllm_hidden import FakeVllmHidden
-from test_train import env
+from tiny_train import env
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-tiny = test_train.tiny  # the module's fixture: a tiny 8-layer target and its token dataset
 
 SERVED_IDS = [2, 4, 5, 8]
 STAGES = ("extract", "train")
@@ -30,24 +28,24 @@ WITHIN_S = 120
 waited 120 s for a file named twice)."""
 
 
-def command(stage: str, tiny: dict, out: Path, url: str, *extra: str) -> list[str]:
+def command(stage: str, train_world: dict, out: Path, url: str, *extra: str) -> list[str]:
     if stage == "extract":
-        args = ["extract", str(tiny["tokens"]), str(out), "--engine", "vllm"]
+        args = ["extract", str(train_world["tokens"]), str(out), "--engine", "vllm"]
     else:
-        args = ["train", str(tiny["tokens"]), str(out), "--online", "--device", "cpu",
+        args = ["train", str(train_world["tokens"]), str(out), "--online", "--device", "cpu",
                 "--batch-tokens", "128", "--draft-vocab", "200", "--eval-split", "0",
                 "--max-steps", "2"]
     return [sys.executable, "-m", "eagle3kit", *args, "--server", url, "--target",
-            str(tiny["target"]), "--concurrency", "2", "--no-progress", "-q", *extra]
+            str(train_world["target"]), "--concurrency", "2", "--no-progress", "-q", *extra]
 
 
-def run(stage: str, tiny: dict, tmp_path: Path, server: FakeVllmHidden, *extra: str,
+def run(stage: str, train_world: dict, tmp_path: Path, server: FakeVllmHidden, *extra: str,
         storage: Path | None = None, out: str = "out") -> subprocess.CompletedProcess[str]:
     """The command against `server`, with --hidden-states-dir `storage` (default: the
     server's own folder). One request in flight: a server that names one bad file for every
     request is otherwise refused for naming it twice as often as for the file itself."""
     flags = ["--hidden-states-dir", str(storage or server.storage), "--concurrency", "1", *extra]
-    return subprocess.run(command(stage, tiny, tmp_path / out, server.url, *flags),
+    return subprocess.run(command(stage, train_world, tmp_path / out, server.url, *flags),
                           capture_output=True, text=True, env=env(), timeout=WITHIN_S)
 
 
@@ -62,8 +60,8 @@ def one_error_line(proc: subprocess.CompletedProcess[str], url: str | None) -> s
 
 
 @pytest.fixture()
-def server(tiny, tmp_path):
-    served = FakeVllmHidden(tiny["target"], tmp_path / "storage", SERVED_IDS).start()
+def server(train_world, tmp_path):
+    served = FakeVllmHidden(train_world["target"], tmp_path / "storage", SERVED_IDS).start()
     yield served
     served.stop()
 
@@ -84,22 +82,22 @@ def untouched(victim: Path) -> None:
 
 
 @pytest.mark.parametrize("stage", STAGES)
-def test_a_file_outside_the_folder_is_neither_read_nor_deleted(stage, tiny, tmp_path, server,
+def test_a_file_outside_the_folder_is_neither_read_nor_deleted(stage, train_world, tmp_path, server,
                                                                victim):
     server.names = lambda _path: str(victim)
-    line = one_error_line(run(stage, tiny, tmp_path, server), server.url)
+    line = one_error_line(run(stage, train_world, tmp_path, server), server.url)
     assert f"names {str(victim)!r}, outside --hidden-states-dir {server.storage}" in line
     untouched(victim)
     # Relative to this process's working directory: resolved there, refused the same way.
     server.names = lambda _path: os.path.relpath(victim)
-    line = one_error_line(run(stage, tiny, tmp_path, server), server.url)
+    line = one_error_line(run(stage, train_world, tmp_path, server), server.url)
     assert "outside --hidden-states-dir" in line
     untouched(victim)
 
 
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("how", ["file", "folder"])
-def test_a_symlink_inside_the_folder_pointing_out_is_refused(stage, how, tiny, tmp_path,
+def test_a_symlink_inside_the_folder_pointing_out_is_refused(stage, how, train_world, tmp_path,
                                                              server, victim):
     if how == "file":
         link = server.storage / "link.safetensors"
@@ -109,17 +107,17 @@ def test_a_symlink_inside_the_folder_pointing_out_is_refused(stage, how, tiny, t
         (server.storage / "sub").symlink_to(victim.parent, target_is_directory=True)
         named, why = server.storage / "sub" / victim.name, "outside --hidden-states-dir"
     server.names = lambda _path: str(named)
-    assert why in one_error_line(run(stage, tiny, tmp_path, server), server.url)
+    assert why in one_error_line(run(stage, train_world, tmp_path, server), server.url)
     untouched(victim)
 
 
 @pytest.mark.parametrize("stage", STAGES)
-def test_a_fifo_is_refused_without_opening_it(stage, tiny, tmp_path, server):
+def test_a_fifo_is_refused_without_opening_it(stage, train_world, tmp_path, server):
     fifo = server.storage / "fifo.safetensors"
     os.mkfifo(fifo)
     server.names = lambda _path: str(fifo)
     began = time.monotonic()
-    line = one_error_line(run(stage, tiny, tmp_path, server), server.url)
+    line = one_error_line(run(stage, train_world, tmp_path, server), server.url)
     assert f"{fifo} is a FIFO, not a regular file" in line
     assert time.monotonic() - began < WITHIN_S
     assert fifo.exists()
@@ -152,18 +150,18 @@ MALFORMED: list[tuple[str, Callable[[Path], object] | None, bytes | None, str]] 
 @pytest.mark.parametrize(("what", "names", "raw", "message"), MALFORMED,
                          ids=[m[0] for m in MALFORMED])
 def test_a_malformed_answer_is_one_line_naming_the_server(stage, what, names, raw, message,
-                                                         tiny, tmp_path, server):
+                                                         train_world, tmp_path, server):
     if names is not None:
         named = names(server.storage)
         server.names = lambda _path: named
     server.raw_answer = raw
-    assert message in one_error_line(run(stage, tiny, tmp_path, server), server.url)
+    assert message in one_error_line(run(stage, train_world, tmp_path, server), server.url)
     if what == "directory":
         assert (server.storage / "dir.safetensors").is_dir()
 
 
 @pytest.mark.parametrize("stage", STAGES)
-def test_the_same_path_named_twice_is_refused_at_once(stage, tiny, tmp_path, server):
+def test_the_same_path_named_twice_is_refused_at_once(stage, train_world, tmp_path, server):
     first: list[str] = []
     server.write_delay_s = 0.5  # both answers are out before the first file is read
 
@@ -173,15 +171,15 @@ def test_the_same_path_named_twice_is_refused_at_once(stage, tiny, tmp_path, ser
 
     server.names = same
     began = time.monotonic()
-    line = one_error_line(run(stage, tiny, tmp_path, server), server.url)
+    line = one_error_line(run(stage, train_world, tmp_path, server), server.url)
     assert "a file it already named for another request" in line
     assert time.monotonic() - began < 60  # not the 120 s wait for a file read and deleted
 
 
 @pytest.mark.parametrize("stage", STAGES)
-def test_the_folder_is_required_and_checked_against_the_servers_config(stage, tiny, tmp_path,
+def test_the_folder_is_required_and_checked_against_the_servers_config(stage, train_world, tmp_path,
                                                                        server):
-    proc = subprocess.run(command(stage, tiny, tmp_path / "out", server.url),
+    proc = subprocess.run(command(stage, train_world, tmp_path / "out", server.url),
                           capture_output=True, text=True, env=env(), timeout=WITHIN_S)
     line = one_error_line(proc, None)
     needs = "--engine vllm" if stage == "extract" else "--server"
@@ -189,20 +187,20 @@ def test_the_folder_is_required_and_checked_against_the_servers_config(stage, ti
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     server.reported_storage = str(server.storage)  # as vLLM with VLLM_SERVER_DEV_MODE=1
-    line = one_error_line(run(stage, tiny, tmp_path, server, storage=elsewhere), server.url)
+    line = one_error_line(run(stage, train_world, tmp_path, server, storage=elsewhere), server.url)
     assert f"writes its hidden-state files to {server.storage} (its /server_info: " \
            f"shared_storage_path), outside --hidden-states-dir {elsewhere}" in line
     assert server.requests == []  # refused before any request
 
 
 @pytest.mark.parametrize("stage", STAGES)
-def test_the_api_key_is_sent_and_stored_nowhere(stage, tiny, tmp_path, server):
+def test_the_api_key_is_sent_and_stored_nowhere(stage, train_world, tmp_path, server):
     key = "sk-eagle3kit-TEST-0a1b2c3d"
     server.api_key = key
     server.reported_storage = str(server.storage)  # read with the key too
-    line = one_error_line(run(stage, tiny, tmp_path, server), server.url)
+    line = one_error_line(run(stage, train_world, tmp_path, server), server.url)
     assert "HTTP 401: the server refused the API key (--api-key, EAGLE3KIT_API_KEY)" in line
-    done = run(stage, tiny, tmp_path, server, "--api-key", key, out="keyed")
+    done = run(stage, train_world, tmp_path, server, "--api-key", key, out="keyed")
     assert done.returncode == 0, done.stderr[-3000:]
     assert server.requests and key not in done.stderr + done.stdout
     assert list(server.storage.iterdir()) == []  # every file read, then deleted

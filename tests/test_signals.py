@@ -20,8 +20,8 @@ from pathlib import Path
 
 import orjson
 import pytest
+from extract_world import Tiny, build_tiny, cli_env, write_tokens
 from fake_vllm_hidden import FakeVllmHidden
-from test_extract import Tiny, build_tiny, cli_env, write_tokens
 
 from eagle3kit.format import Dataset, HiddenDataset
 

@@ -2,8 +2,9 @@
 
 A tiny random 8-layer target (so the default layer ids 2, 4, 5 are distinct) with a small
 stdlib tokenizer, a token dataset of stdlib docstrings and its hidden-state dataset made by
-the real `extract`, built once for the module. The slow tests train a tiny target on text
-first, since a random target's outputs have no structure for a drafter to learn.
+the real `extract`: conftest's `train_world` (tests/tiny_train.py), built once per run. The
+slow tests train a tiny target on text first, since a random target's outputs have no
+structure for a drafter to learn.
 """
 
 from __future__ import annotations
@@ -22,11 +23,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_train import QUIET, config, env, losses, metrics, train_cmd, weights
 
-from eagle3kit._options import WRITE_KEYS, WriteOptions
 from eagle3kit._ui import OutputOptions
 from eagle3kit.errors import UserError
-from eagle3kit.format import DatasetWriter, TokenSample
 from eagle3kit.train import (
     TrainConfig,
     conditional_counts,
@@ -38,73 +38,6 @@ from eagle3kit.train.loop import TrainLoop
 from eagle3kit.train.setup import Setup
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-REPO = Path(__file__).resolve().parent.parent
-QUIET = OutputOptions(quiet=True)
-
-
-def env() -> dict[str, str]:
-    out = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")}
-    out.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    return out
-
-
-def write_tokens(path: Path, sequences: list[list[int]], prompt: int = 4) -> Path:
-    with DatasetWriter(path, config={"stage": "test"}) as w:
-        for i, ids in enumerate(sequences):
-            w.add(TokenSample(f"s{i}", ids[:prompt], ids[prompt:]))
-    return path
-
-
-def extract(tokens: Path, out: Path, target: Path) -> Path:
-    from eagle3kit import extract as stage
-
-    stage.run(stage.ExtractConfig(tokens, out, target=target, device="cpu",
-                                  output=QUIET))
-    return out
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A random tiny target, 40 docstring samples as tokens and as hidden states."""
-    from transformers import AutoTokenizer
-
-    from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings
-
-    root = tmp_path_factory.mktemp("train")
-    docs = stdlib_docstrings(40_000)
-    make_tokenizer(root / "tok", vocab_size=400, corpus=docs)
-    target = make_target(root / "target", root / "tok", hidden_size=32, seed=1)
-    tok = AutoTokenizer.from_pretrained(str(target))
-    seqs = [tok(d)["input_ids"][:48] for d in docs[:40]]
-    seqs = [s for s in seqs if len(s) >= 12]
-    tokens = write_tokens(root / "tokens", seqs)
-    hidden = extract(tokens, root / "hidden", target)
-    return {"root": root, "target": target, "tokens": tokens, "hidden": hidden}
-
-
-def config(tiny, data, out, **kw) -> TrainConfig:
-    options = dict(max_steps=4, batch_tokens=256, draft_vocab=200, eval_split=4,
-                   eval_every=2, checkpoint_every=2, lr=3e-3, warmup=1, device="cpu",
-                   output=QUIET)
-    options.update(kw)
-    options["write"] = WriteOptions(**{k: options.pop(k) for k in WRITE_KEYS if k in options})
-    return TrainConfig([data], out, tiny["target"], **options)
-
-
-def weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(str(run_dir / "drafter" / "model.safetensors"))
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def losses(run_dir: Path) -> list[float]:
-    return [m["loss"] for m in metrics(run_dir) if "loss" in m]
-
 
 # The acceptance formula ------------------------------------------------------------------------
 def test_predicted_acceptance_length_is_chain_counting():
@@ -132,8 +65,8 @@ def test_conditional_rates_from_hand_made_chains():
 
 
 # Data planning -----------------------------------------------------------------------------------
-def test_split_is_stable_and_mixing_weights_repeat_or_subsample(tiny):
-    src = tdata.open_source(tiny["tokens"], 1.0, online=True)
+def test_split_is_stable_and_mixing_weights_repeat_or_subsample(train_world):
+    src = tdata.open_source(train_world["tokens"], 1.0, online=True)
     share = tdata.held_out([src], 0.25)[0]
     count = tdata.held_out([src], 3)[0]
     assert 0 < share.sum() < len(src.ids) and count.sum() == 3
@@ -148,8 +81,8 @@ def test_split_is_stable_and_mixing_weights_repeat_or_subsample(tiny):
     assert tdata.epoch_items(pool, [2.0, 0.5], 0, 1) != epoch  # reshuffled per epoch
 
 
-def test_long_samples_are_dropped_or_truncated_and_counted(tiny):
-    src = tdata.open_source(tiny["tokens"], 1.0, online=True)
+def test_long_samples_are_dropped_or_truncated_and_counted(train_world):
+    src = tdata.open_source(train_world["tokens"], 1.0, online=True)
     none = [np.zeros(len(src.ids), bool)]
     longest = int(src.lengths.max())
     over = int((src.lengths > 20).sum())
@@ -185,10 +118,11 @@ def test_schedules_decay_as_named():
     assert {constant(n) for n in range(12)} == {1.0}
 
 
-def test_schedule_reaches_the_optimizer(tiny, tmp_path):
+def test_schedule_reaches_the_optimizer(train_world, tmp_path):
     rates = {}
     for schedule in ("cosine", "constant"):
-        run(config(tiny, tiny["hidden"], tmp_path / schedule, max_steps=4, eval_split=0,
+        run(config(train_world, train_world["hidden"], tmp_path / schedule, max_steps=4,
+                   eval_split=0,
                    schedule=schedule))
         rates[schedule] = [m["lr"] for m in metrics(tmp_path / schedule) if "lr" in m]
     assert len(set(rates["constant"][1:])) == 1  # after the one warm-up step
@@ -196,11 +130,12 @@ def test_schedule_reaches_the_optimizer(tiny, tmp_path):
     assert rates["cosine"][-1] < rates["constant"][-1]
 
 
-def test_the_held_out_prediction_at_a_temperature(tiny, tmp_path):
+def test_the_held_out_prediction_at_a_temperature(train_world, tmp_path):
     """--eval-temperature and --eval-verify reach the prediction and the drafter's eval
     block; the default stays greedy."""
-    greedy = run(config(tiny, tiny["hidden"], tmp_path / "greedy", max_steps=2))
-    hot = run(config(tiny, tiny["hidden"], tmp_path / "hot", max_steps=2, eval_temperature=1.0,
+    greedy = run(config(train_world, train_world["hidden"], tmp_path / "greedy", max_steps=2))
+    hot = run(config(train_world, train_world["hidden"], tmp_path / "hot", max_steps=2,
+                     eval_temperature=1.0,
                      eval_verify="probabilistic"))
     assert greedy.eval["temperature"] == 0.0 and "verify" not in greedy.eval
     assert hot.eval["temperature"] == 1.0 and hot.eval["verify"] == "probabilistic"
@@ -211,32 +146,34 @@ def test_the_held_out_prediction_at_a_temperature(tiny, tmp_path):
     assert recorded["temperature"] == 1.0 and recorded["verify"] == "probabilistic"
 
 
-def test_the_objective_reaches_the_loss_and_the_record(tiny, tmp_path):
+def test_the_objective_reaches_the_loss_and_the_record(train_world, tmp_path):
     """--loss, --auf and --teacher-temperature change what the first step optimises (the
     weights start alike, so only the objective differs), and run.json records them; the
     logged per-step cross-entropy is the same figure under every objective."""
     first = {}
     for name, kw in {"soft-ce": {}, "tv+auf": {"loss": "tv", "auf": True},
                      "lk": {"loss": "lk"}, "hot": {"teacher_temperature": 2.0}}.items():
-        run(config(tiny, tiny["hidden"], tmp_path / name, max_steps=1, eval_split=0, **kw))
+        run(config(train_world, train_world["hidden"], tmp_path / name, max_steps=1,
+                   eval_split=0, **kw))
         first[name] = metrics(tmp_path / name)[0]
     assert len({round(m["loss"], 6) for m in first.values()}) == 4
     recorded = json.loads((tmp_path / "tv+auf" / "run.json").read_text())["config"]
     assert (recorded["loss"], recorded["auf"]) == ("tv", True)
-    assert config(tiny, tiny["hidden"], tmp_path / "x", auf=True).auf_rule() == "greedy"
-    assert config(tiny, tiny["hidden"], tmp_path / "x", auf=True, eval_temperature=1.0,
+    hidden, out = train_world["hidden"], tmp_path / "x"
+    assert config(train_world, hidden, out, auf=True).auf_rule() == "greedy"
+    assert config(train_world, hidden, out, auf=True, eval_temperature=1.0,
                   eval_verify="probabilistic").auf_rule() == "probabilistic"
-    assert config(tiny, tiny["hidden"], tmp_path / "x", auf=True, eval_temperature=1.0
-                  ).auf_rule() == "onehot"
+    assert config(train_world, hidden, out, auf=True, eval_temperature=1.0).auf_rule() == "onehot"
 
 
-def test_lm_head_from_the_target_and_frozen(tiny, tmp_path):
+def test_lm_head_from_the_target_and_frozen(train_world, tmp_path):
     from safetensors.torch import load_file
 
-    target = load_file(str(tiny["target"] / "model.safetensors"))["lm_head.weight"]
+    target = load_file(str(train_world["target"] / "model.safetensors"))["lm_head.weight"]
     heads = {}
     for mode in ("train", "target", "frozen", None):  # None: the default, the target's rows
-        run(config(tiny, tiny["hidden"], tmp_path / str(mode), max_steps=2, eval_split=0,
+        run(config(train_world, train_world["hidden"], tmp_path / str(mode), max_steps=2,
+                   eval_split=0,
                    **({} if mode is None else {"lm_head": mode})))
         d2t = load_file(str(tmp_path / str(mode) / "vocab.safetensors"))["d2t"]
         rows = target[d2t + torch.arange(len(d2t))]
@@ -250,8 +187,8 @@ def test_lm_head_from_the_target_and_frozen(tiny, tmp_path):
     assert torch.equal(heads[None][0], heads["target"][0])
 
 
-def test_fixed_data_order_repeats_each_epoch(tiny):
-    src = tdata.open_source(tiny["hidden"], 1.0, online=False)
+def test_fixed_data_order_repeats_each_epoch(train_world):
+    src = tdata.open_source(train_world["hidden"], 1.0, online=False)
     pool = tdata.build_pool([src], tdata.held_out([src], 0), None, "truncate")
     shuffled = [[it.index for it in tdata.epoch_items(pool, [1.0], 0, e)] for e in range(3)]
     fixed = [[it.index for it in tdata.epoch_items(pool, [1.0], 0, e, True)]
@@ -261,12 +198,13 @@ def test_fixed_data_order_repeats_each_epoch(tiny):
 
 
 # Online and offline agree -------------------------------------------------------------------------
-def first_step(tiny, data, out, **kw) -> Setup:
+def first_step(train_world, data, out, **kw) -> Setup:
     from eagle3kit._ranks import Ranks
     from eagle3kit.train.run import train
     from eagle3kit.train.setup import build
 
-    setup = build(config(tiny, data, out, max_steps=1, eval_split=0, **kw), Ranks.start("cpu"))
+    setup = build(config(train_world, data, out, max_steps=1, eval_split=0, **kw),
+                  Ranks.start("cpu"))
     try:
         train(setup)
     finally:
@@ -274,15 +212,15 @@ def first_step(tiny, data, out, **kw) -> Setup:
     return setup
 
 
-def test_online_and_offline_give_the_same_first_step_loss(tiny, tmp_path):
+def test_online_and_offline_give_the_same_first_step_loss(train_world, tmp_path):
     """Same data, same drafter init, same draft vocabulary: the first step's loss differs
     only by the hidden dataset's bf16 storage of the states (tolerance 1%). Without the
     storage (fp32 states handed over), the offline path rebuilds the online target batch
     to 1e-5."""
     from eagle3kit.train.target import OfflineTarget
 
-    on = first_step(tiny, tiny["tokens"], tmp_path / "on", online=True)
-    off = first_step(tiny, tiny["hidden"], tmp_path / "off")
+    on = first_step(train_world, train_world["tokens"], tmp_path / "on", online=True)
+    off = first_step(train_world, train_world["hidden"], tmp_path / "off")
     assert on.layers == off.layers == [2, 4, 5]
     assert np.array_equal(on.vocab.draft_ids, off.vocab.draft_ids)
     assert losses(tmp_path / "on")[0] == pytest.approx(losses(tmp_path / "off")[0], rel=1e-2)
@@ -301,8 +239,8 @@ def test_online_and_offline_give_the_same_first_step_loss(tiny, tmp_path):
 
 
 # Resume ------------------------------------------------------------------------------------------
-def test_interrupted_run_resumes_to_the_same_weights(tiny, tmp_path, monkeypatch):
-    whole = run(config(tiny, tiny["hidden"], tmp_path / "whole", max_steps=5))
+def test_interrupted_run_resumes_to_the_same_weights(train_world, tmp_path, monkeypatch):
+    whole = run(config(train_world, train_world["hidden"], tmp_path / "whole", max_steps=5))
     assert whole.steps == 5
     calls = {"n": 0}
     original = TrainLoop.step
@@ -315,10 +253,10 @@ def test_interrupted_run_resumes_to_the_same_weights(tiny, tmp_path, monkeypatch
 
     monkeypatch.setattr(TrainLoop, "step", dies_at_step_4)
     with pytest.raises(KeyboardInterrupt):
-        run(config(tiny, tiny["hidden"], tmp_path / "cut", max_steps=5))
+        run(config(train_world, train_world["hidden"], tmp_path / "cut", max_steps=5))
     monkeypatch.setattr(TrainLoop, "step", original)
     assert (tmp_path / "cut" / "checkpoints" / "step-00000002").is_dir()
-    resumed = run(config(tiny, tiny["hidden"], tmp_path / "cut", max_steps=5))
+    resumed = run(config(train_world, train_world["hidden"], tmp_path / "cut", max_steps=5))
     assert resumed.resumed_from == 2 and resumed.initial_eval is None
     a, b = weights(tmp_path / "whole"), weights(tmp_path / "cut")
     assert a.keys() == b.keys()
@@ -330,20 +268,20 @@ def test_interrupted_run_resumes_to_the_same_weights(tiny, tmp_path, monkeypatch
         "step-00000004", "step-00000005"]
 
 
-def test_rerun_of_a_finished_run_changes_nothing(tiny, tmp_path):
-    first = run(config(tiny, tiny["hidden"], tmp_path / "r", max_steps=2))
+def test_rerun_of_a_finished_run_changes_nothing(train_world, tmp_path):
+    first = run(config(train_world, train_world["hidden"], tmp_path / "r", max_steps=2))
     before = weights(tmp_path / "r")
-    again = run(config(tiny, tiny["hidden"], tmp_path / "r", max_steps=2))
+    again = run(config(train_world, train_world["hidden"], tmp_path / "r", max_steps=2))
     assert again.steps == first.steps == 2
     after = weights(tmp_path / "r")
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
-def test_changed_settings_are_refused_unless_forced(tiny, tmp_path):
-    run(config(tiny, tiny["hidden"], tmp_path / "r", max_steps=2))
+def test_changed_settings_are_refused_unless_forced(train_world, tmp_path):
+    run(config(train_world, train_world["hidden"], tmp_path / "r", max_steps=2))
     with pytest.raises(UserError, match=r"--lr: 0.003 -> 0.01.*--force"):
-        run(config(tiny, tiny["hidden"], tmp_path / "r", max_steps=2, lr=1e-2))
-    forced = run(config(tiny, tiny["hidden"], tmp_path / "r", max_steps=3, lr=1e-2,
+        run(config(train_world, train_world["hidden"], tmp_path / "r", max_steps=2, lr=1e-2))
+    forced = run(config(train_world, train_world["hidden"], tmp_path / "r", max_steps=3, lr=1e-2,
                         force=True))
     assert forced.steps == 3
     # step 3 trains at the forced --lr on the forced run's schedule (warm-up 1, cosine over
@@ -355,7 +293,7 @@ def test_changed_settings_are_refused_unless_forced(tiny, tmp_path):
     history = json.loads((tmp_path / "r" / "run.json").read_text())["settings_history"]
     assert history and history[0]["settings"]["lr"] == 3e-3
     with pytest.raises(UserError, match="no run to resume"):
-        run(config(tiny, tiny["hidden"], tmp_path / "none", mode="resume"))
+        run(config(train_world, train_world["hidden"], tmp_path / "none", mode="resume"))
 
 
 class _Payload:
@@ -368,13 +306,13 @@ class _Payload:
         return (os.system, (f"touch {self.flag}",))
 
 
-def test_a_planted_pickle_in_a_checkpoint_is_refused_and_never_runs(tiny, tmp_path):
+def test_a_planted_pickle_in_a_checkpoint_is_refused_and_never_runs(train_world, tmp_path):
     """Every file a resume loads from checkpoints/step-N is safetensors, JSON or read with
     torch.load(weights_only=True): a pickle planted in any of them (a run directory is
     often shared or copied) ends the run with one message naming it, and its code never
     runs. rng-rank0.pt is the name earlier releases used (pickled, loaded unrestricted)."""
     made = tmp_path / "made"
-    run(config(tiny, tiny["hidden"], made, max_steps=2))
+    run(config(train_world, train_world["hidden"], made, max_steps=2))
     flag = tmp_path / "PWNED"
     planted = tmp_path / "payload.pt"
     torch.save({"state": _Payload(flag)}, planted)
@@ -386,7 +324,7 @@ def test_a_planted_pickle_in_a_checkpoint_is_refused_and_never_runs(tiny, tmp_pa
         shutil.copytree(made, out)
         (out / "checkpoints" / "step-00000002" / name).write_bytes(planted.read_bytes())
         with pytest.raises(UserError) as refused:
-            run(config(tiny, tiny["hidden"], out, max_steps=3, force=True))
+            run(config(train_world, train_world["hidden"], out, max_steps=3, force=True))
         message = str(refused.value)
         assert str(out / "checkpoints" / "step-00000002" / name) in message
         assert "delete" in message.lower()
@@ -395,7 +333,7 @@ def test_a_planted_pickle_in_a_checkpoint_is_refused_and_never_runs(tiny, tmp_pa
         assert not flag.exists(), f"the payload in {name} ran"
     # The CLI, as the issue found it: `train --force` resuming over a planted rng-rank0.pt.
     proc = subprocess.run(
-        [sys.executable, "-m", "eagle3kit", *train_cmd(tiny, tmp_path / "rng-rank0.pt",
+        [sys.executable, "-m", "eagle3kit", *train_cmd(train_world, tmp_path / "rng-rank0.pt",
                                                        "--max-steps", "3", "--force")],
         capture_output=True, text=True, env=env(), timeout=300)
     assert proc.returncode == 2, proc.stderr
@@ -421,9 +359,9 @@ def test_random_states_survive_the_safetensors_round_trip(tmp_path):
 
 
 # The run directory --------------------------------------------------------------------------------
-def test_run_directory_is_what_export_and_bench_read(tiny, tmp_path):
+def test_run_directory_is_what_export_and_bench_read(train_world, tmp_path):
     out = tmp_path / "r"
-    result = run(config(tiny, tiny["hidden"], out, max_steps=3))
+    result = run(config(train_world, train_world["hidden"], out, max_steps=3))
     info = json.loads((out / "run.json").read_text())
     assert info["layer_ids"] == [2, 4, 5] and info["mode"] == "offline"
     assert {"path", "name_or_path", "architectures", "fingerprint"} <= set(info["target"])
@@ -438,7 +376,7 @@ def test_run_directory_is_what_export_and_bench_read(tiny, tmp_path):
 
     # One identity record: train's is extract's, plus where the target was.
     recorded = {k: v for k, v in info["target"].items() if k not in ("path", "name_or_path")}
-    assert recorded == {k: v for k, v in HiddenDataset(tiny["hidden"]).target.items()
+    assert recorded == {k: v for k, v in HiddenDataset(train_world["hidden"]).target.items()
                         if k != "path"}
     ev = drafter["eval"]
     assert ev["k"] == 3 and ev["temperature"] == 0 and ev["step"] == 3
@@ -468,9 +406,10 @@ def test_run_directory_is_what_export_and_bench_read(tiny, tmp_path):
     assert model.config.aux_layer_ids == [2, 4, 5] and model.config.draft_vocab_size == 200
 
 
-def test_init_from_keeps_the_draft_vocabulary(tiny, tmp_path):
-    run(config(tiny, tiny["hidden"], tmp_path / "a", max_steps=2))
-    warm = run(config(tiny, tiny["hidden"], tmp_path / "b", max_steps=1, draft_vocab=50,
+def test_init_from_keeps_the_draft_vocabulary(train_world, tmp_path):
+    run(config(train_world, train_world["hidden"], tmp_path / "a", max_steps=2))
+    warm = run(config(train_world, train_world["hidden"], tmp_path / "b", max_steps=1,
+                      draft_vocab=50,
                       init_from=tmp_path / "a" / "drafter"))
     info = json.loads((tmp_path / "b" / "run.json").read_text())
     assert info["vocab"]["size"] == 200 and info["vocab"]["source"].startswith("init-from")
@@ -483,16 +422,16 @@ def test_init_from_keeps_the_draft_vocabulary(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["vllm", "sglang"])
-def test_both_exports_round_trip_through_init_from(tiny, tmp_path, fmt):
+def test_both_exports_round_trip_through_init_from(train_world, tmp_path, fmt):
     """A warm start from an export begins exactly where the exported run ended: its first
     held-out evaluation (before any step) equals the run's last one, and its vocabulary."""
     from eagle3kit.export import ExportConfig
     from eagle3kit.export import run as export
 
-    first = run(config(tiny, tiny["hidden"], tmp_path / "a", max_steps=2))
+    first = run(config(train_world, train_world["hidden"], tmp_path / "a", max_steps=2))
     export(ExportConfig(tmp_path / "a", tmp_path / "out", format="both", dtype="fp32",
                         output=QUIET))
-    run(config(tiny, tiny["hidden"], tmp_path / "b", max_steps=1,
+    run(config(train_world, train_world["hidden"], tmp_path / "b", max_steps=1,
                init_from=tmp_path / "out" / fmt))
     before_any_step = next(m for m in metrics(tmp_path / "b") if m["step"] == 0 and "eval" in m)
     assert before_any_step["eval"]["per_position"] == pytest.approx(
@@ -526,113 +465,110 @@ def test_both_exports_round_trip_through_init_from(tiny, tmp_path, fmt):
     ({"loss": "ce"}, "--loss must be one of soft-ce, tv, nla, lk"),
     ({"teacher_temperature": 0.0}, "--teacher-temperature must be > 0"),
 ])
-def test_bad_options(tiny, tmp_path, options, message):
+def test_bad_options(train_world, tmp_path, options, message):
     with pytest.raises(UserError, match=message):
-        config(tiny, tiny["hidden"], tmp_path / "r", **options)
+        config(train_world, train_world["hidden"], tmp_path / "r", **options)
 
 
 @pytest.mark.parametrize(("options", "recorded"), [
     ({}, "auto"), ({"dtype": "bfloat16"}, "bf16"), ({"dtype": "bf16"}, "bf16"),
     ({"precision": "bf16"}, "bf16"), ({"dtype": "float32"}, "fp32"),
 ])
-def test_run_json_records_the_dtype_as_older_runs_did(tiny, tmp_path, options, recorded):
+def test_run_json_records_the_dtype_as_older_runs_did(train_world, tmp_path, options, recorded):
     # A run started with --precision bf16 continues under --dtype bfloat16 without --force.
-    cfg = config(tiny, tiny["hidden"], tmp_path / "r", **options)
+    cfg = config(train_world, train_world["hidden"], tmp_path / "r", **options)
     assert cfg.dtype == {"auto": "auto", "bf16": "bfloat16", "fp32": "float32"}[recorded]
     assert cfg.settings()["precision"] == recorded and "dtype" not in cfg.settings()
 
 
-def test_bad_inputs_name_the_file(tiny, tmp_path):
+def test_bad_inputs_name_the_file(train_world, tmp_path):
     with pytest.raises(UserError, match="a token dataset; train from it with --online"):
-        run(config(tiny, tiny["tokens"], tmp_path / "r"))
+        run(config(train_world, train_world["tokens"], tmp_path / "r"))
     with pytest.raises(UserError, match="a hidden dataset; --online trains from token"):
-        run(config(tiny, tiny["hidden"], tmp_path / "r", online=True))
+        run(config(train_world, train_world["hidden"], tmp_path / "r", online=True))
     with pytest.raises(UserError, match="not an eagle3kit dataset"):
-        run(config(tiny, tmp_path, tmp_path / "r"))
+        run(config(train_world, tmp_path, tmp_path / "r"))
     with pytest.raises(UserError, match=r"no config\.json"):
-        run(TrainConfig([tiny["hidden"]], tmp_path / "r", tmp_path, output=QUIET))
+        run(TrainConfig([train_world["hidden"]], tmp_path / "r", tmp_path, output=QUIET))
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "notes.txt").write_text("mine")
     with pytest.raises(UserError, match="exists and is not a training run"):
-        run(config(tiny, tiny["hidden"], busy))
+        run(config(train_world, train_world["hidden"], busy))
     with pytest.raises(UserError, match=r"DATA:0 \w*|weight must be a number > 0"):
-        config(tiny, f"{tiny['hidden']}:0", tmp_path / "r")
+        config(train_world, f"{train_world['hidden']}:0", tmp_path / "r")
 
 
-def test_a_dataset_recording_the_older_target_keys_still_trains(tiny, tmp_path):
+def test_a_dataset_recording_the_older_target_keys_still_trains(train_world, tmp_path):
     """Datasets extract wrote before the one identity record carry config and weights
     hashes but no fingerprint: compared on those keys, the same target trains on them and
     another is refused."""
     old = tmp_path / "old-hidden"
-    shutil.copytree(tiny["hidden"], old)
+    shutil.copytree(train_world["hidden"], old)
     manifest = json.loads((old / "manifest.json").read_text())
     target = manifest["hidden"]["target"]
     manifest["hidden"]["target"] = {k: target[k] for k in (
         "model_type", "num_layers", "hidden_size", "vocab_size", "config_xxh3", "weights_xxh3")}
     (old / "manifest.json").write_text(json.dumps(manifest))
-    assert run(config(tiny, old, tmp_path / "r", max_steps=1, eval_split=0)).steps == 1
+    assert run(config(train_world, old, tmp_path / "r", max_steps=1, eval_split=0)).steps == 1
     manifest["hidden"]["target"]["num_layers"] = 9
     (old / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(UserError, match="extracted from a target with num_layers 9, --target "
                                         "has 8"):
-        run(config(tiny, old, tmp_path / "r2", max_steps=1, eval_split=0))
+        run(config(train_world, old, tmp_path / "r2", max_steps=1, eval_split=0))
 
 
-def test_init_from_another_target_is_refused(tiny, tmp_path):
+def test_init_from_another_target_is_refused(train_world, tmp_path):
     from transformers import AutoConfig
 
     from eagle3kit.checkpoints.native import save_drafter
     from eagle3kit.model import DrafterConfig, Eagle3Drafter
 
-    other = AutoConfig.from_pretrained(str(tiny["target"]))
+    other = AutoConfig.from_pretrained(str(train_world["target"]))
     other.vocab_size += 10
     save_drafter(Eagle3Drafter(DrafterConfig.from_target(other, aux_layer_ids=[2, 4, 5])),
                  tmp_path / "other")
     with pytest.raises(UserError, match=r"--init-from .*vocabulary"):
-        run(config(tiny, tiny["hidden"], tmp_path / "r", init_from=tmp_path / "other"))
+        run(config(train_world, train_world["hidden"], tmp_path / "r",
+                   init_from=tmp_path / "other"))
 
 
-def test_cli_errors_are_one_line(tiny, tmp_path):
+def test_cli_errors_are_one_line(train_world, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "eagle3kit", "train", str(tiny["hidden"]), str(tmp_path / "r"),
-         "--target", str(tiny["target"]), "--ttt-steps", "0"],
+        [sys.executable, "-m", "eagle3kit", "train", str(train_world["hidden"]),
+         str(tmp_path / "r"),
+         "--target", str(train_world["target"]), "--ttt-steps", "0"],
         capture_output=True, text=True, env=env(), timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: --ttt-steps must be >= 1 (got 0)"
 
 
-def test_every_problem_of_a_command_line_is_named_at_once(tiny, tmp_path):
+def test_every_problem_of_a_command_line_is_named_at_once(train_world, tmp_path):
     """TrainConfig checks everything and raises once (torchtune's config validation): the
     command-line checks that lived in cli.py included."""
     with pytest.raises(UserError) as caught:
-        TrainConfig.from_paths([str(tiny["hidden"]), str(tmp_path / "r")], target=None,
+        TrainConfig.from_paths([str(train_world["hidden"]), str(tmp_path / "r")], target=None,
                                lr=-1.0, keep=0, layers="2,x", online=True)
     message = str(caught.value)
     for part in ("--keep must be >= 1", "--lr must be > 0", "--layers 2,x: expected",
                  "--target is required"):
         assert part in message, message
     with pytest.raises(UserError, match="give the datasets, then the run directory last"):
-        TrainConfig.from_paths([str(tiny["hidden"])], target=tiny["target"])
+        TrainConfig.from_paths([str(train_world["hidden"])], target=train_world["target"])
 
 
 # Processes ---------------------------------------------------------------------------------------
-def train_cmd(tiny, out: Path, *extra: str) -> list[str]:
-    return ["train", str(tiny["hidden"]), str(out), "--target", str(tiny["target"]),
-            "--device", "cpu", "--batch-tokens", "256", "--draft-vocab", "200",
-            "--eval-split", "4", "--lr", "3e-3", "--warmup", "1", "--no-progress", *extra]
-
-
 @pytest.mark.slow
-def test_two_ranks_take_the_same_steps_as_one(tiny, tmp_path):
+def test_two_ranks_take_the_same_steps_as_one(train_world, tmp_path):
     """torchrun, 2 gloo processes x --grad-accum 1 vs 1 process x --grad-accum 2: the same
     global batches, so the same loss curve (tolerance 1e-5: only the reduction order of
     the gradients differs) and the same held-out figures."""
-    one = run(config(tiny, tiny["hidden"], tmp_path / "one", max_steps=4, grad_accum=2,
+    one = run(config(train_world, train_world["hidden"], tmp_path / "one", max_steps=4,
+                     grad_accum=2,
                      batch_tokens=128))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--master_port", str(29500 + os.getpid() % 1000), "-m", "eagle3kit",
-           *train_cmd(tiny, tmp_path / "two", "--max-steps", "4", "--batch-tokens", "128",
+           *train_cmd(train_world, tmp_path / "two", "--max-steps", "4", "--batch-tokens", "128",
                       "--eval-every", "2", "--checkpoint-every", "2")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -644,10 +580,10 @@ def test_two_ranks_take_the_same_steps_as_one(tiny, tmp_path):
 
 
 @pytest.mark.slow
-def test_sigkilled_run_resumes_to_the_same_weights(tiny, tmp_path):
+def test_sigkilled_run_resumes_to_the_same_weights(train_world, tmp_path):
     args = ["--max-steps", "8", "--checkpoint-every", "2", "--eval-every", "4"]
-    run(config(tiny, tiny["hidden"], tmp_path / "whole", max_steps=8, eval_every=4))
-    cmd = [sys.executable, "-m", "eagle3kit", *train_cmd(tiny, tmp_path / "cut", *args)]
+    run(config(train_world, train_world["hidden"], tmp_path / "whole", max_steps=8, eval_every=4))
+    cmd = [sys.executable, "-m", "eagle3kit", *train_cmd(train_world, tmp_path / "cut", *args)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=env())
     ckpts = tmp_path / "cut" / "checkpoints"
@@ -665,11 +601,13 @@ def test_sigkilled_run_resumes_to_the_same_weights(tiny, tmp_path):
     assert losses(tmp_path / "cut") == losses(tmp_path / "whole")
 
 
-def test_status_shows_no_acceptance_length_before_the_first_evaluation(tiny, tmp_path, capfd):
+def test_status_shows_no_acceptance_length_before_the_first_evaluation(train_world, tmp_path,
+                                                                       capfd):
     """The untrained drafter's AL is ~1, which reads like the "τ≈1 is a setup error" warning:
     the status says "AL –" until training evaluates, then the figure."""
     out = OutputOptions(no_progress=True, log_every=1e-6)
-    run(config(tiny, tiny["hidden"], tmp_path / "r", eval_every=3, max_steps=4, output=out))
+    run(config(train_world, train_world["hidden"], tmp_path / "r", eval_every=3, max_steps=4,
+               output=out))
     lines = [x for x in capfd.readouterr().err.splitlines() if x.startswith("train ")]
     steps = [int(x.split()[1].split("/")[0]) for x in lines]
     before = [x for x, s in zip(lines, steps, strict=True) if s < 3]
@@ -679,13 +617,13 @@ def test_status_shows_no_acceptance_length_before_the_first_evaluation(tiny, tmp
 
 
 # Drafter layouts (--variant and the field flags) ----------------------------------------------
-def test_a_variant_trains_resumes_and_exports_as_itself(tiny, tmp_path, monkeypatch):
+def test_a_variant_trains_resumes_and_exports_as_itself(train_world, tmp_path, monkeypatch):
     from eagle3kit.checkpoints.detect import inspect
     from eagle3kit.export import ExportConfig
     from eagle3kit.export import run as export
 
     layout = {"variant": "speculators", "num_hidden_layers": 2}
-    whole = run(config(tiny, tiny["hidden"], tmp_path / "whole", **layout))
+    whole = run(config(train_world, train_world["hidden"], tmp_path / "whole", **layout))
     assert whole.metrics["variant"] == {
         "norm_before_residual": True, "norm_before_fc": True, "fc_norm": False,
         "norm_output": True, "num_hidden_layers": 2, "embed_requires_grad": False}
@@ -700,12 +638,12 @@ def test_a_variant_trains_resumes_and_exports_as_itself(tiny, tmp_path, monkeypa
 
     monkeypatch.setattr(TrainLoop, "step", dies_at_step_3)
     with pytest.raises(KeyboardInterrupt):
-        run(config(tiny, tiny["hidden"], tmp_path / "cut", **layout))
+        run(config(train_world, train_world["hidden"], tmp_path / "cut", **layout))
     monkeypatch.setattr(TrainLoop, "step", original)
     # the command without the layout flags is another setting, named
     with pytest.raises(UserError, match=r"--variant: .*norm_before_fc.* -> None.*--force"):
-        run(config(tiny, tiny["hidden"], tmp_path / "cut"))
-    resumed = run(config(tiny, tiny["hidden"], tmp_path / "cut", **layout))
+        run(config(train_world, train_world["hidden"], tmp_path / "cut"))
+    resumed = run(config(train_world, train_world["hidden"], tmp_path / "cut", **layout))
     assert resumed.resumed_from == 2
     a, b = weights(tmp_path / "whole"), weights(tmp_path / "cut")
     assert a.keys() == b.keys() and "input_norm.weight" in a and "layers.1.mlp.up_proj.weight" in a
@@ -714,27 +652,29 @@ def test_a_variant_trains_resumes_and_exports_as_itself(tiny, tmp_path, monkeypa
     assert recorded["settings"]["variant"]["norm_output"] is True
     assert recorded["drafter"]["num_hidden_layers"] == 2
     export(ExportConfig(tmp_path / "cut", tmp_path / "out", dtype="fp32", output=QUIET))
-    info = inspect(tmp_path / "out", tiny["target"])
+    info = inspect(tmp_path / "out", train_world["target"])
     assert info.problems == [] and info.norm_before_residual is True
     assert info.variant == {"norm_before_fc": True, "fc_norm": False, "norm_output": True,
                             "num_hidden_layers": 2, "embed_requires_grad": False}
 
 
-def test_init_from_a_variant_keeps_its_layout_and_starts_where_it_ended(tiny, tmp_path):
+def test_init_from_a_variant_keeps_its_layout_and_starts_where_it_ended(train_world, tmp_path):
     from eagle3kit.export import ExportConfig
     from eagle3kit.export import run as export
 
-    first = run(config(tiny, tiny["hidden"], tmp_path / "a", max_steps=2, variant="eagle3.1",
+    first = run(config(train_world, train_world["hidden"], tmp_path / "a", max_steps=2,
+                       variant="eagle3.1",
                        embed_requires_grad=True))
     export(ExportConfig(tmp_path / "a", tmp_path / "out", dtype="fp32", output=QUIET))
-    warm = run(config(tiny, tiny["hidden"], tmp_path / "b", max_steps=1,
+    warm = run(config(train_world, train_world["hidden"], tmp_path / "b", max_steps=1,
                       init_from=tmp_path / "out"))
     assert warm.metrics["variant"]["fc_norm"] and warm.metrics["variant"]["embed_requires_grad"]
     before_any_step = next(m for m in metrics(tmp_path / "b") if m["step"] == 0 and "eval" in m)
     assert before_any_step["eval"]["per_position"] == pytest.approx(
         first.eval["per_position"], abs=1e-6)  # its own trained embedding came along
     with pytest.raises(UserError, match=r"--init-from .*fc_norm True \(asked False\)"):
-        run(config(tiny, tiny["hidden"], tmp_path / "c", max_steps=1, variant="speculators",
+        run(config(train_world, train_world["hidden"], tmp_path / "c", max_steps=1,
+                   variant="speculators",
                    init_from=tmp_path / "out"))
 
 
@@ -745,18 +685,19 @@ def test_init_from_a_variant_keeps_its_layout_and_starts_where_it_ended(tiny, tm
      "before fc); --variant speculators has norm_before_fc"),
     ({"num_hidden_layers": 0}, "--num-hidden-layers must be >= 1"),
 ])
-def test_bad_layout_options(tiny, tmp_path, options, message):
+def test_bad_layout_options(train_world, tmp_path, options, message):
     with pytest.raises(UserError, match=re.escape(message)):
-        config(tiny, tiny["hidden"], tmp_path / "r", **options)
+        config(train_world, train_world["hidden"], tmp_path / "r", **options)
 
 
-def test_the_cli_takes_the_layout_flags(tiny, tmp_path):
+def test_the_cli_takes_the_layout_flags(train_world, tmp_path):
     from typer.testing import CliRunner
 
     from eagle3kit.cli import app
 
     result = CliRunner().invoke(app, [
-        "train", str(tiny["hidden"]), str(tmp_path / "r"), "--target", str(tiny["target"]),
+        "train", str(train_world["hidden"]), str(tmp_path / "r"),
+        "--target", str(train_world["target"]),
         "--variant", "speculators", "--no-norm-output", "--num-hidden-layers", "2",
         "--max-steps", "1", "--batch-tokens", "256", "--draft-vocab", "200",
         "--eval-split", "0", "--device", "cpu", "--quiet"])
@@ -767,19 +708,20 @@ def test_the_cli_takes_the_layout_flags(tiny, tmp_path):
             fields["norm_before_residual"]) == (True, False, 2, True)
 
 
-def test_a_run_directory_that_is_a_file_is_one_line_before_the_target_loads(tiny, tmp_path):
-    from test_extract import refused
+def test_a_run_directory_that_is_a_file_is_one_line_before_the_target_loads(train_world, tmp_path):
+    from extract_world import refused
 
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
-    line = refused("train", tiny["hidden"], notes, "--target", tiny["target"], "--device", "cpu")
+    line = refused("train", train_world["hidden"], notes, "--target", train_world["target"],
+                   "--device", "cpu")
     assert line == (f"error: {notes}: exists and is not a directory (the run directory train "
                     "writes); give a new directory")
     assert notes.read_text() == "mine"
 
 
-def test_overwrite_never_deletes_through_a_linked_checkpoints_folder(tiny, tmp_path):
-    from test_extract import refused
+def test_overwrite_never_deletes_through_a_linked_checkpoints_folder(train_world, tmp_path):
+    from extract_world import refused
 
     from eagle3kit.checkpoints.rundir import RunDir
 
@@ -789,7 +731,8 @@ def test_overwrite_never_deletes_through_a_linked_checkpoints_folder(tiny, tmp_p
     run_dir = tmp_path / "r"
     run_dir.mkdir()
     (run_dir / "checkpoints").symlink_to(elsewhere, target_is_directory=True)
-    line = refused("train", tiny["hidden"], run_dir, "--target", tiny["target"], "--device",
+    line = refused("train", train_world["hidden"], run_dir, "--target", train_world["target"],
+                   "--device",
                    "cpu", "--overwrite")
     assert line.startswith(f"error: {run_dir / 'checkpoints'}: a symbolic link"), line
     with pytest.raises(UserError, match="a symbolic link"):
@@ -798,7 +741,7 @@ def test_overwrite_never_deletes_through_a_linked_checkpoints_folder(tiny, tmp_p
     assert (run_dir / "checkpoints").is_symlink()
 
 
-def test_a_sliding_window_trains_is_recorded_and_exported(tiny, tmp_path):
+def test_a_sliding_window_trains_is_recorded_and_exported(train_world, tmp_path):
     """--sliding-window reaches the drafter (train's loss and held-out prediction change with
     it), run.json's settings (changing it is refused without --force) and the export."""
     from typer.testing import CliRunner
@@ -808,9 +751,10 @@ def test_a_sliding_window_trains_is_recorded_and_exported(tiny, tmp_path):
     from eagle3kit.export import ExportConfig
     from eagle3kit.export import run as export
 
-    full = run(config(tiny, tiny["hidden"], tmp_path / "full", max_steps=2))
+    full = run(config(train_world, train_world["hidden"], tmp_path / "full", max_steps=2))
     result = CliRunner().invoke(app, [
-        "train", str(tiny["hidden"]), str(tmp_path / "r"), "--target", str(tiny["target"]),
+        "train", str(train_world["hidden"]), str(tmp_path / "r"),
+        "--target", str(train_world["target"]),
         "--sliding-window", "8", "--max-steps", "2", "--batch-tokens", "256", "--draft-vocab",
         "200", "--eval-split", "4", "--lr", "3e-3", "--warmup", "1", "--device", "cpu",
         "--quiet"])
@@ -824,13 +768,13 @@ def test_a_sliding_window_trains_is_recorded_and_exported(tiny, tmp_path):
     assert losses(tmp_path / "r")[0] != pytest.approx(losses(tmp_path / "full")[0], abs=1e-6)
     assert full.eval is not None
     with pytest.raises(UserError, match=r"--sliding-window: 8 -> None.*--force"):
-        run(config(tiny, tiny["hidden"], tmp_path / "r", max_steps=3))
+        run(config(train_world, train_world["hidden"], tmp_path / "r", max_steps=3))
     export(ExportConfig(tmp_path / "r", tmp_path / "out", dtype="fp32", output=QUIET))
-    assert inspect(tmp_path / "out", tiny["target"]).sliding_window == 8
+    assert inspect(tmp_path / "out", train_world["target"]).sliding_window == 8
 
 
-def test_a_window_the_unroll_outgrows_is_refused(tiny, tmp_path):
+def test_a_window_the_unroll_outgrows_is_refused(train_world, tmp_path):
     with pytest.raises(UserError, match=re.escape(
             "--sliding-window must be >= --ttt-steps and --eval-k (7): the last step "
             "unrolled sits that many positions past its context (got 5)")):
-        config(tiny, tiny["hidden"], tmp_path / "r", sliding_window=5)
+        config(train_world, train_world["hidden"], tmp_path / "r", sliding_window=5)

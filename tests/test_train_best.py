@@ -6,7 +6,7 @@ A later step is made worse honestly and deterministically: a learning rate that 
 (a constant schedule whose linear warm-up of 100 steps runs to --lr 0.2, so step s trains at
 0.002 s) improves the drafter for a few steps, then wrecks it. On CPU in fp32 the steps are
 bitwise reproducible (test_train's resume tests), so every run of the same command takes the
-same steps and the same evaluations. The tiny target and datasets are tests/test_train.py's;
+same steps and the same evaluations. The tiny target and datasets are conftest's `train_world`;
 every run is a real `eagle3kit` process.
 """
 
@@ -21,23 +21,21 @@ import time
 from pathlib import Path
 
 import pytest
-import test_train
 import torch
 from safetensors.torch import load_file
-from test_train import env, metrics
+from tiny_train import env, metrics
 
 from eagle3kit.train import selection
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-tiny = test_train.tiny  # the module's fixture: a tiny target and its datasets
 AL = "predicted_acceptance_length"
 STEPS = 14
 GROWING_LR = ("--lr", "0.2", "--warmup", "100", "--schedule", "constant")
 
 
-def train(tiny: dict, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "eagle3kit", "train", str(tiny["hidden"]), str(out),
-            "--target", str(tiny["target"]), "--device", "cpu", "--batch-tokens", "256",
+def train(train_world: dict, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "eagle3kit", "train", str(train_world["hidden"]), str(out),
+            "--target", str(train_world["target"]), "--device", "cpu", "--batch-tokens", "256",
             "--draft-vocab", "200", "--eval-split", "4", "--eval-every", "2",
             "--checkpoint-every", "2", "--no-progress", *GROWING_LR, *extra]
 
@@ -75,11 +73,11 @@ def drafter_block(directory: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(tiny, tmp_path_factory) -> dict:
+def reference(train_world, tmp_path_factory) -> dict:
     """One uninterrupted run of STEPS steps keeping every checkpoint, the best evaluated step
     read off its metrics.jsonl (the earliest of the highest)."""
     out = tmp_path_factory.mktemp("best") / "run"
-    finished(train(tiny, out, "--max-steps", str(STEPS), "--keep", "100"))
+    finished(train(train_world, out, "--max-steps", str(STEPS), "--keep", "100"))
     evals = evaluations(out)
     trained = {s: a for s, a in evals.items() if s >= 1}
     best = min(s for s, a in trained.items() if a == max(trained.values()))
@@ -110,8 +108,8 @@ def test_the_rule_keeps_the_highest_trained_step_and_the_earlier_on_a_tie() -> N
     assert none["step"] == 8 and none["why"].startswith("no held-out split (--eval-split 0)")
 
 
-def test_a_bad_drafter_step_is_one_line_naming_the_flag(tiny, tmp_path):
-    proc = subprocess.run(train(tiny, tmp_path / "run", "--drafter-step", "newest"),
+def test_a_bad_drafter_step_is_one_line_naming_the_flag(train_world, tmp_path):
+    proc = subprocess.run(train(train_world, tmp_path / "run", "--drafter-step", "newest"),
                           capture_output=True, text=True, env=env(), timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
@@ -120,7 +118,7 @@ def test_a_bad_drafter_step_is_one_line_naming_the_flag(tiny, tmp_path):
 
 
 # A whole run -----------------------------------------------------------------------------------
-def test_drafter_is_the_best_evaluated_step_when_a_later_one_is_worse(tiny, reference):
+def test_drafter_is_the_best_evaluated_step_when_a_later_one_is_worse(train_world, reference):
     out, evals, best = reference["run"], reference["evals"], reference["best"]
     assert sorted(evals) == list(range(0, STEPS + 1, 2))  # recorded at every evaluation
     assert 0 < best < STEPS and evals[STEPS] < evals[best]  # the growing lr wrecks it
@@ -168,12 +166,12 @@ def test_export_takes_the_best_and_a_kept_step_on_request(reference, tmp_path):
     assert same_tensors(tensors(tmp_path / "last"), tensors(last))
 
 
-def test_sigterm_mid_run_and_resume_keep_the_best(tiny, reference, tmp_path):
+def test_sigterm_mid_run_and_resume_keep_the_best(train_world, reference, tmp_path):
     """Stopped by SIGTERM after evaluations worse than the best, the run's drafter/ is the
     best step whole; resumed, its later (worse) evaluations never replace it, though the
     checkpoint of the best step itself has been rotated away (--keep 2)."""
     out, best = tmp_path / "run", reference["best"]
-    cmd = train(tiny, out, "--max-steps", str(STEPS + 8))  # the reference's steps, and more
+    cmd = train(train_world, out, "--max-steps", str(STEPS + 8))  # the reference's steps, and more
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env=env())
     deadline = time.monotonic() + 300
@@ -202,9 +200,9 @@ def test_sigterm_mid_run_and_resume_keep_the_best(tiny, reference, tmp_path):
     assert chosen["step"] == best and chosen["last"]["step"] == STEPS + 8
 
 
-def test_drafter_step_last_keeps_the_last_and_names_the_best(tiny, reference, tmp_path):
+def test_drafter_step_last_keeps_the_last_and_names_the_best(train_world, reference, tmp_path):
     out, best = tmp_path / "run", reference["best"]
-    finished(train(tiny, out, "--max-steps", str(STEPS), "--drafter-step", "last"))
+    finished(train(train_world, out, "--max-steps", str(STEPS), "--drafter-step", "last"))
     last = reference["run"] / "checkpoints" / f"step-{STEPS:08d}"
     assert same_tensors(tensors(out / "drafter"), tensors(last))
     chosen = json.loads((out / "run.json").read_text())["selection"]
@@ -214,9 +212,9 @@ def test_drafter_step_last_keeps_the_last_and_names_the_best(tiny, reference, tm
     assert f"the best evaluated step was {best} " in chosen["why"]
 
 
-def test_without_a_held_out_split_the_drafter_is_the_last(tiny, tmp_path):
+def test_without_a_held_out_split_the_drafter_is_the_last(train_world, tmp_path):
     out = tmp_path / "run"
-    cmd = train(tiny, out, "--max-steps", "4")
+    cmd = train(train_world, out, "--max-steps", "4")
     cmd[cmd.index("--eval-split") + 1] = "0"
     proc = finished(cmd)
     assert same_tensors(tensors(out / "drafter"), tensors(out / "checkpoints" /
@@ -228,12 +226,12 @@ def test_without_a_held_out_split_the_drafter_is_the_last(tiny, tmp_path):
     assert "step 4: no held-out split (--eval-split 0)" in proc.stderr
 
 
-def test_a_drafter_killed_mid_write_is_never_half_of_two_steps(tiny, tmp_path):
+def test_a_drafter_killed_mid_write_is_never_half_of_two_steps(train_world, tmp_path):
     """drafter/ is replaced whole: a copy of a run stopped between the two renames (the
     new drafter in place, the old one aside under its hidden name) or before them (only
     the hidden temp folder written) resumes with a whole drafter/."""
     out = tmp_path / "run"
-    cmd = train(tiny, out, "--max-steps", "8", "--keep", "10")
+    cmd = train(train_world, out, "--max-steps", "8", "--keep", "10")
     finished(cmd)
     before = tensors(out / "drafter")
     assert drafter_block(out / "drafter")["training"]["step"] < 8  # the best is not the last

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import test_train
 from fake_vllm_hidden import FakeVllmHidden
-from test_train import QUIET, env, losses, weights
+from tiny_train import QUIET, env, losses, weights
 
 from eagle3kit import extract
 from eagle3kit.errors import UserError
@@ -32,19 +31,18 @@ from eagle3kit.train import TrainConfig, run
 from eagle3kit.train import data as tdata
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-tiny = test_train.tiny  # the module's fixture: a tiny 8-layer target and its token dataset
 
 SERVED_IDS = [2, 4, 5, 8]
 """The default aux ids of the 8-layer target, then N = 8 for the last pre-norm state."""
 
 
 @pytest.fixture(scope="module")
-def served(tiny, tmp_path_factory):
+def served(train_world, tmp_path_factory):
     """One stand-in server for the module, and the hidden dataset extract reads from it."""
     root = tmp_path_factory.mktemp("served")
-    server = FakeVllmHidden(tiny["target"], root / "storage", SERVED_IDS).start()
+    server = FakeVllmHidden(train_world["target"], root / "storage", SERVED_IDS).start()
     hidden = root / "hidden"
-    extract.run(extract.ExtractConfig(tiny["tokens"], hidden, target=tiny["target"],
+    extract.run(extract.ExtractConfig(train_world["tokens"], hidden, target=train_world["target"],
                                       engine="vllm", server=server.url, concurrency=4,
                                       hidden_states_dir=root / "storage", output=QUIET))
     server.requests.clear()
@@ -59,8 +57,9 @@ def options(**kw) -> dict:
     return out
 
 
-def online(tiny, servers: list[str], out: Path, storage: Path, **kw) -> TrainConfig:
-    return TrainConfig([tiny["tokens"]], out, tiny["target"], online=True, servers=servers,
+def online(train_world, servers: list[str], out: Path, storage: Path, **kw) -> TrainConfig:
+    return TrainConfig([train_world["tokens"]], out, train_world["target"], online=True,
+                       servers=servers,
                        hidden_states_dir=storage, **options(**kw))
 
 
@@ -68,11 +67,11 @@ def requested(server: FakeVllmHidden) -> Counter:
     return Counter(tuple(r["prompt"]) for r in server.requests)
 
 
-def plan_samples(tiny, parts: int = 1, **kw) -> list[list[tuple[int, ...]]]:
+def plan_samples(train_world, parts: int = 1, **kw) -> list[list[tuple[int, ...]]]:
     """Per step, the token ids of its samples (as trained: truncated), from the plan of
     `parts` micro-batches a step (ranks x --grad-accum)."""
-    cfg = online(tiny, ["http://127.0.0.1:9"], Path("unused"), Path("."), **kw)
-    sources = [tdata.open_source(tiny["tokens"], 1.0, True)]
+    cfg = online(train_world, ["http://127.0.0.1:9"], Path("unused"), Path("."), **kw)
+    sources = [tdata.open_source(train_world["tokens"], 1.0, True)]
     pool = tdata.build_pool(sources, tdata.held_out(sources, cfg.eval_split), None,
                             cfg.long_samples)
     plan = tdata.make_plan(pool, [1.0], cfg.seed, cfg.batch_tokens, parts, cfg.epochs,
@@ -86,18 +85,18 @@ def plan_samples(tiny, parts: int = 1, **kw) -> list[list[tuple[int, ...]]]:
     return out
 
 
-def test_two_servers_train_as_extract_then_train_and_leave_no_file(tiny, served, tmp_path):
+def test_two_servers_train_as_extract_then_train_and_leave_no_file(train_world, served, tmp_path):
     """Two servers (the second a copy on other storage, 2 slots): the same losses, drafter
     and held-out acceptance as offline training on extract's output; every file deleted."""
     # The second server writes into a folder inside the first's: one --hidden-states-dir.
     second = served["storage"] / "second"
-    other = FakeVllmHidden(tiny["target"], second, SERVED_IDS).start()
+    other = FakeVllmHidden(train_world["target"], second, SERVED_IDS).start()
     try:
-        result = run(online(tiny, [served["server"].url, f"{other.url}@2"], tmp_path / "srv",
+        result = run(online(train_world, [served["server"].url, f"{other.url}@2"], tmp_path / "srv",
                             served["storage"], prefetch=5))
     finally:
         other.stop()
-    offline = run(TrainConfig([served["hidden"]], tmp_path / "off", tiny["target"],
+    offline = run(TrainConfig([served["hidden"]], tmp_path / "off", train_world["target"],
                               **options()))
     assert list(second.iterdir()) == []
     second.rmdir()
@@ -113,37 +112,37 @@ def test_two_servers_train_as_extract_then_train_and_leave_no_file(tiny, served,
     assert info["mode"] == "online-server"
 
 
-def test_each_training_sample_is_fetched_once_in_plan_order(tiny, served, tmp_path):
+def test_each_training_sample_is_fetched_once_in_plan_order(train_world, served, tmp_path):
     server = served["server"]
     server.requests.clear()
-    run(online(tiny, [f"{server.url}@1"], tmp_path / "r", served["storage"], eval_split=0,
+    run(online(train_world, [f"{server.url}@1"], tmp_path / "r", served["storage"], eval_split=0,
                prefetch=1))
-    steps = plan_samples(tiny, eval_split=0)
+    steps = plan_samples(train_world, eval_split=0)
     order = [ids for step in steps for ids in step]
     # One slot, one sample ahead: the requests are the plan's samples, each once, in the
     # order the steps take them.
     assert [tuple(r["prompt"]) for r in server.requests] == order
 
 
-def cmd(tiny, out: Path, url: str, *extra: str, storage: Path) -> list[str]:
-    return [sys.executable, "-m", "eagle3kit", "train", str(tiny["tokens"]), str(out),
+def cmd(train_world, out: Path, url: str, *extra: str, storage: Path) -> list[str]:
+    return [sys.executable, "-m", "eagle3kit", "train", str(train_world["tokens"]), str(out),
             "--online", "--server", url, "--hidden-states-dir", str(storage),
-            "--target", str(tiny["target"]), "--device", "cpu",
+            "--target", str(train_world["target"]), "--device", "cpu",
             "--batch-tokens", "128", "--draft-vocab", "200", "--eval-split", "0", "--lr",
             "3e-3", "--warmup", "1", "--no-progress", *extra]
 
 
 @pytest.mark.timeout(900)
-def test_sigkill_then_resume_consumes_every_sample_exactly_once(tiny, tmp_path):
+def test_sigkill_then_resume_consumes_every_sample_exactly_once(train_world, tmp_path):
     """Counted on the server: the resumed run asks for exactly the samples of the steps
     after the last checkpoint, each once; the killed run asked for those before it (and
     some prefetched ahead, thrown away with the process). The drafter equals one trained
     without the kill."""
-    server = FakeVllmHidden(tiny["target"], tmp_path / "storage", SERVED_IDS,
+    server = FakeVllmHidden(train_world["target"], tmp_path / "storage", SERVED_IDS,
                             write_delay_s=0.03).start()
     try:
         args = ["--max-steps", "10", "--checkpoint-every", "2", "--prefetch", "4"]
-        proc = subprocess.Popen(cmd(tiny, tmp_path / "cut", f"{server.url}@1", *args,
+        proc = subprocess.Popen(cmd(train_world, tmp_path / "cut", f"{server.url}@1", *args,
                                     storage=tmp_path / "storage"),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env=env())
@@ -160,14 +159,14 @@ def test_sigkill_then_resume_consumes_every_sample_exactly_once(tiny, tmp_path):
         assert 4 <= k < 10
         first = requested(server)
         server.requests.clear()
-        done = subprocess.run(cmd(tiny, tmp_path / "cut", f"{server.url}@1", *args,
+        done = subprocess.run(cmd(train_world, tmp_path / "cut", f"{server.url}@1", *args,
                                   storage=tmp_path / "storage"),
                               capture_output=True, text=True, env=env(), timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         second = requested(server)
     finally:
         server.stop()
-    steps = plan_samples(tiny, eval_split=0, max_steps=10)
+    steps = plan_samples(train_world, eval_split=0, max_steps=10)
     before = Counter(ids for step in steps[:k] for ids in step)
     after = Counter(ids for step in steps[k:] for ids in step)
     assert second == after  # exactly what the checkpoint says is left, each once
@@ -175,9 +174,9 @@ def test_sigkill_then_resume_consumes_every_sample_exactly_once(tiny, tmp_path):
     assert before + second == Counter(ids for step in steps for ids in step)
     assert max((before + second).values()) == 1  # every sample exactly once
     whole = tmp_path / "whole"
-    reference = FakeVllmHidden(tiny["target"], tmp_path / "storage", SERVED_IDS).start()
+    reference = FakeVllmHidden(train_world["target"], tmp_path / "storage", SERVED_IDS).start()
     try:
-        run(online(tiny, [reference.url], whole, tmp_path / "storage", eval_split=0,
+        run(online(train_world, [reference.url], whole, tmp_path / "storage", eval_split=0,
                    max_steps=10,
                    checkpoint_every=2))
     finally:
@@ -189,12 +188,12 @@ def test_sigkill_then_resume_consumes_every_sample_exactly_once(tiny, tmp_path):
     assert len(list((tmp_path / "storage").glob("*.safetensors"))) <= 1
 
 
-def test_a_server_restart_mid_run_pauses_training_and_it_continues(tiny, served, tmp_path,
+def test_a_server_restart_mid_run_pauses_training_and_it_continues(train_world, served, tmp_path,
                                                                     capfd):
     """The server goes away after some requests and comes back on its port 2 s later: the
     run waits, polls /health, resumes, and takes the steps an uninterrupted run takes."""
     storage = tmp_path / "storage"
-    first = FakeVllmHidden(tiny["target"], storage, SERVED_IDS).start()
+    first = FakeVllmHidden(train_world["target"], storage, SERVED_IDS).start()
     port = int(first.url.rsplit(":", 1)[1])
     later: list[FakeVllmHidden] = []
 
@@ -203,12 +202,12 @@ def test_a_server_restart_mid_run_pauses_training_and_it_continues(tiny, served,
             time.sleep(0.01)
         first.stop()
         time.sleep(2.0)
-        later.append(FakeVllmHidden(tiny["target"], storage, SERVED_IDS, port=port).start())
+        later.append(FakeVllmHidden(train_world["target"], storage, SERVED_IDS, port=port).start())
 
     thread = threading.Thread(target=restart, daemon=True)
     thread.start()
     try:
-        result = run(online(tiny, [first.url], tmp_path / "r", storage, prefetch=2))
+        result = run(online(train_world, [first.url], tmp_path / "r", storage, prefetch=2))
     finally:
         thread.join(timeout=30)
         for s in later:
@@ -217,19 +216,19 @@ def test_a_server_restart_mid_run_pauses_training_and_it_continues(tiny, served,
     assert result.metrics["served"]["pauses"] >= 1
     err = capfd.readouterr().err
     assert "not answering" in err and "/health is polled" in err and "back; resuming" in err
-    reference = run(online(tiny, [served["server"].url], tmp_path / "ref", served["storage"],
+    reference = run(online(train_world, [served["server"].url], tmp_path / "ref", served["storage"],
                            prefetch=2))
     assert losses(tmp_path / "r") == losses(tmp_path / "ref")
     assert result.eval == reference.eval
     assert list(storage.glob("*.safetensors")) == []
 
 
-def test_a_server_without_the_last_layer_is_refused_at_the_first_sample(tiny, tmp_path):
-    server = FakeVllmHidden(tiny["target"], tmp_path / "storage", [2, 4, 5]).start()
+def test_a_server_without_the_last_layer_is_refused_at_the_first_sample(train_world, tmp_path):
+    server = FakeVllmHidden(train_world["target"], tmp_path / "storage", [2, 4, 5]).start()
     try:
         began = time.monotonic()
         with pytest.raises(ServerError, match=r"eagle_aux_hidden_state_layer_ids = \[2, 4, 5"):
-            run(online(tiny, [server.url], tmp_path / "r", tmp_path / "storage"))
+            run(online(train_world, [server.url], tmp_path / "r", tmp_path / "storage"))
         assert time.monotonic() - began < 60
     finally:
         server.stop()
@@ -243,28 +242,28 @@ def test_a_server_without_the_last_layer_is_refused_at_the_first_sample(tiny, tm
     ({"servers": ["http://127.0.0.1:9@x"]}, "concurrency after @"),
     ({"prefetch": 0}, "--prefetch must be >= 1"),
 ])
-def test_bad_server_options_are_one_message(tiny, tmp_path, kw, message):
+def test_bad_server_options_are_one_message(train_world, tmp_path, kw, message):
     settings = dict(online=True, servers=["http://127.0.0.1:9"], **options())
     settings.update(kw)
     with pytest.raises(UserError, match=message):
-        TrainConfig([tiny["tokens"]], tmp_path / "r", tiny["target"], **settings)
+        TrainConfig([train_world["tokens"]], tmp_path / "r", train_world["target"], **settings)
 
 
-def test_an_unreachable_server_is_one_line_from_the_cli(tiny, tmp_path):
-    proc = subprocess.run(cmd(tiny, tmp_path / "r", "http://127.0.0.1:9", storage=tmp_path),
+def test_an_unreachable_server_is_one_line_from_the_cli(train_world, tmp_path):
+    proc = subprocess.run(cmd(train_world, tmp_path / "r", "http://127.0.0.1:9", storage=tmp_path),
                           capture_output=True,
                           text=True, env=env(), timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert "cannot list its models" in proc.stderr and "Traceback" not in proc.stderr
-    assert Dataset(tiny["tokens"]).verify() == []  # the input is untouched
+    assert Dataset(train_world["tokens"]).verify() == []  # the input is untouched
 
 
 @pytest.mark.slow  # a subprocess or a 3 s stall: kept out of the default run
-def test_a_stalled_server_pauses_training_and_it_continues(tiny, served, tmp_path, capfd):
+def test_a_stalled_server_pauses_training_and_it_continues(train_world, served, tmp_path, capfd):
     """Requests hang past --request-timeout for 3 s (the engine is stuck; /health still
     answers): the server is paused and retried, the run ends as an uninterrupted one does."""
     storage = tmp_path / "storage"
-    server = FakeVllmHidden(tiny["target"], storage, SERVED_IDS).start()
+    server = FakeVllmHidden(train_world["target"], storage, SERVED_IDS).start()
 
     def stall() -> None:
         while len(server.requests) < 10:
@@ -275,7 +274,7 @@ def test_a_stalled_server_pauses_training_and_it_continues(tiny, served, tmp_pat
     thread.start()
     try:
         began = time.monotonic()
-        result = run(online(tiny, [server.url], tmp_path / "r", storage, prefetch=2,
+        result = run(online(train_world, [server.url], tmp_path / "r", storage, prefetch=2,
                             request_timeout=1.0))
         took = time.monotonic() - began
     finally:
@@ -283,20 +282,21 @@ def test_a_stalled_server_pauses_training_and_it_continues(tiny, served, tmp_pat
         server.stop()
     assert result.metrics["served"]["pauses"] >= 1 and took >= 3.0
     assert "not answering" in capfd.readouterr().err
-    run(online(tiny, [served["server"].url], tmp_path / "ref", served["storage"], prefetch=2))
+    run(online(train_world, [served["server"].url], tmp_path / "ref", served["storage"],
+               prefetch=2))
     assert losses(tmp_path / "r") == losses(tmp_path / "ref")
     assert list(storage.glob("*.safetensors")) == []
 
 
 @pytest.mark.slow  # a subprocess or a 3 s stall: kept out of the default run
-def test_the_status_line_shows_the_server_side_and_the_trainer_side(tiny, served, tmp_path):
+def test_the_status_line_shows_the_server_side_and_the_trainer_side(train_world, served, tmp_path):
     """Off a terminal, status lines carry the trainer's tok/s beside the servers' served
     tok/s and the share of time the trainer waited: which side is slower (here the server,
     one request at a time with a slow write: the trainer waits)."""
     server = served["server"]
     server.write_delay_s = 0.05  # a slow server: the trainer waits for it
     try:
-        proc = subprocess.run(cmd(tiny, tmp_path / "r", server.url, "--max-steps", "6",
+        proc = subprocess.run(cmd(train_world, tmp_path / "r", server.url, "--max-steps", "6",
                                   "--log-every", "0.2", "--concurrency", "1",
                                   storage=served["storage"]),
                               capture_output=True, text=True, env=env(), timeout=300)
@@ -316,7 +316,7 @@ def test_the_status_line_shows_the_server_side_and_the_trainer_side(tiny, served
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # torchrun with 2 gloo processes, on busy cores
-def test_under_torchrun_each_rank_fetches_its_own_share(tiny, served, tmp_path):
+def test_under_torchrun_each_rank_fetches_its_own_share(train_world, served, tmp_path):
     """Two ranks on one server: every training sample of the plan is asked for exactly once
     over both ranks, and the steps equal one process with --grad-accum 2."""
     import random
@@ -325,14 +325,14 @@ def test_under_torchrun_each_rank_fetches_its_own_share(tiny, served, tmp_path):
     server.requests.clear()
     port = 29500 + random.Random().randint(0, 20000)
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_port", str(port), *cmd(tiny, tmp_path / "two", server.url,
+            "--master_port", str(port), *cmd(train_world, tmp_path / "two", server.url,
                                              "--max-steps", "6", storage=served["storage"])[1:]]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env(), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     asked = requested(server)
-    plan = Counter(ids for step in plan_samples(tiny, parts=2, eval_split=0, max_steps=6)
+    plan = Counter(ids for step in plan_samples(train_world, parts=2, eval_split=0, max_steps=6)
                    for ids in step)
     assert asked == plan and max(asked.values()) == 1
-    run(online(tiny, [server.url], tmp_path / "one", served["storage"], eval_split=0,
+    run(online(train_world, [server.url], tmp_path / "one", served["storage"], eval_split=0,
                grad_accum=2))
     np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-5)

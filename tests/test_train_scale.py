@@ -2,7 +2,7 @@
 
 Real subprocesses get real signals (SIGTERM, SIGINT, SIGUSR1, SIGKILL); the distributed
 tests run `torchrun` with 2 gloo processes on CPU. The tiny target and datasets are
-tests/test_train.py's.
+conftest's `train_world`.
 """
 
 from __future__ import annotations
@@ -20,15 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import test_train
 import torch
-from test_train import config, env, losses, metrics, train_cmd, weights, write_tokens
+from tiny_train import config, env, losses, metrics, train_cmd, weights, write_tokens
 
 from eagle3kit._ui import OutputOptions
 from eagle3kit.train import run
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-tiny = test_train.tiny  # the module's fixture: a tiny target and its datasets
 
 
 def cli(*args: str) -> list[str]:
@@ -69,25 +67,25 @@ def printed_command(stderr: str) -> str:
 
 
 # Full-length samples ------------------------------------------------------------------------
-def test_whole_samples_by_default_and_the_summary_counts_the_cut(tiny, tmp_path, capsys):
+def test_whole_samples_by_default_and_the_summary_counts_the_cut(train_world, tmp_path, capsys):
     """No 2048 default: a 2,100-token sample trains whole under a target of 4,096
     positions; --max-len cuts samples and the summary says by how much."""
     from eagle3kit.tiny import make_target
 
-    target = make_target(tmp_path / "target", tiny["target"], hidden_size=32, seed=2,
+    target = make_target(tmp_path / "target", train_world["target"], hidden_size=32, seed=2,
                          max_positions=4096)
     rng = np.random.default_rng(0)
     tokens = write_tokens(tmp_path / "tokens", [rng.integers(5, 300, 2100).tolist()],
                           prompt=8)
     shown = OutputOptions(no_progress=True)
-    whole = run(config({**tiny, "target": target}, tokens, tmp_path / "whole", online=True,
+    whole = run(config({**train_world, "target": target}, tokens, tmp_path / "whole", online=True,
                        max_steps=1, eval_split=0, batch_tokens=4096, output=shown))
     assert whole.tokens == 2100
     assert whole.metrics["long_samples"]["tokens_cut"] == 0
     assert whole.metrics["long_samples"]["max_len"] == 4096
     assert "tokens cut      0 of 2,100 (0.00%; 0 samples truncated, 0 dropped; limit 4,096)" in (
         capsys.readouterr().err)
-    cut = run(config(tiny, tiny["hidden"], tmp_path / "cut", max_steps=1, max_len=24,
+    cut = run(config(train_world, train_world["hidden"], tmp_path / "cut", max_steps=1, max_len=24,
                      eval_split=0, output=shown))
     long = cut.metrics["long_samples"]
     assert long["truncated"] > 0 and long["tokens_cut"] > 0
@@ -111,12 +109,12 @@ def _peak_rss_of(cmd: list[str], logs: Path) -> tuple[int, float, str, str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # subprocesses and torchrun launches, on busy cores
-def test_a_16k_token_sample_trains_on_cpu_within_24_gb(tiny, tmp_path):
+def test_a_16k_token_sample_trains_on_cpu_within_24_gb(train_world, tmp_path):
     """One whole 16,384-token sample, online, through the CLI: the quadratic attention
     would need ~4 GB per score matrix, several per training-time-test step."""
     from eagle3kit.tiny import make_target
 
-    target = make_target(tmp_path / "target", tiny["target"], hidden_size=32, seed=3,
+    target = make_target(tmp_path / "target", train_world["target"], hidden_size=32, seed=3,
                          max_positions=32768)
     rng = np.random.default_rng(1)
     tokens = write_tokens(tmp_path / "tokens", [rng.integers(5, 300, 16384).tolist()],
@@ -133,11 +131,12 @@ def test_a_16k_token_sample_trains_on_cpu_within_24_gb(tiny, tmp_path):
 
 
 # Interval checkpoints ---------------------------------------------------------------------------
-def test_checkpoint_interval_writes_checkpoints_between_step_counts(tiny, tmp_path):
-    run(config(tiny, tiny["hidden"], tmp_path / "often", checkpoint_every=1000,
+def test_checkpoint_interval_writes_checkpoints_between_step_counts(train_world, tmp_path):
+    run(config(train_world, train_world["hidden"], tmp_path / "often", checkpoint_every=1000,
                checkpoint_interval=1e-9, keep=10))
     assert checkpoints(tmp_path / "often") == [f"step-{i:08d}" for i in range(1, 5)]
-    run(config(tiny, tiny["hidden"], tmp_path / "rarely", checkpoint_every=1000, keep=10))
+    run(config(train_world, train_world["hidden"], tmp_path / "rarely", checkpoint_every=1000,
+               keep=10))
     assert checkpoints(tmp_path / "rarely") == ["step-00000004"]  # the last step's only
 
 
@@ -170,12 +169,12 @@ def test_a_repeated_signal_within_a_second_is_one_request_and_later_aborts():
     assert proc.wait(timeout=30) == -signal.SIGUSR1
 
 
-def _stop_run(tiny, tmp_path, sig: signal.Signals, at_step: int, total: int = 24
+def _stop_run(train_world, tmp_path, sig: signal.Signals, at_step: int, total: int = 24
               ) -> tuple[subprocess.CompletedProcess, int]:
     """The CLI training `total` steps, sent `sig` once step `at_step` is logged; returns the
     finished process and the step it stopped after."""
     out = tmp_path / "cut"
-    cmd = cli(*train_cmd(tiny, out, "--max-steps", str(total), "--eval-every", "0",
+    cmd = cli(*train_cmd(train_world, out, "--max-steps", str(total), "--eval-every", "0",
                          "--checkpoint-every", "1000"))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env())
@@ -186,8 +185,8 @@ def _stop_run(tiny, tmp_path, sig: signal.Signals, at_step: int, total: int = 24
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), done
 
 
-def test_sigterm_finishes_the_step_checkpoints_it_and_prints_the_command(tiny, tmp_path):
-    stopped, done = _stop_run(tiny, tmp_path, signal.SIGTERM, 2)
+def test_sigterm_finishes_the_step_checkpoints_it_and_prints_the_command(train_world, tmp_path):
+    stopped, done = _stop_run(train_world, tmp_path, signal.SIGTERM, 2)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     assert 2 <= done < 24
     assert "SIGTERM: finishing this step, then writing a checkpoint" in stopped.stderr
@@ -195,17 +194,18 @@ def test_sigterm_finishes_the_step_checkpoints_it_and_prints_the_command(tiny, t
     assert "Traceback" not in stopped.stderr
     assert checkpoints(tmp_path / "cut") == [f"step-{done:08d}"]
     assert printed_command(stopped.stderr) == shlex.join(
-        ["eagle3kit", *train_cmd(tiny, tmp_path / "cut", "--max-steps", "24", "--eval-every",
+        ["eagle3kit", *train_cmd(train_world, tmp_path / "cut", "--max-steps", "24", "--eval-every",
                                  "0", "--checkpoint-every", "1000")])
 
 
 @pytest.mark.slow
-def test_sigterm_checkpoints_the_step_and_the_printed_command_ends_bitwise_equal(tiny,
+def test_sigterm_checkpoints_the_step_and_the_printed_command_ends_bitwise_equal(train_world,
                                                                                  tmp_path):
-    whole = run(config(tiny, tiny["hidden"], tmp_path / "whole", max_steps=24, eval_every=0,
+    whole = run(config(train_world, train_world["hidden"], tmp_path / "whole", max_steps=24,
+                       eval_every=0,
                        checkpoint_every=1000))
     at = random.Random().randint(2, 10)
-    stopped, done = _stop_run(tiny, tmp_path, signal.SIGTERM, at)
+    stopped, done = _stop_run(train_world, tmp_path, signal.SIGTERM, at)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     assert at <= done < 24
     assert f"stopped by SIGTERM after step {done} of 24" in stopped.stderr
@@ -223,8 +223,8 @@ def test_sigterm_checkpoints_the_step_and_the_printed_command_ends_bitwise_equal
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGUSR1, 143)])
-def test_sigint_and_sigusr1_stop_with_a_checkpoint(tiny, tmp_path, sig, status):
-    stopped, done = _stop_run(tiny, tmp_path, sig, 3)
+def test_sigint_and_sigusr1_stop_with_a_checkpoint(train_world, tmp_path, sig, status):
+    stopped, done = _stop_run(train_world, tmp_path, sig, 3)
     assert stopped.returncode == status, stopped.stderr[-3000:]
     assert f"stopped by {sig.name} after step {done} of 24" in stopped.stderr
     assert checkpoints(tmp_path / "cut") == [f"step-{done:08d}"]
@@ -235,13 +235,14 @@ def test_sigint_and_sigusr1_stop_with_a_checkpoint(tiny, tmp_path, sig, status):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # subprocesses and torchrun launches, on busy cores
-def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one(tiny, tmp_path):
+def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one(train_world, tmp_path):
     """Killed while a checkpoint is being written (its temp directory exists), the run
     still has the one before, whole; resuming ends where an uninterrupted run does."""
     whole = tmp_path / "whole"
-    run(config(tiny, tiny["hidden"], whole, max_steps=16, eval_every=0, checkpoint_every=1))
+    run(config(train_world, train_world["hidden"], whole, max_steps=16, eval_every=0,
+               checkpoint_every=1))
     out = tmp_path / "cut"
-    cmd = cli(*train_cmd(tiny, out, "--max-steps", "16", "--eval-every", "0",
+    cmd = cli(*train_cmd(train_world, out, "--max-steps", "16", "--eval-every", "0",
                          "--checkpoint-every", "1"))
     mid_write = 0
     for _ in range(12):
@@ -310,12 +311,13 @@ def _workers(launcher: int) -> dict[int, int]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # subprocesses and torchrun launches, on busy cores
-def test_a_signal_to_one_rank_stops_both_at_the_same_step(tiny, tmp_path):
+def test_a_signal_to_one_rank_stops_both_at_the_same_step(train_world, tmp_path):
     one = tmp_path / "one"
-    run(config(tiny, tiny["hidden"], one, max_steps=24, grad_accum=2, batch_tokens=128,
+    run(config(train_world, train_world["hidden"], one, max_steps=24, grad_accum=2,
+               batch_tokens=128,
                eval_every=0, checkpoint_every=1000))
     out = tmp_path / "two"
-    cmd = torchrun(*train_cmd(tiny, out, "--max-steps", "24", "--batch-tokens", "128",
+    cmd = torchrun(*train_cmd(train_world, out, "--max-steps", "24", "--batch-tokens", "128",
                               "--eval-every", "0", "--checkpoint-every", "1000"))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env())
@@ -351,17 +353,18 @@ def _close_weights(a: Path, b: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # subprocesses and torchrun launches, on busy cores
-def test_fsdp_takes_the_steps_of_one_process_and_resumes_across_ddp(tiny, tmp_path):
+def test_fsdp_takes_the_steps_of_one_process_and_resumes_across_ddp(train_world, tmp_path):
     """--fsdp with 2 processes: the losses of 1 process with --grad-accum 2 (1e-5), and a
     checkpoint written under FSDP resumes under DDP, and one written under DDP under
     FSDP, to the same end."""
     one = tmp_path / "one"
-    run(config(tiny, tiny["hidden"], one, max_steps=4, grad_accum=2, batch_tokens=128))
+    run(config(train_world, train_world["hidden"], one, max_steps=4, grad_accum=2,
+               batch_tokens=128))
     flags = ("--max-steps", "4", "--batch-tokens", "128", "--eval-every", "2",
              "--checkpoint-every", "2")
     launches = [("fsdp", ("--fsdp",)), ("ddp", ())]
     for name, extra in launches:
-        proc = subprocess.run(torchrun(*train_cmd(tiny, tmp_path / name, *flags, *extra)),
+        proc = subprocess.run(torchrun(*train_cmd(train_world, tmp_path / name, *flags, *extra)),
                               capture_output=True, text=True, env=env(), timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert json.loads((tmp_path / name / "run.json").read_text())["parallel"] == name
@@ -375,7 +378,7 @@ def test_fsdp_takes_the_steps_of_one_process_and_resumes_across_ddp(tiny, tmp_pa
         run_dir = tmp_path / name
         shutil.rmtree(run_dir / "checkpoints" / "step-00000004")
         shutil.rmtree(run_dir / "drafter")
-        proc = subprocess.run(torchrun(*train_cmd(tiny, run_dir, *flags, *extra)),
+        proc = subprocess.run(torchrun(*train_cmd(train_world, run_dir, *flags, *extra)),
                               capture_output=True, text=True, env=env(), timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "resuming after step 2" in proc.stderr

@@ -1,7 +1,7 @@
 """train --report-to: each tracker installed here gets a short real run's metrics, read back by
 the tracker's own reader; a tracker that raises on every call changes nothing in training.
 
-The tiny target and datasets are tests/test_train.py's.
+The tiny target and datasets are conftest's `train_world`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import test_train
 import torch
-from test_train import config, env, metrics, train_cmd, weights
+from tiny_train import config, env, metrics, train_cmd, weights
 
 from eagle3kit.errors import UserError
 from eagle3kit.train import run
@@ -23,7 +22,6 @@ from eagle3kit.train import trackers as trackers_module
 from eagle3kit.train.loop import TrainLoop
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-tiny = test_train.tiny  # the module's fixture: a tiny target and its datasets
 TIMING = ("time", "elapsed", "tokens_per_s")
 
 
@@ -35,13 +33,14 @@ def evals_logged(run_dir: Path) -> list[dict]:
     return [m for m in metrics(run_dir) if "eval" in m]
 
 
-def test_unknown_tracker_is_refused_naming_the_flag(tiny, tmp_path):
+def test_unknown_tracker_is_refused_naming_the_flag(train_world, tmp_path):
     with pytest.raises(UserError) as caught:
-        config(tiny, tiny["hidden"], tmp_path / "run", report_to="tensorboard,neptune")
+        config(train_world, train_world["hidden"], tmp_path / "run",
+               report_to="tensorboard,neptune")
     assert str(caught.value) == ("--report-to: unknown tracker neptune (known: none, "
                                  "tensorboard, wandb, mlflow, trackio)")
     cmd = [sys.executable, "-m", "eagle3kit",
-           *train_cmd(tiny, tmp_path / "run", "--report-to", "comet")]
+           *train_cmd(train_world, tmp_path / "run", "--report-to", "comet")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
@@ -50,12 +49,12 @@ def test_unknown_tracker_is_refused_naming_the_flag(tiny, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_tensorboard_reads_back_the_metrics_train_logged(tiny, tmp_path):
+def test_tensorboard_reads_back_the_metrics_train_logged(train_world, tmp_path):
     pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "run"
-    run(config(tiny, tiny["hidden"], out, report_to="tensorboard"))
+    run(config(train_world, train_world["hidden"], out, report_to="tensorboard"))
     events = EventAccumulator(str(out / "tensorboard"))
     events.Reload()
     logged = steps_logged(out)
@@ -76,7 +75,7 @@ def test_tensorboard_reads_back_the_metrics_train_logged(tiny, tmp_path):
 
 
 def test_mlflow_local_store_holds_the_metrics_and_resume_continues_its_run(
-        tiny, tmp_path, monkeypatch):
+        train_world, tmp_path, monkeypatch):
     pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
     from mlflow.tracking import MlflowClient
 
@@ -92,10 +91,10 @@ def test_mlflow_local_store_holds_the_metrics_and_resume_continues_its_run(
 
     monkeypatch.setattr(TrainLoop, "step", dies_at_step_3)
     with pytest.raises(KeyboardInterrupt):
-        run(config(tiny, tiny["hidden"], out, report_to="mlflow"))
+        run(config(train_world, train_world["hidden"], out, report_to="mlflow"))
     run_id = json.loads((out / "run.json").read_text())["trackers"]["mlflow"]
     monkeypatch.setattr(TrainLoop, "step", original)
-    run(config(tiny, tiny["hidden"], out, report_to="mlflow"))  # resumes from step 2
+    run(config(train_world, train_world["hidden"], out, report_to="mlflow"))  # resumes from step 2
     assert json.loads((out / "run.json").read_text())["trackers"] == {"mlflow": run_id}
 
     client = MlflowClient()
@@ -111,13 +110,13 @@ def test_mlflow_local_store_holds_the_metrics_and_resume_continues_its_run(
     assert len(client.search_runs([finished.info.experiment_id])) == 1
 
 
-def test_wandb_offline_writes_its_run_directory(tiny, tmp_path, monkeypatch):
+def test_wandb_offline_writes_its_run_directory(train_world, tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="the wandb extra is not installed")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "run"
-    run(config(tiny, tiny["hidden"], out, report_to="wandb"))
+    run(config(train_world, train_world["hidden"], out, report_to="wandb"))
     run_id = json.loads((out / "run.json").read_text())["trackers"]["wandb"]
     (run_files,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}")
     history = wandb_history(run_files / f"run-{run_id}.wandb")
@@ -176,13 +175,13 @@ class RaisingLater:
 
 @pytest.mark.parametrize("adapter", [Raising, RaisingLater])
 def test_a_failing_tracker_is_warned_once_and_changes_nothing(
-        tiny, tmp_path, monkeypatch, capsys, adapter):
+        train_world, tmp_path, monkeypatch, capsys, adapter):
     plain = tmp_path / "plain"
-    run(config(tiny, tiny["hidden"], plain))
+    run(config(train_world, train_world["hidden"], plain))
     capsys.readouterr()
     monkeypatch.setitem(trackers_module.ADAPTERS, "tensorboard", adapter)
     tracked = tmp_path / "tracked"
-    run(config(tiny, tiny["hidden"], tracked, report_to="tensorboard"))
+    run(config(train_world, train_world["hidden"], tracked, report_to="tensorboard"))
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "--report-to tensorboard: ConnectionError" in warnings[0]
     a, b = weights(plain), weights(tracked)
@@ -192,11 +191,11 @@ def test_a_failing_tracker_is_warned_once_and_changes_nothing(
     assert strip[0] == strip[1]
 
 
-def test_trackio_local_store_holds_the_metrics(tiny, tmp_path):
+def test_trackio_local_store_holds_the_metrics(train_world, tmp_path):
     pytest.importorskip("trackio", reason="the trackio extra is not installed")
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "eagle3kit",
-           *train_cmd(tiny, out, "--max-steps", "4", "--eval-every", "2", "--report-to",
+           *train_cmd(train_world, out, "--max-steps", "4", "--eval-every", "2", "--report-to",
                       "trackio", "--json")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                           env={**env(), "TRACKIO_DIR": str(tmp_path / "trackio"),

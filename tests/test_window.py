@@ -15,8 +15,8 @@ import math
 import pytest
 import torch
 import ttt_reference
-from test_ttt_linear import DECAY, STEPS, drafter_and_head, make_batch
 from transformers import LlamaConfig
+from ttt_setup import DECAY, STEPS, drafter_and_head, make_batch
 
 from eagle3kit.model import DraftCache, DrafterConfig, Eagle3Drafter, TTTState
 from eagle3kit.model import attention as attn

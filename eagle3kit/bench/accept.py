@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import InitVar, asdict, dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -19,6 +19,7 @@ import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
 from eagle3kit._options import SEED_BOUNDS, embed, opt
 from eagle3kit.bench.contexts import DepthOptions
+from eagle3kit.bench.result import AcceptReport, PromptResult
 from eagle3kit.bench.stats import Acceptance, likely_misconfigured
 from eagle3kit.errors import UserError
 from eagle3kit.model.depth import round_depths
@@ -65,8 +66,8 @@ def check_sampling(cfg: Any, rules: tuple[str, ...] | None = None) -> None:
             raise UserError(f"{flag} is SGLang's: give it with --verify sglang")
 
 
-class _Default(int):
-    """A number a config holds by default, told apart from the same number given (--k 3)."""
+class _DefaultK(int):
+    """--k when it was not given (3): told apart from `--k 3` given, which --tree refuses."""
 
 
 @dataclass
@@ -77,7 +78,7 @@ class AcceptConfig:
     """The drafter checkpoint directory (any layout `eagle3kit info` reads)."""
     prompts: list[Path] = field(metadata=bench_prompts.PROMPTS_ARG)
     """Prompt files, as gen takes them (JSONL, JSON, parquet); EAGLE/MT-bench question.jsonl."""
-    k: int = field(default=_Default(3), metadata=opt("--k"))
+    k: int = field(default=_DefaultK(3), metadata=opt("--k"))
     """Draft tokens per round (a chain)."""
     tree: tuple[int, int] | str | None = field(default=None, metadata=opt(
         metavar="TOPK,DEPTH", type=str))
@@ -137,7 +138,7 @@ class AcceptConfig:
         self.prompts = bench_prompts.prompt_files(
             self.prompts, prompts_alias, optional=self.depth.context_from is not None)
         if isinstance(self.tree, str):
-            if type(self.k) is not _Default:
+            if type(self.k) is not _DefaultK:
                 raise UserError("--k and --tree exclude each other: a tree's depth is its "
                                 "second number (--tree TOPK,DEPTH)")
             self.tree = parse_tree(self.tree)
@@ -191,83 +192,6 @@ class AcceptConfig:
         if tree is not None:
             return f"tree top-{tree[0]} depth {tree[1]}"
         return f"chain k={self.k}"
-
-
-@dataclass
-class PromptResult:
-    prompt: str
-    """FILE:LINE of the conversation."""
-    turn: int
-    category: str
-    prompt_tokens: int
-    tokens: int
-    rounds: list[int]
-    spec_seconds: float
-    plain_seconds: float
-    status: str
-    """identical, near-tie or mismatch (temperature 0); sampled otherwise."""
-    diverged_at: int | None = None
-    margin: float | None = None
-    """Top-1 logit minus the logit of the token speculation chose, where the outputs part."""
-    phases: list[str] = field(default_factory=list)
-    """The reasoning phase of each round (eagle3kit.chat.phases): think, answer, tool_call."""
-    depths: list[int] = field(default_factory=list)
-    """The context depth of each round in tokens (eagle3kit.model.depth)."""
-
-
-@dataclass
-class AcceptReport:
-    target: str
-    drafter: str
-    device: str
-    dtype: str
-    shape: str
-    k: int
-    temperature: float
-    max_new_tokens: int
-    tie_epsilon: float
-    acceptance_length: float | None
-    per_position: list[float | None]
-    """Unconditional acceptance rate of draft positions 1..k."""
-    per_position_conditional: list[float | None]
-    rounds: int
-    tokens: int
-    spec_tokens_per_s: float | None
-    plain_tokens_per_s: float | None
-    speedup: float | None
-    lossless: bool | None
-    """Temperature 0: every output equals the target's own up to near-ties; else None."""
-    near_ties: int
-    mismatches: int
-    categories: dict[str, dict[str, Any]]
-    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """think / answer / tool_call -> rounds, acceptance_length, per_position (only phases
-    that had rounds; empty when the tokenizer has no think or tool-call markers)."""
-    depth_edges: list[int] = field(default_factory=list)
-    """The depth buckets' edges in tokens (--depth-buckets)."""
-    depths: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Context-depth bucket ('<1K', '1K-4K', ...) -> from, to, rounds, acceptance_length,
-    per_position: where in the sequence each verification round happened (only buckets
-    that had rounds)."""
-    verify: str | None = None
-    """The verification rule at temperature > 0 (--verify); None at temperature 0."""
-    top_p: float = 1.0
-    top_k: int = -1
-    interval: dict[str, Any] | None = None
-    """Temperature > 0: the confidence interval around acceptance_length (low, high,
-    standard_error, rounds, generations, confidence); None at temperature 0."""
-    predicted_acceptance_length: float | None = None
-    predicted: dict[str, Any] | None = None
-    """The drafter's eagle3kit.eval block (what training predicted), when it has one."""
-    warnings: list[str] = field(default_factory=list)
-    prompts: list[PromptResult] = field(default_factory=list)
-
-    @property
-    def exit_code(self) -> int:
-        return 1 if self.lossless is False else 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # Loading ------------------------------------------------------------------------------------
@@ -418,7 +342,7 @@ def run(cfg: AcceptConfig) -> AcceptReport:
     report.warnings[:0] = [f"--drafter {cfg.drafter}: {note}" for note in checkpoint_notes]
     from eagle3kit.bench.report import show_accept
 
-    show_accept(report, cfg)
+    show_accept(report, cfg.output, cfg.plot)
     return report
 
 

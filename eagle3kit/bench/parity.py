@@ -5,8 +5,11 @@ and through `bench accept` (the drafter and the target in-process); the gate sho
 acceptance figures side by side, per draft position where the engine reports positions
 (vLLM), and fails (exit 1) when they differ by more than `--tolerance`, when the engine
 accepts almost nothing, or when inspection finds a served setting that differs from the run
-(eagle3kit.bench.diagnose names the cause). Temperature 0 only: there both sides are
-deterministic and count the same rounds.
+(eagle3kit.bench.diagnose names the cause). At temperature 0 both sides are deterministic
+and count the same rounds, so they agree within --tolerance; at temperature > 0 both are
+random, and the engine's figure must fall inside the confidence interval around bench
+accept's (`compare_sampled`). What the server serves is read by served.py, the report is
+result.py's `ParityReport`, shown by report.py.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
 from eagle3kit._options import SEED_BOUNDS, embed, opt
 from eagle3kit.bench.contexts import DepthOptions
+from eagle3kit.bench.report import show_parity
+from eagle3kit.bench.result import ParityReport
+from eagle3kit.bench.served import inspect_server
 from eagle3kit.bench.stats import likely_misconfigured
 from eagle3kit.errors import UserError
 from eagle3kit.target import parse_dtype
@@ -148,161 +154,6 @@ def _inner(opts: _ui.OutputOptions) -> _ui.OutputOptions:
                              log_every=opts.log_every)
 
 
-@dataclass
-class ParityReport:
-    server: str
-    api: str
-    version: str | None
-    drafter: str
-    target: str
-    shape: str
-    k: int
-    temperature: float
-    tolerance: float
-    passed: bool
-    agree: bool
-    """Engine and bench accept within the tolerance, overall and per position."""
-    engine: dict[str, Any]
-    """acceptance_length, per_position (vLLM; empty for SGLang), source, requests, errors."""
-    offline: dict[str, Any]
-    """bench accept: acceptance_length, per_position, lossless, predicted_acceptance_length."""
-    differences: dict[str, Any]
-    """acceptance_length and per_position: engine minus offline."""
-    phases: dict[str, dict[str, Any]]
-    """Offline acceptance per reasoning phase (a server's counters cannot be split so)."""
-    served: dict[str, Any]
-    findings: list[dict[str, str]]
-    warnings: list[str] = field(default_factory=list)
-    depths: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Context-depth bucket -> from, to, engine and offline (rounds, acceptance_length,
-    per_position; engine None where the server does not report rounds per request: vLLM's
-    --per-request-spec-decode-metrics detailed), difference (engine minus offline)."""
-    verify: str | None = None
-    """bench accept's verification rule at temperature > 0; None at temperature 0."""
-    top_p: float = 1.0
-    top_k: int = -1
-    interval: dict[str, Any] | None = None
-    """Temperature > 0: the range around the offline acceptance length the engine's must
-    fall in (low, high, half_width, confidence, offline_rounds, engine_rounds)."""
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.passed else 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-# What the server serves ----------------------------------------------------------------------
-def _get_json(client: Any, url: str, api_key: str | None) -> Any:
-    try:
-        resp = client.get(url, headers=_auth(api_key))
-    except Exception:  # transport errors: the measurement already talked to it
-        return None
-    if resp.status_code != 200:
-        return None
-    try:
-        return resp.json()
-    except ValueError:
-        return None
-
-
-def _auth(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-def inspect_server(cfg: ParityConfig, api: str, first_messages: list[dict] | None
-                   ) -> diagnose.Served:
-    import httpx
-
-    served = diagnose.Served(api=api)
-    with httpx.Client(timeout=30.0) as client:
-        if api == "sglang":
-            _sglang_served(served, client, cfg)
-        else:
-            _vllm_served(served, client, cfg, first_messages)
-    if served.source is None and cfg.speculative_config:
-        # (cast: ParityConfig parsed --speculative-config to a dict)
-        _from_speculative_config(served, cast(dict[str, Any], cfg.speculative_config),
-                                 "--speculative-config")
-    return served
-
-
-def _sglang_served(served: diagnose.Served, client: Any, cfg: ParityConfig) -> None:
-    info = None
-    for path in ("/server_info", "/get_server_info"):
-        info = _get_json(client, cfg.server + path, cfg.api_key)
-        if isinstance(info, dict):
-            break
-    if not isinstance(info, dict):
-        return
-    served.model = info.get("model_path")
-    served.context_length = _int(info.get("context_length"))
-    if info.get("speculative_algorithm"):
-        served.method = str(info["speculative_algorithm"]).lower()
-        served.drafter = info.get("speculative_draft_model_path")
-        served.k = _int(info.get("speculative_num_steps"))
-        served.source = "SGLang /server_info"
-        served.verify = "sglang"
-        served.thresholds = (_float(info.get("speculative_accept_threshold_single")),
-                             _float(info.get("speculative_accept_threshold_acc")))
-
-
-def _vllm_served(served: diagnose.Served, client: Any, cfg: ParityConfig,
-                 first_messages: list[dict] | None) -> None:
-    models = _get_json(client, cfg.server + "/v1/models", cfg.api_key)
-    cards = models.get("data") if isinstance(models, dict) else None
-    card = cards[0] if isinstance(cards, list) and cards and isinstance(cards[0], dict) else {}
-    served.model = card.get("root") or card.get("id")
-    served.context_length = _int(card.get("max_model_len"))
-    dev = _get_json(client, cfg.server + "/server_info?config_format=json", cfg.api_key)
-    vllm_config = dev.get("vllm_config") if isinstance(dev, dict) else None
-    spec = vllm_config.get("speculative_config") if isinstance(vllm_config, dict) else None
-    if isinstance(spec, dict):
-        _from_speculative_config(served, spec, "vLLM /server_info")
-    if first_messages is not None:
-        body = {"messages": first_messages, "add_generation_prompt": True}
-        if served.model:
-            body["model"] = card.get("id") or served.model
-        try:
-            resp = client.post(cfg.server + "/tokenize", json=body, headers=_auth(cfg.api_key))
-            tokens = resp.json().get("tokens") if resp.status_code == 200 else None
-        except Exception:  # an older server without /tokenize: the template goes unchecked
-            tokens = None
-        if isinstance(tokens, list):
-            served.template_ids = [int(t) for t in tokens]
-
-
-def _from_speculative_config(served: diagnose.Served, spec: dict[str, Any], source: str
-                             ) -> None:
-    if spec.get("method") is not None:
-        served.method = str(spec["method"]).lower()
-    if spec.get("model") is not None:
-        served.drafter = str(spec["model"])
-    served.k = _int(spec.get("num_speculative_tokens")) or served.k
-    served.source = source
-    # vLLM's defaults where the JSON leaves them out (vllm/config/speculative.py)
-    method = spec.get("draft_sample_method", "greedy")
-    rejection = spec.get("rejection_sample_method", "standard")
-    served.verify = (VLLM_RULES.get(str(method)) if rejection == "standard" else None)
-    if rejection != "standard":
-        served.extra["rejection_sample_method"] = rejection
-
-
-VLLM_RULES = {"greedy": "onehot", "probabilistic": "probabilistic"}
-"""vLLM's draft_sample_method -> the rule (eagle3kit.model.verification.RULES) it runs."""
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float(value: Any) -> float:
-    """An SGLang accept threshold, 1 (its default) where the server does not say."""
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
-        else 1.0
-
-
 # The run the drafter came from ---------------------------------------------------------------
 def run_checkpoint(drafter: Path) -> tuple[dict | None, Any | None]:
     """(export provenance, `inspect` of the run's own drafter) where they can be found."""
@@ -343,7 +194,9 @@ def run(cfg: ParityConfig) -> ParityReport:
     # The template is checked on the first prompt file's record (contexts cut from a
     # dataset are ids already).
     first = renderer.history(convs[0], 0, []) if convs else None
-    served = inspect_server(cfg, online.api, first)
+    # (cast: ParityConfig parsed --speculative-config to a dict)
+    served = inspect_server(cfg.server, cfg.api_key, online.api, first,
+                            cast(dict[str, Any] | None, cfg.speculative_config))
     ours = (renderer.render(first, convs[0].tools)
             if first is not None and served.template_ids is not None else None)
     rule = verification_rule(cfg, served)
@@ -430,7 +283,7 @@ def run(cfg: ParityConfig) -> ParityReport:
             "the server does not report its rounds per request: the engine's side of the "
             "depth buckets is missing (start vLLM with --per-request-spec-decode-metrics "
             "detailed)")
-    show(report, cfg.output)
+    show_parity(report, cfg.output)
     return report
 
 
@@ -506,99 +359,4 @@ def compare(engine: float | None, engine_positions: list[float | None],
         agree = False
     return {"acceptance_length": overall, "per_position": positions}, agree
 
-
-# Output --------------------------------------------------------------------------------------
-def _num(value: float | None) -> str:
-    return "–" if value is None else f"{value:.3f}"
-
-
-def _signed(value: float | None) -> str:
-    return "–" if value is None else f"{value:+.3f}"
-
-
-def show(report: ParityReport, opts: _ui.OutputOptions) -> None:
-    if opts.json:
-        _ui.print_json(report.to_dict())
-    from eagle3kit.bench.report import sampling_label
-
-    verdict = "passed" if report.passed else "FAILED"
-    engine, offline = report.engine, report.offline
-    within = (f"tolerance {report.tolerance:g}" if report.interval is None
-              else f"{report.interval['confidence']:.0%} interval")
-    _ui.kv(f"bench parity: {report.shape}, {sampling_label(report)}, {within}: {verdict}", [
-        ("server", f"{report.server} ({report.api} {report.version or '?'})"),
-        ("drafter", report.drafter),
-        ("target", report.target),
-        ("served", _served_line(report.served)),
-        ("engine", f"{_num(engine['acceptance_length'])} ({engine['source']})"),
-        ("bench accept", f"{_num(offline['acceptance_length'])} "
-                         f"(lossless: {offline['lossless']})"),
-        ("difference", _signed(report.differences["acceptance_length"])
-         + _interval_note(report.interval)),
-    ], opts)
-    rows = [["acceptance length", _num(engine["acceptance_length"]),
-             _num(offline["acceptance_length"]),
-             _signed(report.differences["acceptance_length"])]]
-    for i, off in enumerate(offline["per_position"]):
-        eng = engine["per_position"][i] if i < len(engine["per_position"]) else None
-        diff = (report.differences["per_position"][i]
-                if i < len(report.differences["per_position"]) else None)
-        rows.append([f"accepted {i + 1}", _num(eng), _num(off), _signed(diff)])
-    _ui.table("engine and bench accept, side by side", ["figure", "engine", "bench accept",
-                                                       "engine - bench"], rows, opts)
-    if report.phases:
-        _ui.table("bench accept per reasoning phase", [
-            "phase", "rounds", "acceptance length",
-            *(f"accepted {i + 1}" for i in range(report.k))],
-            [[name, f["rounds"], round(f["acceptance_length"], 3),
-              *(round(r, 3) for r in f["per_position"])] for name, f in report.phases.items()],
-            opts)
-    if report.depths:
-        _ui.table("per context depth in tokens: engine and bench accept", [
-            "context depth", "engine rounds", "engine", "bench rounds", "bench accept",
-            "engine - bench"],
-            [[name, *_depth_cells(d["engine"]), *_depth_cells(d["offline"]),
-              _signed(d["difference"])] for name, d in report.depths.items()], opts)
-    for note in report.warnings:
-        _ui.warn(note)
-    for f in report.findings:
-        _ui.warn(f"{diagnose.CAUSES[f['cause']]} [{f['cause']}]: {f['message']}")
-    if not report.passed:
-        near_one = likely_misconfigured(engine["acceptance_length"])
-        interval = report.interval
-        if interval is not None:
-            apart = (f"by more than {interval['half_width']:.3f} (the "
-                     f"{interval['confidence']:.0%} interval of the sampled figures)")
-        elif report.temperature > 0:
-            apart = "(bench accept measured no rounds to build an interval on)"
-        else:
-            apart = f"by more than {report.tolerance:g}"
-        why = [text for failed, text in (
-            (not report.agree, f"the engine and bench accept differ {apart}"),
-            (near_one, "the engine accepts almost nothing"),
-            (any(f["cause"] not in ("unexplained", "engine-sampling") for f in report.findings),
-             "what is served differs from the run"),
-            (any(f["cause"] == "engine-sampling" for f in report.findings),
-             "the engine's sampling at temperature > 0 is at fault")) if failed]
-        _ui.error(f"bench parity failed: {'; '.join(why)} (the causes found are above)")
-
-
-def _depth_cells(side: dict[str, Any] | None) -> list[object]:
-    return ["–", "–"] if side is None else [side["rounds"], _num(side["acceptance_length"])]
-
-
-def _interval_note(interval: dict[str, Any] | None) -> str:
-    """' (within ±0.084: 99% interval, 812 + 790 rounds)' at temperature > 0."""
-    if not interval:
-        return ""
-    return (f" (within ±{interval['half_width']:.3f} passes: {interval['confidence']:.0%} "
-            f"interval over {interval['offline_rounds']} offline and "
-            f"{interval['engine_rounds'] or '?'} engine rounds)")
-
-
-def _served_line(served: dict[str, Any]) -> str:
-    if not served.get("source"):
-        return "speculative settings not exposed by the server"
-    drafter = served.get("drafter") or "a drafter it does not name"
-    return f"{served.get('method')} with {drafter}, k={served.get('k')} ({served['source']})"
 

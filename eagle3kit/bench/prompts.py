@@ -66,7 +66,7 @@ def turns(renderer: Renderer, conv: Conversation, max_turns: int | None = None
 
 
 @dataclass(frozen=True)
-class Source:
+class PromptSource:
     """One generation's worth of prompts for bench: a prompt file's conversation (turn by
     turn) or a context cut from a recorded sample (--context-from, one turn)."""
 
@@ -86,14 +86,14 @@ class Source:
 
 
 def sources(paths: list[Path], fmt: str, max_samples: int | None, context_from: Path | None,
-            context_tokens: tuple[int | str, ...], vocab_size: int | None) -> list[Source]:
+            context_tokens: tuple[int | str, ...], vocab_size: int | None) -> list[PromptSource]:
     """The prompt files' conversations, then the contexts cut from --context-from."""
-    out = [Source(label(c), category(c), conversation=c)
+    out = [PromptSource(label(c), category(c), conversation=c)
            for c in (load(paths, fmt, max_samples) if paths else [])]
     if context_from is not None:
         from eagle3kit.bench.contexts import from_dataset
 
-        out += [Source(c.label, c.category, ids=tuple(c.ids)) for c in from_dataset(
+        out += [PromptSource(c.label, c.category, ids=tuple(c.ids)) for c in from_dataset(
             context_from, context_tokens, max_samples, vocab_size)]
     return out
 

@@ -23,14 +23,16 @@ import logging
 import math
 import re
 import time
-from dataclasses import InitVar, asdict, dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
 from eagle3kit._options import SEED_BOUNDS, embed, opt
+from eagle3kit._urls import bearer_header
 from eagle3kit.bench.contexts import DepthOptions
+from eagle3kit.bench.result import ServerReport
 from eagle3kit.bench.stats import likely_misconfigured, percentile
 from eagle3kit.errors import UserError
 
@@ -129,55 +131,6 @@ class ServerBenchConfig:
             check_plotting(Path(self.plot))
 
 
-@dataclass
-class ServerReport:
-    server: str
-    api: str
-    version: str | None
-    model: str
-    shape: str
-    k: int | None
-    temperature: float
-    source: str
-    """Where the acceptance figures come from."""
-    requests: int
-    errors: int
-    acceptance_length: float | None
-    per_position: list[float | None]
-    per_position_conditional: list[float | None]
-    draft_acceptance_rate: float | None
-    run: dict[str, Any]
-    """tokens, seconds, tokens_per_s, latency_p50/p90/p99 of the speculating server."""
-    categories: dict[str, dict[str, Any]]
-    baseline: dict[str, Any] | None = None
-    speedup: float | None = None
-    """Throughput (tokens/s) of the server over the baseline's."""
-    latency_speedup: float | None = None
-    """Median request latency of the baseline over the server's."""
-    rounds: int | None = None
-    """Verification rounds the figures rest on: vLLM's num_drafts, SGLang's Σ
-    spec_verify_ct."""
-    acceptance_length_without_prefill: float | None = None
-    """SGLang: the same without each request's first token, which prefill made: tokens per
-    verification round as bench accept counts them."""
-    lossless: None = None
-    """Not checkable from a server: present so the JSON keys match bench accept's."""
-    near_ties: None = None
-    depth_edges: list[int] = field(default_factory=list)
-    """The depth buckets' edges in tokens (--depth-buckets)."""
-    depths: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Context-depth bucket -> from, to, rounds, acceptance_length, per_position, from the
-    engine's own rounds of each request (vLLM started with --per-request-spec-decode-metrics
-    detailed); empty when the server does not report them."""
-    warnings: list[str] = field(default_factory=list)
-    findings: list[dict[str, str]] = field(default_factory=list)
-    """Causes named (cause, message; eagle3kit.bench.diagnose): at temperature > 0 an engine
-    that keeps almost no drafts yet keeps them at temperature 0 is `engine-sampling`."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 # Prometheus -------------------------------------------------------------------------------
 def parse_metrics(text: str) -> dict[str, Any]:
     """vLLM's spec-decode counters, summed over engines: num_drafts, num_draft_tokens,
@@ -245,16 +198,12 @@ async def _get(client: Any, url: str, paths: tuple[str, ...], api_key: str | Non
     """The first path that answers 200: its response; None when none does."""
     for path in paths:
         try:
-            resp = await client.get(url + path, headers=_auth(api_key))
+            resp = await client.get(url + path, headers=bearer_header(api_key))
         except Exception as exc:  # transport errors of httpx or aiohttp alike
             raise UserError(f"GET {url}{path}: {exc}") from None
         if resp.status_code == 200:
             return resp
     return None
-
-
-def _auth(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 async def scrape(client: Any, url: str, api_key: str | None) -> dict[str, Any]:
@@ -436,7 +385,7 @@ def run(cfg: ServerBenchConfig) -> ServerReport:
             "not EAGLE) and that the drafter was trained for this target")
     from eagle3kit.bench.report import show_server
 
-    show_server(report, cfg)
+    show_server(report, cfg.output, cfg.plot)
     return report
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,8 +11,16 @@ from pathlib import Path
 from eagle3kit import _ui
 from eagle3kit._options import WriteOptions, arg, opt
 from eagle3kit.errors import UserError
-from eagle3kit.format import is_dataset
+from eagle3kit.format import Dataset, HiddenDataset, is_dataset
 from eagle3kit.target import parse_layer_ids
+
+TOOLS = ("speculators", "specforge")
+"""What `--to` exports to; hidden-state files of either are imported (convert/hidden.py)."""
+NAMES = {"speculators": "speculators", "specforge": "SpecForge"}
+HS_DIR = "hidden_states"
+"""speculators' folder of hidden-state files, beside its token data."""
+HS_FILE = re.compile(r"^hs_(\d+)\.safetensors$")
+SF_FILE = re.compile(r"^data_(\d+)\.ckpt(\.gz)?$")
 
 
 @dataclass
@@ -52,9 +61,7 @@ class ConvertConfig:
         if not self.src.exists():
             raise UserError(f"{self.src}: no such file or directory")
         self.layers = parse_layer_ids(self.layers)
-        from eagle3kit.convert.hidden import check_config
-
-        self.hidden = check_config(self)
+        self.hidden = check_hidden(self)
         if str(self.dst) != "-":
             check_dst_kind(self.dst, file=not self.hidden and self.exporting)
         if self.hidden:
@@ -81,6 +88,80 @@ class ConvertConfig:
     def parquet(self) -> bool:
         """Token samples to or from a .parquet file (convert/parquet.py), not JSONL."""
         return (self.dst if self.exporting else self.src).suffix.lower() == ".parquet"
+
+
+# Hidden states: which conversion, if any ---------------------------------------------------
+def detect(src: Path) -> str | None:
+    """"eagle3kit" (a hidden-state dataset), "speculators", "specforge", or None (not ours)."""
+    if is_dataset(src):
+        kind = Dataset(src, kind=None, verify_shards=False, warn_stray=False).kind
+        return "eagle3kit" if kind == "hidden" else None
+    if not src.is_dir():
+        return None
+    if (src / "state.json").is_file():
+        if not (src / HS_DIR).is_dir():
+            raise UserError(f"{src}: a Hugging Face dataset without a {HS_DIR}/ folder: no "
+                            "speculators hidden states to import (speculators' "
+                            "data_generation_offline.py writes them there)")
+        return "speculators"
+    if any(HS_FILE.match(p.name) for p in src.iterdir()):
+        raise UserError(f"{src}: speculators' {HS_DIR} folder; give its parent, the token data "
+                        "(what speculators' train reads as --data-path)")
+    if any((p.is_dir() and p.name.startswith("rows_")) or SF_FILE.match(p.name)
+           for p in src.iterdir()):
+        return "specforge"
+    return None
+
+
+def check_hidden(cfg: ConvertConfig) -> str | None:
+    """"export" or "import" for a hidden-state conversion, None for a token one; a flag that
+    does not fit is refused here, before anything is read or written."""
+    if cfg.to is not None and cfg.to not in TOOLS:
+        raise UserError(f"--to must be one of {', '.join(TOOLS)} (got {cfg.to!r})")
+    if cfg.target is not None and not Path(cfg.target).is_dir():
+        raise UserError(f"--target {cfg.target}: no such directory")
+    source = detect(cfg.src)
+    if source is None:
+        if cfg.to and is_dataset(cfg.src):
+            raise UserError(f"--to {cfg.to}: {cfg.src} is a token dataset; --to converts a "
+                            "hidden-state dataset (from extract). A token dataset exports to "
+                            "JSONL without --to")
+        if cfg.to or cfg.target or cfg.layers:
+            raise UserError("--to, --target and --layers apply to hidden-state conversions "
+                            "(a hidden-state dataset, or speculators' or SpecForge's files)")
+        return None
+    if cfg.tokenizer or cfg.partition:
+        raise UserError("--tokenizer and --partition apply to token datasets exported to JSONL")
+    if source != "eagle3kit":
+        if cfg.to:
+            raise UserError(f"--to {cfg.to}: {cfg.src} holds {NAMES[source]} files, which are "
+                            "imported into a hidden-state dataset: leave out --to")
+        return "import"
+    if cfg.to is None:
+        raise UserError(f"{cfg.src} is a hidden-state dataset: give --to speculators or "
+                        "--to specforge to export it")
+    if cfg.skip_bad_lines or cfg.write.mode != "auto" or cfg.write.force:
+        raise UserError("--skip-bad-lines, --resume, --overwrite and --force apply to import "
+                        "only (rerunning an export continues it)")
+    if cfg.layers:
+        raise UserError("--layers applies to import: the dataset records its layers")
+    if str(cfg.dst) == "-":
+        raise UserError(f"--to {cfg.to} writes a directory; '-' (stdout) is for JSONL")
+    last = HiddenDataset(cfg.src, verify_shards=False, warn_stray=False).last_state
+    if cfg.to == "speculators":
+        if last == "post_norm":
+            raise UserError(f"{cfg.src} holds the last state after the final norm (imported "
+                            "from SpecForge); speculators needs it before the norm, which "
+                            "cannot be recovered: extract the states again with eagle3kit")
+        if cfg.target is not None:
+            raise UserError("--target is needed only with --to specforge (speculators keeps "
+                            "the last state before the norm, as the dataset does)")
+    elif last == "pre_norm" and cfg.target is None:
+        raise UserError("--to specforge needs --target (the target model directory): SpecForge "
+                        "stores the last state after the final norm, so export applies the "
+                        "target's norm weights")
+    return "export"
+
 
 
 PARQUET_EXTRA = "pip install 'eagle3kit[hf]'"

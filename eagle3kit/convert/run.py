@@ -1,5 +1,5 @@
 """`eagle3kit convert`'s orchestration: JSONL (jsonl.py), Parquet (parquet.py) or hidden
-states (hidden.py)."""
+states (hidden_export.py, hidden_import.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,14 @@ from eagle3kit.convert.result import ConvertResult
 
 def run(cfg: ConvertConfig) -> ConvertResult:
     if cfg.hidden:
-        from eagle3kit.convert.hidden import run as run_hidden
+        if cfg.hidden == "export":
+            from eagle3kit.convert.hidden_export import export_hidden
 
-        result = run_hidden(cfg)
+            result = export_hidden(cfg)
+        else:
+            from eagle3kit.convert.hidden_import import import_hidden
+
+            result = import_hidden(cfg)
     elif cfg.parquet:
         from eagle3kit.convert.parquet import export_parquet, import_parquet
 

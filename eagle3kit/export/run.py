@@ -46,7 +46,7 @@ from eagle3kit.target import COMPARED, config_dict, to_layer_output
 
 # The source: a run or a checkpoint ----------------------------------------------------------
 @dataclass
-class Source:
+class ExportSource:
     model: Any
     """The Eagle3Drafter, fp32 on the CPU."""
     layout: str
@@ -63,7 +63,7 @@ class Source:
     run_dir: Path | None = None
 
 
-def load_source(cfg: ExportConfig) -> Source:
+def load_source(cfg: ExportConfig) -> ExportSource:
     from eagle3kit.checkpoints.detect import inspect
     from eagle3kit.checkpoints.load import load_inspected
 
@@ -95,7 +95,7 @@ def load_source(cfg: ExportConfig) -> Source:
                         + (f" at {identity['path']}" if identity.get("path") else "")
                         + ": max_position_embeddings, RoPE and token ids are the values the "
                           "drafter recorded from it; give --target to copy them from the target")
-    return Source(model=model, layout=info.layout, checkpoint=checkpoint, identity=identity,
+    return ExportSource(model=model, layout=info.layout, checkpoint=checkpoint, identity=identity,
                   coverage=info.coverage, target_raw=target_raw,
                   target_dir=target_dir if target_raw is not None else None, warnings=warnings,
                   run=run if rd.exists() else None, run_dir=run_dir if rd.exists() else None)
@@ -286,7 +286,7 @@ def _publish_modes(tmp: Path) -> None:
         os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
 
 
-def _verifier(cfg: ExportConfig, src: Source) -> tuple[str, list[str]]:
+def _verifier(cfg: ExportConfig, src: ExportSource) -> tuple[str, list[str]]:
     name = cfg.verifier or src.identity.get("name_or_path") or src.identity.get("path")
     if not name:
         raise UserError(f"{src.checkpoint}: records no target; give --verifier NAME_OR_PATH")
@@ -358,7 +358,7 @@ def run(cfg: ExportConfig) -> ExportResult:
 LAYOUT_NAMES = {"vllm": "speculators / vLLM", "sglang": "SGLang / SpecForge"}
 
 
-def _card_facts(cfg: ExportConfig, src: Source, fmt: str, where: str, verifier: str,
+def _card_facts(cfg: ExportConfig, src: ExportSource, fmt: str, where: str, verifier: str,
                 data: list[DataSource] | None, bench: list[tuple[str, dict]],
                 sglang: Path | None) -> CardFacts:
     """The model card's content (`checkpoints/card.py`): `base_model` is the verifier the
@@ -372,7 +372,7 @@ def _card_facts(cfg: ExportConfig, src: Source, fmt: str, where: str, verifier: 
                      sibling=None if sglang is None else str(sglang))
 
 
-def _provenance(cfg: ExportConfig, src: Source, fmt: str, dtype: str, verifier: str) -> dict:
+def _provenance(cfg: ExportConfig, src: ExportSource, fmt: str, dtype: str, verifier: str) -> dict:
     from eagle3kit.checkpoints.rundir import training_prediction
 
     ids = list(src.model.config.aux_layer_ids)

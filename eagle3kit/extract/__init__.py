@@ -4,6 +4,6 @@ code imports."""
 
 from eagle3kit.extract.config import ExtractConfig
 from eagle3kit.extract.result import ExtractResult
-from eagle3kit.extract.run import batches, plan, run, scan
+from eagle3kit.extract.run import batches, run, scan, workload
 
-__all__ = ["ExtractConfig", "ExtractResult", "batches", "plan", "run", "scan"]
+__all__ = ["ExtractConfig", "ExtractResult", "batches", "run", "scan", "workload"]

@@ -110,7 +110,7 @@ def check_match(cfg: ExtractConfig, tokens: Dataset, top_id: int, target: Target
 
 # Planning ---------------------------------------------------------------------------------
 @dataclass
-class Plan:
+class Workload:
     todo: list[Item]
     """This rank's samples still to extract, longest first."""
     total: int
@@ -120,8 +120,8 @@ class Plan:
     skipped: dict[str, str]
 
 
-def plan(items: list[Item], done: set[str], rank: int, world: int,
-         max_positions: int | None) -> Plan:
+def workload(items: list[Item], done: set[str], rank: int, world: int,
+             max_positions: int | None) -> Workload:
     skipped: dict[str, str] = {}
     todo: list[Item] = []
     remaining = 0
@@ -140,7 +140,7 @@ def plan(items: list[Item], done: set[str], rank: int, world: int,
         if owner(item.sample_id, world) == rank:
             skipped[item.sample_id] = why
     todo.sort(key=lambda it: -it.length)
-    return Plan(todo, len(items), len(done), remaining, skipped)
+    return Workload(todo, len(items), len(done), remaining, skipped)
 
 
 def batches(todo: list[Item], budget: int, most: int | None = None) -> Iterator[list[Item]]:
@@ -165,7 +165,7 @@ def free_bytes(path: Path) -> int:
 
 
 def check_disk(cfg: ExtractConfig, need: int, free: int, bytes_per_token: float,
-               p: Plan) -> None:
+               p: Workload) -> None:
     _ui.info(f"extract: {p.total - p.done_before:,} of {p.total:,} samples to do "
              f"({p.remaining_tokens:,} tokens); about {_ui.human_bytes(need)} at "
              f"{bytes_per_token:,.0f} bytes/token ({cfg.codec}); {_ui.human_bytes(free)} free at "
@@ -209,8 +209,8 @@ def _target_record(cfg: ExtractConfig, identity: dict) -> dict:
     return identity
 
 
-def _settings(cfg: ExtractConfig) -> dict:
-    """The resolved settings a continuing run must share (or pass --force)."""
+def _manifest_config(cfg: ExtractConfig) -> dict:
+    """The config the manifest records: a continuing run must share it (or pass --force)."""
     return {"stage": "extract", "engine": cfg.engine, "codec": cfg.codec,
             "dtype": cfg.dtype, "model": cfg.model}
 
@@ -232,7 +232,7 @@ def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
     layers = resolve_layer_ids(cfg.layers, target.num_layers)  # type: ignore[arg-type]
     items, top_id = scan(tokens)
     tokenizer = check_match(cfg, tokens, top_id, target)
-    work = plan(items, committed_ids(cfg.out), ranks.rank, ranks.world, target.max_positions)
+    work = workload(items, committed_ids(cfg.out), ranks.rank, ranks.world, target.max_positions)
     per_token = hidden_bytes_per_token(target.hidden_size, len(layers), cfg.codec)
     need, free = int(work.remaining_tokens * per_token * DISK_MARGIN), free_bytes(cfg.out)
     check_disk(cfg, need, free, per_token, work)
@@ -244,7 +244,7 @@ def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
     writer = HiddenWriter(
         cfg.out, layout=_layout(layers, target, tokenizer, tokens,
                                     _target_record(cfg, target.identity)), codec=cfg.codec,
-        config=_settings(cfg), **cfg.write.writer_options(),
+        config=_manifest_config(cfg), **cfg.write.writer_options(),
         provenance={"target": str(target.path.absolute()),
                     "tokens": str(cfg.tokens.absolute()), "server": cfg.server,
                     "trust_remote_code": cfg.trust_remote_code},

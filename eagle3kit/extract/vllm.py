@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from eagle3kit._served_files import FLAG, StorageDir
+from eagle3kit._urls import bearer_header
 from eagle3kit.errors import UserError
 
 ATTEMPTS = 4
@@ -73,7 +74,7 @@ class VllmEngine:
         import httpx
 
         url = url.rstrip("/")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        headers = bearer_header(api_key)
         client = httpx.Client(timeout=timeout, headers=headers)
         try:
             model = model or _served_model(client, url)

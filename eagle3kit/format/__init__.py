@@ -7,6 +7,7 @@ See docs/format.md for the specification.
 """
 
 from eagle3kit.format._ints import Int32RangeError, pack_int32_into
+from eagle3kit.format.columns import ShardColumns, TokenView
 from eagle3kit.format.dataset_dir import has_dataset_files, is_dataset, own_manifest, read_marker
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.hidden import (
@@ -19,7 +20,7 @@ from eagle3kit.format.hidden import (
 )
 from eagle3kit.format.layout import FORMAT_NAME, FORMAT_VERSION
 from eagle3kit.format.lock import new_run_id
-from eagle3kit.format.reader import Dataset, ShardColumns, TokenView
+from eagle3kit.format.reader import Dataset
 from eagle3kit.format.recorded import Origin, Recorded
 from eagle3kit.format.sample import MAX_SAMPLE_TOKENS, TokenSample, make_sample_id, normalize
 from eagle3kit.format.shard import meta_bound

@@ -1,8 +1,10 @@
 """Hidden-state datasets (kind "hidden"): what extract writes and offline training reads.
 
 Per token a hidden shard holds the target's auxiliary states (`aux`, [T, n_aux*H], the
-boundary-convention layer ids in order) and its last decoder layer's output before the final
-norm (`last`, [T, H]), beside the token ids and the loss mask, flat: no padding is stored.
+boundary-convention layer ids in order) and its last decoder layer's output (`last`, [T, H]):
+before the final norm as extract writes it, after it (`last_state: post_norm`) where convert
+imported SpecForge's states; beside them the token ids and the loss mask, flat: no padding is
+stored.
 The directory, the run lock and the commit protocol are the token datasets' (writer.py);
 only the queued samples' packing and the shard's arrays differ. See docs/format.md.
 """
@@ -25,21 +27,28 @@ from eagle3kit.format.buffer import partition_stats
 from eagle3kit.format.dataset_dir import is_dataset
 from eagle3kit.format.errors import DatasetError
 from eagle3kit.format.layout import COMMIT_LOCK, MANIFEST
-from eagle3kit.format.reader import (
-    SHARD_OPENERS,
-    Dataset,
+from eagle3kit.format.reader import SHARD_OPENERS, Dataset, read_committed_ids
+from eagle3kit.format.sample import check_sample_id
+from eagle3kit.format.shard import ShardFile, unzstd
+from eagle3kit.format.shard_checks import (
     ascending_from_zero,
     check_counts,
     check_samples,
     check_unique,
     own_counts,
-    read_committed_ids,
     read_ids,
     read_partition_names,
     shard_damaged,
 )
-from eagle3kit.format.sample import check_sample_id
-from eagle3kit.format.shard import ShardFile, unzstd
+from eagle3kit.format.state_codecs import (
+    from_bf16,
+    from_fp8,
+    from_planes,
+    round_trip_errors,
+    to_bf16,
+    to_fp8,
+    to_planes,
+)
 from eagle3kit.format.writer import DatasetWriter, OpenMode
 
 CODECS = ("raw", "fp8", "zstd")
@@ -56,7 +65,6 @@ MAX_HIDDEN_SIZE = 1 << 16
 MAX_AUX = 64
 """Far past any model's: a manifest from elsewhere beyond them is damaged, since a sample's
 states (and the buffer a compressed frame decodes into) are sized by them."""
-FP8_MAX = 448.0  # the largest finite float8 e4m3fn value
 ZSTD_LEVEL = 3
 ZSTD_TYPICAL_RATIO = 0.75
 """zstd's stored size over raw bf16 states, for forecasts: benchmarks/extract_bench.py
@@ -100,70 +108,6 @@ def hidden_bytes_per_token(hidden_size: int, n_aux: int = 3, codec: str = "raw")
         return states + 4 * (n_aux + 1) + TOKEN_OVERHEAD
     raw = 2.0 * states
     return (raw * ZSTD_TYPICAL_RATIO if codec == "zstd" else raw) + TOKEN_OVERHEAD
-
-
-# Value codecs -------------------------------------------------------------------------------
-def to_bf16(x: np.ndarray) -> np.ndarray:
-    """float32 -> bf16 bits (uint16), rounding to nearest even as torch does."""
-    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    return ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
-
-
-def from_bf16(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def _fp8_table() -> np.ndarray:
-    """float8 e4m3fn code -> float32: 1 sign, 4 exponent (bias 7), 3 mantissa bits."""
-    codes = np.arange(256)
-    sign = np.where(codes & 0x80, -1.0, 1.0)
-    exp, man = (codes >> 3) & 0xF, codes & 0x7
-    value = np.where(exp == 0, man / 8 * 2.0**-6, (1 + man / 8) * 2.0 ** (exp - 7.0))
-    value = np.where((exp == 0xF) & (man == 0x7), np.nan, value)
-    return (sign * value).astype(np.float32)
-
-
-FP8_TABLE = _fp8_table()
-
-
-def to_fp8(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[r, H] float32 -> (e4m3 codes uint8 [r, H], fp32 scale [r]): each row scaled to fit."""
-    import torch  # only writing fp8 needs it: numpy has no float8 cast
-
-    t = torch.from_numpy(np.ascontiguousarray(rows, np.float32))
-    scale = (t.abs().amax(-1, keepdim=True) / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
-    codes = (t / scale).to(torch.float8_e4m3fn).view(torch.uint8)
-    return codes.numpy(), scale.squeeze(-1).numpy()
-
-
-def from_fp8(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    return FP8_TABLE[codes] * scale[..., None]
-
-
-def _errors(x: np.ndarray, back: np.ndarray, hidden_size: int) -> tuple[float, float]:
-    """(max abs error, max error relative to its state's largest magnitude)."""
-    if not x.size:
-        return 0.0, 0.0
-    err = np.abs(back - x).reshape(-1, hidden_size).max(-1)
-    peak = np.abs(x).reshape(-1, hidden_size).max(-1)
-    rel = np.divide(err, peak, out=np.zeros_like(err), where=peak > 0)
-    return float(err.max()), float(rel.max())
-
-
-def _planes(bits: np.ndarray) -> bytes:
-    """bf16 values as two byte planes, high bytes (sign, exponent) first: they repeat a lot,
-    so zstd finds far more to share than in interleaved bytes."""
-    pairs = bits.reshape(-1).view(np.uint8).reshape(-1, 2)
-    return pairs[:, 1].tobytes() + pairs[:, 0].tobytes()
-
-
-def _unplanes(data: bytes, n: int) -> np.ndarray:
-    planes = np.frombuffer(data, np.uint8)
-    if planes.size != 2 * n:
-        raise ValueError("wrong size")
-    pairs = np.empty((n, 2), np.uint8)
-    pairs[:, 1], pairs[:, 0] = planes[:n], planes[n:]
-    return pairs.reshape(-1).view(np.uint16)
 
 
 # Writing ------------------------------------------------------------------------------------
@@ -221,7 +165,7 @@ class _HiddenBuffer:
             bits = to_bf16(x)
             back = from_bf16(bits)
             self._put(name, bits)
-        err, rel = _errors(x, back, h)
+        err, rel = round_trip_errors(x, back, h)
         self.max_abs, self.max_rel = max(self.max_abs, err), max(self.max_rel, rel)
 
     def _put(self, name: str, array: np.ndarray) -> None:
@@ -274,7 +218,7 @@ class _HiddenBuffer:
             return states
         # One frame per sample, so a reader decompresses only the sample it is asked for.
         zstd = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-        frames = [zstd.compress(_planes(np.concatenate([a, b], axis=1)))
+        frames = [zstd.compress(to_planes(np.concatenate([a, b], axis=1)))
                   for a, b in zip(self.chunks.get("aux", []), self.chunks.get("last", []),
                                   strict=True)]
         sizes = np.cumsum([0] + [len(f) for f in frames], dtype=np.int64)
@@ -470,7 +414,7 @@ class HiddenShard:
         try:
             # Bounded by the sample's exact size: a frame can never allocate more.
             data = unzstd(s["states_zst"][lo:hi].tobytes(), 2 * values)
-            both = from_bf16(_unplanes(data, values))
+            both = from_bf16(from_planes(data, values))
         except ValueError:
             raise DatasetError(f"{self.file.path}: shard damaged (sample {i}'s compressed "
                                "states do not decode)") from None

@@ -7,11 +7,23 @@ result is a `ValidateReport` (report.py) that collects every finding, damaged sh
 included; the CLI turns it into the exit status (0 all passed, 1 a check failed, 2 unusable
 input). What a correct final turn looks like is learned from the template by
 chat/reasoning.py. See docs/validate.md.
+
+Importing this package loads the config only (`validate --help` loads no numpy); the rest
+loads on first use.
 """
 
-from eagle3kit.validate.checks import CHECKS, CheckResult
-from eagle3kit.validate.config import ValidateConfig
-from eagle3kit.validate.report import ValidateReport
-from eagle3kit.validate.run import run, validate
+from typing import TYPE_CHECKING
+
+from eagle3kit._lazy import attribute_loader
+from eagle3kit.validate.config import CHECKS, ValidateConfig
+
+_HOMES = {"CheckResult": "checks", "ValidateReport": "report", "run": "run", "validate": "run"}
+
+if TYPE_CHECKING:
+    from eagle3kit.validate.checks import CheckResult
+    from eagle3kit.validate.report import ValidateReport
+    from eagle3kit.validate.run import run, validate
+
+__getattr__ = attribute_loader(__name__, _HOMES)
 
 __all__ = ["CHECKS", "CheckResult", "ValidateConfig", "ValidateReport", "run", "validate"]

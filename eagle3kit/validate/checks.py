@@ -1,6 +1,7 @@
 """validate's checks: a registry of small functions, each returning its ✓/✗ row from the
 typed figures of the scan (figures.py). The order of registration is the order of the
-report; `CHECKS` lists the names `--only` and `--skip` take."""
+report, which config.py's `CHECKS` lists (the names `--only` and `--skip` take, written out
+there so the command line's config loads no numpy)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ import numpy as np
 
 from eagle3kit.chat.reasoning import Profile
 from eagle3kit.format import Dataset
-from eagle3kit.validate.figures import LOOP_MAX_PERIOD, LOOP_MIN_TOKENS, Figures
+from eagle3kit.validate.config import CHECKS, ValidateConfig
+from eagle3kit.validate.figures import LOOP_MAX_PERIOD, LOOP_MIN_TOKENS, DatasetFigures
 
 if TYPE_CHECKING:
     from eagle3kit.chat.render import Renderer
-    from eagle3kit.validate.config import ValidateConfig
 
 EXAMPLES = 5
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -60,7 +61,7 @@ class Context:
     cfg: ValidateConfig
     ds: Dataset
     prof: Profile
-    f: Figures
+    f: DatasetFigures
 
 
 @dataclass(frozen=True)
@@ -383,5 +384,6 @@ def invariants(c: Context) -> CheckResult:
     return res
 
 
-CHECKS = tuple(REGISTRY)
-"""Every check, in the order of the report."""
+if tuple(REGISTRY) != CHECKS:  # a check registered here but not listed could never be run
+    raise ImportError(f"validate's CHECKS {CHECKS} are not the registered checks "
+                      f"{tuple(REGISTRY)}")

@@ -8,7 +8,11 @@ from pathlib import Path
 from eagle3kit import _ui
 from eagle3kit._options import arg, opt
 from eagle3kit.errors import UserError
-from eagle3kit.validate.checks import CHECKS
+
+CHECKS = ("integrity", "structure", "literal_markers", "truncation", "reasoning", "degenerate",
+          "round_trip", "coverage", "reconstructed", "vocabulary", "invariants")
+"""Every check, in the order of the report: the names `--only` and `--skip` take (checks.py
+registers one function under each, and refuses to load if the two lists part)."""
 
 
 @dataclass

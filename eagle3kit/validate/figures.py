@@ -19,11 +19,11 @@ LOOP_MAX_PERIOD = 32
 LOOP_MIN_TOKENS = 128
 """A loop: at least this many tokens each equal to the token one period earlier."""
 FINISH_CODES = {"stop": 0, "length": 1}
-"""`Figures.finish`: these codes, 2 for anything else (filtered:*, skipped:*)."""
+"""`DatasetFigures.finish`: these codes, 2 for anything else (filtered:*, skipped:*)."""
 
 
 @dataclass
-class Figures:
+class DatasetFigures:
     """Per-sample figures for the whole dataset, in commit order: one entry per sample in
     every array. The fields after `violated` need a tokenizer (None without one); the marker
     fields need reasoning markers or harmony channels, the harmony ones harmony."""
@@ -80,12 +80,13 @@ class Figures:
         return len(self.ids)
 
 
-_ARRAYS = {f.name for f in fields(Figures)} - {"ids", "partition_names", "meta", "violations"}
+_ARRAYS = ({f.name for f in fields(DatasetFigures)}
+           - {"ids", "partition_names", "meta", "violations"})
 
 
 @dataclass
 class _Scan:
-    """What the scan collects, shard by shard, before it becomes `Figures`."""
+    """What the scan collects, shard by shard, before it becomes `DatasetFigures`."""
 
     ids: list[str] = field(default_factory=list)
     parts: dict[str, int] = field(default_factory=dict)
@@ -98,10 +99,10 @@ class _Scan:
             assert k in _ARRAYS, k
             self.cols.setdefault(k, []).append(v)
 
-    def figures(self) -> Figures:
+    def figures(self) -> DatasetFigures:
         names = [p for p, _ in sorted(self.parts.items(), key=lambda kv: kv[1])]
         arrays = {k: np.concatenate(v) for k, v in self.cols.items()}
-        return Figures(ids=self.ids, partition_names=names, meta=self.meta,
+        return DatasetFigures(ids=self.ids, partition_names=names, meta=self.meta,
                        violations=self.violations, **arrays)
 
 def _count_in(pos: np.ndarray, owner: np.ndarray, lo: np.ndarray, n: int) -> np.ndarray:
@@ -191,7 +192,7 @@ def _loop_hits(tokens: np.ndarray, comp_start: np.ndarray, offsets: np.ndarray) 
     return flagged
 
 
-def scan(ds: Dataset, prof: Profile, want_meta: bool) -> Figures:
+def scan(ds: Dataset, prof: Profile, want_meta: bool) -> DatasetFigures:
     out = _Scan()
     for shard in ds.columns():
         tokens = np.asarray(shard.tokens, np.int64)

@@ -10,7 +10,7 @@ import numpy as np
 
 from eagle3kit import _ui
 from eagle3kit.validate.checks import CheckResult
-from eagle3kit.validate.figures import Figures
+from eagle3kit.validate.figures import DatasetFigures
 
 
 @dataclass
@@ -54,7 +54,7 @@ class ValidateReport:
                 "warnings": self.warnings, "clean": self.clean, "damaged": self.damaged}
 
 
-def partitions(f: Figures) -> dict[str, dict]:
+def partitions(f: DatasetFigures) -> dict[str, dict]:
     out = {}
     lengths = f.prompt_len + f.comp_len
     for i, name in sorted(enumerate(f.partition_names), key=lambda kv: kv[1]):

@@ -27,7 +27,7 @@ import pytest
 from conftest import BENCH_PROMPTS, K, World
 
 from eagle3kit import _ui, export
-from eagle3kit.bench import accept, server
+from eagle3kit.bench import accept, result, server
 from eagle3kit.checkpoints.detect import inspect
 from eagle3kit.checkpoints.problems import FULL_VOCAB_D2T
 
@@ -56,7 +56,7 @@ def exports(drafters: dict, world: World) -> dict[tuple[str, bool], Path]:
 
 
 @pytest.fixture(scope="session")
-def offline(exports: dict, world: World) -> dict[str, accept.AcceptReport]:
+def offline(exports: dict, world: World) -> dict[str, result.AcceptReport]:
     """bench accept on the held-out prompts, per drafter (chain k=3, temperature 0)."""
     import torch
 

@@ -18,7 +18,7 @@ from conftest import LAYERS, PLAIN_ARGS, World
 from eagle3kit import _ui, extract
 from eagle3kit.extract.vllm import ServerError
 from eagle3kit.format import HiddenDataset
-from eagle3kit.format.hidden import to_bf16
+from eagle3kit.format.state_codecs import to_bf16
 
 QUIET = _ui.OutputOptions(quiet=True)
 

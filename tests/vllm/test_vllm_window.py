@@ -38,7 +38,7 @@ def windowed(vllm_env: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     a sliding window on its greedy continuations, its vLLM export, and the same drafter
     without the window; prompts from alpaca."""
     import torch
-    from test_bench import DATA, fit_drafter, greedy_sequences, subset
+    from bench_fit import DATA, fit_drafter, greedy_sequences, subset
     from transformers import AutoModelForCausalLM
 
     from eagle3kit.checkpoints import save_drafter

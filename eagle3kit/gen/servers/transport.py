@@ -15,6 +15,7 @@ import httpx
 import orjson
 from httpx_aiohttp import AiohttpTransport
 
+from eagle3kit._urls import bearer_header
 from eagle3kit.gen.servers.api import ServerInfo
 from eagle3kit.gen.servers.errors import (
     RequestRejected,
@@ -60,7 +61,7 @@ def make_client(
     return httpx.AsyncClient(
         transport=AiohttpTransport(limits=limits),
         timeout=httpx.Timeout(None, connect=connect_timeout),
-        headers=auth(api_key),
+        headers=bearer_header(api_key),
     )
 
 
@@ -75,10 +76,6 @@ def normalize_url(url: str) -> str:
 def request_id(sample_id: str, attempt: int) -> str:
     """A fresh id per attempt, unique even across reruns: `{sample_id}-a{attempt}-{random}`."""
     return f"{sample_id}-a{attempt}-{secrets.token_hex(4)}"
-
-
-def auth(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def scrub(text: str, api_key: str | None) -> str:
@@ -106,7 +103,7 @@ async def send(
 ) -> httpx.Response:
     """One request; a transport failure becomes RetryableError with reason refused, connect,
     reset or timeout."""
-    h = {**auth(api_key), **(headers or {})}
+    h = {**bearer_header(api_key), **(headers or {})}
     content = None
     if payload is not None:
         content = orjson.dumps(payload)
