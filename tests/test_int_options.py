@@ -219,3 +219,16 @@ def test_a_settings_file_is_bounded_as_the_command_line(
         result.stderr
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_a_servers_own_concurrency_is_bounded_as_concurrency_is() -> None:
+    from eagle3kit.errors import UserError
+    from eagle3kit.gen.config import parse_server
+
+    assert parse_server(f"http://10.0.0.11:30000@{INT_BOUNDS[1]}").concurrency == INT_BOUNDS[1]
+    with pytest.raises(
+        UserError,
+        match=r"^--server http://10.0.0.11:30000@9+: concurrency out "
+        r"of range \(the most it takes is 2,147,483,647\)$",
+    ):
+        parse_server(f"http://10.0.0.11:30000@{HUGE}")

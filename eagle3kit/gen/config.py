@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal, cast
 
 from eagle3kit import _json
-from eagle3kit._options import SEED_BOUNDS, OutputOptions, WriteOptions, arg, embed, opt
+from eagle3kit._options import INT_BOUNDS, SEED_BOUNDS, OutputOptions, WriteOptions, arg, embed, opt
 from eagle3kit.errors import UserError
 
 PATHS_LAST = ("give the prompt files, then the output directory last (or --dataset NAME, then "
@@ -54,6 +54,9 @@ def parse_server(text: str) -> ServerSpec:
     url, slots = (match["url"], int(match["slots"])) if match else (text, None)
     if slots is not None and slots < 1:
         raise UserError(f"--server {text}: concurrency must be at least 1")
+    if slots is not None and slots > INT_BOUNDS[1]:  # bounded as --concurrency is
+        raise UserError(f"--server {text}: concurrency out of range (the most it takes is "
+                        f"{INT_BOUNDS[1]:,})")
     return ServerSpec(server_url(url, "--server", concurrency=True), slots)
 
 
