@@ -29,7 +29,7 @@ import stat
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -372,7 +372,7 @@ class _Key:
     """The field a `DATA... RUN` positional's last value fills (`out`)."""
 
 
-def setting_keys(params: list[Any], option_list: list[Option]) -> dict[str, _Key]:
+def setting_keys(params: list[Any], option_list: Sequence[Option]) -> dict[str, _Key]:
     """Each key a settings file may use for the command's parameters: the long flag names and
     the field names, dashes and underscores alike (looked up with dashes)."""
     by_field = {o.field.name: o for o in option_list}
@@ -521,7 +521,7 @@ def _read_config(ctx: typer.Context, value: Path | None) -> None:
     command = ctx.command
     try:
         settings, recorded = read_settings(value)
-        keys = setting_keys(command.params, getattr(command, "option_list", []))
+        keys = setting_keys(command.params, getattr(command, "option_list", ()))
         defaults, skipped = file_defaults(ctx, settings, recorded, value, keys)
     except UserError as exc:
         _fail(exc)
@@ -585,9 +585,7 @@ class LazyCommand(StageCommand):
 
     def _make(self) -> list:
         """The command's parameters, made from its config; the callback set to run it."""
-        config = load(self.stage.config)
-        self.configs = (config,)
-        self.option_list = options(config)
+        self.option_list = options(load(self.stage.config))
         command = _callback(self.stage)
         command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
             [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),

@@ -17,7 +17,7 @@ Light: configs import this before anything heavy loads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3kit.errors import UserError
@@ -152,19 +152,6 @@ class WriteOptions:
         if not self.commit_interval > 0:
             found.append(f"--commit-interval must be > 0 seconds (got {self.commit_interval})")
         return found
-
-    @classmethod
-    def for_stage(cls, config: type, resume: bool = False, overwrite: bool = False,
-                  force: bool = False, **given: Any) -> WriteOptions:
-        """The options from --resume / --overwrite / --force and the commit flags given, on
-        top of the defaults the stage's `config` class embeds (its `write` field)."""
-        if resume and overwrite:
-            raise UserError("--resume and --overwrite exclude each other")
-        mode = "resume" if resume else "overwrite" if overwrite else "auto"
-        factory = next(f for f in fields(config) if f.name == "write").default_factory
-        assert callable(factory)  # every stage's `write` field has a default_factory
-        base = factory()
-        return replace(base, mode=mode, force=force, **given)
 
     def writer_options(self) -> dict[str, Any]:
         """The keyword arguments the format's dataset writers take for these options."""
