@@ -36,13 +36,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
 
 import typer
-from typer.main import _get_params_name_from_function, get_callback
+import typer.main
 
 from eagle3kit._help import HelpGroup, StageCommand
 from eagle3kit._options import CLI, CLI_ONLY, Cli
 from eagle3kit.errors import UserError
-
-_CLASSVAR = dataclasses._FIELD_CLASSVAR  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -83,10 +81,11 @@ class Option:
 
 
 def _fields(cls: type) -> Iterator[dataclasses.Field]:
-    """The init fields of `cls`, InitVars included, in their declared order."""
-    for f in cls.__dataclass_fields__.values():  # type: ignore[attr-defined]
-        if f._field_type is not _CLASSVAR and f.init:  # its private kind: ClassVars out
-            yield f
+    """The fields `cls(...)` takes, InitVars included, in their declared order: its
+    constructor's parameters (ClassVars and init=False fields are none of them)."""
+    declared = cls.__dataclass_fields__  # type: ignore[attr-defined]
+    for name in inspect.signature(cls).parameters:
+        yield declared[name]
 
 
 def _spec(f: dataclasses.Field, default: Any) -> Cli | None:
@@ -590,10 +589,13 @@ class LazyCommand(StageCommand):
         command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
             [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
              *(_parameter(o) for o in self.option_list), _config_parameter()])
-        params, context = _get_params_name_from_function(command)
-        self.callback = get_callback(callback=command, params=params,
-                                     context_param_name=context, pretty_exceptions_short=True)
-        return params
+        # Typer makes the parameters and the callback that fills them, as for any command
+        # of its own: one app of this one command, turned into click's by its public API.
+        alone = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        alone.command()(command)
+        made = typer.main.get_command(alone)
+        self.callback = made.callback
+        return made.params
 
 
 class StagesGroup(HelpGroup):
