@@ -1,11 +1,12 @@
 """The command line built from the stage configs: one generic command per config dataclass.
 
-A config field is an option when its metadata says so (`opt(...)`, `arg(...)`, `embed(...)`
-from eagle3kit._options); a field whose default is an options dataclass (`output`, `write`)
-is embedded without being told. The option's name, metavar and panel come from that
-metadata, its default from the field and its help from the field's docstring (eagle3kit._help,
-read only when help is drawn). A command is built only when it is used: `eagle3kit --help`
-imports no config.
+Every field of a config is an option (`--field-name`) unless its metadata says otherwise
+(`not_option()`; `opt(...)`, `arg(...)`, `embed(...)` from eagle3kit._options for other
+names, a positional, an embedded options dataclass); a field whose default is an options
+dataclass (`output`, `write`) is embedded without being told. The option's name, metavar and
+panel come from that metadata, its default from the field and its help from the field's
+docstring (eagle3kit._help, read only when help is drawn). A command is built only when it is
+used: `eagle3kit --help` imports no config.
 
 Every command also takes `--config FILE` (TOML, YAML or JSON): its keys are the command's
 flag names, its values become the options' defaults (click's default_map), so a flag on the
@@ -89,10 +90,13 @@ def _fields(cls: type) -> Iterator[dataclasses.Field]:
 
 
 def _spec(f: dataclasses.Field, default: Any) -> Cli | None:
-    spec = f.metadata.get(CLI)
-    if spec is None and dataclasses.is_dataclass(default) and not isinstance(default, type):
-        return Cli(embed=True)  # output=OutputOptions(), write=WriteOptions(...)
-    return spec
+    """How field `f` is an option: its metadata's `Cli`; an embedded one when its default is
+    an options dataclass (output=OutputOptions()); else a plain `--field-name`. None: not one."""
+    if CLI in f.metadata:
+        return f.metadata[CLI]
+    if dataclasses.is_dataclass(default) and not isinstance(default, type):
+        return Cli(embed=True)
+    return Cli()
 
 
 def _embedded_class(owner: type, f: dataclasses.Field, default: Any) -> type:

@@ -8,9 +8,12 @@
   A stage with another cadence embeds it with its own default, e.g. extract's
   `WriteOptions(commit_every=256)`; `eagle3kit --help` shows that default (eagle3kit._help).
 
-Each option is declared once, on its config field: `field(default=..., metadata=opt(...))`
-gives its flag names, metavar and help panel; its help is the field's docstring and its
-default the field's default (eagle3kit._command builds the command line from the configs).
+Each option is declared once, on its config field: every field of a stage config is an option
+(`--field-name`), its help the field's docstring and its default the field's default
+(eagle3kit._command builds the command line from the configs). `metadata=opt(...)` gives it
+other flag names, a metavar or a help panel; `arg(...)` makes it a positional, `embed(...)`
+brings in another options dataclass's options, and `not_option()` keeps a field off the
+command line.
 
 Light: configs import this before anything heavy loads.
 """
@@ -23,7 +26,8 @@ from typing import Any
 from eagle3kit.errors import UserError
 
 CLI = "cli"
-"""The key of a field's metadata that makes it an option (its value: a `Cli`)."""
+"""The key of a field's metadata that says how it is an option (its value: a `Cli`), or that
+it is none (None)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,12 @@ def opt(*flags: str, **how: Any) -> dict[str, Cli]:
     return {CLI: Cli(flags, **how)}
 
 
+def not_option() -> dict[str, None]:
+    """Field metadata keeping a config field off the command line (one another option fills,
+    such as `out` from `PROMPTS... OUTPUT`)."""
+    return {CLI: None}
+
+
 def arg(**how: Any) -> dict[str, Cli]:
     """Field metadata making the field a positional argument."""
     return {CLI: Cli(argument=True, **how)}
@@ -115,7 +125,7 @@ class OutputOptions:
 class WriteOptions:
     """How a stage opens its output and, for a dataset, how often it commits."""
 
-    mode: str = "auto"
+    mode: str = field(default="auto", metadata=not_option())
     """auto continues an output when there is one; resume requires one; overwrite starts
     afresh (--resume, --overwrite)."""
     commit_every: int = field(default=1000, metadata=opt("--commit-every", metavar="N"))
