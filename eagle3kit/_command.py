@@ -1,11 +1,12 @@
 """The command line built from the stage configs: one generic command per config dataclass.
 
-A config field is an option when its metadata says so (`opt(...)`, `arg(...)`, `embed(...)`
-from eagle3kit._options); a field whose default is an options dataclass (`output`, `write`)
-is embedded without being told. The option's name, metavar and panel come from that
-metadata, its default from the field and its help from the field's docstring (eagle3kit._help,
-read only when help is drawn). A command is built only when it is used: `eagle3kit --help`
-imports no config.
+Every field of a config is an option (`--field-name`) unless its metadata says otherwise
+(`not_option()`; `opt(...)`, `arg(...)`, `embed(...)` from eagle3kit._options for other
+names, a positional, an embedded options dataclass); a field whose default is an options
+dataclass (`output`, `write`) is embedded without being told. The option's name, metavar and
+panel come from that metadata, its default from the field and its help from the field's
+docstring (eagle3kit._help, read only when help is drawn). A command is built only when it is
+used: `eagle3kit --help` imports no config.
 
 Every command also takes `--config FILE` (TOML, YAML or JSON): its keys are the command's
 flag names, its values become the options' defaults (click's default_map), so a flag on the
@@ -29,20 +30,18 @@ import stat
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
 
 import typer
-from typer.main import _get_params_name_from_function, get_callback
+import typer.main
 
 from eagle3kit._help import HelpGroup, StageCommand
 from eagle3kit._options import CLI, CLI_ONLY, Cli, check_int_bounds
 from eagle3kit.errors import UserError
-
-_CLASSVAR = dataclasses._FIELD_CLASSVAR  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -83,17 +82,21 @@ class Option:
 
 
 def _fields(cls: type) -> Iterator[dataclasses.Field]:
-    """The init fields of `cls`, InitVars included, in their declared order."""
-    for f in cls.__dataclass_fields__.values():  # type: ignore[attr-defined]
-        if f._field_type is not _CLASSVAR and f.init:  # its private kind: ClassVars out
-            yield f
+    """The fields `cls(...)` takes, InitVars included, in their declared order: its
+    constructor's parameters (ClassVars and init=False fields are none of them)."""
+    declared = cls.__dataclass_fields__  # type: ignore[attr-defined]
+    for name in inspect.signature(cls).parameters:
+        yield declared[name]
 
 
 def _spec(f: dataclasses.Field, default: Any) -> Cli | None:
-    spec = f.metadata.get(CLI)
-    if spec is None and dataclasses.is_dataclass(default) and not isinstance(default, type):
-        return Cli(embed=True)  # output=OutputOptions(), write=WriteOptions(...)
-    return spec
+    """How field `f` is an option: its metadata's `Cli`; an embedded one when its default is
+    an options dataclass (output=OutputOptions()); else a plain `--field-name`. None: not one."""
+    if CLI in f.metadata:
+        return f.metadata[CLI]
+    if dataclasses.is_dataclass(default) and not isinstance(default, type):
+        return Cli(embed=True)
+    return Cli()
 
 
 def _embedded_class(owner: type, f: dataclasses.Field, default: Any) -> type:
@@ -379,7 +382,7 @@ class _Key:
     """The field a `DATA... RUN` positional's last value fills (`out`)."""
 
 
-def setting_keys(params: list[Any], option_list: list[Option]) -> dict[str, _Key]:
+def setting_keys(params: list[Any], option_list: Sequence[Option]) -> dict[str, _Key]:
     """Each key a settings file may use for the command's parameters: the long flag names and
     the field names, dashes and underscores alike (looked up with dashes)."""
     by_field = {o.field.name: o for o in option_list}
@@ -528,7 +531,7 @@ def _read_config(ctx: typer.Context, value: Path | None) -> None:
     command = ctx.command
     try:
         settings, recorded = read_settings(value)
-        keys = setting_keys(command.params, getattr(command, "option_list", []))
+        keys = setting_keys(command.params, getattr(command, "option_list", ()))
         defaults, skipped = file_defaults(ctx, settings, recorded, value, keys)
     except UserError as exc:
         _fail(exc)
@@ -592,17 +595,18 @@ class LazyCommand(StageCommand):
 
     def _make(self) -> list:
         """The command's parameters, made from its config; the callback set to run it."""
-        config = load(self.stage.config)
-        self.configs = (config,)
-        self.option_list = options(config)
+        self.option_list = options(load(self.stage.config))
         command = _callback(self.stage)
         command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
             [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
              *(_parameter(o) for o in self.option_list), _config_parameter()])
-        params, context = _get_params_name_from_function(command)
-        self.callback = get_callback(callback=command, params=params,
-                                     context_param_name=context, pretty_exceptions_short=True)
-        return params
+        # Typer makes the parameters and the callback that fills them, as for any command
+        # of its own: one app of this one command, turned into click's by its public API.
+        alone = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        alone.command()(command)
+        made = typer.main.get_command(alone)
+        self.callback = made.callback
+        return made.params
 
 
 class StagesGroup(HelpGroup):

@@ -8,9 +8,12 @@
   A stage with another cadence embeds it with its own default, e.g. extract's
   `WriteOptions(commit_every=256)`; `eagle3kit --help` shows that default (eagle3kit._help).
 
-Each option is declared once, on its config field: `field(default=..., metadata=opt(...))`
-gives its flag names, metavar and help panel; its help is the field's docstring and its
-default the field's default (eagle3kit._command builds the command line from the configs).
+Each option is declared once, on its config field: every field of a stage config is an option
+(`--field-name`), its help the field's docstring and its default the field's default
+(eagle3kit._command builds the command line from the configs). `metadata=opt(...)` gives it
+other flag names, a metavar or a help panel; `arg(...)` makes it a positional, `embed(...)`
+brings in another options dataclass's options, and `not_option()` keeps a field off the
+command line.
 
 Light: configs import this before anything heavy loads.
 """
@@ -19,13 +22,14 @@ from __future__ import annotations
 
 import types
 import typing
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3kit.errors import UserError
 
 CLI = "cli"
-"""The key of a field's metadata that makes it an option (its value: a `Cli`)."""
+"""The key of a field's metadata that says how it is an option (its value: a `Cli`), or that
+it is none (None)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,12 @@ with these (docs/security.md, "Settings files and copied directories")."""
 def opt(*flags: str, **how: Any) -> dict[str, Cli]:
     """Field metadata making the field an option: `field(default=1, metadata=opt("--n"))`."""
     return {CLI: Cli(flags, **how)}
+
+
+def not_option() -> dict[str, None]:
+    """Field metadata keeping a config field off the command line (one another option fills,
+    such as `out` from `PROMPTS... OUTPUT`)."""
+    return {CLI: None}
 
 
 def arg(**how: Any) -> dict[str, Cli]:
@@ -177,7 +187,7 @@ class OutputOptions:
 class WriteOptions:
     """How a stage opens its output and, for a dataset, how often it commits."""
 
-    mode: str = "auto"
+    mode: str = field(default="auto", metadata=not_option())
     """auto continues an output when there is one; resume requires one; overwrite starts
     afresh (--resume, --overwrite)."""
     commit_every: int = field(default=1000, metadata=opt("--commit-every", metavar="N"))
@@ -214,19 +224,6 @@ class WriteOptions:
         if not self.commit_interval > 0:
             found.append(f"--commit-interval must be > 0 seconds (got {self.commit_interval})")
         return found
-
-    @classmethod
-    def for_stage(cls, config: type, resume: bool = False, overwrite: bool = False,
-                  force: bool = False, **given: Any) -> WriteOptions:
-        """The options from --resume / --overwrite / --force and the commit flags given, on
-        top of the defaults the stage's `config` class embeds (its `write` field)."""
-        if resume and overwrite:
-            raise UserError("--resume and --overwrite exclude each other")
-        mode = "resume" if resume else "overwrite" if overwrite else "auto"
-        factory = next(f for f in fields(config) if f.name == "write").default_factory
-        assert callable(factory)  # every stage's `write` field has a default_factory
-        base = factory()
-        return replace(base, mode=mode, force=force, **given)
 
     def writer_options(self) -> dict[str, Any]:
         """The keyword arguments the format's dataset writers take for these options."""

@@ -19,7 +19,7 @@ class InfoConfig:
     verify: bool = field(default=True, metadata=opt("--no-verify", negate=True))
     """Skip reading every shard against its checksums (by default all the data is read
     once)."""
-    target: Path | None = field(default=None, metadata=opt())
+    target: Path | None = None
     """Checkpoints: the target model directory to check the checkpoint against."""
     plot: Path | None = field(default=None, metadata=opt(metavar="FILE.png"))
     """Runs: draw the loss, the accuracy per TTT step and the held-out predicted acceptance

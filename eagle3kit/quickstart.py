@@ -44,22 +44,22 @@ K = 3
 class QuickstartConfig:
     out: Path = field(default=Path("eagle3kit-quickstart"), metadata=arg(metavar="[DIR]"))
     """Where everything goes (continued when it holds a quickstart)."""
-    prompts: int = field(default=96, metadata=opt())
+    prompts: int = 96
     """Held-out docstring prompts gen answers: the drafter's training data."""
-    bench_prompts: int = field(default=24, metadata=opt())
+    bench_prompts: int = 24
     """Further held-out prompts bench accept measures on."""
-    target_steps: int = field(default=300, metadata=opt())
+    target_steps: int = 300
     """Training (optimizer) steps of the tiny target."""
     target_arch: str = field(default="llama", metadata=opt(metavar="ARCH"))
     """The tiny target's architecture: llama (8 layers, hidden 64), or kimi: Kimi-K2's
     (DeepSeek-V3's) shape at 4 layers, hidden 256: Multi-head Latent Attention, routed and
     shared experts, YaRN, Kimi's chat markers and a tokenizer loaded through its own code,
     which every stage runs as if given --trust-remote-code (the quickstart wrote that code)."""
-    train_steps: int = field(default=60, metadata=opt())
+    train_steps: int = 60
     """Training (optimizer) steps of the drafter."""
-    max_tokens: int = field(default=256, metadata=opt())
+    max_tokens: int = 256
     """Longest completion gen asks for."""
-    threads: int = field(default=1, metadata=opt())
+    threads: int = 1
     """torch threads: matrices this small gain little from more, and lose a lot on a busy
     machine where threads spin waiting for each other."""
     write: WriteOptions = field(default_factory=lambda: WriteOptions(

@@ -11,7 +11,7 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from eagle3kit._options import WRITE_KEYS, OutputOptions, WriteOptions, arg, opt
+from eagle3kit._options import WRITE_KEYS, OutputOptions, WriteOptions, arg, not_option, opt
 from eagle3kit.bench.accept import AcceptConfig
 from eagle3kit.bench.parity import ParityConfig
 from eagle3kit.bench.server import ServerBenchConfig
@@ -192,6 +192,10 @@ class Throwaway:
     shards: int = dataclasses.field(default=7, metadata=opt("--shards", metavar="N",
                                                             panel="Made up"))
     """How many shards the made-up stage cuts its output into."""
+    rounds: int = 2
+    """How many rounds the made-up stage makes: an option with no metadata at all."""
+    internal: int = dataclasses.field(default=0, metadata=not_option())
+    """Set by the code, never on the command line."""
 
 
 RAN: list[Throwaway] = []
@@ -216,8 +220,14 @@ def test_an_option_added_to_a_config_alone_is_on_the_command_line(tmp_path):
     assert not required and "N" in body and DEFAULT.findall(body) == ["7"]
     assert "How many shards the made-up stage cuts its output into." in body
     assert "╭─ Made up ─" in text and "Where the made-up stage writes." in text
-    result = CliRunner().invoke(made_up, ["made-up", str(tmp_path), "--shards", "3"])
+    _, body = option_rows(text)["--rounds"]
+    assert DEFAULT.findall(body) == ["2"] and "an option with no metadata at all" in body
+    assert "--internal" not in text
+    result = CliRunner().invoke(made_up, ["made-up", str(tmp_path), "--shards", "3",
+                                          "--rounds", "5"])
     assert result.exit_code == 0, result.output
-    assert RAN[-1] == Throwaway(tmp_path, shards=3)
+    assert RAN[-1] == Throwaway(tmp_path, shards=3, rounds=5)
+    refused = CliRunner().invoke(made_up, ["made-up", str(tmp_path), "--internal", "1"])
+    assert refused.exit_code == 2 and "No such option" in refused.output
     CliRunner().invoke(made_up, ["made-up", str(tmp_path)])
     assert RAN[-1] == Throwaway(tmp_path)  # not given: the field's default

@@ -72,9 +72,9 @@ class _DefaultK(int):
 
 @dataclass
 class AcceptConfig:
-    target: Path = field(metadata=opt())
+    target: Path
     """The target model (a transformers directory)."""
-    drafter: Path = field(metadata=opt())
+    drafter: Path
     """The drafter checkpoint directory (any layout `eagle3kit info` reads)."""
     prompts: list[Path] = field(metadata=bench_prompts.PROMPTS_ARG)
     """Prompt files, as gen takes them (JSONL, JSON, parquet); EAGLE/MT-bench question.jsonl."""
@@ -83,41 +83,41 @@ class AcceptConfig:
     tree: tuple[int, int] | str | None = field(default=None, metadata=opt(
         metavar="TOPK,DEPTH", type=str))
     """Draft a tree instead of a chain: TOPK candidates per level, DEPTH levels."""
-    temperature: float = field(default=0.0, metadata=opt())
+    temperature: float = 0.0
     """Sampling temperature; 0 is greedy (and checks losslessness)."""
     verify: str = field(default="onehot", metadata=opt(metavar="RULE"))
     """How the target verifies drafts at temperature > 0, as the engine you serve with:
     onehot (vLLM's default, draft_sample_method greedy), probabilistic (vLLM's
     draft_sample_method probabilistic) or sglang (SGLang's EAGLE rule, with its accept
     thresholds)."""
-    top_p: float = field(default=1.0, metadata=opt())
+    top_p: float = 1.0
     """Top-p the server samples with (applied to the target's distribution after the
     temperature and top-k, as vLLM and SGLang do)."""
-    top_k: int = field(default=-1, metadata=opt())
+    top_k: int = -1
     """Top-k the server samples with; -1 off."""
-    speculative_accept_threshold_single: float = field(default=1.0, metadata=opt())
+    speculative_accept_threshold_single: float = 1.0
     """With --verify sglang: SGLang's flag of that name (a draft whose target probability
     reaches it is kept)."""
-    speculative_accept_threshold_acc: float = field(default=1.0, metadata=opt())
+    speculative_accept_threshold_acc: float = 1.0
     """With --verify sglang: SGLang's flag of that name (a draft is kept with probability
     min(1, p / this))."""
-    max_new_tokens: int = field(default=128, metadata=opt())
+    max_new_tokens: int = 128
     """Tokens generated per turn."""
-    max_samples: int | None = field(default=None, metadata=opt())
+    max_samples: int | None = None
     """At most N conversations."""
-    max_turns: int | None = field(default=None, metadata=opt())
+    max_turns: int | None = None
     """At most N turns of each conversation (default all)."""
-    format: str = field(default="auto", metadata=opt())
+    format: str = "auto"
     """Prompt file shape (as gen's --format)."""
-    tokenizer: Path | None = field(default=None, metadata=opt())
+    tokenizer: Path | None = None
     """The tokenizer directory (default: the target's)."""
-    chat_template: Path | None = field(default=None, metadata=opt())
+    chat_template: Path | None = None
     """A Jinja chat template file."""
-    device: str = field(default="auto", metadata=opt())
+    device: str = "auto"
     """auto (cuda when there is one), cpu, cuda, cuda:N."""
-    dtype: str = field(default="auto", metadata=opt())
+    dtype: str = "auto"
     """auto (float32 on CPU, bfloat16 on GPU), bfloat16, float16, float32."""
-    tie_epsilon: float | None = field(default=None, metadata=opt())
+    tie_epsilon: float | None = None
     """Largest top-1 minus chosen-token logit gap counted as a near-tie (default 1e-3 fp32,
     0.25 bf16, 0.05 fp16)."""
     seed: int = field(default=0, metadata=opt(bounds=SEED_BOUNDS))

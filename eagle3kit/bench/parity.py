@@ -40,46 +40,46 @@ class ParityConfig:
     """Your SGLang or vLLM server, speculating with --drafter: its URL."""
     prompts: list[Path] = field(metadata=bench_prompts.PROMPTS_ARG)
     """Prompt files, as gen takes them (JSONL, JSON, parquet); EAGLE/MT-bench question.jsonl."""
-    target: Path = field(metadata=opt())
+    target: Path
     """The target model directory."""
-    drafter: Path = field(metadata=opt())
+    drafter: Path
     """The drafter directory the server serves (an `eagle3kit export` output)."""
     speculative_config: dict[str, Any] | str | None = field(default=None, metadata=opt(
         metavar="JSON", type=str))
     """The --speculative-config the vLLM server was started with, for servers that do not
     expose it."""
-    tolerance: float = field(default=TOLERANCE, metadata=opt())
+    tolerance: float = TOLERANCE
     """Largest engine - bench accept difference that passes at temperature 0, overall and
     per position."""
-    temperature: float = field(default=0.0, metadata=opt())
+    temperature: float = 0.0
     """Sampling temperature of both sides; above 0 the acceptance lengths must agree within
     their confidence interval."""
     verify: str = field(default="auto", metadata=opt(metavar="RULE"))
     """bench accept's verification rule at temperature > 0: auto (the one the server says it
     runs, else vLLM's default onehot), onehot, probabilistic or sglang."""
-    top_p: float = field(default=1.0, metadata=opt())
+    top_p: float = 1.0
     """Top-p of both sides (sent to the server, applied by bench accept)."""
-    top_k: int = field(default=-1, metadata=opt())
+    top_k: int = -1
     """Top-k of both sides; -1 off."""
     seed: int = field(default=0, metadata=opt(bounds=SEED_BOUNDS))
     """Sampling seed of both sides."""
-    api: str = field(default="auto", metadata=opt())
+    api: str = "auto"
     """auto, sglang or vllm."""
     k: int | None = field(default=None, metadata=opt("--k"))
     """Draft tokens per round, when the server does not say."""
-    max_new_tokens: int = field(default=128, metadata=opt())
+    max_new_tokens: int = 128
     """Tokens generated per turn."""
-    max_samples: int | None = field(default=None, metadata=opt())
+    max_samples: int | None = None
     """At most N conversations."""
-    max_turns: int | None = field(default=None, metadata=opt())
+    max_turns: int | None = None
     """At most N turns of each."""
-    format: str = field(default="auto", metadata=opt())
+    format: str = "auto"
     """Prompt file shape (as gen's --format)."""
-    chat_template: Path | None = field(default=None, metadata=opt())
+    chat_template: Path | None = None
     """A Jinja chat template file."""
-    device: str = field(default="auto", metadata=opt())
+    device: str = "auto"
     """bench accept's device: auto, cpu, cuda, cuda:N."""
-    dtype: str = field(default="auto", metadata=opt())
+    dtype: str = "auto"
     """bench accept's dtype: auto, bfloat16, float16, float32."""
     api_key: str | None = field(default=None, repr=False, metadata=opt(
         envvar="EAGLE3KIT_API_KEY", cli_only="secret"))

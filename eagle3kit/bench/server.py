@@ -50,30 +50,30 @@ class ServerBenchConfig:
     """An SGLang or vLLM server running speculative decoding: its URL."""
     prompts: list[Path] = field(metadata=bench_prompts.PROMPTS_ARG)
     """Prompt files, as gen takes them (JSONL, JSON, parquet); EAGLE/MT-bench question.jsonl."""
-    tokenizer: Path = field(metadata=opt())
+    tokenizer: Path
     """The target's tokenizer directory (prompts are rendered client-side and sent as ids)."""
     baseline: str | None = field(default=None, metadata=opt(metavar="URL",
                                                              cli_only="destination"))
     """The same model served without speculation: the speedup."""
-    api: str = field(default="auto", metadata=opt())
+    api: str = "auto"
     """auto, sglang or vllm."""
-    chat_template: Path | None = field(default=None, metadata=opt())
+    chat_template: Path | None = None
     """A Jinja chat template file."""
-    max_new_tokens: int = field(default=256, metadata=opt())
+    max_new_tokens: int = 256
     """Tokens generated per turn."""
-    temperature: float = field(default=0.0, metadata=opt())
+    temperature: float = 0.0
     """Sampling temperature; 0 is greedy."""
-    top_p: float = field(default=1.0, metadata=opt())
+    top_p: float = 1.0
     """Top-p sent with each request."""
-    top_k: int = field(default=-1, metadata=opt())
+    top_k: int = -1
     """Top-k sent with each request; -1 off."""
-    concurrency: int = field(default=1, metadata=opt())
+    concurrency: int = 1
     """Conversations in flight (1 measures batch-1 latency and acceptance)."""
-    max_samples: int | None = field(default=None, metadata=opt())
+    max_samples: int | None = None
     """At most N conversations."""
-    max_turns: int | None = field(default=None, metadata=opt())
+    max_turns: int | None = None
     """At most N turns of each."""
-    format: str = field(default="auto", metadata=opt())
+    format: str = "auto"
     """Prompt file shape (as gen's --format)."""
     k: int | None = field(default=None, metadata=opt("--k"))
     """Draft tokens per round, when the server does not say (shown beside the figures)."""

@@ -31,15 +31,15 @@ class ConvertConfig:
     dst: Path = field(metadata=arg())
     """The JSONL file to write ('-': stdout) or a .parquet file, or the dataset directory to
     write."""
-    tokenizer: Path | None = field(default=None, metadata=opt())
+    tokenizer: Path | None = None
     """Export: add decoded prompt_text and completion_text with this tokenizer."""
-    partition: str | None = field(default=None, metadata=opt())
+    partition: str | None = None
     """Export: only this partition."""
     skip_bad_lines: bool = field(default=False, metadata=opt("--skip-bad-lines"))
     """Import: skip and count malformed lines instead of stopping at the first."""
-    to: str | None = field(default=None, metadata=opt())
+    to: str | None = None
     """Hidden states: export to speculators or specforge files (eagle3kit/convert/hidden.py)."""
-    target: Path | None = field(default=None, metadata=opt())
+    target: Path | None = None
     """Hidden states: the target model (its final norm for --to specforge; identity and
     default layers for an import)."""
     layers: list[int] | str | None = field(default=None, metadata=opt(

@@ -22,16 +22,16 @@ class ExportConfig:
     directory."""
     out: Path = field(metadata=arg(metavar="OUT"))
     """The directory to write; with --format both, OUT/vllm and OUT/sglang."""
-    format: str = field(default="vllm", metadata=opt())
+    format: str = "vllm"
     """vllm (speculators layout), sglang (LlamaForCausalLMEagle3), or both."""
     verifier: str | None = field(default=None, metadata=opt(metavar="NAME_OR_PATH"))
     """The model `vllm serve <draft>` loads; default: the target recorded in the run."""
-    num_speculative_tokens: int = field(default=3, metadata=opt())
+    num_speculative_tokens: int = 3
     """Draft tokens per step in the vLLM config (its
     proposal_methods[0].speculative_tokens)."""
-    dtype: str = field(default="bfloat16", metadata=opt())
+    dtype: str = "bfloat16"
     """Floating-point weights as bfloat16, float16 or float32 (d2t stays int64, t2d bool)."""
-    target: Path | None = field(default=None, metadata=opt())
+    target: Path | None = None
     """The target model directory; default: the path the run recorded, when it exists."""
     with_embedding: bool = field(default=False, metadata=opt("--with-embedding"))
     """vLLM export: add a bit-exact copy of the target's input embedding."""

@@ -24,22 +24,22 @@ class ExtractConfig:
     """The token dataset to extract states for (written by gen or convert)."""
     out: Path = field(metadata=arg(metavar="OUTPUT"))
     """The hidden-state dataset to write or continue."""
-    target: Path | None = field(metadata=opt())
+    target: Path | None
     """The target model directory (HF); with --engine vllm, its config.json and tokenizer."""
     # Required, yet it may be None: the command line gives None when --target is left out,
     # and __post_init__ refuses it by name alongside any other problem of the command line.
     layers: list[int] | str | None = field(default=None, metadata=opt(metavar="2,18,33"))
     """Auxiliary layer ids, boundary convention ("2,18,33"); default (2, N//2, N-3)."""
-    tokenizer: Path | None = field(default=None, metadata=opt())
+    tokenizer: Path | None = None
     """The tokenizer the token ids came from; default the one stored in the token dataset."""
-    engine: str = field(default="hf", metadata=opt())
+    engine: str = "hf"
     """hf: transformers in this process; vllm: a vLLM server with extract_hidden_states."""
     server: str | None = field(default=None, metadata=opt(metavar="URL",
                                                             cli_only="destination"))
     """--engine vllm: the server's URL."""
-    model: str | None = field(default=None, metadata=opt())
+    model: str | None = None
     """--engine vllm: the served model name (default: the server's first)."""
-    concurrency: int = field(default=8, metadata=opt())
+    concurrency: int = 8
     """--engine vllm: requests in flight."""
     request_timeout: float = field(default=600.0, metadata=opt(metavar="SECONDS"))
     """--engine vllm: seconds one request may take."""
@@ -50,22 +50,22 @@ class ExtractConfig:
     api_key: str | None = field(default=None, repr=False, metadata=opt(
         envvar="EAGLE3KIT_API_KEY", cli_only="secret"))
     """--engine vllm: bearer token for the server (never stored)."""
-    device: str = field(default="auto", metadata=opt())
+    device: str = "auto"
     """cpu, cuda, cuda:N; auto: cuda when there is one (under torchrun, the rank's)."""
-    dtype: str = field(default="auto", metadata=opt())
+    dtype: str = "auto"
     """bfloat16, float16, float32; auto: bfloat16 on GPU, float32 on CPU."""
-    device_map: str | None = field(default=None, metadata=opt())
+    device_map: str | None = None
     """Spread a model bigger than one GPU with accelerate (e.g. auto); replaces --device."""
     batch_tokens: int = field(default=8192, metadata=opt(metavar="N"))
     """Tokens per forward pass, padding included; a longer sample runs alone."""
-    codec: str = field(default="raw", metadata=opt())
+    codec: str = "raw"
     """raw (bf16), fp8 (e4m3, a scale per token and state) or zstd (bf16 byte planes)."""
     trust_remote_code: bool = field(default=False, metadata=opt(cli_only="code"))
     """Run code the target directory or the dataset's stored tokenizer ships (auto_map);
     only ever from the flag, never from what the token dataset records."""
     ignore_disk_check: bool = field(default=False, metadata=opt(cli_only="consent"))
     """Start even when the free disk is short of the estimate."""
-    dry_run: bool = field(default=False, metadata=opt())
+    dry_run: bool = False
     """Print the estimate and exit; nothing is written."""
     write: WriteOptions = field(default_factory=lambda: WriteOptions(commit_every=256))
     """--resume/--overwrite/--force and the commit cadence (256 samples: states are big)."""

@@ -9,7 +9,16 @@ from pathlib import Path
 from typing import Literal, cast
 
 from eagle3kit import _json
-from eagle3kit._options import INT_BOUNDS, SEED_BOUNDS, OutputOptions, WriteOptions, arg, embed, opt
+from eagle3kit._options import (
+    INT_BOUNDS,
+    SEED_BOUNDS,
+    OutputOptions,
+    WriteOptions,
+    arg,
+    embed,
+    not_option,
+    opt,
+)
 from eagle3kit.errors import UserError
 
 PATHS_LAST = ("give the prompt files, then the output directory last (or --dataset NAME, then "
@@ -70,7 +79,7 @@ class GenConfig:
     prompts: list[Path] = field(metadata=arg(
         metavar="PROMPTS... OUTPUT", last="out", type=list[Path]))
     """Prompt files (JSONL, JSON, parquet), then the output dataset directory last."""
-    out: Path
+    out: Path = field(metadata=not_option())  # filled by PROMPTS... OUTPUT's last value
     """The token dataset to write (created, or continued when it exists)."""
     dataset: str | None = field(default=None, metadata=opt(metavar="NAME_OR_PATH", panel=INPUT))
     """Read prompts through HF datasets (the hf extra): a dataset name or path."""

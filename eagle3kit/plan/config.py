@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from eagle3kit._options import SEED_BOUNDS, embed, opt
+from eagle3kit._options import SEED_BOUNDS, embed, not_option, opt
 from eagle3kit.errors import UserError
 from eagle3kit.gen import GenConfig
 from eagle3kit.target import check_layer_ids, parse_layer_ids
@@ -39,7 +39,7 @@ class PlanConfig:
     time."""
     seed: int = field(default=0, metadata=opt(panel=PLAN, bounds=SEED_BOUNDS))
     """Chooses the pilot prompts and the bootstrap draws."""
-    replicates: int = REPLICATES
+    replicates: int = field(default=REPLICATES, metadata=not_option())  # tests and benchmarks
 
     def __post_init__(self) -> None:
         self.pilot = parse_pilot(self.pilot)

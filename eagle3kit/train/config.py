@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3kit import _ui
-from eagle3kit._options import SEED_BOUNDS, OutputOptions, WriteOptions, arg, embed, opt
+from eagle3kit._options import SEED_BOUNDS, OutputOptions, WriteOptions, arg, embed, not_option, opt
 from eagle3kit._served_files import served_dir_problems
 from eagle3kit.errors import UserError
 from eagle3kit.target import check_layer_ids, device_problem, parse_dtype, parse_layer_ids
@@ -77,12 +77,12 @@ class TrainConfig:
     data: list[DataSpec] = field(metadata=arg(
         metavar="DATA[:WEIGHT]... RUN", last="out", type=list[str]))
     """Hidden-state datasets (offline), or token datasets with --online; `DIR:W` weights one."""
-    out: Path
+    out: Path = field(metadata=not_option())  # filled by DATA... RUN's last value
     """The run directory (created, or continued when it holds a run)."""
-    target: Path | None = field(metadata=opt())
+    target: Path | None
     """The target model directory (HF layout). Required: None is refused by name, with any
     other problems of the command line."""
-    online: bool = field(default=False, metadata=opt())
+    online: bool = False
     """Run the frozen target in the loop on token datasets instead of reading stored states."""
     layers: list[int] | str | None = field(default=None, metadata=opt(metavar="2,18,33", type=str))
     """Aux layer ids (boundary convention) for --online; offline they come from the data."""
@@ -93,11 +93,11 @@ class TrainConfig:
     prefetch: int | None = field(default=None, metadata=opt(metavar="SAMPLES"))
     """--server: samples fetched ahead of the training step and held (the queue's depth);
     default max(64, 2 x all servers' slots)."""
-    concurrency: int = field(default=8, metadata=opt())
+    concurrency: int = 8
     """--server: requests in flight per server (and rank) unless URL@SLOTS says."""
     request_timeout: float = field(default=600.0, metadata=opt(metavar="SECONDS"))
     """--server: seconds one request may take before the server counts as stalled."""
-    model: str | None = field(default=None, metadata=opt())
+    model: str | None = None
     """--server: the served model name (default: each server's first)."""
     hidden_states_dir: Path | None = field(default=None, metadata=opt(metavar="DIR",
                                                                       cli_only="deletion"))
@@ -129,11 +129,11 @@ class TrainConfig:
     embed_requires_grad: bool | None = field(default=None, metadata=opt(
         "--embed-requires-grad/--no-embed-requires-grad"))
     """Override the variant: train the drafter's own embedding (stored in its checkpoints)."""
-    ttt_steps: int = field(default=7, metadata=opt())
+    ttt_steps: int = 7
     """Training-time-test steps."""
-    ttt_decay: float = field(default=0.8, metadata=opt())
+    ttt_decay: float = 0.8
     """Weight of step k's loss: decay**k."""
-    loss: str = field(default="soft-ce", metadata=opt())
+    loss: str = "soft-ce"
     """The loss of each training-time-test step (docs/train.md, "Objectives"): soft-ce
     (cross-entropy against the target's distribution: forward KL, as EAGLE-3 trains), tv
     (1 − α, where α = Σ min(p, q) is the chance a sampled draft is kept), nla (−log α) or lk
@@ -142,53 +142,53 @@ class TrainConfig:
     """Accept-until-fail: weigh step k by the chance the chain's earlier drafts were kept
     under the serving rule (--eval-temperature, --eval-verify), since a chain discards every
     draft after its first miss."""
-    teacher_temperature: float = field(default=1.0, metadata=opt())
+    teacher_temperature: float = 1.0
     """The target distribution the drafter learns: softmax(logits / T) (1: the target's own)."""
     max_len: int | None = field(default=None, metadata=opt(metavar="TOKENS"))
     """Longest sample trained on, in tokens (default: the target's context length, its
     max_position_embeddings: whole samples)."""
-    long_samples: str = field(default="truncate", metadata=opt())
+    long_samples: str = "truncate"
     """What happens to longer samples: truncate or drop."""
     sliding_window: int | None = field(default=None, metadata=opt(metavar="TOKENS"))
     """The draft layers attend to the last N positions only (a sliding window, exported for
     vLLM and SGLang); default: every earlier position (docs/train.md, "Long contexts")."""
-    lr: float = field(default=1e-4, metadata=opt())
-    min_lr: float = field(default=0.0, metadata=opt())
+    lr: float = 1e-4
+    min_lr: float = 0.0
     """Learning rate the decay ends at."""
-    schedule: str = field(default="cosine", metadata=opt())
+    schedule: str = "cosine"
     """After the warm-up: cosine or linear decay to --min-lr, or constant (docs/train.md,
     "Why these defaults")."""
-    lm_head: str = field(default="target", metadata=opt())
+    lm_head: str = "target"
     """The drafter's lm_head: target (starts as the target's rows of the draft vocabulary,
     trained; the default, docs/train.md "Why these defaults"), train (fresh) or frozen (the
     target's rows, never trained, as speculators 0.9.0 does)."""
-    data_order: str = field(default="shuffle", metadata=opt())
+    data_order: str = "shuffle"
     """shuffle: a fresh seeded order each epoch; fixed: one seeded order for every epoch."""
-    warmup: float = field(default=0.015, metadata=opt())
+    warmup: float = 0.015
     """Linear warm-up: a share of the steps when < 1, else a number of steps."""
-    weight_decay: float = field(default=0.0, metadata=opt())
-    grad_clip: float = field(default=0.5, metadata=opt())
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
     """Largest global gradient norm; 0 turns clipping off."""
     batch_tokens: int = field(default=8192, metadata=opt(metavar="N"))
     """Tokens per micro-batch and rank; a step is batch_tokens x ranks x grad_accum."""
-    grad_accum: int = field(default=1, metadata=opt())
+    grad_accum: int = 1
     """Micro-batches per rank and optimizer step."""
-    epochs: float | None = field(default=None, metadata=opt())
+    epochs: float | None = None
     """Passes over the training split (default 1, or as many as --max-steps needs)."""
-    max_steps: int | None = field(default=None, metadata=opt())
+    max_steps: int | None = None
     """Stop after this many optimizer steps."""
     seed: int = field(default=0, metadata=opt(bounds=SEED_BOUNDS))
-    device: str = field(default="auto", metadata=opt())
+    device: str = "auto"
     """auto (cuda when available), cpu, cuda, cuda:N."""
-    dtype: str = field(default="auto", metadata=opt())
+    dtype: str = "auto"
     """The drafter's autocast: auto (bfloat16 on GPU, float32 on CPU), bfloat16 or float32."""
     eval_split: float = field(default=0.05, metadata=opt(metavar="SHARE|COUNT"))
     """Held-out samples: a share when < 1, else a count; chosen by sample-id hash; 0: none."""
     eval_every: int = field(default=500, metadata=opt(metavar="STEPS"))
     """Evaluate the held-out split every N steps (and at the end); 0: only at the end."""
-    eval_k: int = field(default=3, metadata=opt())
+    eval_k: int = 3
     """Draft chain length for the predicted acceptance length."""
-    eval_temperature: float = field(default=0.0, metadata=opt())
+    eval_temperature: float = 0.0
     """Temperature of the predicted acceptance length: 0 is greedy decoding; above 0 the
     expected acceptance when the server samples at it and verifies by --eval-verify."""
     eval_verify: str = field(default="onehot", metadata=opt(metavar="RULE"))
@@ -198,13 +198,13 @@ class TrainConfig:
     """Write a resumable checkpoint every N steps (and at the end)."""
     checkpoint_interval: float = field(default=30.0, metadata=opt(metavar="MINUTES"))
     """Also write one when N minutes have passed since the last (0: off)."""
-    keep: int = field(default=2, metadata=opt())
+    keep: int = 2
     """How many checkpoints to keep."""
-    drafter_step: str = field(default="best", metadata=opt())
+    drafter_step: str = "best"
     """Which step RUN/drafter/ (what export and bench read) holds: best (the evaluated step
     with the highest held-out predicted acceptance length; the last step without a held-out
     split) or last."""
-    fsdp: bool = field(default=False, metadata=opt())
+    fsdp: bool = False
     """Shard the drafter, its gradients and optimizer state over the ranks (FSDP2) instead
     of a whole copy per rank (DDP)."""
     trust_remote_code: bool = field(default=False, metadata=opt(cli_only="code"))

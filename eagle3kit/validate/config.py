@@ -19,9 +19,9 @@ registers one function under each, and refuses to load if the two lists part).""
 class ValidateConfig:
     path: Path = field(metadata=arg())
     """A token dataset directory."""
-    tokenizer: Path | None = field(default=None, metadata=opt())
+    tokenizer: Path | None = None
     """Tokenizer directory overriding the one stored in the dataset (DIR/tokenizer)."""
-    chat_template: Path | None = field(default=None, metadata=opt())
+    chat_template: Path | None = None
     """Chat template file overriding the stored one."""
     think_start: str | None = field(default=None, metadata=opt(metavar="TOKEN"))
     """Reasoning start token, overriding what the tokenizer suggests."""
