@@ -62,7 +62,7 @@ def open_lock_file(path: Path, error: type[UserError] = UserError) -> int:
             os.close(fd)
             odd = _durable.kind_of(mode)
     raise error(f"{path}: {odd} where eagle3kit keeps a lock file of its own; refused (remove "
-                "it: eagle3kit makes the lock file again)")
+                "it: eagle3kit makes it again)")
 
 
 @contextmanager
@@ -139,7 +139,7 @@ def _read_owner(path: Path, error: type[UserError] = UserError) -> dict:
                 return {}
             return owner if isinstance(owner, dict) else {}
     raise error(f"{path}: {odd} where eagle3kit keeps the file naming a directory's owner; "
-                "refused (remove it: eagle3kit writes it again)")
+                "refused (remove it: eagle3kit makes it again)")
 
 
 def describe(owner: dict) -> str:

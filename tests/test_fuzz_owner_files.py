@@ -234,7 +234,7 @@ def test_the_refusals_name_the_file_and_what_stands_there(tmp_path: Path) -> Non
         run.hold("r")
     assert str(refused.value) == (
         f"{run.path / '.owner.json'}: a symbolic link where eagle3kit keeps the file naming a "
-        "directory's owner; refused (remove it: eagle3kit writes it again)"
+        "directory's owner; refused (remove it: eagle3kit makes it again)"
     )
     (run.path / ".owner.json").unlink()
     (run.path / ".gate.lock").unlink()  # made by the first try, before the owner was read
