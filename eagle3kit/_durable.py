@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -110,3 +111,51 @@ def json_bytes(obj: object) -> bytes:
 def write_json_atomic(path: Path, obj: object, tmp: Path | None = None) -> None:
     """Replace `path` with `obj` as JSON (see `write_atomic`)."""
     write_bytes_atomic(path, json_bytes(obj), tmp)
+
+
+# Small files a copied directory holds ---------------------------------------------------------
+# A run, a dataset or a quickstart directory may come from another machine: where eagle3kit
+# keeps a file of its own (an owner or lock file, run.json) something else may stand, a link
+# to /dev/zero, a FIFO that blocks any open, a directory. These look before they open.
+
+_READ_ONLY = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def kind_of(mode: int) -> str:
+    """What `mode` (an lstat's st_mode) is, in words, for a refusal."""
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def odd_file(path: Path) -> str | None:
+    """What stands at `path` when it is there and not a regular file itself ("a symbolic
+    link", "a FIFO", ...), from its lstat: nothing is opened, so nothing can block."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return None if stat.S_ISREG(mode) else kind_of(mode)
+
+
+def read_small(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of the regular file `path`, opened without following a link and
+    without blocking (OSError for a link, ValueError naming what else stands there)."""
+    fd = os.open(path, _READ_ONLY)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(kind_of(mode))
+        chunks, left = [], limit
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

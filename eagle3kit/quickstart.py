@@ -54,7 +54,11 @@ class QuickstartConfig:
     """The tiny target's architecture: llama (8 layers, hidden 64), or kimi: Kimi-K2's
     (DeepSeek-V3's) shape at 4 layers, hidden 256: Multi-head Latent Attention, routed and
     shared experts, YaRN, Kimi's chat markers and a tokenizer loaded through its own code,
-    which every stage runs as if given --trust-remote-code (the quickstart wrote that code)."""
+    which every stage runs as if given --trust-remote-code (the quickstart wrote that code,
+    and checks, byte for byte, that DIR holds no other before any stage runs)."""
+    trust_remote_code: bool = field(default=False, metadata=opt(cli_only="code"))
+    """Run code DIR holds that quickstart did not write (a Kimi quickstart directory copied
+    from elsewhere, or edited): without it, such a directory is refused, naming the file."""
     train_steps: int = 60
     """Training (optimizer) steps of the drafter."""
     max_tokens: int = 256
@@ -87,8 +91,9 @@ class QuickstartConfig:
 
     @property
     def trust(self) -> bool:
-        """Only the Kimi target ships code of its own (its tokenizer), which quickstart wrote."""
-        return self.kimi
+        """Only the Kimi target ships code of its own (its tokenizer), which quickstart wrote
+        (`check_code` holds that), or the person allowed any code with the flag."""
+        return self.kimi or self.trust_remote_code
 
     def settings(self) -> dict[str, int | str]:
         """What decides the artifacts: a rerun with others would mix two quickstarts."""
@@ -223,6 +228,22 @@ def _clear(root: Path) -> None:
             child.unlink()
 
 
+def check_code(cfg: QuickstartConfig, lay: Layout, state: dict[str, Any]) -> None:
+    """Refuse, before any stage loads anything with trust on, a Kimi quickstart directory
+    that holds code make_kimi_target did not write (tiny.foreign_code): every stage trusts
+    DIR's code only because quickstart wrote it. An unfinished target/ is written afresh
+    before anything loads from it, so only what the record says is done is looked into."""
+    from eagle3kit import tiny
+
+    if not cfg.kimi or cfg.trust_remote_code or not cfg.out.is_dir():
+        return
+    rebuilt = None if "target" in state["stages"] else lay.target
+    problem = tiny.foreign_code(lay.root, rebuilt)
+    if problem:
+        raise UserError(f"{problem}; quickstart runs only the code it wrote itself: start "
+                        "afresh with --overwrite, or pass --trust-remote-code to run it")
+
+
 def _save_state(root: Path, state: dict[str, Any]) -> None:
     """Atomically: a kill leaves the old record or the new one, never half of one."""
     root.mkdir(parents=True, exist_ok=True)
@@ -351,8 +372,9 @@ def stage_export(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict
     from eagle3kit import export
 
     # Seconds to redo; overwriting also replaces what a killed export left half-written.
-    export.run(export.ExportConfig(lay.run, lay.export, format="both", overwrite=True,
-                                   output=out, trust_remote_code=cfg.trust))
+    # The target named: not the path a (copied) run.json records, which check_code never saw.
+    export.run(export.ExportConfig(lay.run, lay.export, target=lay.target, format="both",
+                                   overwrite=True, output=out, trust_remote_code=cfg.trust))
     return {}
 
 
@@ -499,12 +521,12 @@ def show(r: QuickstartResult, opts: OutputOptions) -> None:
 
 
 def run(cfg: QuickstartConfig) -> QuickstartResult:
-    import torch
-
     start = time.perf_counter()
     state = _load_state(cfg)
-    _prompts(cfg)  # too many asked for: say so before minutes of work, not after
     lay = Layout(cfg.out)
+    check_code(cfg, lay, state)
+    _prompts(cfg)  # too many asked for: say so before minutes of work, not after
+    import torch
     _save_state(lay.root, state)
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)

@@ -17,11 +17,15 @@ import ast
 import functools
 import json
 import math
+import os
 import re
+import stat
 import sysconfig
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from eagle3kit import _durable
 
 IM_START, IM_END, THINK, END_THINK, EOT = (
     "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|endoftext|>")
@@ -203,6 +207,12 @@ from transformers import PreTrainedTokenizerFast
 class {KIMI_TOKENIZER_CLASS}(PreTrainedTokenizerFast):
     """A byte-level BPE with Kimi's chat markers (eagle3kit.tiny.make_kimi_target)."""
 '''
+KIMI_AUTO_MAP = {"AutoTokenizer": [None, f"{KIMI_TOKENIZER_MODULE}.{KIMI_TOKENIZER_CLASS}"]}
+"""tokenizer_config.json's `auto_map`, as make_kimi_tokenizer writes it."""
+KIMI_CODE = {f"{KIMI_TOKENIZER_MODULE}.py": KIMI_TOKENIZER_CODE.encode()}
+"""Every Python file make_kimi_target writes, and its bytes: the only code quickstart trusts."""
+CONFIG_MAX_BYTES = 1 << 20
+"""Larger than any config file quickstart writes (its tokenizer_config.json is a few KiB)."""
 KIMI_ROPE_SCALING = {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0,
                      "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
                      "type": "yarn"}
@@ -240,11 +250,11 @@ def make_kimi_tokenizer(out_dir: str | Path, vocab_size: int = 1024,
     fast.add_tokens(THINK_TOKENS)
     fast.chat_template = KIMI_CHAT_TEMPLATE
     fast.save_pretrained(out)
-    (out / f"{KIMI_TOKENIZER_MODULE}.py").write_text(KIMI_TOKENIZER_CODE)
+    for name, code in KIMI_CODE.items():
+        (out / name).write_bytes(code)
     config_file = out / "tokenizer_config.json"
     config = json.loads(config_file.read_text())
-    config.update(tokenizer_class=KIMI_TOKENIZER_CLASS, auto_map={"AutoTokenizer": [
-        None, f"{KIMI_TOKENIZER_MODULE}.{KIMI_TOKENIZER_CLASS}"]})
+    config.update(tokenizer_class=KIMI_TOKENIZER_CLASS, auto_map=KIMI_AUTO_MAP)
     config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False))
     return out
 
@@ -315,6 +325,61 @@ def make_kimi_target(out_dir: str | Path, tokenizer_dir: str | Path | None = Non
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": cfg.bos_token_id, "eos_token_id": eos}))
     return out
+
+
+def foreign_code(root: Path, rebuilt: Path | None = None) -> str | None:
+    """The first thing under `root` through which transformers, told to trust a directory's
+    code, could run code that make_kimi_target did not write; None when there is none.
+
+    Quickstart runs every stage of a Kimi target with trust on, because it wrote the
+    tokenizer's code itself. A quickstart directory copied from elsewhere may hold other code:
+    a Python file with other bytes or another name, an `auto_map` naming another module (or
+    another directory's, `DIR--module.Class`), or a link to what lies outside. Anything but
+    regular files and folders is refused too. `rebuilt` (a folder quickstart deletes and
+    writes again before anything loads from it) is not looked into, only at.
+    """
+    for folder, dirs, files in os.walk(root):  # never descends into a link
+        here = Path(folder)
+        dirs.sort()  # the same first problem named on every run
+        for name in sorted([*dirs, *files]):
+            path = here / name
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                return f"{path}: a symbolic link (quickstart writes none)"
+            if stat.S_ISDIR(mode):
+                continue
+            if not stat.S_ISREG(mode):
+                return f"{path}: not a regular file"
+            try:
+                problem = _foreign_file(path)
+            except (OSError, ValueError) as exc:  # vanished, unreadable, became a FIFO
+                problem = f"unreadable ({getattr(exc, 'strerror', None) or exc})"
+            if problem:
+                return f"{path}: {problem}"
+        if rebuilt is not None:
+            dirs[:] = [d for d in dirs if here / d != rebuilt]
+    return None
+
+
+def _foreign_file(path: Path) -> str | None:
+    """Why `path` (a regular file) could make transformers run code quickstart did not write."""
+    if path.suffix == ".py":
+        if KIMI_CODE.get(path.name) != _durable.read_small(path, CONFIG_MAX_BYTES):
+            return "Python code quickstart did not write"
+        return None
+    if not path.name.endswith("config.json"):
+        return None
+    data = _durable.read_small(path, CONFIG_MAX_BYTES + 1)
+    if len(data) > CONFIG_MAX_BYTES:
+        return "larger than any config quickstart writes"
+    try:
+        config = json.loads(data)
+    except ValueError:
+        return None  # transformers refuses it before it could run anything
+    auto_map = config.get("auto_map") if isinstance(config, dict) else None
+    if auto_map is not None and auto_map != KIMI_AUTO_MAP:
+        return f"its auto_map ({json.dumps(auto_map)[:200]}) names code quickstart did not write"
+    return None
 
 
 # --- a briefly trained target -------------------------------------------------------------

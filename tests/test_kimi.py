@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3kit import tiny
+from eagle3kit import quickstart, tiny
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -212,6 +212,11 @@ def test_quickstart_runs_on_the_kimi_target(tmp_path: Path) -> None:
     assert "--layers 1,2,3" in commands["extract"]
     for stage in ("gen", "validate", "extract", "train", "export", "bench"):
         assert commands[stage].endswith("--trust-remote-code"), commands[stage]
+    # Continued, the whole directory quickstart wrote passes its check of the code it holds.
+    rerun = eagle3kit("quickstart", out, "--target-arch", "kimi", "--prompts", 4,
+                      "--bench-prompts", 1, "--target-steps", 4, "--train-steps", 2,
+                      "--max-tokens", 16, "--no-progress", "--json")
+    assert json.loads(rerun.stdout)["skipped"] == [n for n, _, _ in quickstart.STAGES]
     again = eagle3kit("quickstart", out, "--prompts", 4, "--bench-prompts", 1,
                       "--target-steps", 4, "--train-steps", 2, "--max-tokens", 16,
                       check=False)

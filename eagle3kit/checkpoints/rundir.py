@@ -7,11 +7,17 @@ provenance file through `read_provenance`). Importing it loads no torch.
 Checkpoints are written whole or not at all: into a hidden temp directory, every file
 fsynced, then renamed to checkpoints/step-XXXXXXXX and the parent fsynced. A run killed at
 any moment resumes from the newest complete one.
+
+A run directory may have been copied from elsewhere: wherever the run keeps a file or folder
+of its own, a symbolic link (or a FIFO, socket or device) is refused by name before anything
+is read, written or deleted there (`RunDir.check_no_links`), so that a run never resumes from,
+writes into or rotates away another run's checkpoints through a link.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -19,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from eagle3kit import __version__
-from eagle3kit._durable import fsync_file, publish_dir, write_json_atomic, write_text_atomic
+from eagle3kit._durable import (
+    fsync_file,
+    odd_file,
+    publish_dir,
+    write_json_atomic,
+    write_text_atomic,
+)
 from eagle3kit._json import json_object
 from eagle3kit._lock import Owned, RunLock, acquire
 from eagle3kit.errors import UserError
@@ -32,7 +44,11 @@ DRAFTER = "drafter"
 evaluated step, or the last (train --drafter-step); run.json's `selection` says which."""
 CHECKPOINTS = "checkpoints"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
+TENSORBOARD = "tensorboard"
+"""Where train's tensorboard tracker writes its event files (unless TENSORBOARD_LOGGING_DIR)."""
 OUR_FILES = (RUN_JSON, "metrics.jsonl", "vocab.safetensors", CHECKPOINTS, DRAFTER)
+OWN_FOLDERS = (CHECKPOINTS, DRAFTER, TENSORBOARD)
+"""The run's folders: every name in them is the run's own too."""
 PROVENANCE = "eagle3kit-export.json"
 """What `eagle3kit export` writes beside an export's config: source run, target, coverage."""
 LOCK_FILES = (".run.lock", ".gate.lock", ".owner.json")
@@ -50,7 +66,10 @@ def _is_lock_file(name: str) -> bool:
 
 
 def _json_object(path: Path) -> dict | None:
-    """`path` as a JSON object; None when it is missing, unreadable or something else."""
+    """`path` as a JSON object; None when it is missing, unreadable or something else (a link
+    or a FIFO is not opened: a FIFO would block the read)."""
+    if odd_file(path) is not None:
+        return None
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -99,6 +118,7 @@ class RunDir:
         self.vocab = self.path / "vocab.safetensors"
         self.checkpoints = self.path / CHECKPOINTS
         self.drafter = self.path / DRAFTER
+        self.tensorboard = self.path / TENSORBOARD
 
     @classmethod
     def holding(cls, checkpoint: Path) -> RunDir | None:
@@ -121,6 +141,7 @@ class RunDir:
     def load(self, fix: str = "") -> dict:
         """run.json's record for a stage that reads what it can of it (export): a JSON
         object, else one message naming the file (and `fix`)."""
+        self.check_no_links()
         try:
             text = self.run_json.read_text()
         except OSError as exc:
@@ -152,7 +173,10 @@ class RunDir:
         return all(_is_lock_file(p.name) for p in self.path.iterdir())
 
     def check_usable(self, mode: str) -> bool:
-        """Whether a run continues here; refuse a directory that is something else."""
+        """Whether a run continues here; refuse a directory that is something else, or one
+        with a link where the run keeps its own files (in every mode: a run resumes from,
+        writes into and rotates away only what is inside its directory)."""
+        self.check_no_links()
         if mode == "overwrite":
             self._check_overwritable()
             return False
@@ -178,20 +202,43 @@ class RunDir:
         raise UserError(f"{self.path}: not a training run (no run.json); --overwrite starts "
                         "afresh only in a run directory or an empty one: give a new directory")
 
-    def check_clearable(self) -> None:
-        """Refuse --overwrite where a symbolic link stands in the place of what a run writes:
-        what it points to is not the run's to delete."""
-        for name in OUR_FILES:
-            if (self.path / name).is_symlink():
-                raise UserError(f"{self.path / name}: a symbolic link where a run keeps its own "
-                                f"{name}; --overwrite deletes only what a run wrote, not what a "
-                                "link points to: remove the link, or give a new directory")
+    def own_paths(self) -> list[Path]:
+        """Every path the run keeps its own things at that is there now: its files and
+        folders, the drafter's temp and set-aside folders, and all that those folders hold
+        (looked at without following a link)."""
+        drafter_temps = sorted(self.path.glob(f".{DRAFTER}.tmp*"))
+        found = [self.path / name for name in (*OUR_FILES, TENSORBOARD)] + drafter_temps
+        for top in [self.path / name for name in OWN_FOLDERS] + drafter_temps:
+            if odd_file(top) != "a directory":
+                continue
+            for folder, dirs, files in os.walk(top):  # never descends into a link
+                found += [Path(folder) / name for name in (*dirs, *files)]
+        return found
+
+    def check_no_links(self) -> None:
+        """Refuse a symbolic link (or a FIFO, socket or device) wherever the run keeps its own
+        files: a run directory copied from elsewhere may link checkpoints/ to another run's,
+        and a link's target is not this run's to resume from, write into or delete."""
+        for path in self.own_paths():
+            odd = odd_file(path)
+            if odd not in (None, "a directory"):
+                target = f" (to {os.readlink(path)})" if odd == "a symbolic link" else ""
+                raise UserError(f"{path}: {odd}{target} where a run keeps its own files; "
+                                "eagle3kit reads and writes a run only inside its directory: "
+                                "remove it, or give a new directory")
+        for name in LOCK_FILES:  # looked at again as they are opened (eagle3kit/_lock.py)
+            odd = odd_file(self.path / name)
+            if odd is not None:
+                what = ("the file naming a directory's owner" if name == ".owner.json"
+                        else "a lock file of its own")
+                raise UserError(f"{self.path / name}: {odd} where eagle3kit keeps {what}; "
+                                "refused (remove it: eagle3kit makes it again)")
 
     def clear(self) -> None:
         """--overwrite: remove what a run wrote (and nothing else), refusing links first.
         run.json goes last, so that a clear cut short still leaves a directory --overwrite
         recognises as a run."""
-        self.check_clearable()
+        self.check_no_links()
         for name in (*(n for n in OUR_FILES if n != RUN_JSON), RUN_JSON):
             p = self.path / name
             if p.is_dir() and not p.is_symlink():
@@ -275,7 +322,10 @@ class RunDir:
 
     # Metrics -----------------------------------------------------------------------------------
     def log(self, record: dict) -> None:
-        with open(self.metrics, "a") as f:
+        # Never through a link planted at that name since the run directory was checked.
+        fd = os.open(self.metrics, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "a") as f:
             f.write(json.dumps(record, default=float) + "\n")
 
     def cut_metrics(self, step: int) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3kit import __version__, _ui
-from eagle3kit._durable import publish_dir
+from eagle3kit._durable import odd_file, publish_dir
 from eagle3kit._lock import Owned, RunLock, acquire
 from eagle3kit.checkpoints.card import (
     CardFacts,
@@ -247,6 +247,9 @@ def hold_out(out: Path) -> RunLock:
     """Take OUT for this export: one export at a time writes it (and cleans its temp
     folders). The lock lives beside OUT, which the export replaces whole."""
     where = out.parent / f".{out.name}.export-lock"
+    odd = odd_file(where)
+    if odd not in (None, "a directory"):  # a link would put the lock files where it points
+        raise UserError(f"{where}: {odd} where export keeps its lock folder; refused")
     where.mkdir(parents=True, exist_ok=True)
     place = Owned(out, "an export folder", where / "run.lock", where / "gate.lock",
                   where / "owner.json")

@@ -472,11 +472,11 @@ def _check_paths(cfg: TrainConfig, found: list[str]) -> None:
     if cfg.out.exists() and not cfg.out.is_dir():
         found.append(f"{cfg.out}: exists and is not a directory (the run directory "
                      "train writes); give a new directory")
-    elif cfg.write.mode == "overwrite":
+    elif cfg.out.is_dir():  # a link where the run keeps its own files, in every mode
         from eagle3kit.checkpoints.rundir import RunDir
 
         try:
-            RunDir(cfg.out).check_clearable()
+            RunDir(cfg.out).check_no_links()
         except UserError as exc:
             found.append(str(exc))
 
