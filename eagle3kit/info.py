@@ -346,14 +346,20 @@ def _draw(curves: dict[str, dict[str, list[tuple[int, float]]]], title: str,
 # An export's model card, and what the layout's own library makes of the checkpoint ---------
 def _card_and_warnings(directory: Path, info) -> dict | None:
     """The card export wrote beside the checkpoint (None: none), and, into info.warnings,
-    what the layout's own library would load differently (speculators: no embedding)."""
-    from eagle3kit.checkpoints.card import read_card
+    what the layout's own library would load differently (speculators: no embedding). The
+    held-out prediction shown is the checkpoint's own record, checked, never the card's
+    text."""
+    from eagle3kit.checkpoints.card import prediction_line, read_card
+    from eagle3kit.checkpoints.rundir import training_prediction
     from eagle3kit.checkpoints.speculators import embedding_warning
 
     warning = embedding_warning(info)
     if warning:
         info.warnings.append(warning)
-    return read_card(directory)
+    card = read_card(directory)
+    if card is not None:
+        card["held-out prediction"] = prediction_line(training_prediction(directory))
+    return card
 
 
 def _show_card(directory: Path, card: dict | None, opts: _ui.OutputOptions) -> None:
