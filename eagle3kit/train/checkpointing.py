@@ -236,7 +236,8 @@ class Checkpointing(TrainerState):
                      "heldout_samples": len(self.pool.heldout), "long_samples": long,
                      "too_short": self.pool.too_short},
             # --report-to's tracker runs (name: run id), which a resumed run continues.
-            "trackers": dict(before.get("trackers") or {}),
+            "trackers": (dict(before["trackers"]) if isinstance(before.get("trackers"), dict)
+                         else {}),
         }
         if before.get("selection"):  # which step drafter/ holds, until the next checkpoint
             record["selection"] = before["selection"]
