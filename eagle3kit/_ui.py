@@ -34,12 +34,19 @@ _live_console: Console | None = None
 
 _CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 """C0 and C1 control characters and DEL: what a terminal acts on rather than shows."""
-_C1 = re.compile(r"[\x7f-\x9f]")
+_BIDI = "\u202a-\u202e\u2066-\u2069"
+"""Unicode's bidirectional embeddings, overrides and isolates: they reorder the text after
+them on the line, so a string from data could rearrange the rest of eagle3kit's own line."""
+_SHOWN_ESCAPED = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f{_BIDI}]")
+_C1 = re.compile(f"[\\x7f-\\x9f{_BIDI}]")
+"""What JSON may hold raw that a terminal showing it would act on."""
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def _escaped(match: re.Match[str]) -> str:
     char = match.group()
+    if ord(char) > 0xFF:
+        return f"\\u{ord(char):04x}"
     return _NAMED.get(char) or f"\\x{ord(char):02x}"
 
 
@@ -52,11 +59,13 @@ def control_in(text: str) -> str | None:
 def printable(text: object, one_line: bool = True) -> str:
     """`text` with each control character written as visible text ('\\x1b', '\\r'), so a
     string from a dataset or a server cannot move the cursor, clear the screen or hide a
-    line. A message (`one_line=False`) keeps its own line breaks and tabs."""
+    line; the bidi controls too ('\\u202e'), so it cannot reorder the line either. A message
+    (`one_line=False`) keeps its own line breaks and tabs."""
     text = str(text)
     if one_line:
-        return _CONTROLS.sub(_escaped, text)
-    return _CONTROLS.sub(lambda m: m.group() if m.group() in "\n\t" else _escaped(m), text)
+        return _SHOWN_ESCAPED.sub(_escaped, text)
+    return _SHOWN_ESCAPED.sub(lambda m: m.group() if m.group() in "\n\t" else _escaped(m),
+                              text)
 
 
 def is_terminal() -> bool:
@@ -126,8 +135,9 @@ def print_json(obj: object) -> None:
 
     flags = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
     data = orjson.dumps(obj, option=flags | orjson.OPT_APPEND_NEWLINE, default=str).decode()
-    # orjson escapes C0 controls but, as JSON allows, writes DEL and C1 (CSI, 0x9b) raw: a
-    # terminal showing the JSON would act on them. Escaped, the parsed strings are the same.
+    # orjson escapes C0 controls but, as JSON allows, writes DEL, C1 (CSI, 0x9b) and the bidi
+    # controls raw: a terminal showing the JSON would act on them. Escaped, the parsed strings
+    # are the same.
     sys.stdout.write(_C1.sub(lambda m: f"\\u{ord(m.group()):04x}", data))
     sys.stdout.flush()
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eagle3kit import _ui
 from eagle3kit._options import arg, opt
 from eagle3kit.errors import CheckFailed, UserError
 from eagle3kit.format import Dataset
+
+if TYPE_CHECKING:
+    from eagle3kit.checkpoints.rundir import RunDir
 
 
 @dataclass
@@ -284,30 +288,22 @@ def _show_checkpoint(info, opts: _ui.OutputOptions) -> None:
 
 
 # A run's curves (--plot) --------------------------------------------------------------------
-def read_curves(metrics: Path) -> dict[str, dict[str, list[tuple[int, float]]]]:
+def read_curves(run_dir: RunDir) -> dict[str, dict[str, list[tuple[int, float]]]]:
     """metrics.jsonl as series of (step, value) per axis title: the training loss, the
-    accuracy of each TTT step, and the held-out predicted acceptance length. A line cut short
-    by a kill, or of another kind, is passed over."""
-    import json
-
+    accuracy of each TTT step, and the held-out predicted acceptance length. Only lines in
+    the form train writes are drawn (RunDir.metric_records): a line cut short by a kill, or
+    one eagle3kit did not write, is passed over."""
     loss: list[tuple[int, float]] = []
     acc: dict[str, list[tuple[int, float]]] = {}
     accept: list[tuple[int, float]] = []
-    for line in metrics.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        step = record.get("step") if isinstance(record, dict) else None
-        if not isinstance(step, int):
-            continue
-        if isinstance(record.get("loss"), int | float):
+    for _, record in run_dir.metric_records():
+        step = record["step"]
+        if "loss" in record:
             loss.append((step, float(record["loss"])))
         for k, value in enumerate(record.get("acc_k") or []):
             acc.setdefault(f"step {k + 1}", []).append((step, float(value)))
         evaluation = record.get("eval")
-        if isinstance(evaluation, dict) and isinstance(
-                evaluation.get("predicted_acceptance_length"), int | float):
+        if evaluation and evaluation.get("predicted_acceptance_length") is not None:
             accept.append((step, float(evaluation["predicted_acceptance_length"])))
     return {"loss": {"loss": loss}, "accuracy per TTT step": acc,
             "predicted acceptance length (held out)": {"overall": accept}}
@@ -321,7 +317,7 @@ def plot_run(path: Path, plot: Path, opts: _ui.OutputOptions) -> dict:
     if not run_dir.exists():
         raise UserError(f"--plot: {path} is not a training run (--plot draws a run's "
                         "metrics.jsonl)")
-    curves = read_curves(run_dir.metrics) if run_dir.metrics.is_file() else {}
+    curves = read_curves(run_dir)
     if not any(points for series in curves.values() for points in series.values()):
         raise UserError(f"--plot: {run_dir.metrics} holds no logged steps yet")
     _draw(curves, f"{path.resolve().name}", plot)
@@ -350,14 +346,20 @@ def _draw(curves: dict[str, dict[str, list[tuple[int, float]]]], title: str,
 # An export's model card, and what the layout's own library makes of the checkpoint ---------
 def _card_and_warnings(directory: Path, info) -> dict | None:
     """The card export wrote beside the checkpoint (None: none), and, into info.warnings,
-    what the layout's own library would load differently (speculators: no embedding)."""
-    from eagle3kit.checkpoints.card import read_card
+    what the layout's own library would load differently (speculators: no embedding). The
+    held-out prediction shown is the checkpoint's own record, checked, never the card's
+    text."""
+    from eagle3kit.checkpoints.card import prediction_line, read_card
+    from eagle3kit.checkpoints.rundir import training_prediction
     from eagle3kit.checkpoints.speculators import embedding_warning
 
     warning = embedding_warning(info)
     if warning:
         info.warnings.append(warning)
-    return read_card(directory)
+    card = read_card(directory)
+    if card is not None:
+        card["held-out prediction"] = prediction_line(training_prediction(directory))
+    return card
 
 
 def _show_card(directory: Path, card: dict | None, opts: _ui.OutputOptions) -> None:

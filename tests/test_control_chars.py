@@ -97,3 +97,26 @@ def test_validate_report_shows_control_characters_as_text(crafted):
     assert "Traceback" not in shown.stderr
     no_raw_controls(shown.stdout + shown.stderr)
     assert "math\\x1b[2J\\x1b[H" in shown.stderr
+
+
+BIDI = ["\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069"]
+
+
+def test_bidi_controls_are_shown_as_text_too(tmp_path):
+    """An id holding a right-to-left override would reorder the rest of eagle3kit's line
+    (issue 38): each bidi embedding, override and isolate is written out like a C1 control,
+    in the human report and in --json (where the parsed strings stay exact)."""
+    ds = tmp_path / "bidi"
+    with DatasetWriter(ds, config={"note": "x"},
+                       provenance={"source": "left\u202eerror: fake"}) as writer:
+        for i, char in enumerate(BIDI):
+            writer.add(TokenSample(f"id-{i}", [1, 2, 3], [4, 5, 6], partition=f"p{char}{i}"))
+    shown = eagle3kit("info", ds)
+    assert shown.returncode == 0, shown.stderr
+    assert not [c for c in BIDI if c in shown.stderr], shown.stderr
+    assert "left\\u202eerror: fake" in shown.stderr
+    for i, char in enumerate(BIDI):
+        assert f"p\\u{ord(char):04x}{i}" in shown.stderr
+    as_json = eagle3kit("info", ds, "--json")
+    assert not [c for c in BIDI if c in as_json.stdout]
+    assert set(json.loads(as_json.stdout)["partitions"]) == {f"p{c}{i}" for i, c in enumerate(BIDI)}

@@ -108,3 +108,60 @@ def test_plot_to_a_file_matplotlib_cannot_write_is_refused_by_flag(run: Path, tm
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: --plot {tmp_path / 'curves.txt'}: give a .png, .svg or .pdf file name")
+
+
+# Lines eagle3kit did not write (issue 38, item 10) -------------------------------------------
+CRAFTED = {
+    "text for an accuracy": b'{"step": 3, "loss": 0.5, "acc_k": ["high", 0.5]}',
+    "a null accuracy": b'{"step": 3, "loss": 0.5, "acc_k": [null]}',
+    "a 400-digit loss": b'{"step": 3, "loss": ' + b"9" * 400 + b"}",
+    "a bare list": b"[null]",
+    "a string step": b'{"step": "3", "loss": 0.5}',
+    "a byte that is not UTF-8": b'{"step": 3, "loss": 0.5, "note": "\xff"}',
+    "15,000 TTT accuracies": json.dumps({"step": 3, "loss": 0.5,
+                                         "acc_k": [0.5] * 15_000}).encode(),
+}
+
+
+@pytest.fixture(scope="module")
+def clean_axes(run: Path, tmp_path_factory) -> list[dict]:
+    drawn = cli("info", run, "--plot", tmp_path_factory.mktemp("clean") / "c.png", "--json")
+    assert drawn.returncode == 0, drawn.stderr
+    return json.loads(drawn.stdout)["plot"]["axes"]
+
+
+def crafted_copy(run: Path, where: Path, *lines: bytes) -> Path:
+    import shutil
+
+    copy = shutil.copytree(run, where)
+    with open(copy / "metrics.jsonl", "ab") as f:
+        f.write(b"".join(line + b"\n" for line in lines))
+    return copy
+
+
+@pytest.mark.parametrize("line", CRAFTED.values(), ids=CRAFTED.keys())
+def test_a_line_eagle3kit_did_not_write_is_passed_over(run: Path, tmp_path: Path, line: bytes,
+                                                     clean_axes: list[dict]):
+    """`info --plot` draws the run's own lines alone (the accuracies no more series than the
+    run's TTT steps: 15,000 of them took 95 s and 800 MB); resuming drops the line."""
+    from eagle3kit.checkpoints.rundir import RunDir
+
+    copy = crafted_copy(run, tmp_path / "run", line)
+    drawn = cli("info", copy, "--plot", tmp_path / "curves.png", "--json")
+    assert drawn.returncode == 0, drawn.stderr
+    assert "Traceback" not in drawn.stderr
+    assert json.loads(drawn.stdout)["plot"]["axes"] == clean_axes
+    # What a resumed train does first: keep the lines up to its checkpoint.
+    RunDir(copy).cut_metrics(STEPS)
+    assert (copy / "metrics.jsonl").read_bytes() == (run / "metrics.jsonl").read_bytes()
+
+
+def test_train_resumes_past_lines_it_did_not_write(run: Path, tmp_path: Path):
+    copy = crafted_copy(run, tmp_path / "run", *CRAFTED.values())
+    target = run.parent / "target"
+    result = cli("train", run.parent / "tokens", copy, "--target", target, "--online",
+                 "--max-steps", STEPS, "--batch-tokens", 256, "--draft-vocab", 200,
+                 "--eval-split", 4, "--eval-every", EVAL_EVERY, "--device", "cpu", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert logged(copy) == logged(run)

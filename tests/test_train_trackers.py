@@ -7,6 +7,7 @@ The tiny target and datasets are conftest's `train_world`.
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 import subprocess
 import sys
@@ -92,10 +93,12 @@ def test_mlflow_local_store_holds_the_metrics_and_resume_continues_its_run(
     monkeypatch.setattr(TrainLoop, "step", dies_at_step_3)
     with pytest.raises(KeyboardInterrupt):
         run(config(train_world, train_world["hidden"], out, report_to="mlflow"))
-    run_id = json.loads((out / "run.json").read_text())["trackers"]["mlflow"]
+    recorded = json.loads((out / "run.json").read_text())["trackers"]["mlflow"]
+    run_id = recorded["id"]
+    assert recorded["uri"] == f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setattr(TrainLoop, "step", original)
     run(config(train_world, train_world["hidden"], out, report_to="mlflow"))  # resumes from step 2
-    assert json.loads((out / "run.json").read_text())["trackers"] == {"mlflow": run_id}
+    assert json.loads((out / "run.json").read_text())["trackers"] == {"mlflow": recorded}
 
     client = MlflowClient()
     history = sorted(client.get_metric_history(run_id, "train/loss"), key=lambda m: m.step)
@@ -215,3 +218,103 @@ def test_trackio_local_store_holds_the_metrics(train_world, tmp_path):
                 if "eval/acceptance_length" in r}
     assert held_out == {m["step"]: m["eval"]["predicted_acceptance_length"]
                         for m in evals_logged(out)}
+
+
+# Whose tracker run it is (issue 38, item 9) ----------------------------------------------------
+def test_the_run_identity_is_a_token_of_the_directory_and_its_place(tmp_path, capsys):
+    from eagle3kit.train.trackers import TOKEN_FILE, run_identity
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    first = run_identity(run_dir)
+    assert first is not None and first == run_identity(run_dir)
+    token = run_dir / TOKEN_FILE
+    assert token.stat().st_mode & 0o077 == 0  # owner-only
+    assert first not in token.read_text()  # the hash, never the token, leaves the directory
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / TOKEN_FILE).write_bytes(token.read_bytes())
+    assert run_identity(copy) not in (None, first)  # a copy elsewhere is another run
+    capsys.readouterr()
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / TOKEN_FILE).symlink_to(token)  # a link to a real token is not taken
+    assert run_identity(linked) is None
+    dangling = tmp_path / "dangling"
+    dangling.mkdir()
+    (dangling / TOKEN_FILE).symlink_to(tmp_path / "outside")
+    assert run_identity(dangling) is None
+    assert not (tmp_path / "outside").exists()  # nothing written through the link
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warned) == 2 and f"{TOKEN_FILE} is not the token eagle3kit writes" in warned[0]
+
+
+def test_mlflow_continues_only_its_own_run_and_stores_in_the_run_by_default(
+        tiny, tmp_path, monkeypatch, capsys):
+    """Without MLFLOW_TRACKING_URI the store is RUN/mlflow.db, not the working directory's.
+    A run.json edited to name another run in that store (someone's on a shared server), and a
+    run directory copied whole, each start a new MLflow run with a note; the other run is
+    neither reopened, logged into nor terminated."""
+    pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    run(config(tiny, tiny["hidden"], out, report_to="mlflow", max_steps=2))
+    assert (out / "mlflow.db").is_file()
+    assert not [p.name for p in tmp_path.iterdir() if p.name in ("mlflow.db", "mlruns")]
+    own = json.loads((out / "run.json").read_text())["trackers"]["mlflow"]
+    uri = own["uri"]
+    assert uri == f"sqlite:///{out / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+
+    theirs = client.create_run(client.get_run(own["id"]).info.experiment_id,
+                               run_name="someone else's").info.run_id
+    client.set_terminated(theirs)
+    before = client.get_run(theirs)
+    record = json.loads((out / "run.json").read_text())
+    record["trackers"] = {"mlflow": {"id": theirs, "uri": uri}}
+    (out / "run.json").write_text(json.dumps(record))
+    capsys.readouterr()
+    run(config(tiny, tiny["hidden"], out, report_to="mlflow", max_steps=2))
+    notes = [line for line in capsys.readouterr().err.splitlines() if "--report-to" in line]
+    assert notes == [f"warning: --report-to mlflow: run.json names MLflow run {theirs}, which "
+                     "is not this run's own (its tag is not this run directory's identity); "
+                     "starting a new MLflow run"]
+    after = client.get_run(theirs)
+    assert (after.info.status, after.info.end_time) == (before.info.status, before.info.end_time)
+    assert after.data.metrics == {} and after.data.params == {}
+    new = json.loads((out / "run.json").read_text())["trackers"]["mlflow"]["id"]
+    assert new not in (theirs, own["id"])
+
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    run(config(tiny, tiny["hidden"], copy, report_to="mlflow", max_steps=2))
+    copied = json.loads((copy / "run.json").read_text())["trackers"]["mlflow"]
+    assert copied["id"] != new and copied["uri"] == f"sqlite:///{copy / 'mlflow.db'}"
+    assert "another tracking URI" in capsys.readouterr().err
+
+
+def test_wandb_resumes_no_id_run_json_names_and_writes_into_the_run(tiny, tmp_path,
+                                                                    monkeypatch, capsys):
+    pytest.importorskip("wandb", reason="the wandb extra is not installed")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    run(config(tiny, tiny["hidden"], out, report_to="wandb", max_steps=2))
+    own = json.loads((out / "run.json").read_text())["trackers"]["wandb"]
+    assert list((out / "wandb").glob(f"offline-run-*-{own}"))
+    assert not (tmp_path / "wandb").exists()  # not the working directory
+
+    record = json.loads((out / "run.json").read_text())
+    record["trackers"] = {"wandb": "theirs1"}
+    (out / "run.json").write_text(json.dumps(record))
+    capsys.readouterr()
+    run(config(tiny, tiny["hidden"], out, report_to="wandb", max_steps=2))
+    assert ("--report-to wandb: run.json names W&B run theirs1, which is not this run's own"
+            in capsys.readouterr().err)
+    assert not list((out / "wandb").glob("*-theirs1"))
+    assert json.loads((out / "run.json").read_text())["trackers"] == {"wandb": own}

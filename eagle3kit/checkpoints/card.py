@@ -4,30 +4,46 @@ Hugging Face's model-card form: a YAML front matter (`base_model`, `library_name
 the Hub reads, then what a person deciding whether to serve the drafter needs: its shape, the
 aux layer ids and draft vocabulary, the data it was trained on and where that came from
 (prompts, servers, sampling: read from the datasets' manifests, else from what train recorded
-in run.json), the held-out prediction, any `bench` reports saved in the run, and the exact
-launch lines. Whatever is not known is said to be unknown, never left out silently.
+in run.json), the held-out prediction, and the exact launch lines. Whatever is not known is
+said to be unknown, never left out silently.
+
+Every string a record holds (a path, a server, a prompt source, a model name, a sampling
+value) comes from a file someone else may have written, so it goes in as inline code on one
+line (`code`): no heading, link, image or HTML of its own. Figures come only from what
+eagle3kit recorded and can check: the held-out prediction is the drafter's own, and only
+when its rates give its length.
 
 `launch_lines` is the one place the code writes vLLM and SGLang launch lines; `read_card`
-gives `eagle3kit info` the card's key facts back. Importing this module loads no torch.
+gives `eagle3kit info` the card's key facts back, from eagle3kit's own lines only. Importing
+this module loads no torch.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3kit.model.acceptance import predicted_acceptance_length
 from eagle3kit.target import to_layer_output
 
 CARD = "README.md"
 TAGS = ("eagle3", "speculative-decoding", "eagle3kit")
 LIBRARY = {"vllm": "speculators", "sglang": "sglang"}
 """The library whose layout each export is: speculators (served by vLLM), SGLang's."""
-BENCH_GLOB = "bench*.json"
-"""`bench accept|server --json` reports saved in the run directory are shown on the card."""
 UNKNOWN = "unknown"
+CARD_BYTES = 1 << 20
+"""The largest card `info` reads: export's are a few KiB."""
+SECTIONS = ("The drafter", "Training data", "Held-out prediction", "Serving")
+"""The card's sections, in the order export writes them."""
+CODE_CHARS = 300
+"""The most characters of a recorded string the card shows (the rest is counted)."""
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069`]")
+"""What a JSON string may hold raw that would end a code span or a line, or reorder one."""
 
 
 @dataclass
@@ -63,7 +79,6 @@ class CardFacts:
     prediction: dict | None
     data: list[DataSource] | None
     """None when the source was a checkpoint, not a run (nothing recorded)."""
-    bench: list[tuple[str, dict]] = field(default_factory=list)
     sibling: str | None = None
     """The SGLang export beside a speculators one (`--format both`)."""
 
@@ -93,27 +108,42 @@ def trace(path: str, kind: str = UNKNOWN, samples: int | None = None,
 
 
 def training_data(run: dict) -> list[DataSource]:
-    """The datasets run.json says the drafter trained on."""
+    """The datasets run.json says the drafter trained on; a count or weight that is not a
+    number stands as unknown."""
     entries = run.get("data")
     out = []
     for entry in entries if isinstance(entries, list) else []:
         if isinstance(entry, dict) and isinstance(entry.get("path"), str):
+            weight = entry.get("weight")
             out.append(trace(entry["path"], str(entry.get("kind") or UNKNOWN),
-                             entry.get("samples"), entry.get("tokens"), entry.get("weight")))
+                             _count_or_none(entry.get("samples")),
+                             _count_or_none(entry.get("tokens")),
+                             float(weight) if _is_finite(weight) else None))
     return out
 
 
-def bench_reports(run_dir: Path) -> list[tuple[str, dict]]:
-    """(file name, report) for each bench report (`--json` output) saved in the run."""
-    found = []
-    for path in sorted(run_dir.glob(BENCH_GLOB)):
-        try:
-            report = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(report, dict) and "acceptance_length" in report:
-            found.append((path.name, report))
-    return found
+def _count_or_none(value: object) -> int | None:
+    return value if type(value) is int and 0 <= value < 2**63 else None
+
+
+def _is_finite(value: object) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+def checked_prediction(prediction: object) -> dict | None:
+    """The held-out evaluation eagle3kit recorded, when it holds together: per-position rates
+    in [0, 1] whose chain gives the predicted acceptance length recorded (train writes both,
+    rounded to 6 places); None otherwise, so no other figure reaches the card or `info`."""
+    if not isinstance(prediction, dict):
+        return None
+    rates, length = prediction.get("per_position"), prediction.get("predicted_acceptance_length")
+    if not (isinstance(rates, list) and 0 < len(rates) <= 64 and _is_finite(length)
+            and all(_is_finite(r) and 0 <= r <= 1 for r in rates)):
+        return None
+    if abs(predicted_acceptance_length(rates) - length) > 1e-4:
+        return None
+    return {"predicted_acceptance_length": float(length), "k": len(rates),
+            "per_position": [float(r) for r in rates]}
 
 
 # Launch lines --------------------------------------------------------------------------------
@@ -154,6 +184,21 @@ def _yaml_str(text: str) -> str:
     return json.dumps(text)
 
 
+def code(text: object) -> str:
+    """A recorded string as inline code on one line: escaped as a JSON string is (a
+    backslash, a quote, each control character and line break), the bidi controls and
+    backticks too (`\\u0060`), so nothing in it ends the code span; cut at CODE_CHARS."""
+    escaped = json.dumps(str(text), ensure_ascii=False)[1:-1]
+    escaped = _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", escaped)
+    if len(escaped) > CODE_CHARS:
+        escaped = f"{escaped[:CODE_CHARS]}... ({len(escaped) - CODE_CHARS:,} more)"
+    return f"`{escaped}`" if escaped.strip() else "`(empty)`"
+
+
+def _codes(texts: object) -> str:
+    return ", ".join(code(t) for t in texts)  # type: ignore[attr-defined]
+
+
 def front_matter(facts: CardFacts) -> str:
     tags = "".join(f"- {t}\n" for t in TAGS)
     return (f"---\nbase_model: {_yaml_str(facts.base_model)}\n"
@@ -179,7 +224,8 @@ def _data_lines(facts: CardFacts) -> list[str]:
 def _dataset_lines(ds: DataSource, bullet: str) -> list[str]:
     pad = " " * len(bullet)
     weight = f", weight {ds.weight:g}" if ds.weight not in (None, 1, 1.0) else ""
-    head = (f"{bullet}`{ds.path}`: {ds.kind} dataset, {_count(ds.samples)} samples, "
+    kind = ds.kind if ds.kind in ("tokens", "hidden") else f"{code(ds.kind)}"
+    head = (f"{bullet}{code(ds.path)}: {kind} dataset, {_count(ds.samples)} samples, "
             f"{_count(ds.tokens)} tokens{weight}")
     if ds.counted_by != "manifest":
         return [head + f" ({ds.counted_by} counts; the dataset is not reachable here, so "
@@ -187,46 +233,50 @@ def _dataset_lines(ds: DataSource, bullet: str) -> list[str]:
     lines = [head]
     origin = ds.origin
     if ds.kind == "hidden":
-        lines.append(f"{pad}hidden states by {origin.engine or UNKNOWN}"
-                     + (f" from {', '.join(origin.servers)}" if origin.servers else ""))
+        lines.append(f"{pad}hidden states by {code(origin.engine) if origin.engine else UNKNOWN}"
+                     + (f" from {_codes(origin.servers)}" if origin.servers else ""))
         if ds.source is not None:
             lines += _dataset_lines(ds.source, pad + "- extracted from ")
         else:
             lines.append(f"{pad}- extracted from: {UNKNOWN} (not recorded)")
         return lines
-    prompts = list(origin.prompts) + ([f"dataset {origin.prompt_dataset}"]
-                                      if origin.prompt_dataset else [])
-    sampling = ", ".join(f"{k}={v}" for k, v in origin.sampling.items())
+    prompts = [code(p) for p in origin.prompts] + (
+        [f"dataset {code(origin.prompt_dataset)}"] if origin.prompt_dataset else [])
+    sampling = ", ".join(code(f"{k}={v}") for k, v in origin.sampling.items())
     lines += [f"{pad}prompts: {', '.join(prompts) or UNKNOWN}",
-              f"{pad}generated by: {', '.join(origin.servers) or UNKNOWN}"
-              + (f" ({origin.engine})" if origin.engine else "")
-              + (f", serving {origin.served_model}" if origin.served_model else ""),
+              f"{pad}generated by: {_codes(origin.servers) or UNKNOWN}"
+              + (f" ({code(origin.engine)})" if origin.engine else "")
+              + (f", serving {code(origin.served_model)}" if origin.served_model else ""),
               f"{pad}sampling: {sampling or UNKNOWN}"]
     return lines
 
 
+NO_PREDICTION = "Unknown: the drafter records no held-out evaluation."
+
+
+def prediction_line(prediction: object) -> str:
+    """The held-out prediction as the card and `info` give it, from the drafter's own
+    record (checked_prediction), else NO_PREDICTION."""
+    checked = checked_prediction(prediction)
+    if checked is None:
+        return NO_PREDICTION
+    return f"{checked['predicted_acceptance_length']:.3f} (chain, k={checked['k']})"
+
+
 def _prediction_lines(prediction: dict | None) -> list[str]:
-    if not prediction or prediction.get("predicted_acceptance_length") is None:
-        return ["Unknown: the drafter records no held-out evaluation."]
-    rates = prediction.get("per_position") or []
-    return [f"- predicted acceptance length: {prediction['predicted_acceptance_length']:.3f}"
-            f" (chain, k={prediction.get('k', len(rates))})",
-            f"- per-position acceptance: {', '.join(f'{r:.3f}' for r in rates) or UNKNOWN}"]
+    checked = checked_prediction(prediction)
+    if checked is None:
+        return [NO_PREDICTION]
+    rates = checked["per_position"]
+    return [f"- predicted acceptance length: {prediction_line(checked)}",
+            f"- per-position acceptance: {', '.join(f'{r:.3f}' for r in rates)}"]
 
 
-def _bench_lines(bench: list[tuple[str, dict]]) -> list[str]:
-    if not bench:
-        return [f"None found (save `eagle3kit bench accept|server --json` reports in the run "
-                f"directory as `{BENCH_GLOB}` to have them here)."]
-    out = []
-    for name, report in bench:
-        length = report.get("acceptance_length")
-        speedup = report.get("speedup")
-        out.append(f"- `{name}`: acceptance length "
-                   f"{UNKNOWN if length is None else f'{length:.3f}'}, "
-                   f"{report.get('shape') or UNKNOWN}"
-                   + (f", speedup {speedup:.2f}x" if isinstance(speedup, (int, float)) else ""))
-    return out
+def _fence(block: str) -> str:
+    """A code fence longer than any run of backticks in `block` (a recorded target name is
+    quoted for the shell, not for Markdown): nothing in it closes the block."""
+    longest = max((len(run) for run in re.findall("`+", block)), default=0)
+    return "`" * max(3, longest + 1)
 
 
 def card_text(facts: CardFacts) -> str:
@@ -234,7 +284,7 @@ def card_text(facts: CardFacts) -> str:
     ids = list(d.aux_layer_ids)
     coverage = ("" if facts.coverage is None
                 else f", covering {facts.coverage:.1%} of the training tokens")
-    launches = "\n".join(f"{what}:\n\n```bash\n{line}\n```\n"
+    launches = "\n".join(f"{what}:\n\n{_fence(line)}bash\n{line}\n{_fence(line)}\n"
                          for what, line in launch_lines(facts.fmt, facts.where,
                                                         facts.base_model,
                                                         facts.speculative_tokens,
@@ -244,9 +294,9 @@ def card_text(facts: CardFacts) -> str:
              "writes it.\n")
     lines = [
         front_matter(facts),
-        f"# EAGLE-3 drafter for {facts.base_model}",
+        f"# EAGLE-3 drafter for {code(facts.base_model)}",
         "",
-        f"An EAGLE-3 draft model for speculative decoding with `{facts.base_model}`, in the "
+        f"An EAGLE-3 draft model for speculative decoding with {code(facts.base_model)}, in the "
         f"{'speculators (vLLM)' if facts.fmt == 'vllm' else 'SGLang / SpecForge'} layout, "
         f"exported with eagle3kit.",
         "",
@@ -270,14 +320,10 @@ def card_text(facts: CardFacts) -> str:
         "",
         *_prediction_lines(facts.prediction),
         "",
-        "## Benchmarks",
-        "",
-        *_bench_lines(facts.bench),
-        "",
         "## Serving",
         "",
-        f"`{facts.where}` is where `eagle3kit export` wrote the drafter; once uploaded, give "
-        "its Hub id there instead.",
+        f"{code(facts.where)} is where `eagle3kit export` wrote the drafter; once uploaded, "
+        "give its Hub id there instead.",
         "",
         launches + other,
     ]
@@ -290,33 +336,42 @@ def write_card(directory: Path, facts: CardFacts) -> None:
 
 # Reading back --------------------------------------------------------------------------------
 def read_card(directory: Path) -> dict | None:
-    """The card's front matter (base_model, library_name, tags) and its key lines (aux layer
-    ids, draft vocabulary, predicted acceptance length, training data), for `info`; None when
-    there is no card eagle3kit wrote."""
+    """The card's front matter (base_model, library_name, tags) and its key lines (draft
+    vocabulary, training data), for `info`; None when there is no card eagle3kit wrote.
+    Only eagle3kit's own lines are read: each section by the first heading of its name, in
+    the order export writes them, and within it the first line of each kind export writes;
+    nothing after `## Serving`. The held-out prediction is not read from the card but from
+    the drafter's own record (`prediction_line`)."""
     try:
-        text = (Path(directory) / CARD).read_text()
+        with open(Path(directory) / CARD, "rb") as f:
+            text = f.read(CARD_BYTES + 1).decode()
     except (OSError, UnicodeDecodeError):
         return None
     head, sep, body = text.removeprefix("---\n").partition("\n---\n")
-    if not text.startswith("---\n") or not sep or "eagle3kit" not in body:
+    if not text.startswith("---\n") or not sep or len(text) > CARD_BYTES:
         return None
     facts: dict[str, Any] = {"tags": []}
     for line in head.splitlines():
         if line.startswith("- "):
             facts["tags"].append(line[2:])
-        elif ": " in line:
-            key, value = line.split(": ", 1)
-            facts[key] = json.loads(value) if value.startswith('"') else value
-    section = ""
+        elif line.startswith("base_model: "):
+            try:
+                facts["base_model"] = json.loads(line.removeprefix("base_model: "))
+            except ValueError:
+                return None
+        elif line.startswith("library_name: ") and line[14:] in LIBRARY.values():
+            facts["library_name"] = line[14:]
+    if "eagle3kit" not in facts["tags"] or not isinstance(facts.get("base_model"), str):
+        return None
+    sections = iter(SECTIONS)
+    section, expected = "", next(sections)
     for line in body.splitlines():
-        if line.startswith("## "):
-            section = line[3:]
+        if line == f"## {expected}":
+            section, expected = expected, next(sections, "")
+            if section == "Serving":
+                break
         elif section == "The drafter" and line.startswith("- draft vocabulary: "):
-            facts["draft vocab"] = line.removeprefix("- draft vocabulary: ")
-        elif section == "Training data" and line.startswith("- "):
-            facts.setdefault("training data", []).append(line[2:])
-        elif section == "Training data" and line.startswith("Unknown"):
-            facts["training data"] = [line]
-        elif section == "Held-out prediction" and line.startswith(("- predicted", "Unknown")):
-            facts["held-out prediction"] = line.removeprefix("- predicted acceptance length: ")
+            facts.setdefault("draft vocab", line.removeprefix("- draft vocabulary: "))
+        elif section == "Training data" and line.startswith(("- `", "Unknown: ")):
+            facts.setdefault("training data", []).append(line.removeprefix("- "))
     return facts

@@ -21,8 +21,9 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from eagle3kit import __version__
 from eagle3kit._durable import (
@@ -49,6 +50,15 @@ TENSORBOARD = "tensorboard"
 OUR_FILES = (RUN_JSON, "metrics.jsonl", "vocab.safetensors", CHECKPOINTS, DRAFTER)
 OWN_FOLDERS = (CHECKPOINTS, DRAFTER, TENSORBOARD)
 """The run's folders: every name in them is the run's own too."""
+METRICS_LINE_BYTES = 1 << 20
+"""The longest metrics.jsonl line read back: train's longest, an evaluation with its phase
+and depth figures, is a few KiB."""
+METRIC_FIGURES = ("loss", "lr", "grad_norm", "tokens_per_s")
+"""The numbers of a step's metrics.jsonl record that are read back (info --plot, trackers)."""
+MAX_TTT_STEPS = 64
+"""The most TTT accuracies a metrics.jsonl line may hold where run.json names no count."""
+MAX_RECORDED_TTT_STEPS = 1024
+"""A count run.json records past this is not taken (each step is one series of a plot)."""
 PROVENANCE = "eagle3kit-export.json"
 """What `eagle3kit export` writes beside an export's config: source run, target, coverage."""
 LOCK_FILES = (".run.lock", ".gate.lock", ".owner.json")
@@ -328,24 +338,88 @@ class RunDir:
         with os.fdopen(fd, "a") as f:
             f.write(json.dumps(record, default=float) + "\n")
 
-    def cut_metrics(self, step: int) -> None:
-        """Drop the lines of steps after `step` (all of them for 0): a resumed run writes
-        them again."""
+    def ttt_steps(self) -> int:
+        """The most TTT steps run.json records (a step's `acc_k` has one accuracy each),
+        counting settings a forced resume changed; MAX_TTT_STEPS where it records none."""
+        record = self.record() or {}
+        history = record.get("settings_history")
+        settings = [record.get("config"), record.get("settings"),
+                    *(entry.get("settings") for entry in
+                      (history if isinstance(history, list) else []) if isinstance(entry, dict))]
+        counts = [s.get("ttt_steps") for s in settings if isinstance(s, dict)]
+        counts = [n for n in counts if type(n) is int and 0 < n <= MAX_RECORDED_TTT_STEPS]
+        return max(counts, default=MAX_TTT_STEPS)
+
+    def metric_records(self) -> Iterator[tuple[str, dict]]:
+        """(line, record) for each line of metrics.jsonl in the form train writes it; the
+        rest is passed over: a line cut short by a kill, and whatever eagle3kit did not
+        write (text where a number goes, a bare list, a step that is no count, more TTT
+        accuracies than the run has steps, a line past METRICS_LINE_BYTES, bytes that are
+        not UTF-8)."""
         if not self.metrics.is_file():
             return
-        kept = []
-        for line in self.metrics.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a kill
-            if 0 < record.get("step", 0) <= step or (step and record.get("step") == 0):
-                kept.append(line)
+        ttt_steps = self.ttt_steps()
+        with open(self.metrics, "rb") as f:
+            for raw in _bounded_lines(f, METRICS_LINE_BYTES):
+                try:
+                    line = raw.decode().rstrip("\n")
+                    record = json.loads(line)
+                except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deep
+                    continue
+                if _is_metrics_record(record, ttt_steps):
+                    yield line, record
+
+    def cut_metrics(self, step: int) -> None:
+        """Drop the lines of steps after `step` (all of them for 0): a resumed run writes
+        them again. Lines train did not write go too."""
+        if not self.metrics.is_file():
+            return
+        kept = [line for line, record in self.metric_records()
+                if 0 < record["step"] <= step or (step and record["step"] == 0)]
         write_text_atomic(self.metrics, "".join(line + "\n" for line in kept))
 
     def sync_metrics(self) -> None:
         if self.metrics.is_file():
             fsync_file(self.metrics)
+
+
+def _bounded_lines(f: BinaryIO, limit: int) -> Iterator[bytes]:
+    """The lines of `f`, each read whole only up to `limit` bytes: a longer one is skipped
+    without being held."""
+    while line := f.readline(limit + 1):
+        if len(line) <= limit:
+            yield line
+            continue
+        while line and not line.endswith(b"\n"):
+            line = f.readline(limit)
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and 0 <= value < 2**63
+
+
+def _is_figure(value: object) -> bool:
+    """A number as train logs one: a float (NaN and infinity included: a diverged loss), or
+    an int within 64 bits (a 400-digit one does not even convert to a float)."""
+    return type(value) is float or (type(value) is int and abs(value) < 2**63)
+
+
+def _is_metrics_record(record: object, ttt_steps: int) -> bool:
+    """Whether a metrics.jsonl record has the form train writes, in the fields read back."""
+    if not isinstance(record, dict) or not _is_count(record.get("step")):
+        return False
+    if any(key in record and not _is_figure(record[key]) for key in METRIC_FIGURES):
+        return False
+    accuracies = record.get("acc_k", [])
+    if not (isinstance(accuracies, list) and len(accuracies) <= ttt_steps
+            and all(_is_figure(a) for a in accuracies)):
+        return False
+    evaluation = record.get("eval")
+    if evaluation is None:
+        return True
+    return isinstance(evaluation, dict) and (
+        evaluation.get("predicted_acceptance_length") is None
+        or _is_figure(evaluation["predicted_acceptance_length"]))
 
 
 def save_rng_state(path: Path) -> None:

@@ -30,7 +30,6 @@ from eagle3kit._lock import Owned, RunLock, acquire
 from eagle3kit.checkpoints.card import (
     CardFacts,
     DataSource,
-    bench_reports,
     training_data,
     write_card,
 )
@@ -328,7 +327,6 @@ def run(cfg: ExportConfig) -> ExportResult:
     warnings = list(dict.fromkeys(warnings))  # the rope warning comes once per layout
     exports: list[Exported] = []
     data = None if src.run is None else training_data(src.run)
-    bench = [] if src.run_dir is None else bench_reports(src.run_dir)
 
     def fill(tmp: Path) -> None:
         for fmt, config, tensors in plans:
@@ -338,8 +336,7 @@ def run(cfg: ExportConfig) -> ExportResult:
             checks = verify_export(where, fmt, tensors, src.target_dir)
             final = cfg.out / fmt if len(plans) > 1 else cfg.out
             sglang = cfg.out / "sglang" if fmt == "vllm" and len(plans) > 1 else None
-            write_card(where, _card_facts(cfg, src, fmt, str(final), verifier, data, bench,
-                                          sglang))
+            write_card(where, _card_facts(cfg, src, fmt, str(final), verifier, data, sglang))
             exports.append(Exported(
                 format=fmt, path=str(final), layout=LAYOUT_NAMES[fmt], tensors=len(tensors),
                 bytes=(where / WEIGHTS).stat().st_size, dtype=dtype,
@@ -362,8 +359,7 @@ LAYOUT_NAMES = {"vllm": "speculators / vLLM", "sglang": "SGLang / SpecForge"}
 
 
 def _card_facts(cfg: ExportConfig, src: ExportSource, fmt: str, where: str, verifier: str,
-                data: list[DataSource] | None, bench: list[tuple[str, dict]],
-                sglang: Path | None) -> CardFacts:
+                data: list[DataSource] | None, sglang: Path | None) -> CardFacts:
     """The model card's content (`checkpoints/card.py`): `base_model` is the verifier the
     export names, the target the run recorded unless --verifier gave another name."""
     from eagle3kit.checkpoints.rundir import training_prediction
@@ -371,8 +367,7 @@ def _card_facts(cfg: ExportConfig, src: ExportSource, fmt: str, where: str, veri
     return CardFacts(fmt=fmt, where=where, base_model=verifier, drafter=src.model.config,
                      dtype=cfg.dtype, speculative_tokens=cfg.num_speculative_tokens,
                      coverage=src.coverage, prediction=training_prediction(src.checkpoint),
-                     data=data, bench=bench,
-                     sibling=None if sglang is None else str(sglang))
+                     data=data, sibling=None if sglang is None else str(sglang))
 
 
 def _provenance(cfg: ExportConfig, src: ExportSource, fmt: str, dtype: str, verifier: str) -> dict:

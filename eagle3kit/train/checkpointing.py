@@ -346,7 +346,8 @@ def write_run_json(s: Setup) -> dict:
             "too_short": s.pool.too_short,
         },
         # --report-to's tracker runs (name: run id), which a resumed run continues.
-        "trackers": dict(before.get("trackers") or {}),
+        "trackers": (dict(before["trackers"]) if isinstance(before.get("trackers"), dict)
+                     else {}),
     }
     if before.get("selection"):  # which step drafter/ holds, until the next checkpoint
         record["selection"] = before["selection"]
@@ -360,7 +361,8 @@ def record_tracker_ids(run_dir: RunDir, trackers: Trackers | None) -> None:
     if trackers is None or not trackers.ids:
         return
     record = json.loads(run_dir.run_json.read_text())
-    ids = {**record.get("trackers", {}), **trackers.ids.copy()}  # copy: C-level, atomic
+    known = record.get("trackers")
+    ids = {**(known if isinstance(known, dict) else {}), **trackers.ids.copy()}  # copy: atomic
     if ids != record.get("trackers"):
         record["trackers"] = ids
         write_json_atomic(run_dir.run_json, record)

@@ -2,19 +2,31 @@
 Trackio (`--report-to`, the names and comma list of transformers' `report_to`).
 
 Each tracker is an optional extra (`pip install 'eagle3kit[wandb]'`) read through one small
-adapter: `start(config, resume_id)` (the run's resolved config, logged once; the id run.json
-recorded, to continue that tracker run), `log(step, metrics)`, `finish()`. A tracker is
-never allowed to change or stop training: every call runs on one background thread, and an
+adapter: `start(config, recorded)` (the run's resolved config, logged once; what run.json
+recorded of the tracker's run, to continue it), `log(step, metrics)`, `finish()`. A tracker
+is never allowed to change or stop training: every call runs on one background thread, and an
 adapter that raises is warned about once and dropped. Only rank 0 reports.
+
+run.json may have been copied or edited, so the tracker run it names is continued only when
+it is this run's own: eagle3kit keeps a random token in the run directory (TOKEN_FILE, never
+in run.json) and marks each tracker run it opens with a hash of it and the directory
+(`run_identity`). MLflow continues a run only under the tracking URI it was recorded with
+and only when the run's tag is that hash; a W&B run's id is derived from the hash, so no
+other id is ever resumed; Trackio continues only the run named as this one is. Otherwise a
+new tracker run starts, with a note. MLflow without MLFLOW_TRACKING_URI and W&B without
+WANDB_DIR write into the run directory, not the working directory.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import os
 import queue
 import re
+import secrets
+import stat
 import sys
 import threading
 from collections.abc import Callable
@@ -32,6 +44,10 @@ FINISH_WAIT_S = 120.0
 """How long the end of a run waits for the trackers to take their last metrics."""
 QUEUE_DEPTH = 10_000
 """Calls held for a slow tracker before newer metrics are dropped (training never waits)."""
+TOKEN_FILE = ".trackers-token"
+"""The run directory's secret: 64 hex digits eagle3kit writes once (owner-only)."""
+IDENTITY_TAG = "eagle3kit.run_identity"
+"""The MLflow tag holding a run's identity (the hash, never the token)."""
 
 
 def parse_report_to(value: str) -> tuple[list[str], list[str]]:
@@ -53,8 +69,9 @@ def parse_report_to(value: str) -> tuple[list[str], list[str]]:
 class Tracker(Protocol):
     """One tracker's adapter; each call may raise (it is then dropped, with one warning)."""
 
-    def start(self, config: dict, resume_id: str | None) -> str | None:
-        """Open (or continue, by `resume_id`) the tracker's run; its id to record."""
+    def start(self, config: dict, recorded: Any) -> Any:
+        """Open the tracker's run, continuing the one run.json recorded (`recorded`, as this
+        method returned it) only when it is this run's own; what run.json is to record."""
 
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
 
@@ -104,6 +121,54 @@ def flat_config(config: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
+# Whose tracker run it is ---------------------------------------------------------------------
+def _read_token(path: Path) -> str | None:
+    """The token in `path`: a regular file (never through a link), 64 hex digits."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = f.read(65).decode(errors="replace").strip()
+    return text if re.fullmatch("[0-9a-f]{64}", text) else None
+
+
+def run_identity(run_dir: Path) -> str | None:
+    """This run directory's identity: a hash of its token (written here, owner-only, the
+    first time) and its absolute path, so a copy elsewhere is another run; None, with a
+    note, when TOKEN_FILE is there but is not a token eagle3kit wrote."""
+    path = run_dir / TOKEN_FILE
+    try:
+        token = _read_token(path)
+    except FileNotFoundError:
+        token = secrets.token_hex(32)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600)
+        except FileExistsError:  # a link left dangling there
+            token = None
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(token + "\n")
+    except OSError:  # a link (ELOOP), a FIFO's open, no permission
+        token = None
+    if token is None:
+        _ui.warn(f"--report-to: {path} is not the token eagle3kit writes (a link, not a file, "
+                 "or other content): this run's tracker runs cannot be told from others', so "
+                 "none is continued; remove it to have a new one written")
+        return None
+    digest = hashlib.sha256(f"{token}\0{run_dir.resolve()}".encode())
+    return digest.hexdigest()
+
+
+LABELS = {"wandb": "W&B", "mlflow": "MLflow", "trackio": "Trackio"}
+
+
+def _note_new(name: str, recorded: Any, why: str) -> None:
+    label = LABELS[name]
+    _ui.warn(f"--report-to {name}: run.json names {label} run "
+             f"{_ui.printable(str(recorded)[:200])}, which {why}; starting a new {label} run")
+
+
 # The adapters ----------------------------------------------------------------------------------
 class TensorBoard:
     """Event files under RUN/tensorboard (or $TENSORBOARD_LOGGING_DIR); a resumed run drops
@@ -114,7 +179,7 @@ class TensorBoard:
         self.start_step = start_step
         self.writer: Any = None
 
-    def start(self, config: dict, resume_id: str | None) -> str | None:
+    def start(self, config: dict, recorded: Any) -> Any:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(self.dir), purge_step=self.start_step)
@@ -135,19 +200,27 @@ class TensorBoard:
 
 class Wandb:
     """WANDB_PROJECT (default eagle3kit), WANDB_NAME (default the run directory's name),
-    WANDB_MODE=offline, WANDB_DIR and the rest as wandb reads them; resume by run id."""
+    WANDB_MODE=offline, WANDB_DIR (default the run directory) and the rest as wandb reads
+    them. The run's id is derived from the run directory's identity: a resumed run goes on
+    in its own W&B run, and no id run.json names is ever resumed."""
 
     def __init__(self, run_dir: Path, name: str, start_step: int) -> None:
-        self.name = name
+        self.run_dir, self.name = run_dir, name
         self.run: Any = None
 
-    def start(self, config: dict, resume_id: str | None) -> str | None:
+    def start(self, config: dict, recorded: Any) -> Any:
         import wandb
 
+        identity = run_identity(self.run_dir)
+        own = None if identity is None else identity[:32]
+        if recorded and recorded != own:
+            _note_new("wandb", recorded, "is not this run's own (its id is not the one this run "
+                                      "directory's token gives)")
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "eagle3kit",
                               name=os.environ.get("WANDB_NAME") or self.name,
-                              config=None if resume_id else config, id=resume_id,
-                              resume="allow" if resume_id else None)
+                              dir=os.environ.get("WANDB_DIR") or str(self.run_dir),
+                              config=None if own and recorded == own else config, id=own,
+                              resume="allow" if own else None)
         return str(self.run.id)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -158,36 +231,69 @@ class Wandb:
 
 
 class Mlflow:
-    """MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME (default eagle3kit), MLFLOW_RUN_NAME
-    (default the run directory's name) and MLFLOW_RUN_ID as MLflow reads them; resume by
-    run id."""
+    """MLFLOW_TRACKING_URI (default an SQLite store in the run directory, RUN/mlflow.db),
+    MLFLOW_EXPERIMENT_NAME (default eagle3kit) and MLFLOW_RUN_NAME (default the run
+    directory's name) as MLflow reads them. run.json records the run's id and tracking URI;
+    the run is continued only under that URI and only when its IDENTITY_TAG is this run
+    directory's identity (a copied or edited run.json names someone else's run)."""
 
     def __init__(self, run_dir: Path, name: str, start_step: int) -> None:
-        self.name = name
+        self.run_dir, self.name = run_dir, name
         self.client: Any = None
         self.run_id = ""
 
-    def start(self, config: dict, resume_id: str | None) -> str | None:
+    def start(self, config: dict, recorded: Any) -> Any:
         from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient()
-        if resume_id:
-            self.run_id = resume_id
-            self.client.update_run(resume_id, status="RUNNING")
-            return resume_id
+        uri = (os.environ.get("MLFLOW_TRACKING_URI")
+               or f"sqlite:///{(self.run_dir / 'mlflow.db').resolve()}")
+        self.client = MlflowClient(tracking_uri=uri)
+        identity = run_identity(self.run_dir)
+        resumed = self._own(recorded, uri, identity)
+        if resumed is not None:
+            self.run_id = resumed
+            self.client.update_run(resumed, status="RUNNING")
+            return {"id": resumed, "uri": uri}
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "eagle3kit"
         experiment = self.client.get_experiment_by_name(name)
         experiment_id = (experiment.experiment_id if experiment is not None
                          else self.client.create_experiment(name))
         run = self.client.create_run(experiment_id,
-                                     run_name=os.environ.get("MLFLOW_RUN_NAME") or self.name)
+                                     run_name=os.environ.get("MLFLOW_RUN_NAME") or self.name,
+                                     tags={IDENTITY_TAG: identity} if identity else None)
         self.run_id = run.info.run_id
         from mlflow.entities import Param
 
         params = [Param(k, v) for k, v in flat_config(config).items()]
         for i in range(0, len(params), 100):  # MLflow's batch limit
             self.client.log_batch(self.run_id, params=params[i:i + 100])
-        return self.run_id
+        return {"id": self.run_id, "uri": uri}
+
+    def _own(self, recorded: Any, uri: str, identity: str | None) -> str | None:
+        """The recorded run's id when it is this run's own; else None, with a note."""
+        if not recorded:
+            return None
+        run_id = recorded.get("id") if isinstance(recorded, dict) else None
+        if not isinstance(run_id, str) or not re.fullmatch("[0-9a-f]{1,64}", run_id):
+            _note_new("mlflow", recorded, "is not recorded as eagle3kit records its own (an id "
+                                         "and its tracking URI)")
+            return None
+        if recorded.get("uri") != uri:
+            _note_new("mlflow", run_id, f"was recorded under another tracking URI "
+                                        f"({_ui.printable(str(recorded.get('uri'))[:200])})")
+            return None
+        from mlflow.exceptions import MlflowException
+
+        try:
+            tags = self.client.get_run(run_id).data.tags
+        except MlflowException:
+            _note_new("mlflow", run_id, f"is not in {uri}")
+            return None
+        if identity is None or tags.get(IDENTITY_TAG) != identity:
+            _note_new("mlflow", run_id, "is not this run's own (its tag is not this run "
+                                        "directory's identity)")
+            return None
+        return run_id
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         import time
@@ -204,18 +310,22 @@ class Mlflow:
 
 class Trackio:
     """TRACKIO_PROJECT (default eagle3kit), TRACKIO_DIR as trackio reads it, the run named
-    after the run directory (or TRACKIO_RUN_NAME); resume by that name."""
+    after the run directory (or TRACKIO_RUN_NAME); resumed only by that name, whatever other
+    name run.json records."""
 
     def __init__(self, run_dir: Path, name: str, start_step: int) -> None:
         self.name = os.environ.get("TRACKIO_RUN_NAME") or name
 
-    def start(self, config: dict, resume_id: str | None) -> str | None:
+    def start(self, config: dict, recorded: Any) -> Any:
         import trackio
 
+        resume = recorded == self.name
+        if recorded and not resume:
+            _note_new("trackio", recorded, f"is not the name this run reports as ({self.name})")
         trackio.init(project=os.environ.get("TRACKIO_PROJECT") or "eagle3kit",
-                     name=resume_id or self.name, config=None if resume_id else config,
-                     resume="allow" if resume_id else "never")
-        return resume_id or self.name
+                     name=self.name, config=None if resume else config,
+                     resume="allow" if resume else "never")
+        return self.name
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         import trackio
@@ -241,23 +351,24 @@ class Trackers:
     def __init__(self, names: list[str], run_dir: Path, start_step: int) -> None:
         self.names, self.run_dir, self.start_step = names, run_dir, start_step
         self.adapters: dict[str, Tracker] = {}
-        self.ids: dict[str, str] = {}
+        self.ids: dict[str, Any] = {}
         self._calls: queue.Queue = queue.Queue(QUEUE_DEPTH)
         self._dropped = False
         self._thread: threading.Thread | None = None
 
-    def start(self, config: dict, resume_ids: dict[str, str]) -> None:
-        """Open every tracker, continuing the runs whose ids run.json recorded."""
+    def start(self, config: dict, recorded: dict[str, Any]) -> None:
+        """Open every tracker, continuing the runs run.json recorded that are this run's."""
         if not self.names:
             return
         self._thread = threading.Thread(target=self._work, name="trackers", daemon=True)
         self._thread.start()
+        recorded = recorded if isinstance(recorded, dict) else {}  # run.json may be edited
         for name in self.names:
-            self._put(name, partial(self._open, name, config, resume_ids.get(name)))
+            self._put(name, partial(self._open, name, config, recorded.get(name)))
 
-    def _open(self, name: str, config: dict, resume_id: str | None) -> None:
+    def _open(self, name: str, config: dict, recorded: Any) -> None:
         adapter = ADAPTERS[name](self.run_dir, self.run_dir.resolve().name, self.start_step)
-        run_id = adapter.start(config, resume_id)
+        run_id = adapter.start(config, recorded)
         self.adapters[name] = adapter
         if run_id is not None:
             self.ids[name] = run_id
