@@ -241,3 +241,32 @@ def test_a_drafter_killed_mid_write_is_never_half_of_two_steps(train_world, tmp_
     finished(cmd)
     assert same_tensors(tensors(out / "drafter"), before)
     assert not aside.exists()
+
+
+# --patience: stop once the held-out chain figure stops rising -----------------------------------
+def test_patience_is_counted_in_evaluation_periods_since_the_best() -> None:
+    assert not selection.patience_spent(0, 2, ev(2, 1.5), ev(20, 1.1))  # off
+    assert not selection.patience_spent(2, 2, ev(4, 1.5), ev(6, 1.4))  # one evaluation since
+    assert selection.patience_spent(2, 2, ev(4, 1.5), ev(8, 1.4))
+    assert not selection.patience_spent(2, 2, None, ev(8, 1.4))  # no trained evaluation yet
+
+
+def test_patience_ends_training_after_evaluations_without_a_better_step(train_world, reference,
+                                                                        tmp_path):
+    """With the growing learning rate the held-out figure peaks at the reference's best step:
+    --patience 2 stops two evaluations later, keeps that best step in drafter/, and the same
+    command run again trains no further."""
+    best, evals = reference["best"], reference["evals"]
+    stop = best + 2 * 2
+    assert stop < STEPS  # the reference run peaks early enough for patience to show
+    out = tmp_path / "run"
+    cmd = train(train_world, out, "--max-steps", str(STEPS), "--patience", "2", "--json")
+    proc = finished(cmd)
+    result = json.loads(proc.stdout)
+    assert result["steps"] == stop and result["patience_spent"] and result["exit_code"] == 0
+    assert "--patience 2: no better held-out acceptance since step" in proc.stderr
+    assert evaluations(out) == {s: a for s, a in evals.items() if s <= stop}
+    assert drafter_block(out / "drafter")["training"]["step"] == best
+    lines = len(metrics(out))
+    again = json.loads(finished(cmd).stdout)
+    assert again["steps"] == stop and again["patience_spent"] and len(metrics(out)) == lines

@@ -204,6 +204,9 @@ class TrainConfig:
     """Which step RUN/drafter/ (what export and bench read) holds: best (the evaluated step
     with the highest held-out predicted acceptance length; the last step without a held-out
     split) or last."""
+    patience: int = field(default=0, metadata=opt(metavar="EVALS"))
+    """Stop training once N evaluations in a row have not raised the best held-out predicted
+    acceptance length (the chain figure at --eval-temperature and --eval-verify); 0: never."""
     fsdp: bool = False
     """Shard the drafter, its gradients and optimizer state over the ranks (FSDP2) instead
     of a whole copy per rank (DDP)."""
@@ -367,7 +370,7 @@ def _check_ranges(cfg: TrainConfig, found: list[str]) -> None:
                         ("--weight-decay", cfg.weight_decay),
                         ("--grad-clip", cfg.grad_clip), ("--eval-split", cfg.eval_split),
                         ("--checkpoint-interval", cfg.checkpoint_interval),
-                        ("--eval-every", cfg.eval_every)):
+                        ("--eval-every", cfg.eval_every), ("--patience", cfg.patience)):
         if not (value >= 0 and math.isfinite(value)):
             found.append(f"{flag} must be >= 0 (got {value})")
     if not (cfg.eval_temperature >= 0 and math.isfinite(cfg.eval_temperature)):
@@ -505,6 +508,8 @@ class TrainResult:
     """0, or 143 / 130 when a signal stopped the run."""
     resume_command: str | None = None
     """The command that continues a stopped run."""
+    patience_spent: bool = False
+    """--patience ended training before its last step (a finished run, not a stopped one)."""
 
     def to_dict(self) -> dict:
         d = asdict(self)

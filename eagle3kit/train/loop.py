@@ -28,6 +28,7 @@ from eagle3kit.model import attention
 from eagle3kit.train.checkpointing import Evaluations, timestamp
 from eagle3kit.train.config import TrainResult
 from eagle3kit.train.online_server import Interrupted
+from eagle3kit.train.selection import AL, patience_spent
 from eagle3kit.train.setup import Setup, announce
 from eagle3kit.train.stopping import CheckpointClock, StopRequests
 from eagle3kit.train.trackers import Trackers, step_metrics
@@ -69,7 +70,7 @@ class TrainLoop:
                     self.log({"step": 0, "eval": self.initial_eval, "time": timestamp()})
             announce(s)
             stopped = start < total and self.control()[0]
-            if not stopped:
+            if not stopped and not self.patience_spent():
                 done, stopped = self.steps(start, total)
         if start >= total and not s.run_dir.drafter.is_dir():
             state = sharding.full_weights(s.model, s.drafter)
@@ -98,6 +99,7 @@ class TrainLoop:
                 },
             },
         )
+        result.patience_spent = not stopped and done < total and self.patience_spent()
         if stopped:
             assert self.stop_signal is not None  # set with every early stop
             result.stopped = self.stop_signal.name
@@ -160,11 +162,24 @@ class TrainLoop:
                     if s.ranks.rank == 0:
                         self.log({"step": done, "eval": ev, "time": timestamp()})
                     checkpointing.consider(s, self.evals, ev, self.tokens)
-                if last or stop or due or done % cfg.checkpoint_every == 0:
-                    self.checkpoint(done, epoch, last)
+                patient = not last and not stop and self.patience_spent()
+                if last or stop or due or patient or done % cfg.checkpoint_every == 0:
+                    self.checkpoint(done, epoch, last or patient)
                 if stop and not last:
                     return done, True
+                if patient:
+                    best = self.evals.best or {}
+                    _ui.info(f"train: --patience {cfg.patience}: no better held-out "
+                             f"acceptance since step {best.get('step')} "
+                             f"({best.get(AL, 0):.3f}); training ends at step {done}",
+                             cfg.output)
+                    return done, False
         return done, False
+
+    def patience_spent(self) -> bool:
+        """--patience: the held-out chain figure has not risen for that many evaluations."""
+        cfg = self.setup.cfg
+        return patience_spent(cfg.patience, cfg.eval_every, self.evals.best, self.evals.last)
 
     # A step ------------------------------------------------------------------------------
     def step(self, items: list[tdata.Item]) -> dict:

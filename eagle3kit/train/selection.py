@@ -25,6 +25,16 @@ def improves(evaluation: dict | None, best: dict | None) -> bool:
     return best is None or float(evaluation[AL]) > float(best[AL])
 
 
+def patience_spent(patience: int, eval_every: int, best: dict | None,
+                   last: dict | None) -> bool:
+    """Whether --patience evaluations in a row have passed since the best one: the last
+    evaluation is at least `patience` evaluation periods after the best step. Read from the
+    two records alone, so a resumed run decides as the whole run would have."""
+    if patience < 1 or eval_every < 1 or best is None or last is None:
+        return False
+    return (int(last["step"]) - int(best["step"])) // eval_every >= patience
+
+
 def better_of(first: dict | None, second: dict | None) -> dict | None:
     """The better of two best records (either may be None); on a tie the earlier step."""
     if first is None or second is None:
