@@ -53,7 +53,7 @@ def open_lock_file(path: Path, error: type[UserError] = UserError) -> int:
             fd = os.open(path, _LOCK_FLAGS, 0o644)
         except OSError as exc:
             if exc.errno != errno.ELOOP:
-                raise error(f"{path}: cannot open the lock file ({exc.strerror})") from None
+                raise  # a read-only disk, no permission: the caller says what it means
             odd = "a symbolic link"  # planted between the look and the open
         else:
             mode = os.fstat(fd).st_mode
