@@ -26,7 +26,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from eagle3kit.model.acceptance import predicted_acceptance_length
 from eagle3kit.target import to_layer_output
@@ -126,7 +126,7 @@ def _count_or_none(value: object) -> int | None:
     return value if type(value) is int and 0 <= value < 2**63 else None
 
 
-def _is_finite(value: object) -> bool:
+def _is_finite(value: object) -> TypeGuard[int | float]:
     return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
 
 

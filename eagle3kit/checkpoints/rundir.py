@@ -346,8 +346,9 @@ class RunDir:
         settings = [record.get("config"), record.get("settings"),
                     *(entry.get("settings") for entry in
                       (history if isinstance(history, list) else []) if isinstance(entry, dict))]
-        counts = [s.get("ttt_steps") for s in settings if isinstance(s, dict)]
-        counts = [n for n in counts if type(n) is int and 0 < n <= MAX_RECORDED_TTT_STEPS]
+        found = [s.get("ttt_steps") for s in settings if isinstance(s, dict)]
+        counts = [n for n in found if isinstance(n, int) and not isinstance(n, bool)
+                  and 0 < n <= MAX_RECORDED_TTT_STEPS]
         return max(counts, default=MAX_TTT_STEPS)
 
     def metric_records(self) -> Iterator[tuple[str, dict]]:
