@@ -28,25 +28,11 @@ from eagle3kit.checkpoints.rundir import (
 )
 from eagle3kit.errors import UserError
 from eagle3kit.train.config import TrainConfig
+from eagle3kit.train.setup import Resumed
 
 if TYPE_CHECKING:
     from eagle3kit.train.setup import Setup
     from eagle3kit.train.trackers import Trackers
-
-
-@dataclass
-class Resumed:
-    """What a continued run takes from its last checkpoint, beyond the weights and the
-    optimizer's state (restored in place)."""
-
-    step: int
-    """The checkpoint's step: training continues after it."""
-    tokens: int
-    """Tokens trained on up to that step."""
-    last_eval: dict | None
-    """The last held-out evaluation before it."""
-    best: dict | None
-    """The best evaluation so far (train/selection.py); None when it is chosen afresh."""
 
 
 @dataclass

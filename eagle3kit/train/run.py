@@ -18,12 +18,15 @@ if TYPE_CHECKING:
 
 def run(cfg: TrainConfig) -> TrainResult:
     """Train (or continue) the run `cfg` describes, on every rank of a torchrun job."""
+    import eagle3kit.train.checkpointing as checkpointing
     from eagle3kit.train.setup import build
 
     with Ranks.joined(cfg.device) as ranks:
         cfg = ranks.voiced(cfg)
         setup = build(cfg, ranks)
         try:
+            if setup.continuing:  # resumed here: checkpointing reads the set-up, not back
+                setup.resumed = checkpointing.resume(setup)
             result = train(setup)
         finally:
             setup.release()

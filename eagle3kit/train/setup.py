@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from torch import nn
 
-import eagle3kit.train.checkpointing as checkpointing
 import eagle3kit.train.data as tdata
 import eagle3kit.train.sharding as sharding
 from eagle3kit import _ui
@@ -48,6 +47,22 @@ from eagle3kit.train.init_from import check_init, check_init_variant, load_init
 from eagle3kit.train.losses import step_loss
 from eagle3kit.train.target import OfflineTarget, OnlineTarget, TargetHead
 from eagle3kit.train.ttt import TTTLoss
+
+
+@dataclass
+class Resumed:
+    """What a continued run takes from its last checkpoint, beyond the weights and the
+    optimizer's state (restored in place)."""
+
+    step: int
+    """The checkpoint's step: training continues after it."""
+    tokens: int
+    """Tokens trained on up to that step."""
+    last_eval: dict | None
+    """The last held-out evaluation before it."""
+    best: dict | None
+    """The best evaluation so far (train/selection.py); None when it is chosen afresh."""
+
 
 
 @dataclass
@@ -90,7 +105,7 @@ class Setup:
     param_names: list[str]
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
-    resumed: checkpointing.Resumed | None = None
+    resumed: Resumed | None = None
     """What a continued run resumed from (None: it starts at step 0)."""
 
     @property
@@ -116,8 +131,6 @@ def build(cfg: TrainConfig, ranks: Ranks) -> Setup:
         setup = _build_held(
             cfg, ranks, device, autocast, run_dir, lock, previous, target.config, target_id, sources
         )
-        if setup.continuing:
-            setup.resumed = checkpointing.resume(setup)
     except BaseException:
         lock.release()
         raise
