@@ -34,14 +34,17 @@ from eagle3kit.checkpoints import save_drafter  # noqa: E402
 from eagle3kit.model import DrafterConfig, Eagle3Drafter  # noqa: E402
 from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings  # noqa: E402
 
-PROMPTS = [REPO / "tests/data/prompts/eagle/mt_bench/question.jsonl",
-           REPO / "tests/data/prompts/eagle/gsm8k/question.jsonl"]
+PROMPTS = [
+    REPO / "tests/data/prompts/eagle/mt_bench/question.jsonl",
+    REPO / "tests/data/prompts/eagle/gsm8k/question.jsonl",
+]
 
 
 def build_pair(work: Path, hidden: int, layers: int, fit_steps: int) -> tuple[Path, Path]:
     make_tokenizer(work / "tok", corpus=stdlib_docstrings(100_000))
-    target = make_target(work / "target", work / "tok", hidden_size=hidden,
-                         num_layers=layers, seed=3)
+    target = make_target(
+        work / "target", work / "tok", hidden_size=hidden, num_layers=layers, seed=3
+    )
     model = AutoModelForCausalLM.from_pretrained(target).eval()
     sequences = greedy_sequences(model, target, 6, 48)
     torch.manual_seed(2)
@@ -71,31 +74,50 @@ def main() -> None:
         t0 = time.perf_counter()
         target, drafter = build_pair(Path(tmp), args.hidden, args.layers, args.fit_steps)
         built = time.perf_counter() - t0
-        report = run_accept(AcceptConfig(
-            target, drafter, PROMPTS, k=args.k, tree=parse_tree(args.tree),
-            max_new_tokens=args.max_new_tokens,
-            max_samples=args.prompts, device=args.device, dtype=args.dtype,
-            output=OutputOptions(quiet=True)))
+        report = run_accept(
+            AcceptConfig(
+                target,
+                drafter,
+                PROMPTS,
+                k=args.k,
+                tree=parse_tree(args.tree),
+                max_new_tokens=args.max_new_tokens,
+                max_samples=args.prompts,
+                device=args.device,
+                dtype=args.dtype,
+                output=OutputOptions(quiet=True),
+            )
+        )
     figures = {
-        "shape": report.shape, "temperature": report.temperature,
-        "device": f"{report.device} {report.dtype}", "threads": args.threads,
+        "shape": report.shape,
+        "temperature": report.temperature,
+        "device": f"{report.device} {report.dtype}",
+        "threads": args.threads,
         "target": f"llama {args.layers} layers, hidden {args.hidden}",
-        "generations": len(report.prompts), "tokens": report.tokens,
-        "acceptance_length": report.acceptance_length, "per_position": report.per_position,
+        "generations": len(report.prompts),
+        "tokens": report.tokens,
+        "acceptance_length": report.acceptance_length,
+        "per_position": report.per_position,
         "spec_tokens_per_s": report.spec_tokens_per_s,
-        "plain_tokens_per_s": report.plain_tokens_per_s, "speedup": report.speedup,
-        "lossless": report.lossless, "near_ties": report.near_ties,
-        "pair_build_s": round(built, 1)}
+        "plain_tokens_per_s": report.plain_tokens_per_s,
+        "speedup": report.speedup,
+        "lossless": report.lossless,
+        "near_ties": report.near_ties,
+        "pair_build_s": round(built, 1),
+    }
     if args.json:
         print(json.dumps(figures, indent=2))
     rates = " ".join(f"{p:.2f}" for p in report.per_position if p is not None)
-    print(f"bench accept ({report.shape}, temperature {report.temperature:g}, "
-          f"{figures['device']}, {figures['target']}): {report.tokens} tokens over "
-          f"{len(report.prompts)} generations\n"
-          f"  acceptance length {report.acceptance_length:.2f} (per position {rates})\n"
-          f"  speculative {report.spec_tokens_per_s:.1f} tok/s vs plain greedy "
-          f"{report.plain_tokens_per_s:.1f} tok/s: {report.speedup:.2f}x\n"
-          f"  lossless {report.lossless} ({report.near_ties} near-ties)", file=sys.stderr)
+    print(
+        f"bench accept ({report.shape}, temperature {report.temperature:g}, "
+        f"{figures['device']}, {figures['target']}): {report.tokens} tokens over "
+        f"{len(report.prompts)} generations\n"
+        f"  acceptance length {report.acceptance_length:.2f} (per position {rates})\n"
+        f"  speculative {report.spec_tokens_per_s:.1f} tok/s vs plain greedy "
+        f"{report.plain_tokens_per_s:.1f} tok/s: {report.speedup:.2f}x\n"
+        f"  lossless {report.lossless} ({report.near_ties} near-ties)",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

@@ -42,8 +42,9 @@ from eagle3kit.format import Dataset  # noqa: E402
 
 def timed(*args: str | Path) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "eagle3kit", "convert", *map(str, args), "-q"],
-                   check=True, cwd=REPO)
+    subprocess.run(
+        [sys.executable, "-m", "eagle3kit", "convert", *map(str, args), "-q"], check=True, cwd=REPO
+    )
     return time.perf_counter() - start
 
 
@@ -74,19 +75,24 @@ def main() -> None:
             assert len(ids) == len(set(ids)) and set(ids) == {*expected, *appended}
             shutil.rmtree(ds)
         figures = {
-            "samples": args.samples, "appended": len(appended),
-            "first_import_s": round(min(first), 3), "noop_rerun_s": round(min(noop), 3),
+            "samples": args.samples,
+            "appended": len(appended),
+            "first_import_s": round(min(first), 3),
+            "noop_rerun_s": round(min(noop), 3),
             "append_rerun_s": round(min(grown), 3),
             "noop_ratio": round(min(noop) / min(first), 4),
             "append_ratio": round(min(grown) / min(first), 4),
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"first import of {args.samples:,} lines   {figures['first_import_s']:.2f} s\n"
-          f"no-op rerun                     {figures['noop_rerun_s']:.2f} s  "
-          f"= {figures['noop_ratio']:.3f} x the import (target <= 0.2)\n"
-          f"rerun after {len(appended):,} appended lines  {figures['append_rerun_s']:.2f} s  "
-          f"= {figures['append_ratio']:.3f} x the import", file=sys.stderr)
+    print(
+        f"first import of {args.samples:,} lines   {figures['first_import_s']:.2f} s\n"
+        f"no-op rerun                     {figures['noop_rerun_s']:.2f} s  "
+        f"= {figures['noop_ratio']:.3f} x the import (target <= 0.2)\n"
+        f"rerun after {len(appended):,} appended lines  {figures['append_rerun_s']:.2f} s  "
+        f"= {figures['append_ratio']:.3f} x the import",
+        file=sys.stderr,
+    )
     if args.json:
         print(json.dumps(figures))
 

@@ -82,12 +82,11 @@ def bare_loop(target: Path, tokens: Path, batch_tokens: int) -> tuple[float, flo
     ds = Dataset(tokens)
     items, _ = scan(ds)
     todo = workload(items, set(), 0, 1, None).todo
-    rows = [[ds.token_view(it.index).input_ids for it in b]
-            for b in batches(todo, batch_tokens)]
+    rows = [[ds.token_view(it.index).input_ids for it in b] for b in batches(todo, batch_tokens)]
     captured: dict = {}
     model.model.layers[-1].register_forward_hook(
-        lambda _m, _i, out: captured.__setitem__("last", out[0] if isinstance(out, tuple)
-                                                 else out))
+        lambda _m, _i, out: captured.__setitem__("last", out[0] if isinstance(out, tuple) else out)
+    )
     start, cpu = time.perf_counter(), time.process_time()
     done = 0
     with torch.inference_mode():
@@ -98,20 +97,34 @@ def bare_loop(target: Path, tokens: Path, batch_tokens: int) -> tuple[float, flo
             for row, x in enumerate(batch):
                 ids[row, : len(x)] = torch.from_numpy(x.astype(np.int64))
                 mask[row, : len(x)] = 1
-            out = model.model(input_ids=ids, attention_mask=mask if len(batch) > 1 else None,
-                              output_hidden_states=True, use_cache=False)
+            out = model.model(
+                input_ids=ids,
+                attention_mask=mask if len(batch) > 1 else None,
+                output_hidden_states=True,
+                use_cache=False,
+            )
             aux = torch.cat([out.hidden_states[k] for k in LAYERS], -1)
             del aux, out, captured["last"]
             done += sum(len(x) for x in batch)
     return done / (time.perf_counter() - start), done / (time.process_time() - cpu)
 
 
-def run_extract(target: Path, tokens: Path, out: Path, codec: str,
-                batch_tokens: int) -> ExtractResult:
+def run_extract(
+    target: Path, tokens: Path, out: Path, codec: str, batch_tokens: int
+) -> ExtractResult:
     shutil.rmtree(out, ignore_errors=True)
-    return run_stage(ExtractConfig(
-        tokens, out, target=target, codec=codec, batch_tokens=batch_tokens, dtype="float32",
-        device="cpu", output=OutputOptions(quiet=True)))
+    return run_stage(
+        ExtractConfig(
+            tokens,
+            out,
+            target=target,
+            codec=codec,
+            batch_tokens=batch_tokens,
+            dtype="float32",
+            device="cpu",
+            output=OutputOptions(quiet=True),
+        )
+    )
 
 
 def main() -> None:
@@ -156,12 +169,18 @@ def measure(root: Path, args: argparse.Namespace) -> dict:
         c["vs_raw"] = round(c["bytes_per_token"] / raw, 3)
     specforge = 8 * HIDDEN + 16
     return {
-        "hidden_size": HIDDEN, "samples": args.samples, "tokens": codecs["raw"]["tokens"],
-        "threads": args.threads, "bare_tokens_per_s": round(bare, 1),
-        "extract_tokens_per_s": round(ours, 1), "speed_ratio": round(ours / bare, 3),
-        "bare_tokens_per_cpu_s": round(bare_cpu, 1), "extract_tokens_per_cpu_s": round(
-            ours_cpu, 1), "cpu_speed_ratio": round(ours_cpu / bare_cpu, 3),
-        "specforge_bytes_per_token": specforge, "raw_vs_specforge": round(raw / specforge, 3),
+        "hidden_size": HIDDEN,
+        "samples": args.samples,
+        "tokens": codecs["raw"]["tokens"],
+        "threads": args.threads,
+        "bare_tokens_per_s": round(bare, 1),
+        "extract_tokens_per_s": round(ours, 1),
+        "speed_ratio": round(ours / bare, 3),
+        "bare_tokens_per_cpu_s": round(bare_cpu, 1),
+        "extract_tokens_per_cpu_s": round(ours_cpu, 1),
+        "cpu_speed_ratio": round(ours_cpu / bare_cpu, 3),
+        "specforge_bytes_per_token": specforge,
+        "raw_vs_specforge": round(raw / specforge, 3),
         "codecs": codecs,
     }
 
@@ -170,21 +189,31 @@ def report(f: dict) -> None:
     def line(text: str) -> None:
         print(text, file=sys.stderr)
 
-    line(f"extract_bench: 8 layers, hidden {f['hidden_size']}, {f['samples']} samples, "
-         f"{f['tokens']:,} tokens, CPU, {f['threads']} thread(s)")
-    line(f"  speed       extract {f['extract_tokens_per_s']:,.0f} tok/s vs bare forward loop "
-         f"{f['bare_tokens_per_s']:,.0f} tok/s: {f['speed_ratio']:.3f}x (target >= 0.9)")
-    line(f"  cpu time    extract {f['extract_tokens_per_cpu_s']:,.0f} tok per CPU-s vs "
-         f"{f['bare_tokens_per_cpu_s']:,.0f}: {f['cpu_speed_ratio']:.3f}x (steadier on a busy "
-         "host)")
+    line(
+        f"extract_bench: 8 layers, hidden {f['hidden_size']}, {f['samples']} samples, "
+        f"{f['tokens']:,} tokens, CPU, {f['threads']} thread(s)"
+    )
+    line(
+        f"  speed       extract {f['extract_tokens_per_s']:,.0f} tok/s vs bare forward loop "
+        f"{f['bare_tokens_per_s']:,.0f} tok/s: {f['speed_ratio']:.3f}x (target >= 0.9)"
+    )
+    line(
+        f"  cpu time    extract {f['extract_tokens_per_cpu_s']:,.0f} tok per CPU-s vs "
+        f"{f['bare_tokens_per_cpu_s']:,.0f}: {f['cpu_speed_ratio']:.3f}x (steadier on a busy "
+        "host)"
+    )
     raw = f["codecs"]["raw"]["bytes_per_token"]
-    line(f"  raw size    {raw:,.1f} bytes/token vs SpecForge 8H+16 = "
-         f"{f['specforge_bytes_per_token']:,}: {f['raw_vs_specforge']:.3f}x")
+    line(
+        f"  raw size    {raw:,.1f} bytes/token vs SpecForge 8H+16 = "
+        f"{f['specforge_bytes_per_token']:,}: {f['raw_vs_specforge']:.3f}x"
+    )
     for name, c in f["codecs"].items():
         goal = " (target <= 0.55x)" if name == "fp8" else ""
-        line(f"  {name:<5} {c['bytes_per_token']:>9,.1f} bytes/token ({c['vs_raw']:.3f}x raw"
-             f"{goal}; forecast {c['forecast']:,.0f})  max abs err {c['max_abs_error']:.3g}, "
-             f"max rel err {c['max_rel_error']:.3g}")
+        line(
+            f"  {name:<5} {c['bytes_per_token']:>9,.1f} bytes/token ({c['vs_raw']:.3f}x raw"
+            f"{goal}; forecast {c['forecast']:,.0f})  max abs err {c['max_abs_error']:.3g}, "
+            f"max rel err {c['max_rel_error']:.3g}"
+        )
 
 
 if __name__ == "__main__":

@@ -137,8 +137,9 @@ class Timing:
     result: object
 
 
-def best_of(repeat: int, fn: Callable[[], object],
-            before: Callable[[], None] | None = None) -> Timing:
+def best_of(
+    repeat: int, fn: Callable[[], object], before: Callable[[], None] | None = None
+) -> Timing:
     """Run `fn` `repeat` times (`before` untimed ahead of each) and keep the fastest."""
     best = Timing(float("inf"), float("inf"), None)
     for _ in range(repeat):
@@ -155,10 +156,15 @@ def best_of(repeat: int, fn: Callable[[], object],
 def compare(base: Timing, ours: Timing, tokens: int, target: float) -> dict:
     """Both sides' figures and the ratios; CPU time is the steadier one on a busy machine."""
     return {
-        "baseline_s": base.wall, "ours_s": ours.wall,
-        "baseline_cpu_s": base.cpu, "ours_cpu_s": ours.cpu,
-        "baseline_tokens_per_s": tokens / base.wall, "ours_tokens_per_s": tokens / ours.wall,
-        "ratio": base.wall / ours.wall, "cpu_ratio": base.cpu / ours.cpu, "target": target,
+        "baseline_s": base.wall,
+        "ours_s": ours.wall,
+        "baseline_cpu_s": base.cpu,
+        "ours_cpu_s": ours.cpu,
+        "baseline_tokens_per_s": tokens / base.wall,
+        "ours_tokens_per_s": tokens / ours.wall,
+        "ratio": base.wall / ours.wall,
+        "cpu_ratio": base.cpu / ours.cpu,
+        "target": target,
     }
 
 
@@ -180,9 +186,14 @@ def dir_bytes(path: Path) -> int:
 def jsonl_write(path: Path, records: list[Raw]) -> None:
     with open(path, "w") as f:
         for r in records:
-            record = {"sample_id": r.sample_id, "prompt_ids": r.prompt_ids,
-                      "completion_ids": r.completion_ids, "finish_reason": "stop",
-                      "partition": r.partition, "metadata": r.metadata}
+            record = {
+                "sample_id": r.sample_id,
+                "prompt_ids": r.prompt_ids,
+                "completion_ids": r.completion_ids,
+                "finish_reason": "stop",
+                "partition": r.partition,
+                "metadata": r.metadata,
+            }
             f.write(json.dumps(record) + "\n")
         f.flush()
         os.fsync(f.fileno())
@@ -217,9 +228,16 @@ def jsonl_offsets(path: Path) -> list[int]:
 def ours_write(path: Path, records: list[Raw], commit_every: int) -> None:
     with DatasetWriter(path, commit_every=commit_every, commit_interval=1e9) as writer:
         for r in records:
-            writer.add(TokenSample(sample_id=r.sample_id, prompt_ids=r.prompt_ids,
-                                   completion_ids=r.completion_ids, finish_reason="stop",
-                                   partition=r.partition, metadata=r.metadata))
+            writer.add(
+                TokenSample(
+                    sample_id=r.sample_id,
+                    prompt_ids=r.prompt_ids,
+                    completion_ids=r.completion_ids,
+                    finish_reason="stop",
+                    partition=r.partition,
+                    metadata=r.metadata,
+                )
+            )
 
 
 def ours_stream(path: Path, touch: Callable[[np.ndarray], int]) -> tuple[int, int]:
@@ -250,12 +268,17 @@ TOUCH: dict[str, Callable[[np.ndarray], int]] = {
 def bench_write(work: Path, records: list[Raw], commit_every: int, repeat: int) -> dict:
     n_tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in records)
     jsonl, dataset = work / "samples.jsonl", work / "dataset"
-    base = best_of(repeat, lambda: jsonl_write(jsonl, records),
-                   before=lambda: jsonl.unlink(missing_ok=True))
-    ours = best_of(repeat, lambda: ours_write(dataset, records, commit_every),
-                   before=lambda: shutil.rmtree(dataset, ignore_errors=True))
+    base = best_of(
+        repeat, lambda: jsonl_write(jsonl, records), before=lambda: jsonl.unlink(missing_ok=True)
+    )
+    ours = best_of(
+        repeat,
+        lambda: ours_write(dataset, records, commit_every),
+        before=lambda: shutil.rmtree(dataset, ignore_errors=True),
+    )
     return {
-        "tokens": n_tokens, **compare(base, ours, n_tokens, TARGETS["write"]),
+        "tokens": n_tokens,
+        **compare(base, ours, n_tokens, TARGETS["write"]),
         "baseline_bytes_per_token": jsonl.stat().st_size / n_tokens,
         "ours_bytes_per_token": dir_bytes(dataset) / n_tokens,
     }
@@ -267,21 +290,28 @@ def bench_stream(work: Path, touch_name: str, repeat: int) -> dict:
     ours = best_of(repeat, lambda: ours_stream(work / "dataset", touch))
     whole = best_of(repeat, lambda: ours_iter(work / "dataset", touch))
     if ours.result != base.result or whole.result[0] != base.result[0]:  # type: ignore[index]
-        raise SystemExit(f"read back differs: jsonl {base.result}, token_view {ours.result}, "
-                         f"iter_samples {whole.result}")
+        raise SystemExit(
+            f"read back differs: jsonl {base.result}, token_view {ours.result}, "
+            f"iter_samples {whole.result}"
+        )
     n_tokens = base.result[0]  # type: ignore[index]
     return {
-        "touch": touch_name, "tokens": n_tokens,
+        "touch": touch_name,
+        "tokens": n_tokens,
         **compare(base, ours, n_tokens, TARGETS["stream"]),
-        "ours_iter_samples_s": whole.wall, "ours_iter_samples_cpu_s": whole.cpu,
+        "ours_iter_samples_s": whole.wall,
+        "ours_iter_samples_cpu_s": whole.cpu,
         "iter_samples_ratio": base.wall / whole.wall,
         "iter_samples_cpu_ratio": base.cpu / whole.cpu,
     }
 
 
 def _summary(us: np.ndarray) -> dict:
-    return {"mean_us": float(us.mean()), "p50_us": float(np.percentile(us, 50)),
-            "p99_us": float(np.percentile(us, 99))}
+    return {
+        "mean_us": float(us.mean()),
+        "p50_us": float(np.percentile(us, 50)),
+        "p99_us": float(np.percentile(us, 99)),
+    }
 
 
 def bench_random(work: Path, samples: int, count: int, seed: int) -> dict:
@@ -289,6 +319,7 @@ def bench_random(work: Path, samples: int, count: int, seed: int) -> dict:
     offsets = jsonl_offsets(work / "samples.jsonl")
     gc.collect()
     with open(work / "samples.jsonl", "rb") as f:
+
         def jsonl_get(i: int) -> np.ndarray:
             f.seek(offsets[i])
             return jsonl_tokens(f.readline())
@@ -297,7 +328,10 @@ def bench_random(work: Path, samples: int, count: int, seed: int) -> dict:
     view = _summary(latencies_us(Dataset(work / "dataset").token_view, indices))
     full = _summary(latencies_us(Dataset(work / "dataset").__getitem__, indices))
     return {
-        "count": count, "baseline": base, "token_view": view, "getitem": full,
+        "count": count,
+        "baseline": base,
+        "token_view": view,
+        "getitem": full,
         "token_view_ratio": base["mean_us"] / view["mean_us"],
         "token_view_p99_ratio": base["p99_us"] / view["p99_us"],
         "getitem_ratio": base["mean_us"] / full["mean_us"],
@@ -312,39 +346,50 @@ def _verdict(fig: dict) -> str:
 
 
 def _rate_row(label: str, fig: dict, note: str) -> str:
-    return (f"{label:27}{fig['baseline_tokens_per_s'] / 1e6:11.2f}"
-            f"{fig['ours_tokens_per_s'] / 1e6:11.2f}{fig['ratio']:8.1f}x{fig['cpu_ratio']:8.1f}x"
-            f"  {note}")
+    return (
+        f"{label:27}{fig['baseline_tokens_per_s'] / 1e6:11.2f}"
+        f"{fig['ours_tokens_per_s'] / 1e6:11.2f}{fig['ratio']:8.1f}x{fig['cpu_ratio']:8.1f}x"
+        f"  {note}"
+    )
 
 
 def _latency_rows(label: str, base: dict, ours: dict) -> list[str]:
-    return [f"{label + ' ' + stat + ' us':27}{base[key]:11.1f}{ours[key]:11.1f}"
-            f"{base[key] / ours[key]:8.1f}x" for stat, key in (("mean", "mean_us"),
-                                                                ("p99", "p99_us"))]
+    return [
+        f"{label + ' ' + stat + ' us':27}{base[key]:11.1f}{ours[key]:11.1f}"
+        f"{base[key] / ours[key]:8.1f}x"
+        for stat, key in (("mean", "mean_us"), ("p99", "p99_us"))
+    ]
 
 
 def render(fig: dict) -> str:
     w, s, r = fig["write"], fig["stream"], fig["random"]
-    whole = {**s, "ours_tokens_per_s": s["tokens"] / s["ours_iter_samples_s"],
-             "ratio": s["iter_samples_ratio"], "cpu_ratio": s["iter_samples_cpu_ratio"]}
+    whole = {
+        **s,
+        "ours_tokens_per_s": s["tokens"] / s["ours_iter_samples_s"],
+        "ratio": s["iter_samples_ratio"],
+        "cpu_ratio": s["iter_samples_cpu_ratio"],
+    }
     bpt_b, bpt_o = w["baseline_bytes_per_token"], w["ours_bytes_per_token"]
-    return "\n".join([
-        f"eagle3kit format vs JSONL: {fig['samples']:,} samples, {w['tokens']:,} tokens; "
-        f"{fig['dir']} ({fig['fs']}); commit_every {fig['commit_every']}; "
-        f"best of {fig['repeat']}",
-        f"{'':27}{'JSONL':>11}{'eagle3kit':>11}{'ratio':>9}{'cpu':>9}",
-        _rate_row("write Mtok/s", w, _verdict(w)),
-        _rate_row("stream read Mtok/s", s, _verdict(s)),
-        _rate_row("  iter_samples Mtok/s", whole, "(whole samples, no target)"),
-        *_latency_rows("random token_view", r["baseline"], r["token_view"]),
-        *_latency_rows("random ds[i]", r["baseline"], r["getitem"]),
-        f"{'bytes per token':27}{bpt_b:11.2f}{bpt_o:11.2f}{bpt_b / bpt_o:8.1f}x smaller",
-        f"wall s: write {w['baseline_s']:.2f} / {w['ours_s']:.2f}, stream {s['baseline_s']:.2f} "
-        f"/ {s['ours_s']:.2f} (iter_samples {s['ours_iter_samples_s']:.2f}); touch={s['touch']}"
-        f"; random: {r['count']:,} indices, fresh Dataset; all reads from the page cache",
-        "ratio: wall-clock, what the targets are judged on; cpu: process CPU time, steadier "
-        "when other work shares the machine",
-    ])
+    return "\n".join(
+        [
+            f"eagle3kit format vs JSONL: {fig['samples']:,} samples, {w['tokens']:,} tokens; "
+            f"{fig['dir']} ({fig['fs']}); commit_every {fig['commit_every']}; "
+            f"best of {fig['repeat']}",
+            f"{'':27}{'JSONL':>11}{'eagle3kit':>11}{'ratio':>9}{'cpu':>9}",
+            _rate_row("write Mtok/s", w, _verdict(w)),
+            _rate_row("stream read Mtok/s", s, _verdict(s)),
+            _rate_row("  iter_samples Mtok/s", whole, "(whole samples, no target)"),
+            *_latency_rows("random token_view", r["baseline"], r["token_view"]),
+            *_latency_rows("random ds[i]", r["baseline"], r["getitem"]),
+            f"{'bytes per token':27}{bpt_b:11.2f}{bpt_o:11.2f}{bpt_b / bpt_o:8.1f}x smaller",
+            f"wall s: write {w['baseline_s']:.2f} / {w['ours_s']:.2f}, stream "
+            f"{s['baseline_s']:.2f} "
+            f"/ {s['ours_s']:.2f} (iter_samples {s['ours_iter_samples_s']:.2f}); touch={s['touch']}"
+            f"; random: {r['count']:,} indices, fresh Dataset; all reads from the page cache",
+            "ratio: wall-clock, what the targets are judged on; cpu: process CPU time, steadier "
+            "when other work shares the machine",
+        ]
+    )
 
 
 def filesystem(path: Path) -> str:
@@ -353,8 +398,9 @@ def filesystem(path: Path) -> str:
         mounts = [ln.split() for ln in Path("/proc/mounts").read_text().splitlines()]
     except OSError:
         return "unknown"
-    best = max((m for m in mounts if str(path).startswith(m[1])), key=lambda m: len(m[1]),
-               default=None)
+    best = max(
+        (m for m in mounts if str(path).startswith(m[1])), key=lambda m: len(m[1]), default=None
+    )
     return best[2] if best else "unknown"
 
 
@@ -362,18 +408,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--samples", type=int, default=100_000)
     p.add_argument("--tokens", type=int, default=1000, help="mean tokens per sample")
-    p.add_argument("--dir", type=Path, default=REPO / "bench-out",
-                   help="parent of the temporary work directory (default: bench-out/ in "
-                        "the repo, a real disk); e.g. /dev/shm for RAM")
-    p.add_argument("--commit-every", type=int, default=1000,
-                   help="samples per shard commit (default 1000, the writer's default)")
-    p.add_argument("--pool", type=int, default=2000,
-                   help="distinct completion lists reused by reference (0: all distinct)")
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=REPO / "bench-out",
+        help="parent of the temporary work directory (default: bench-out/ in "
+        "the repo, a real disk); e.g. /dev/shm for RAM",
+    )
+    p.add_argument(
+        "--commit-every",
+        type=int,
+        default=1000,
+        help="samples per shard commit (default 1000, the writer's default)",
+    )
+    p.add_argument(
+        "--pool",
+        type=int,
+        default=2000,
+        help="distinct completion lists reused by reference (0: all distinct)",
+    )
     p.add_argument("--random", type=int, default=10_000, help="random accesses to time")
-    p.add_argument("--touch", choices=sorted(TOUCH), default="last",
-                   help="how the streaming read touches each sample's tokens")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="run each write and streaming phase this many times, keep the best")
+    p.add_argument(
+        "--touch",
+        choices=sorted(TOUCH),
+        default="last",
+        help="how the streaming read touches each sample's tokens",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each write and streaming phase this many times, keep the best",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="figures as JSON on stdout")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -391,10 +457,16 @@ def main(argv: list[str] | None = None) -> int:
         gc.freeze()
         print(f"generated {args.samples:,} samples in {gen.wall:.1f} s; timing...", file=sys.stderr)
         fig = {
-            "samples": args.samples, "mean_tokens": args.tokens, "dir": str(work),
-            "fs": filesystem(work.resolve()), "commit_every": args.commit_every,
-            "pool": args.pool, "seed": args.seed, "repeat": args.repeat,
-            "python": platform.python_version(), "numpy": np.__version__,
+            "samples": args.samples,
+            "mean_tokens": args.tokens,
+            "dir": str(work),
+            "fs": filesystem(work.resolve()),
+            "commit_every": args.commit_every,
+            "pool": args.pool,
+            "seed": args.seed,
+            "repeat": args.repeat,
+            "python": platform.python_version(),
+            "numpy": np.__version__,
             "cpus": os.cpu_count(),
         }
         fig["write"] = bench_write(work, records, args.commit_every, args.repeat)

@@ -129,8 +129,9 @@ class BenchServer(FakeServer):
     the first came), each request's slot time, the process's own CPU time; and, with
     `cheap`, vLLM completions from a pool of precomputed answers instead of the model."""
 
-    def __init__(self, api: str = "vllm", *, cheap: bool = False, pool: int = 64,
-                 **options: Any) -> None:
+    def __init__(
+        self, api: str = "vllm", *, cheap: bool = False, pool: int = 64, **options: Any
+    ) -> None:
         super().__init__(api, **options)
         self.cheap = cheap
         self.pool = pool
@@ -169,36 +170,65 @@ class BenchServer(FakeServer):
 
     async def _vllm_completions(self, request: Any, body: dict, rec: dict) -> Any:
         ids, max_tokens = body.get("prompt"), body.get("max_tokens")
-        if (not self.cheap or not isinstance(ids, list) or not ids or type(max_tokens) is not int
-                or body.get("model") != self.model_name
-                or self._context_error(len(ids), max_tokens) is not None):
+        if (
+            not self.cheap
+            or not isinstance(ids, list)
+            or not ids
+            or type(max_tokens) is not int
+            or body.get("model") != self.model_name
+            or self._context_error(len(ids), max_tokens) is not None
+        ):
             return await super()._vllm_completions(request, body, rec)
-        stops = tuple(sorted({*(body.get("stop_token_ids") or ()), self.model.eos_token_id}
-                             - {None}))
+        stops = tuple(
+            sorted({*(body.get("stop_token_ids") or ()), self.model.eos_token_id} - {None})
+        )
         answers = self._answers(max_tokens, stops)
         out, text = answers[(len(ids) + ids[-1]) % len(answers)]
         await self._decode(rec, len(out))
-        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None,
-                                  "finish_reason": "length", "stop_reason": None,
-                                  "prompt_logprobs": None}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": "length",
+            "stop_reason": None,
+            "prompt_logprobs": None,
+        }
         if body.get("return_token_ids"):
             choice["token_ids"] = out
             choice["prompt_token_ids"] = ids
         n = len(out)
-        return await self._send(request, {
-            "id": f"cmpl-{os.urandom(16).hex()}", "object": "text_completion",
-            "created": int(time.time()), "model": self.model_name, "choices": [choice],
-            "usage": {"prompt_tokens": len(ids), "completion_tokens": n,
-                      "total_tokens": len(ids) + n, "prompt_tokens_details": None},
-        }, rec)
+        return await self._send(
+            request,
+            {
+                "id": f"cmpl-{os.urandom(16).hex()}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": self.model_name,
+                "choices": [choice],
+                "usage": {
+                    "prompt_tokens": len(ids),
+                    "completion_tokens": n,
+                    "total_tokens": len(ids) + n,
+                    "prompt_tokens_details": None,
+                },
+            },
+            rec,
+        )
 
     async def _control(self, request: Any, path: str) -> Any:
         if path == "/_fake/bench":
             t = os.times()
-            return _json({"gen_received": self.gen_received, "first_gen_wall": self.first_gen_wall,
-                          "first_gen_mono": self.first_gen_mono, "in_flight": self._in_slot,
-                          "waiting": self._waiting, "max_in_flight": self.max_in_flight,
-                          "cpu_s": t.user + t.system})
+            return _json(
+                {
+                    "gen_received": self.gen_received,
+                    "first_gen_wall": self.first_gen_wall,
+                    "first_gen_mono": self.first_gen_mono,
+                    "in_flight": self._in_slot,
+                    "waiting": self._waiting,
+                    "max_in_flight": self.max_in_flight,
+                    "cpu_s": t.user + t.system,
+                }
+            )
         if path == "/_fake/spans":
             return _json(self.spans)
         return await super()._control(request, path)
@@ -237,13 +267,16 @@ class ServerProc:
         port_file = self.dir / "port"
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "_serve", json.dumps(self.config), str(port_file)],
-            stdout=subprocess.DEVNULL, stderr=open(self.dir / "stderr", "wb"))
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.dir / "stderr", "wb"),
+        )
         deadline = time.monotonic() + 60
         while not port_file.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.__exit__()
-                raise SystemExit("the fake server did not start: "
-                                 + (self.dir / "stderr").read_text()[-2000:])
+                raise SystemExit(
+                    "the fake server did not start: " + (self.dir / "stderr").read_text()[-2000:]
+                )
             time.sleep(0.02)
         self.port = int(port_file.read_text())
         return self
@@ -276,26 +309,43 @@ def sdk_main(argv: list[str]) -> None:
     async def main() -> None:
         client = openai.AsyncOpenAI(base_url=cfg["url"] + "/v1", api_key="EMPTY")
         sem = asyncio.Semaphore(cfg["concurrency"])
-        extra = {"top_k": SAMPLING["top_k"], "min_p": SAMPLING["min_p"],
-                 "stop_token_ids": cfg["stop_token_ids"], "skip_special_tokens": False,
-                 "include_stop_str_in_output": True, "return_token_ids": True}
+        extra = {
+            "top_k": SAMPLING["top_k"],
+            "min_p": SAMPLING["min_p"],
+            "stop_token_ids": cfg["stop_token_ids"],
+            "skip_special_tokens": False,
+            "include_stop_str_in_output": True,
+            "return_token_ids": True,
+        }
         with open(cfg["out"], "w") as out:
+
             async def one(line: int, record: dict) -> None:
                 async with sem:
-                    text = tok.apply_chat_template(record["messages"], tokenize=False,
-                                                   add_generation_prompt=True)
+                    text = tok.apply_chat_template(
+                        record["messages"], tokenize=False, add_generation_prompt=True
+                    )
                     ids = tok.encode(text, add_special_tokens=False)
                     resp = await client.completions.create(
-                        model=cfg["model"], prompt=ids, max_tokens=cfg["max_tokens"],
-                        temperature=SAMPLING["temperature"], top_p=SAMPLING["top_p"],
-                        extra_body=extra)
+                        model=cfg["model"],
+                        prompt=ids,
+                        max_tokens=cfg["max_tokens"],
+                        temperature=SAMPLING["temperature"],
+                        top_p=SAMPLING["top_p"],
+                        extra_body=extra,
+                    )
                     choice = resp.choices[0]
-                    out.write(json.dumps({
-                        "line": line, "prompt_ids": ids,
-                        "completion_ids": (choice.model_extra or {}).get("token_ids"),
-                        "finish_reason": choice.finish_reason,
-                        "usage": resp.usage.model_dump() if resp.usage else None,
-                    }) + "\n")
+                    out.write(
+                        json.dumps(
+                            {
+                                "line": line,
+                                "prompt_ids": ids,
+                                "completion_ids": (choice.model_extra or {}).get("token_ids"),
+                                "finish_reason": choice.finish_reason,
+                                "usage": resp.usage.model_dump() if resp.usage else None,
+                            }
+                        )
+                        + "\n"
+                    )
 
             await asyncio.gather(*(one(i + 1, r) for i, r in enumerate(records)))
             out.flush()
@@ -324,13 +374,16 @@ def prompt_text(texts: list[str], i: int, short: bool) -> str:
     return f"{base}\n\n(Request {i}: please answer in detail.)"
 
 
-def write_prompts(path: Path, start: int, stop: int, texts: list[str], short: bool = False
-                  ) -> None:
+def write_prompts(path: Path, start: int, stop: int, texts: list[str], short: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
         for i in range(start, stop):
-            f.write(orjson.dumps({"messages": [
-                {"role": "user", "content": prompt_text(texts, i, short)}]}) + b"\n")
+            f.write(
+                orjson.dumps(
+                    {"messages": [{"role": "user", "content": prompt_text(texts, i, short)}]}
+                )
+                + b"\n"
+            )
 
 
 # Running a client -------------------------------------------------------------------------
@@ -347,12 +400,13 @@ class Run:
 
 def child_env() -> dict[str, str]:
     """This environment, with the repository first on PYTHONPATH."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
 
 
-def run_child(argv: list[str], work: Path, name: str,
-              during: Any = None) -> Run:
+def run_child(argv: list[str], work: Path, name: str, during: Any = None) -> Run:
     """Spawn argv, wait with os.wait4: wall, CPU and peak RSS of that process alone."""
     out, err = work / f"{name}.stdout", work / f"{name}.stderr"
     env = child_env()
@@ -370,8 +424,15 @@ def run_child(argv: list[str], work: Path, name: str,
         stop.set()
         if watcher is not None:
             watcher.join()
-    return Run(proc.returncode, wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024,
-               started_wall, out.read_text(), err.read_text())
+    return Run(
+        proc.returncode,
+        wall,
+        usage.ru_utime + usage.ru_stime,
+        usage.ru_maxrss / 1024,
+        started_wall,
+        out.read_text(),
+        err.read_text(),
+    )
 
 
 def check_rc(run: Run, what: str) -> None:
@@ -383,11 +444,28 @@ GEN_COMMAND = [sys.executable, "-m", "eagle3kit"]
 """How gen is started; --gen-wrapper replaces it (to measure a patched gen)."""
 
 
-def gen_argv(prompts: Path, out: Path, url: str, tokenizer: Path, concurrency: int,
-             max_tokens: int) -> list[str]:
-    return [*GEN_COMMAND, "gen", str(prompts), str(out), "--server", url,
-            "--api", "vllm", "--concurrency", str(concurrency), "--tokenizer", str(tokenizer),
-            "--max-tokens", str(max_tokens), "-q", "--no-progress", "--json"]
+def gen_argv(
+    prompts: Path, out: Path, url: str, tokenizer: Path, concurrency: int, max_tokens: int
+) -> list[str]:
+    return [
+        *GEN_COMMAND,
+        "gen",
+        str(prompts),
+        str(out),
+        "--server",
+        url,
+        "--api",
+        "vllm",
+        "--concurrency",
+        str(concurrency),
+        "--tokenizer",
+        str(tokenizer),
+        "--max-tokens",
+        str(max_tokens),
+        "-q",
+        "--no-progress",
+        "--json",
+    ]
 
 
 def client_figures(run: Run, n: int, before: dict, after: dict) -> dict:
@@ -395,11 +473,16 @@ def client_figures(run: Run, n: int, before: dict, after: dict) -> dict:
     sending = run.wall_s - first if first is not None else None
     server_cpu = after["cpu_s"] - before["cpu_s"]
     return {
-        "requests": n, "wall_s": run.wall_s, "req_per_s": n / run.wall_s,
-        "first_request_s": first, "sending_req_per_s": n / sending if sending else None,
-        "cpu_s": run.cpu_s, "cpu_s_per_1k": run.cpu_s / n * 1000,
+        "requests": n,
+        "wall_s": run.wall_s,
+        "req_per_s": n / run.wall_s,
+        "first_request_s": first,
+        "sending_req_per_s": n / sending if sending else None,
+        "cpu_s": run.cpu_s,
+        "cpu_s_per_1k": run.cpu_s / n * 1000,
         "peak_rss_mb": run.peak_rss_mb,
-        "server_cpu_s": server_cpu, "server_cpu_ms_per_req": server_cpu / n * 1000,
+        "server_cpu_s": server_cpu,
+        "server_cpu_ms_per_req": server_cpu / n * 1000,
         "server_busy": server_cpu / sending if sending else None,
         "server_received": after["gen_received"] - before["gen_received"],
     }
@@ -425,41 +508,63 @@ def compare_outputs(jsonl: Path, dataset: Path, n: int, limit: int = 1000) -> di
         if line in sdk:
             checked += 1
             rec = sdk[line]
-            if (rec["prompt_ids"] != sample.prompt_ids.tolist()
-                    or rec["completion_ids"] != sample.completion_ids.tolist()):
+            if (
+                rec["prompt_ids"] != sample.prompt_ids.tolist()
+                or rec["completion_ids"] != sample.completion_ids.tolist()
+            ):
                 mismatched += 1
-    return {"sdk_lines": lines, "gen_samples": len(ds), "checked": checked,
-            "mismatched": mismatched}
+    return {
+        "sdk_lines": lines,
+        "gen_samples": len(ds),
+        "checked": checked,
+        "mismatched": mismatched,
+    }
 
 
-def bench_throughput(work: Path, args: argparse.Namespace, tokenizer: Path,
-                     stop_ids: list[int], mode: str) -> dict:
+def bench_throughput(
+    work: Path, args: argparse.Namespace, tokenizer: Path, stop_ids: list[int], mode: str
+) -> dict:
     n = args.prompts
     prompts = work / "chat" / PROMPT_FILE
     if not prompts.exists():
         write_prompts(prompts, 0, n, seed_texts())
-    server_cfg = {"cheap": mode == "cheap", "tokenizer": str(tokenizer), "slots": 100_000,
-                  "mean_tokens": 1e12, "context_length": 8192}
+    server_cfg = {
+        "cheap": mode == "cheap",
+        "tokenizer": str(tokenizer),
+        "slots": 100_000,
+        "mean_tokens": 1e12,
+        "context_length": 8192,
+    }
     fig: dict[str, Any] = {"server": mode}
     if not args.no_sdk:
         jsonl = work / f"sdk-{mode}.jsonl"
         with ServerProc(work, **server_cfg) as srv:
             before = srv.get("bench")
-            cfg = {"prompts": str(prompts), "out": str(jsonl), "url": srv.url,
-                   "model": "fake/model", "tokenizer": str(tokenizer),
-                   "concurrency": args.concurrency, "max_tokens": args.max_tokens,
-                   "stop_token_ids": stop_ids}
+            cfg = {
+                "prompts": str(prompts),
+                "out": str(jsonl),
+                "url": srv.url,
+                "model": "fake/model",
+                "tokenizer": str(tokenizer),
+                "concurrency": args.concurrency,
+                "max_tokens": args.max_tokens,
+                "stop_token_ids": stop_ids,
+            }
             print(f"[{mode}] SDK baseline: {n:,} requests...", file=sys.stderr)
-            run = run_child([sys.executable, __file__, "_sdk", json.dumps(cfg)], work,
-                            f"sdk-{mode}")
+            run = run_child(
+                [sys.executable, __file__, "_sdk", json.dumps(cfg)], work, f"sdk-{mode}"
+            )
             check_rc(run, "the SDK baseline")
             fig["sdk"] = client_figures(run, n, before, srv.get("bench"))
     out = work / f"gen-{mode}"
     with ServerProc(work, **server_cfg) as srv:
         before = srv.get("bench")
         print(f"[{mode}] gen: {n:,} requests...", file=sys.stderr)
-        run = run_child(gen_argv(prompts, out, srv.url, tokenizer, args.concurrency,
-                                 args.max_tokens), work, f"gen-{mode}")
+        run = run_child(
+            gen_argv(prompts, out, srv.url, tokenizer, args.concurrency, args.max_tokens),
+            work,
+            f"gen-{mode}",
+        )
         check_rc(run, "gen")
         fig["gen"] = client_figures(run, n, before, srv.get("bench"))
     result = json.loads(run.stdout)
@@ -486,8 +591,11 @@ def occupancy(spans: list[list[float]], start: float, end: float, slots: int) ->
     request waits at the server to take it: the client's fault, not the server's hand-over
     of a freed slot to the next request in its queue."""
     # (time, change in requests waiting, change in slots held)
-    steps = sorted([(r, 1, 0) for r, _, _ in spans] + [(s, -1, 1) for _, s, _ in spans]
-                   + [(e, 0, -1) for _, _, e in spans])
+    steps = sorted(
+        [(r, 1, 0) for r, _, _ in spans]
+        + [(s, -1, 1) for _, s, _ in spans]
+        + [(e, 0, -1) for _, _, e in spans]
+    )
     occ = waiting = 0
     last, idle, starved, t_idle, t_starved, lowest = start, 0.0, 0.0, 0.0, 0.0, slots
 
@@ -511,12 +619,22 @@ def occupancy(spans: list[list[float]], start: float, end: float, slots: int) ->
         advance(end)
     window = end - start
     if window <= 0:
-        return {"window_s": window, "idle_slot_share": None, "starved_slot_share": None,
-                "time_below_share": None, "time_starved_share": None, "lowest": lowest}
-    return {"window_s": window, "idle_slot_share": idle / (slots * window),
-            "starved_slot_share": starved / (slots * window),
-            "time_below_share": t_idle / window, "time_starved_share": t_starved / window,
-            "lowest": lowest}
+        return {
+            "window_s": window,
+            "idle_slot_share": None,
+            "starved_slot_share": None,
+            "time_below_share": None,
+            "time_starved_share": None,
+            "lowest": lowest,
+        }
+    return {
+        "window_s": window,
+        "idle_slot_share": idle / (slots * window),
+        "starved_slot_share": starved / (slots * window),
+        "time_below_share": t_idle / window,
+        "time_starved_share": t_starved / window,
+        "lowest": lowest,
+    }
 
 
 def bench_idle(work: Path, args: argparse.Namespace, tokenizer: Path) -> list[dict]:
@@ -526,12 +644,19 @@ def bench_idle(work: Path, args: argparse.Namespace, tokenizer: Path) -> list[di
     return [idle_run(work, args, tokenizer, prompts, c) for c in levels]
 
 
-def idle_run(work: Path, args: argparse.Namespace, tokenizer: Path, prompts: Path,
-             concurrency: int) -> dict:
+def idle_run(
+    work: Path, args: argparse.Namespace, tokenizer: Path, prompts: Path, concurrency: int
+) -> dict:
     n, slots = args.idle_prompts, args.idle_slots
-    server_cfg = {"tokenizer": str(tokenizer), "slots": slots, "decode_tps": args.decode_tps,
-                  "mean_tokens": args.idle_mean_tokens, "long_tail": args.idle_long_tail,
-                  "long_tokens": args.idle_long_tokens, "context_length": 16384}
+    server_cfg = {
+        "tokenizer": str(tokenizer),
+        "slots": slots,
+        "decode_tps": args.decode_tps,
+        "mean_tokens": args.idle_mean_tokens,
+        "long_tail": args.idle_long_tail,
+        "long_tokens": args.idle_long_tokens,
+        "context_length": 16384,
+    }
     samples: list[tuple[float, int, int, int]] = []
     with ServerProc(work, **server_cfg) as srv:
         before = srv.get("bench")
@@ -544,10 +669,19 @@ def idle_run(work: Path, args: argparse.Namespace, tokenizer: Path, prompts: Pat
                 samples.append((t, b["gen_received"], b["in_flight"], b["waiting"]))
                 stop.wait(max(0.0, IDLE_SAMPLE_S - (time.monotonic() - t)))
 
-        print(f"[idle] gen: {n:,} requests, concurrency {concurrency}, {slots} slots, "
-              f"{args.decode_tps:g} tok/s...", file=sys.stderr)
-        run = run_child(gen_argv(prompts, work / "gen-idle", srv.url, tokenizer, concurrency,
-                                 args.idle_max_tokens), work, "gen-idle", during=sample)
+        print(
+            f"[idle] gen: {n:,} requests, concurrency {concurrency}, {slots} slots, "
+            f"{args.decode_tps:g} tok/s...",
+            file=sys.stderr,
+        )
+        run = run_child(
+            gen_argv(
+                prompts, work / "gen-idle", srv.url, tokenizer, concurrency, args.idle_max_tokens
+            ),
+            work,
+            "gen-idle",
+            during=sample,
+        )
         check_rc(run, "gen (idle check)")
         bench = srv.get("bench")
         spans = srv.get("spans")
@@ -559,20 +693,30 @@ def idle_run(work: Path, args: argparse.Namespace, tokenizer: Path, prompts: Pat
     exact = occupancy(spans, first + IDLE_WARMUP_S, last_received, slots)
     shutil.rmtree(work / "gen-idle", ignore_errors=True)
     return {
-        "prompts": n, "slots": slots, "concurrency": concurrency,
-        "decode_tps": args.decode_tps, "mean_tokens": args.idle_mean_tokens,
-        "long_tail": args.idle_long_tail, "long_tokens": args.idle_long_tokens,
-        "wall_s": run.wall_s, "cpu_s": run.cpu_s, "server_cpu_s": bench["cpu_s"] - before["cpu_s"],
-        "samples": len(warm), "samples_below": len(below), "samples_starved": len(starved),
+        "prompts": n,
+        "slots": slots,
+        "concurrency": concurrency,
+        "decode_tps": args.decode_tps,
+        "mean_tokens": args.idle_mean_tokens,
+        "long_tail": args.idle_long_tail,
+        "long_tokens": args.idle_long_tokens,
+        "wall_s": run.wall_s,
+        "cpu_s": run.cpu_s,
+        "server_cpu_s": bench["cpu_s"] - before["cpu_s"],
+        "samples": len(warm),
+        "samples_below": len(below),
+        "samples_starved": len(starved),
         "share_below": len(below) / len(warm) if warm else None,
         "share_starved": len(starved) / len(warm) if warm else None,
         "mean_in_flight": sum(s[2] for s in warm) / len(warm) if warm else None,
         "min_in_flight": min((s[2] for s in warm), default=None),
         "max_waiting": max((s[3] for s in samples), default=None),
         "sending_window_s": last_received - first,
-        "sending_req_per_s": len(spans) / (last_received - first) if last_received > first
+        "sending_req_per_s": len(spans) / (last_received - first)
+        if last_received > first
         else None,
-        "exact": exact, "target_share": 0.0 if concurrency > slots else None,
+        "exact": exact,
+        "target_share": 0.0 if concurrency > slots else None,
     }
 
 
@@ -582,8 +726,11 @@ def bench_resume(work: Path, args: argparse.Namespace, tokenizer: Path) -> dict:
     total = done + NEW_PROMPTS
     texts = seed_texts()
     base = work / "resume"
-    prompts, seed, check = (base / "all" / PROMPT_FILE, base / "seed" / PROMPT_FILE,
-                            base / "check" / PROMPT_FILE)
+    prompts, seed, check = (
+        base / "all" / PROMPT_FILE,
+        base / "seed" / PROMPT_FILE,
+        base / "check" / PROMPT_FILE,
+    )
     out = base / "dataset"
     t0 = time.perf_counter()
     write_prompts(prompts, 0, total, texts, short=True)
@@ -595,37 +742,56 @@ def bench_resume(work: Path, args: argparse.Namespace, tokenizer: Path) -> dict:
         messages = [{"role": "user", "content": prompt_text(texts, i, True)}]
         return make_sample_id(PROMPT_FILE, {"messages": messages, "tools": None}, 0, 0)
 
-    cfg = GenConfig([check], base / "unused", servers=[ServerSpec("http://127.0.0.1:9")],
-                    tokenizer=tokenizer)
+    cfg = GenConfig(
+        [check], base / "unused", servers=[ServerSpec("http://127.0.0.1:9")], tokenizer=tokenizer
+    )
     expected = [c.ids[0] for c in make_chains(load(cfg)[0], 1)]
     if expected != [sample_id(i) for i in range(len(expected))]:
         raise SystemExit("the benchmark's sample ids differ from eagle3kit.gen.make_chains'")
 
-    server_cfg = {"cheap": True, "tokenizer": str(tokenizer), "slots": 100_000,
-                  "mean_tokens": 1e12, "context_length": 8192}
+    server_cfg = {
+        "cheap": True,
+        "tokenizer": str(tokenizer),
+        "slots": 100_000,
+        "mean_tokens": 1e12,
+        "context_length": 8192,
+    }
     print(f"[resume] building a dataset of {done:,} committed samples...", file=sys.stderr)
     t0 = time.perf_counter()
     with ServerProc(work, **server_cfg) as srv:
-        run = run_child(gen_argv(seed, out, srv.url, tokenizer, args.concurrency,
-                                 args.max_tokens), work, "gen-resume-seed")
+        run = run_child(
+            gen_argv(seed, out, srv.url, tokenizer, args.concurrency, args.max_tokens),
+            work,
+            "gen-resume-seed",
+        )
     check_rc(run, "gen (resume seed)")
     ds = Dataset(out)
     if sorted(ds.sample_ids()) != sorted(sample_id(i) for i in range(NEW_PROMPTS)):
         raise SystemExit("gen's sample ids differ from the benchmark's")
     config = ds.manifest["config"]
     del ds
-    with DatasetWriter(out, mode="resume", config=config, commit_every=100_000,
-                       commit_interval=1e9) as writer:
+    with DatasetWriter(
+        out, mode="resume", config=config, commit_every=100_000, commit_interval=1e9
+    ) as writer:
         for i in range(NEW_PROMPTS, done):
-            writer.add(TokenSample(sample_id=sample_id(i), prompt_ids=[1, 2, 3],
-                                   completion_ids=[4, 5], finish_reason="stop",
-                                   partition="prompts"))
+            writer.add(
+                TokenSample(
+                    sample_id=sample_id(i),
+                    prompt_ids=[1, 2, 3],
+                    completion_ids=[4, 5],
+                    finish_reason="stop",
+                    partition="prompts",
+                )
+            )
     build_s = time.perf_counter() - t0
     print(f"[resume] built in {build_s:.1f} s; gen over {total:,} prompts...", file=sys.stderr)
     with ServerProc(work, **server_cfg) as srv:  # a fresh one: its first request is gen's
         before = srv.get("bench")
-        run = run_child(gen_argv(prompts, out, srv.url, tokenizer, args.concurrency,
-                                 args.max_tokens), work, "gen-resume")
+        run = run_child(
+            gen_argv(prompts, out, srv.url, tokenizer, args.concurrency, args.max_tokens),
+            work,
+            "gen-resume",
+        )
         check_rc(run, "gen (resume)")
         after = srv.get("bench")
     result = json.loads(run.stdout)
@@ -635,13 +801,18 @@ def bench_resume(work: Path, args: argparse.Namespace, tokenizer: Path) -> dict:
     if result["previously_done"] != done or result["written"] != NEW_PROMPTS:
         raise SystemExit(f"the resumed run did not find {done:,} done: {result}")
     return {
-        "committed": done, "prompts": total, "new": NEW_PROMPTS,
-        "prompt_file_mb": prompts.stat().st_size / 2**20, "prompts_write_s": prompts_s,
+        "committed": done,
+        "prompts": total,
+        "new": NEW_PROMPTS,
+        "prompt_file_mb": prompts.stat().st_size / 2**20,
+        "prompts_write_s": prompts_s,
         "build_s": build_s,
         "start_to_open_s": opened - run.started_wall,
         "open_to_first_request_s": first - opened if first else None,
         "start_to_first_request_s": first - run.started_wall if first else None,
-        "wall_s": run.wall_s, "cpu_s": run.cpu_s, "peak_rss_mb": run.peak_rss_mb,
+        "wall_s": run.wall_s,
+        "cpu_s": run.cpu_s,
+        "peak_rss_mb": run.peak_rss_mb,
         "target_s": RESUME_TARGET_S,
     }
 
@@ -667,19 +838,29 @@ def render(fig: dict) -> str:
             f"{'':34}{'SDK':>10}{'gen':>10}{'ratio':>9}",
         ]
 
-        def row(label: str, key: str, fmt: str, inverse: bool = False, note: str = "",
-                s: dict = s, g: dict = g) -> str:
+        def row(
+            label: str,
+            key: str,
+            fmt: str,
+            inverse: bool = False,
+            note: str = "",
+            s: dict = s,
+            g: dict = g,
+        ) -> str:
             sv, gv = s.get(key), g.get(key)
             ratio = None
             if sv and gv:
                 ratio = sv / gv if inverse else gv / sv
-            return (f"  {label:32}{_f(sv, fmt, 10)}{_f(gv, fmt, 10)}"
-                    f"{_f(ratio, '.1f', 8)}{'x' if ratio is not None else ' '}  {note}")
+            return (
+                f"  {label:32}{_f(sv, fmt, 10)}{_f(gv, fmt, 10)}"
+                f"{_f(ratio, '.1f', 8)}{'x' if ratio is not None else ' '}  {note}"
+            )
 
         verdict = ""
         if s:
-            verdict = (f"target >= {t['target']:.0f}x  "
-                       f"{'MET' if t['ratio'] >= t['target'] else 'MISSED'}")
+            verdict = (
+                f"target >= {t['target']:.0f}x  {'MET' if t['ratio'] >= t['target'] else 'MISSED'}"
+            )
         lines += [
             row("req/s, whole process", "req_per_s", ".0f", note=verdict),
             row("req/s, first request to exit", "sending_req_per_s", ".0f"),
@@ -692,8 +873,10 @@ def render(fig: dict) -> str:
         ]
         if "same_output" in t:
             o = t["same_output"]
-            lines.append(f"  outputs: {o['sdk_lines']:,} SDK lines, {o['gen_samples']:,} gen "
-                         f"samples; {o['checked']:,} compared, {o['mismatched']} differ")
+            lines.append(
+                f"  outputs: {o['sdk_lines']:,} SDK lines, {o['gen_samples']:,} gen "
+                f"samples; {o['checked']:,} compared, {o['mismatched']} differ"
+            )
     for i in fig.get("idle", []):
         e = i["exact"]
         share = i["share_starved"]
@@ -721,8 +904,10 @@ def render(fig: dict) -> str:
         ]
     if "resume" in fig:
         r = fig["resume"]
-        ok = r["open_to_first_request_s"] is not None and \
-            r["open_to_first_request_s"] <= r["target_s"]
+        ok = (
+            r["open_to_first_request_s"] is not None
+            and r["open_to_first_request_s"] <= r["target_s"]
+        )
         lines += [
             f"resume: {r['committed']:,} committed samples, {r['prompts']:,} prompts "
             f"({r['prompt_file_mb']:.0f} MB), {r['new']} new",
@@ -734,8 +919,10 @@ def render(fig: dict) -> str:
             f"{r['wall_s']:.1f} s, {r['cpu_s']:.1f} CPU s, peak RSS {r['peak_rss_mb']:.0f} MB; "
             f"building the dataset took {r['build_s']:.1f} s",
         ]
-    lines.append("req/s ratio: gen / SDK; wall, CPU, RSS ratio: SDK / gen (higher is better "
-                 "for gen); server busy near 100% means the server set the pace")
+    lines.append(
+        "req/s ratio: gen / SDK; wall, CPU, RSS ratio: SDK / gen (higher is better "
+        "for gen); server busy near 100% means the server set the pace"
+    )
     return "\n".join(lines)
 
 
@@ -744,31 +931,52 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=20_000, help="chat prompts (throughput)")
     p.add_argument("--concurrency", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=1000, help="tokens per completion")
-    p.add_argument("--checks", default="throughput,idle,resume",
-                   help="comma-separated: throughput, idle, resume")
-    p.add_argument("--servers", default="cheap,model",
-                   help="throughput server modes: cheap (precomputed answers), model (stock)")
+    p.add_argument(
+        "--checks",
+        default="throughput,idle,resume",
+        help="comma-separated: throughput, idle, resume",
+    )
+    p.add_argument(
+        "--servers",
+        default="cheap,model",
+        help="throughput server modes: cheap (precomputed answers), model (stock)",
+    )
     p.add_argument("--no-sdk", action="store_true", help="skip the SDK baseline (no ratio)")
     p.add_argument("--idle-prompts", type=int, default=4000)
     p.add_argument("--idle-slots", type=int, default=64)
-    p.add_argument("--idle-extra", type=int, default=16,
-                   help="also run the idle check with --concurrency slots + this (0: no)")
-    p.add_argument("--decode-tps", type=float, default=1000.0,
-                   help="idle check: tokens/s per request")
+    p.add_argument(
+        "--idle-extra",
+        type=int,
+        default=16,
+        help="also run the idle check with --concurrency slots + this (0: no)",
+    )
+    p.add_argument(
+        "--decode-tps", type=float, default=1000.0, help="idle check: tokens/s per request"
+    )
     p.add_argument("--idle-mean-tokens", type=float, default=150.0)
     p.add_argument("--idle-long-tail", type=float, default=0.05)
     p.add_argument("--idle-long-tokens", type=float, default=1500.0)
     p.add_argument("--idle-max-tokens", type=int, default=4096)
     p.add_argument("--resume-samples", type=int, default=1_000_000)
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: 2,000 prompts, 1,000 idle prompts, 50,000 committed")
-    p.add_argument("--dir", type=Path, default=REPO / "bench-out",
-                   help="parent of the temporary work directory (default: bench-out/)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 2,000 prompts, 1,000 idle prompts, 50,000 committed",
+    )
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=REPO / "bench-out",
+        help="parent of the temporary work directory (default: bench-out/)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the work directory")
-    p.add_argument("--gen-wrapper", type=Path,
-                   help="run gen as `python WRAPPER gen ...` instead of `python -m eagle3kit gen "
-                        "...`, e.g. a script that patches a candidate change in before calling "
-                        "eagle3kit.cli.main (the SDK baseline is unaffected)")
+    p.add_argument(
+        "--gen-wrapper",
+        type=Path,
+        help="run gen as `python WRAPPER gen ...` instead of `python -m eagle3kit gen "
+        "...`, e.g. a script that patches a candidate change in before calling "
+        "eagle3kit.cli.main (the SDK baseline is unaffected)",
+    )
     p.add_argument("--json", action="store_true", help="figures as JSON on stdout")
     args = p.parse_args(argv)
     if args.quick:
@@ -787,8 +995,11 @@ def main(argv: list[str] | None = None) -> int:
         GEN_COMMAND[:] = [sys.executable, str(args.gen_wrapper.resolve())]
     checks = {c.strip() for c in args.checks.split(",") if c.strip()}
     if "throughput" in checks and not args.no_sdk and importlib.util.find_spec("openai") is None:
-        print("the SDK baseline needs the OpenAI SDK: pip install openai "
-              "(or pass --no-sdk, or --checks idle,resume)", file=sys.stderr)
+        print(
+            "the SDK baseline needs the OpenAI SDK: pip install openai "
+            "(or pass --no-sdk, or --checks idle,resume)",
+            file=sys.stderr,
+        )
         return 2
     args.dir.mkdir(parents=True, exist_ok=True)
     tokenizer = qwen3_tokenizer_dir(args.dir / "tokenizer-cache").resolve()
@@ -800,16 +1011,29 @@ def main(argv: list[str] | None = None) -> int:
 
         openai_version = f"openai {version('openai')}"
     fig: dict[str, Any] = {
-        "prompts": args.prompts, "concurrency": args.concurrency,
-        "max_tokens": args.max_tokens, "cpus": len(os.sched_getaffinity(0)),
-        "openai": openai_version, "python": platform.python_version(), "dir": str(work),
+        "prompts": args.prompts,
+        "concurrency": args.concurrency,
+        "max_tokens": args.max_tokens,
+        "cpus": len(os.sched_getaffinity(0)),
+        "openai": openai_version,
+        "python": platform.python_version(),
+        "dir": str(work),
         "loadavg_before": os.getloadavg()[0],
     }
     # Imports and the tokenizer come from the page cache for every timed process alike.
-    subprocess.run([sys.executable, "-c", "import sys; from transformers import AutoTokenizer; "
-                    "AutoTokenizer.from_pretrained(sys.argv[1]); import eagle3kit.cli, aiohttp; "
-                    "import importlib.util as u; u.find_spec('openai') and __import__('openai')",
-                    str(tokenizer)], check=True, capture_output=True, env=child_env())
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from transformers import AutoTokenizer; "
+            "AutoTokenizer.from_pretrained(sys.argv[1]); import eagle3kit.cli, aiohttp; "
+            "import importlib.util as u; u.find_spec('openai') and __import__('openai')",
+            str(tokenizer),
+        ],
+        check=True,
+        capture_output=True,
+        env=child_env(),
+    )
     try:
         if "throughput" in checks:
             fig["throughput"] = []

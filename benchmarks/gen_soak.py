@@ -101,8 +101,10 @@ def make_prompts(path: Path, requests: int, rng: random.Random) -> int:
     lines, samples, i = [], 0, 0
     while samples < requests:
         turns = 2 if rng.random() < 0.1 and samples + 2 <= requests else 1
-        question = [f"Question {i}: what is {i} times {rng.randint(2, 99)}?",
-                    f"And {i} plus {rng.randint(2, 99)}?"][:turns]
+        question = [
+            f"Question {i}: what is {i} times {rng.randint(2, 99)}?",
+            f"And {i} plus {rng.randint(2, 99)}?",
+        ][:turns]
         lines.append(orjson.dumps({"question_id": i, "category": "soak", "turns": question}))
         samples += turns
         i += 1
@@ -111,29 +113,57 @@ def make_prompts(path: Path, requests: int, rng: random.Random) -> int:
 
 
 def standing_faults(k: int, rng: random.Random) -> dict[str, Any]:
-    return {"fail_rate": rng.uniform(0.005, 0.02), "fail_status": 503,
-            "reset_rate": rng.uniform(0.003, 0.01), "reset_mid_body": k % 3 == 1,
-            "hang_rate": rng.uniform(0.002, 0.005), "hang_s": 60.0,
-            "abort_rate": rng.uniform(0.002, 0.006), "bad_ids_rate": rng.uniform(0.003, 0.01),
-            "bad_ids_kind": "mix", "seed": rng.randrange(1 << 30)}
+    return {
+        "fail_rate": rng.uniform(0.005, 0.02),
+        "fail_status": 503,
+        "reset_rate": rng.uniform(0.003, 0.01),
+        "reset_mid_body": k % 3 == 1,
+        "hang_rate": rng.uniform(0.002, 0.005),
+        "hang_s": 60.0,
+        "abort_rate": rng.uniform(0.002, 0.006),
+        "bad_ids_rate": rng.uniform(0.003, 0.01),
+        "bad_ids_kind": "mix",
+        "seed": rng.randrange(1 << 30),
+    }
 
 
 def start_servers(soak: Soak) -> None:
     for k in range(soak.args.servers):
         record = soak.work / f"server{k}.jsonl"
         srv = FakeServerProcess(
-            "sglang" if k % 2 == 0 else "vllm", tokenizer=str(soak.tokenizer),
-            record_file=str(record), no_record_bodies=True, context_length=CONTEXT,
-            faults=standing_faults(k, soak.rng), **MODEL)
+            "sglang" if k % 2 == 0 else "vllm",
+            tokenizer=str(soak.tokenizer),
+            record_file=str(record),
+            no_record_bodies=True,
+            context_length=CONTEXT,
+            faults=standing_faults(k, soak.rng),
+            **MODEL,
+        )
         soak.servers.append(srv.start())
         soak.records.append(record)
 
 
 def gen_argv(soak: Soak) -> list[str]:
-    argv = [sys.executable, "-m", "eagle3kit", "gen", str(soak.prompts), str(soak.out),
-            "--tokenizer", str(soak.tokenizer), "--max-tokens", str(MAX_TOKENS),
-            "--request-timeout", str(soak.args.request_timeout), "--commit-every",
-            str(soak.args.commit_every), "--no-progress", "--log-every", "5", "--json"]
+    argv = [
+        sys.executable,
+        "-m",
+        "eagle3kit",
+        "gen",
+        str(soak.prompts),
+        str(soak.out),
+        "--tokenizer",
+        str(soak.tokenizer),
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--request-timeout",
+        str(soak.args.request_timeout),
+        "--commit-every",
+        str(soak.args.commit_every),
+        "--no-progress",
+        "--log-every",
+        "5",
+        "--json",
+    ]
     for srv in soak.servers:
         argv += ["--server", f"{srv.url}@{soak.args.concurrency}"]
     return argv
@@ -189,8 +219,11 @@ def restore_all(soak: Soak) -> None:
         timer.cancel()
     soak.restores.clear()
     for srv in soak.servers:
-        if srv.options.get("model_name", "fake/model") != "fake/model" or \
-                srv.proc is None or srv.proc.poll() is not None:
+        if (
+            srv.options.get("model_name", "fake/model") != "fake/model"
+            or srv.proc is None
+            or srv.proc.poll() is not None
+        ):
             restart(soak, srv, "fake/model")
 
 
@@ -207,12 +240,20 @@ class RunResult:
 def run_gen(soak: Soak, limit: int | None, faults: bool) -> RunResult:
     """One gen run, with events fired while it generates and a watchdog for hangs."""
     log = soak.work / f"gen-{len(list(soak.work.glob('gen-*.stderr')))}"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
     with open(f"{log}.stdout", "wb") as fo, open(f"{log}.stderr", "wb") as fe:
         t0 = time.monotonic()
-        proc = subprocess.Popen(gen_argv(soak), stdout=fo, stderr=fe, env=env, cwd=soak.work,
-                                preexec_fn=None if limit is None else limit_file_size(limit))
+        proc = subprocess.Popen(
+            gen_argv(soak),
+            stdout=fo,
+            stderr=fe,
+            env=env,
+            cwd=soak.work,
+            preexec_fn=None if limit is None else limit_file_size(limit),
+        )
         size, last_change, runs_before = received(soak), time.monotonic(), runs_recorded(soak)
         started = False
         next_event = time.monotonic() + soak.rng.uniform(0.5, 1.5) * soak.args.event_every
@@ -235,8 +276,14 @@ def run_gen(soak: Soak, limit: int | None, faults: bool) -> RunResult:
                 next_event = now + soak.rng.uniform(0.5, 1.5) * soak.args.event_every
         proc.wait()
         wall = time.monotonic() - t0
-    return RunResult(proc.returncode, wall, Path(f"{log}.stdout").read_text(),
-                     Path(f"{log}.stderr").read_text(), longest, hung)
+    return RunResult(
+        proc.returncode,
+        wall,
+        Path(f"{log}.stdout").read_text(),
+        Path(f"{log}.stderr").read_text(),
+        longest,
+        hung,
+    )
 
 
 def retries_of(run: RunResult) -> int:
@@ -249,8 +296,12 @@ def retries_of(run: RunResult) -> int:
 
 # Checking the dataset ------------------------------------------------------------------------
 def check_dataset(soak: Soak) -> dict[str, Any]:
-    cfg = GenConfig([soak.prompts], soak.out, servers=[ServerSpec("http://127.0.0.1:1")],
-                    tokenizer=soak.tokenizer)
+    cfg = GenConfig(
+        [soak.prompts],
+        soak.out,
+        servers=[ServerSpec("http://127.0.0.1:1")],
+        tokenizer=soak.tokenizer,
+    )
     convs, _, _ = load(cfg)
     chains = make_chains(convs, 1)
     renderer = Renderer.load(soak.tokenizer)
@@ -274,19 +325,28 @@ def check_dataset(soak: Soak) -> dict[str, Any]:
             ids = [int(t) for t in s.prompt_ids]
             completion = [int(t) for t in s.completion_ids]
             max_tokens = min(MAX_TOKENS, CONTEXT - len(prompt))
-            want, finish = model.expected(prompt, max_tokens=max_tokens,
-                                          stop_token_ids=renderer.stop_token_ids, seed=None)
+            want, finish = model.expected(
+                prompt, max_tokens=max_tokens, stop_token_ids=renderer.stop_token_ids, seed=None
+            )
             if ids != prompt:
                 wrong.append(f"{sample_id}: prompt ids differ from the rendering")
             elif (completion, s.finish_reason) != (want, finish):
-                wrong.append(f"{sample_id}: {s.finish_reason} completion differs from the "
-                             f"model's ({s.server.get('model') if s.server else None})")
+                wrong.append(
+                    f"{sample_id}: {s.finish_reason} completion differs from the "
+                    f"model's ({s.server.get('model') if s.server else None})"
+                )
             answers.append(renderer.answer_message(completion))
     extra = set(stored) - {i for c in chains for i in c.ids}
-    return {"samples": len(stored_ids), "expected": sum(len(c.ids) for c in chains),
-            "duplicates": len(stored_ids) - len(set(stored_ids)), "unexpected": len(extra),
-            "wrong": len(wrong), "wrong_examples": wrong[:5], "finish": dict(finishes),
-            "verify": ds.verify()}
+    return {
+        "samples": len(stored_ids),
+        "expected": sum(len(c.ids) for c in chains),
+        "duplicates": len(stored_ids) - len(set(stored_ids)),
+        "unexpected": len(extra),
+        "wrong": len(wrong),
+        "wrong_examples": wrong[:5],
+        "finish": dict(finishes),
+        "verify": ds.verify(),
+    }
 
 
 def server_figures(soak: Soak) -> dict[str, Any]:
@@ -306,9 +366,13 @@ def server_figures(soak: Soak) -> dict[str, Any]:
                 longest = max(longest, took)
                 if rec["outcome"] == "hang":
                     longest_hang = max(longest_hang, took)
-    return {"outcomes": dict(outcomes), "bad_id_kinds": dict(bad_kinds),
-            "longest_request_s": round(longest, 2), "longest_hang_s": round(longest_hang, 2),
-            "generation_requests": sum(outcomes.values())}
+    return {
+        "outcomes": dict(outcomes),
+        "bad_id_kinds": dict(bad_kinds),
+        "longest_request_s": round(longest, 2),
+        "longest_hang_s": round(longest_hang, 2),
+        "generation_requests": sum(outcomes.values()),
+    }
 
 
 # Main ---------------------------------------------------------------------------------------
@@ -316,8 +380,7 @@ def soak_run(args: argparse.Namespace) -> dict[str, Any]:
     t_start = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="gen-soak-", dir=args.dir))
     rng = random.Random(args.seed)
-    tokenizer = make_tokenizer(work / "tokenizer", vocab_size=400,
-                               corpus=stdlib_docstrings(60_000))
+    tokenizer = make_tokenizer(work / "tokenizer", vocab_size=400, corpus=stdlib_docstrings(60_000))
     soak = Soak(args, work, tokenizer, work / "prompts.jsonl", work / "ds", rng=rng)
     requests = make_prompts(soak.prompts, args.requests, rng)
     tokenizer_bytes = max(p.stat().st_size for p in tokenizer.iterdir())
@@ -336,10 +399,16 @@ def soak_run(args: argparse.Namespace) -> dict[str, Any]:
                 soak.events["disk_full"] += 1
             retries += retries_of(run)
             errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
-            runs.append({"rc": run.rc, "wall_s": round(run.wall, 1), "hung": run.hung,
-                         "longest_quiet_s": round(run.longest_quiet, 1),
-                         "error": errors[-1][:200] if errors else None,
-                         "traceback": "Traceback" in run.stderr})
+            runs.append(
+                {
+                    "rc": run.rc,
+                    "wall_s": round(run.wall, 1),
+                    "hung": run.hung,
+                    "longest_quiet_s": round(run.longest_quiet, 1),
+                    "error": errors[-1][:200] if errors else None,
+                    "traceback": "Traceback" in run.stderr,
+                }
+            )
             restore_all(soak)
             if run.rc == 0 or run.hung:
                 break
@@ -353,23 +422,37 @@ def soak_run(args: argparse.Namespace) -> dict[str, Any]:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     out = served["outcomes"]
-    faults = {"503": out.get("fault_503", 0), "503_storm": out.get("fault_storm", 0),
-              "reset": out.get("reset", 0), "hang": out.get("hang", 0),
-              "abort": out.get("fault_abort", 0) + out.get("fault_error", 0),
-              "malformed_ids": out.get("fault_bad_ids", 0),
-              "storms": soak.events["storm"], "hang_bursts": soak.events["hangs"],
-              "restarts_same_model": soak.events["restart"],
-              "restarts_other_model": soak.events["other_model"],
-              "disk_full": soak.events["disk_full"]}
-    figures = {"requests": requests, "servers": args.servers, "seed": args.seed,
-               "faults": faults, "malformed_id_kinds": served["bad_id_kinds"],
-               "generation_requests": served["generation_requests"], "retries": retries,
-               "runs": runs, "reruns": len(runs) - 1, **checked,
-               "longest_request_s": served["longest_request_s"],
-               "longest_hang_s": served["longest_hang_s"],
-               "request_timeout_s": args.request_timeout,
-               "longest_quiet_s": max(r["longest_quiet_s"] for r in runs),
-               "disk_limit_bytes": limit, "wall_s": round(time.monotonic() - t_start, 1)}
+    faults = {
+        "503": out.get("fault_503", 0),
+        "503_storm": out.get("fault_storm", 0),
+        "reset": out.get("reset", 0),
+        "hang": out.get("hang", 0),
+        "abort": out.get("fault_abort", 0) + out.get("fault_error", 0),
+        "malformed_ids": out.get("fault_bad_ids", 0),
+        "storms": soak.events["storm"],
+        "hang_bursts": soak.events["hangs"],
+        "restarts_same_model": soak.events["restart"],
+        "restarts_other_model": soak.events["other_model"],
+        "disk_full": soak.events["disk_full"],
+    }
+    figures = {
+        "requests": requests,
+        "servers": args.servers,
+        "seed": args.seed,
+        "faults": faults,
+        "malformed_id_kinds": served["bad_id_kinds"],
+        "generation_requests": served["generation_requests"],
+        "retries": retries,
+        "runs": runs,
+        "reruns": len(runs) - 1,
+        **checked,
+        "longest_request_s": served["longest_request_s"],
+        "longest_hang_s": served["longest_hang_s"],
+        "request_timeout_s": args.request_timeout,
+        "longest_quiet_s": max(r["longest_quiet_s"] for r in runs),
+        "disk_limit_bytes": limit,
+        "wall_s": round(time.monotonic() - t_start, 1),
+    }
     figures["problems"] = problems(figures)
     return figures
 
@@ -393,8 +476,10 @@ def problems(f: dict[str, Any]) -> list[str]:
     if f["verify"]:
         found.append(f"verify: {f['verify'][:3]}")
     if f["longest_hang_s"] > f["request_timeout_s"] + HANG_SLACK_S:
-        found.append(f"a hung request was held {f['longest_hang_s']}s, past --request-timeout "
-                     f"{f['request_timeout_s']}s (+{HANG_SLACK_S:g}s)")
+        found.append(
+            f"a hung request was held {f['longest_hang_s']}s, past --request-timeout "
+            f"{f['request_timeout_s']}s (+{HANG_SLACK_S:g}s)"
+        )
     return found
 
 
@@ -407,10 +492,14 @@ def render(f: dict[str, Any]) -> str:
         ("retries (gen's count)", f"{f['retries']:,}"),
         ("reruns needed", f"{f['reruns']} (exits: {', '.join(str(r['rc']) for r in f['runs'])})"),
         *((f"faults: {k}", f"{v:,}") for k, v in f["faults"].items()),
-        ("malformed ids by kind", ", ".join(f"{k} {v}" for k, v in
-                                            sorted(f["malformed_id_kinds"].items()))),
-        ("longest hung request (server's view)",
-         f"{f['longest_hang_s']}s of a 60 s hang (--request-timeout {f['request_timeout_s']}s)"),
+        (
+            "malformed ids by kind",
+            ", ".join(f"{k} {v}" for k, v in sorted(f["malformed_id_kinds"].items())),
+        ),
+        (
+            "longest hung request (server's view)",
+            f"{f['longest_hang_s']}s of a 60 s hang (--request-timeout {f['request_timeout_s']}s)",
+        ),
         ("longest request at a server", f"{f['longest_request_s']}s"),
         ("longest gap with no request", f"{f['longest_quiet_s']}s"),
         ("finish reasons", ", ".join(f"{k} {v:,}" for k, v in sorted(f["finish"].items()))),
@@ -429,10 +518,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--commit-every", type=int, default=100)
     p.add_argument("--request-timeout", type=float, default=2.0)
     p.add_argument("--event-every", type=float, default=4.0, help="seconds between events")
-    p.add_argument("--stall-s", type=float, default=90.0,
-                   help="no request at any server for this long while gen runs: a hang")
-    p.add_argument("--disk-limit", type=int, default=None,
-                   help="RLIMIT_FSIZE bytes of the first runs (default: sized to fill halfway)")
+    p.add_argument(
+        "--stall-s",
+        type=float,
+        default=90.0,
+        help="no request at any server for this long while gen runs: a hang",
+    )
+    p.add_argument(
+        "--disk-limit",
+        type=int,
+        default=None,
+        help="RLIMIT_FSIZE bytes of the first runs (default: sized to fill halfway)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dir", type=Path, default=None, help="parent of the work directory")
     p.add_argument("--keep", action="store_true", help="keep the work directory")

@@ -65,8 +65,14 @@ from ttt_reference import quadratic_loss  # noqa: E402  (the plain PyTorch loop'
 
 PROMPTS = [REPO / "tests/data/prompts/eagle/mt_bench/question.jsonl"]
 # Dense bf16 tensor-core peaks (TFLOP/s) by device name; --peak-tflops for any other chip.
-BF16_PEAK = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "L40S": 362.0,
-             "B200": 2250.0}
+BF16_PEAK = {
+    "H200": 989.0,
+    "H100": 989.0,
+    "H800": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "B200": 2250.0,
+}
 
 
 def _default_ttt_steps() -> int:
@@ -99,10 +105,25 @@ class Sizes:
     parity_len: int = 96
 
 
-SMOKE = Sizes(hidden=64, heads=2, intermediate=128, target_vocab=512, draft_vocab=128,
-              lengths=(64, 128), steps=1, target_hidden=64, target_layers=4, target_heads=2,
-              target_intermediate=128, extract_batch=2, extract_len=32, accept_prompts=1,
-              accept_new_tokens=8, parity_hidden=64, parity_len=48)
+SMOKE = Sizes(
+    hidden=64,
+    heads=2,
+    intermediate=128,
+    target_vocab=512,
+    draft_vocab=128,
+    lengths=(64, 128),
+    steps=1,
+    target_hidden=64,
+    target_layers=4,
+    target_heads=2,
+    target_intermediate=128,
+    extract_batch=2,
+    extract_len=32,
+    accept_prompts=1,
+    accept_new_tokens=8,
+    parity_hidden=64,
+    parity_len=48,
+)
 
 
 def say(name: str, value: float | str, unit: str = "") -> None:
@@ -130,30 +151,38 @@ class TrainSetup:
     def __init__(self, s: Sizes, hidden: int, length: int, device: torch.device) -> None:
         gen = torch.Generator().manual_seed(0)
         heads = max(1, hidden // (s.hidden // s.heads))
-        target = LlamaConfig(vocab_size=s.target_vocab, hidden_size=hidden,
-                             intermediate_size=s.intermediate * hidden // s.hidden,
-                             num_hidden_layers=8, num_attention_heads=heads,
-                             num_key_value_heads=heads)
-        vocab = build_vocab(torch.randint(0, 1000, (s.target_vocab,), generator=gen).numpy(),
-                            s.draft_vocab)
+        target = LlamaConfig(
+            vocab_size=s.target_vocab,
+            hidden_size=hidden,
+            intermediate_size=s.intermediate * hidden // s.hidden,
+            num_hidden_layers=8,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+        )
+        vocab = build_vocab(
+            torch.randint(0, 1000, (s.target_vocab,), generator=gen).numpy(), s.draft_vocab
+        )
         torch.manual_seed(0)
-        drafter = Eagle3Drafter(DrafterConfig.from_target(target,
-                                                          draft_vocab_size=s.draft_vocab))
+        drafter = Eagle3Drafter(DrafterConfig.from_target(target, draft_vocab_size=s.draft_vocab))
         drafter.set_vocab(torch.from_numpy(vocab.d2t), torch.from_numpy(vocab.t2d))
         weights = [torch.randn(s.target_vocab, hidden, generator=gen) * 0.02 for _ in range(2)]
         drafter.load_target_embedding(weights[0])
         self.drafter = drafter.to(device)
         # The frozen target head in bf16 on a GPU (as train loads the target), fp32 on CPU.
         head_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        self.head = TargetHead(weights[0].to(device, head_dtype), torch.nn.Identity(),
-                               weights[1].to(device, head_dtype))
+        self.head = TargetHead(
+            weights[0].to(device, head_dtype),
+            torch.nn.Identity(),
+            weights[1].to(device, head_dtype),
+        )
         normed = torch.randn(1, length, hidden, generator=gen).to(device, head_dtype)
         ids = torch.randint(0, s.target_vocab, (1, length), generator=gen).to(device)
         mask = torch.ones(1, length, dtype=torch.bool, device=device)
-        mask[:, :min(64, length // 4)] = False  # a prompt
+        mask[:, : min(64, length // 4)] = False  # a prompt
         aux = torch.randn(1, length, 3 * hidden, generator=gen).to(device)
-        self.batch = TargetBatch(ids, mask, torch.tensor([length], device=device), aux,
-                                 normed, self.head.argmax(normed))
+        self.batch = TargetBatch(
+            ids, mask, torch.tensor([length], device=device), aux, normed, self.head.argmax(normed)
+        )
         self.params = self.drafter.trainable_parameters()
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-4, betas=(0.9, 0.95))
         self.counts = step_counts(self.batch, self.drafter.t2d, s.ttt_steps)
@@ -165,8 +194,9 @@ class TrainSetup:
         if impl == "eagle3kit":
             loss = self.loss(self.batch, self.counts, autocast)[0]
         else:
-            loss = quadratic_loss(self.drafter, self.head, self.batch, self.counts, self.steps,
-                                  0.8, autocast)[0]
+            loss = quadratic_loss(
+                self.drafter, self.head, self.batch, self.counts, self.steps, 0.8, autocast
+            )[0]
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.params, 0.5)
         self.optimizer.step()
@@ -185,8 +215,9 @@ def train_flops(s: Sizes, length: int) -> float:
     return length * (6 * trained + 3 * attention + 2 * h * s.target_vocab)
 
 
-def measure_train(s: Sizes, length: int, impl: str, device: torch.device,
-                  autocast: torch.dtype | None) -> dict[str, float]:
+def measure_train(
+    s: Sizes, length: int, impl: str, device: torch.device, autocast: torch.dtype | None
+) -> dict[str, float]:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -198,16 +229,18 @@ def measure_train(s: Sizes, length: int, impl: str, device: torch.device,
         loss, _ = setup.step(impl, autocast)
     sync(device)
     seconds = (time.perf_counter() - began) / s.steps
-    out = {"tokens_per_s": length / seconds, "peak_mb": peak_mb(device),
-           "loss": float(loss)}
+    out = {"tokens_per_s": length / seconds, "peak_mb": peak_mb(device), "loss": float(loss)}
     del setup
     return out
 
 
 def check_train(s: Sizes, device: torch.device, peak_tflops: float) -> None:
     autocast = torch.bfloat16 if device.type == "cuda" else None
-    say("train drafter", f"hidden {s.hidden}, target vocab {s.target_vocab}, "
-        f"draft vocab {s.draft_vocab}, {s.ttt_steps} TTT steps, {device}")
+    say(
+        "train drafter",
+        f"hidden {s.hidden}, target vocab {s.target_vocab}, "
+        f"draft vocab {s.draft_vocab}, {s.ttt_steps} TTT steps, {device}",
+    )
     for length in s.lengths:
         ours = measure_train(s, length, "eagle3kit", device, autocast)
         say(f"train {length} tokens_per_s", ours["tokens_per_s"], "tok/s")
@@ -228,11 +261,18 @@ def check_train(s: Sizes, device: torch.device, peak_tflops: float) -> None:
 # Extract and bench accept ---------------------------------------------------------------------
 def build_target(s: Sizes, work: Path) -> Path:
     make_tokenizer(work / "tok", corpus=stdlib_docstrings(20_000))
-    return make_target(work / "target", work / "tok", hidden_size=s.target_hidden,
-                       num_layers=s.target_layers, heads=s.target_heads,
-                       kv_heads=max(1, s.target_heads // 3), head_dim=s.target_hidden //
-                       s.target_heads, intermediate_size=s.target_intermediate,
-                       max_positions=max(2048, s.extract_len), seed=3)
+    return make_target(
+        work / "target",
+        work / "tok",
+        hidden_size=s.target_hidden,
+        num_layers=s.target_layers,
+        heads=s.target_heads,
+        kv_heads=max(1, s.target_heads // 3),
+        head_dim=s.target_hidden // s.target_heads,
+        intermediate_size=s.target_intermediate,
+        max_positions=max(2048, s.extract_len),
+        seed=3,
+    )
 
 
 def check_extract(s: Sizes, target: Path, device: torch.device) -> None:
@@ -240,8 +280,7 @@ def check_extract(s: Sizes, target: Path, device: torch.device) -> None:
     model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval()
     layers = [1, s.target_layers // 2, s.target_layers - 2]
     capture = Capture(model, layers, who="gpu_check")
-    ids = torch.randint(0, model.config.vocab_size, (s.extract_batch, s.extract_len),
-                        device=device)
+    ids = torch.randint(0, model.config.vocab_size, (s.extract_batch, s.extract_len), device=device)
 
     def timed(call: Any) -> float:
         with torch.no_grad():
@@ -254,8 +293,11 @@ def check_extract(s: Sizes, target: Path, device: torch.device) -> None:
         return ids.numel() * max(s.steps, 2) / (time.perf_counter() - began)
 
     params = sum(p.numel() for p in model.parameters())
-    say("extract target", f"{params / 1e9:.2f}B parameters, {s.target_layers} layers, "
-        f"hidden {s.target_hidden}, {dtype}")
+    say(
+        "extract target",
+        f"{params / 1e9:.2f}B parameters, {s.target_layers} layers, "
+        f"hidden {s.target_hidden}, {dtype}",
+    )
     bare = timed(lambda: model(input_ids=ids))
     hooked = timed(lambda: capture(ids))
     say("extract tokens_per_s", hooked, "tok/s")
@@ -270,10 +312,18 @@ def check_accept(s: Sizes, target: Path, work: Path, device: torch.device) -> No
     drafter.load_target_embedding(model.get_input_embeddings().weight)
     save_drafter(drafter, work / "drafter")
     del model
-    report = run_accept(AcceptConfig(
-        target, work / "drafter", PROMPTS, max_new_tokens=s.accept_new_tokens,
-        max_samples=s.accept_prompts, device=str(device), dtype="auto",
-        output=OutputOptions(quiet=True)))
+    report = run_accept(
+        AcceptConfig(
+            target,
+            work / "drafter",
+            PROMPTS,
+            max_new_tokens=s.accept_new_tokens,
+            max_samples=s.accept_prompts,
+            device=str(device),
+            dtype="auto",
+            output=OutputOptions(quiet=True),
+        )
+    )
     rounds = sum(len(p.rounds) for p in report.prompts)
     seconds = sum(p.spec_seconds for p in report.prompts)
     say("accept rounds_per_s", rounds / seconds, "rounds/s")
@@ -292,14 +342,19 @@ def check_parity(s: Sizes, device: torch.device) -> bool:
     for where, autocast in ((device, torch.bfloat16), (torch.device("cpu"), None)):
         setup = TrainSetup(toy, s.parity_hidden, s.parity_len, where)
         # The head in fp32 on both sides: the comparison is of the step, not the head's dtype.
-        setup.head = TargetHead(*(t.float() for t in (setup.head.embedding,)),
-                                torch.nn.Identity(), setup.head.lm_head.float())
+        setup.head = TargetHead(
+            *(t.float() for t in (setup.head.embedding,)),
+            torch.nn.Identity(),
+            setup.head.lm_head.float(),
+        )
         setup.loss = TTTLoss(setup.drafter, setup.head, toy.ttt_steps, 0.8)
         setup.batch = replace(setup.batch, normed=setup.batch.normed.float())
-        runs.append([tuple(float(x) for x in setup.step("eagle3kit", autocast))
-                     for _ in range(2)])
-    worst = max(abs(a - b) / max(abs(b), 1e-6) for d, c in zip(*runs, strict=True)
-                for a, b in zip(d, c, strict=True))
+        runs.append([tuple(float(x) for x in setup.step("eagle3kit", autocast)) for _ in range(2)])
+    worst = max(
+        abs(a - b) / max(abs(b), 1e-6)
+        for d, c in zip(*runs, strict=True)
+        for a, b in zip(d, c, strict=True)
+    )
     tolerance = 0.05  # bf16 keeps 8 bits of mantissa (2^-8 per rounding), over a step's sums
     say("parity worst_relative_difference", worst)
     say("parity tolerance", tolerance)
@@ -310,14 +365,20 @@ def check_parity(s: Sizes, device: torch.device) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true",
-                        help="every path at toy size on the CPU (the default test run's)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every path at toy size on the CPU (the default test run's)",
+    )
     parser.add_argument("--device", default=None, help="default: cuda if present, else cpu")
     parser.add_argument("--lengths", help="train tokens per sample, e.g. 2048,8192,32768")
     parser.add_argument("--steps", type=int, help="timed steps per measurement")
-    parser.add_argument("--peak-tflops", type=float,
-                        help="the chip's dense bf16 peak (default: from the device's name; "
-                        "1 on a CPU, a nominal figure)")
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        help="the chip's dense bf16 peak (default: from the device's name; "
+        "1 on a CPU, a nominal figure)",
+    )
     parser.add_argument("--skip", default="", help="comma-separated: train,extract,accept,parity")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     args = parser.parse_args()
@@ -327,8 +388,9 @@ def main() -> None:
         sizes = replace(sizes, lengths=tuple(int(x) for x in args.lengths.split(",")))
     if args.steps:
         sizes = replace(sizes, steps=args.steps)
-    device = torch.device(args.device or ("cpu" if args.smoke or not torch.cuda.is_available()
-                                          else "cuda"))
+    device = torch.device(
+        args.device or ("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+    )
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak = args.peak_tflops or next((v for k, v in BF16_PEAK.items() if k in name), 1.0)
     say("device", f"{name}, bf16 peak {peak:g} TFLOP/s")

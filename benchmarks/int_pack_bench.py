@@ -83,17 +83,20 @@ main()
 def packer(leg: str) -> Callable[..., int]:
     """The leg's pack_int32_into: "numpy", or "c:BUILD_DIR" (BUILD_DIR holds _fastints)."""
     if leg == "numpy":
-        def pack_numpy(items: Any, out: np.ndarray, offset: int = 0,
-                       floor: int | None = None) -> int:
+
+        def pack_numpy(
+            items: Any, out: np.ndarray, offset: int = 0, floor: int | None = None
+        ) -> int:
             try:
                 arr = np.asarray(items, dtype="<i4")
             except OverflowError as exc:
                 raise Int32RangeError(*exc.args) from None
             n = len(arr)
-            out[offset:offset + n] = arr
+            out[offset : offset + n] = arr
             if floor is not None and n and int(arr.min()) < floor:
                 raise ValueError(f"value {int(arr.min())} is below {floor}")
             return n
+
         return pack_numpy
 
     sys.path.insert(0, leg.partition(":")[2])
@@ -106,6 +109,7 @@ def packer(leg: str) -> Callable[..., int]:
             return _fastints.pack_int32(items, out, offset)
         except OverflowError as exc:
             raise Int32RangeError(*exc.args) from None
+
     return pack_c
 
 
@@ -113,17 +117,22 @@ def build_c(rev: str, work: Path) -> Path | str:
     """`_fastints` as it was at `rev`, compiled into work/c-build; or why it could not be."""
     src = work / "c-src"
     src.mkdir()
-    show = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:eagle3kit/_fastints.c"],
-                          capture_output=True)
+    show = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{rev}:eagle3kit/_fastints.c"], capture_output=True
+    )
     if show.returncode != 0:
         return f"no eagle3kit/_fastints.c at {rev} ({show.stderr.decode().strip()})"
     (src / "_fastints.c").write_bytes(show.stdout)
     (src / "setup.py").write_text(
         "from setuptools import Extension, setup\n"
-        "setup(name='fastints', ext_modules=[Extension('_fastints', ['_fastints.c'])])\n")
+        "setup(name='fastints', ext_modules=[Extension('_fastints', ['_fastints.c'])])\n"
+    )
     out = work / "c-build"
-    built = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib",
-                            str(out)], cwd=src, capture_output=True)
+    built = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(out)],
+        cwd=src,
+        capture_output=True,
+    )
     if built.returncode != 0:
         return f"compiling _fastints.c failed: {built.stderr.decode().strip()[-300:]}"
     return out
@@ -154,9 +163,17 @@ def write_jsonl(path: Path, n: int, seed: int = 0) -> int:
             length = int(rng.integers(500, 1501))
             ids = rng.integers(0, 152_000, length).tolist()
             split = max(1, length // 10)
-            f.write(orjson.dumps({"sample_id": f"s{i}", "prompt_ids": ids[:split],
-                                  "completion_ids": ids[split:],
-                                  "finish_reason": "length"}) + b"\n")
+            f.write(
+                orjson.dumps(
+                    {
+                        "sample_id": f"s{i}",
+                        "prompt_ids": ids[:split],
+                        "completion_ids": ids[split:],
+                        "finish_reason": "length",
+                    }
+                )
+                + b"\n"
+            )
             total += length
     return total
 
@@ -169,18 +186,22 @@ def bench_convert(work: Path, legs: dict[str, str], n: int, repeat: int) -> dict
         for name, leg in legs.items():
             out = work / f"convert-{name}-{k}"
             print(f"convert ({name}, {k + 1}/{repeat}): {n:,} samples...", file=sys.stderr)
-            run = gen_bench.run_child([sys.executable, "-c", CHILD, str(HERE), leg,
-                                       "convert", str(src),
-                                       str(out), "-q"], work, f"convert-{name}")
+            run = gen_bench.run_child(
+                [sys.executable, "-c", CHILD, str(HERE), leg, "convert", str(src), str(out), "-q"],
+                work,
+                f"convert-{name}",
+            )
             gen_bench.check_rc(run, f"convert ({name})")
             runs[name].append(run)
             shutil.rmtree(out)
     fig: dict[str, Any] = {"samples": n, "tokens": tokens}
     for name, rs in runs.items():
-        fig[name] = {"cpu_s": [round(r.cpu_s, 3) for r in rs],
-                     "wall_s": [round(r.wall_s, 3) for r in rs],
-                     "cpu_s_median": round(statistics.median(r.cpu_s for r in rs), 3),
-                     "wall_s_median": round(statistics.median(r.wall_s for r in rs), 3)}
+        fig[name] = {
+            "cpu_s": [round(r.cpu_s, 3) for r in rs],
+            "wall_s": [round(r.wall_s, 3) for r in rs],
+            "cpu_s_median": round(statistics.median(r.cpu_s for r in rs), 3),
+            "wall_s_median": round(statistics.median(r.wall_s for r in rs), 3),
+        }
     return fig
 
 
@@ -190,27 +211,34 @@ def ratios(fig: dict[str, Any]) -> dict[str, float]:
     for base in fig["micro_ns_per_id"]:
         if base == "pure":
             continue
-        out[f"micro_pure_over_{base}"] = round(fig["micro_ns_per_id"]["pure"]
-                                               / fig["micro_ns_per_id"][base], 3)
+        out[f"micro_pure_over_{base}"] = round(
+            fig["micro_ns_per_id"]["pure"] / fig["micro_ns_per_id"][base], 3
+        )
         if "convert" in fig:
             for what in ("cpu", "wall"):
                 key = f"{what}_s_median"
                 out[f"convert_{what}_pure_over_{base}"] = round(
-                    fig["convert"]["pure"][key] / fig["convert"][base][key], 3)
+                    fig["convert"]["pure"][key] / fig["convert"][base][key], 3
+                )
     return out
 
 
 def render(fig: dict[str, Any]) -> str:
     legs = list(fig["micro_ns_per_id"])
     rows = [f"{'':22}" + "".join(f"{leg:>10}" for leg in legs)]
-    rows.append(f"{'micro ns/id':22}"
-                + "".join(f"{fig['micro_ns_per_id'][leg]:10.2f}" for leg in legs))
+    rows.append(
+        f"{'micro ns/id':22}" + "".join(f"{fig['micro_ns_per_id'][leg]:10.2f}" for leg in legs)
+    )
     if "convert" in fig:
         c = fig["convert"]
-        rows.append(f"{'convert cpu s (median)':22}"
-                    + "".join(f"{c[leg]['cpu_s_median']:10.2f}" for leg in legs))
-        rows.append(f"{'convert wall s (median)':22}"
-                    + "".join(f"{c[leg]['wall_s_median']:10.2f}" for leg in legs))
+        rows.append(
+            f"{'convert cpu s (median)':22}"
+            + "".join(f"{c[leg]['cpu_s_median']:10.2f}" for leg in legs)
+        )
+        rows.append(
+            f"{'convert wall s (median)':22}"
+            + "".join(f"{c[leg]['wall_s_median']:10.2f}" for leg in legs)
+        )
         rows.append(f"({c['samples']:,} samples, {c['tokens']:,} ids)")
     rows += [f"{k}: {v}" for k, v in fig["ratios"].items()]
     if fig.get("c_missing"):
@@ -232,8 +260,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="int-pack-", dir=args.dir))
     try:
         legs = {"pure": "pure", "numpy": "numpy"}
-        fig: dict[str, Any] = {"cpus": len(os.sched_getaffinity(0)),
-                               "loadavg_before": os.getloadavg()[0]}
+        fig: dict[str, Any] = {
+            "cpus": len(os.sched_getaffinity(0)),
+            "loadavg_before": os.getloadavg()[0],
+        }
         if args.no_c:
             fig["c_missing"] = "--no-c"
         else:
@@ -243,10 +273,13 @@ def main() -> None:
                 fig["c_rev"] = args.c_rev
             else:
                 fig["c_missing"] = build
-        packers = {"pure": pack_int32_into, **{name: packer(leg) for name, leg in legs.items()
-                                               if name != "pure"}}
-        fig["micro_ns_per_id"] = {name: round(micro(p, args.micro_ids), 3)
-                                  for name, p in packers.items()}
+        packers = {
+            "pure": pack_int32_into,
+            **{name: packer(leg) for name, leg in legs.items() if name != "pure"},
+        }
+        fig["micro_ns_per_id"] = {
+            name: round(micro(p, args.micro_ids), 3) for name, p in packers.items()
+        }
         if not args.no_convert:
             fig["convert"] = bench_convert(work, legs, args.convert_samples, args.repeat)
         fig["ratios"] = ratios(fig)

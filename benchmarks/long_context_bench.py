@@ -66,15 +66,26 @@ def depth_edges(sample_tokens: int, truncate: int) -> list[int]:
 
 
 # Data -------------------------------------------------------------------------------------
-def histories(tokenizer, docs: list[str], count: int, length: int, seed: int
-              ) -> list[tuple[list[int], list[int]]]:
+def histories(
+    tokenizer, docs: list[str], count: int, length: int, seed: int
+) -> list[tuple[list[int], list[int]]]:
     """`count` multi-turn histories of exactly `length` tokens: (ids, loss mask), whole
     chats back to back in a seeded order, the loss on each chat's assistant turn."""
     order = torch.Generator().manual_seed(seed)
     chats = chat_token_ids(tokenizer, docs, 1 << 30)
-    prompts = [len(tokenizer(tokenizer.apply_chat_template(
-        [{"role": "user", "content": docstring_chat(d)[0]}], tokenize=False,
-        add_generation_prompt=True), add_special_tokens=False)["input_ids"]) for d in docs]
+    prompts = [
+        len(
+            tokenizer(
+                tokenizer.apply_chat_template(
+                    [{"role": "user", "content": docstring_chat(d)[0]}],
+                    tokenize=False,
+                    add_generation_prompt=True,
+                ),
+                add_special_tokens=False,
+            )["input_ids"]
+        )
+        for d in docs
+    ]
     out, queue = [], []
     for _ in range(count):
         ids: list[int] = []
@@ -97,8 +108,9 @@ def write_dataset(path: Path, samples: list[tuple[list[int], list[int]]]) -> Pat
 
 
 @torch.no_grad()
-def heldout_batch(model, samples: list[tuple[list[int], list[int]]], layers: list[int]
-                  ) -> TargetBatch:
+def heldout_batch(
+    model, samples: list[tuple[list[int], list[int]]], layers: list[int]
+) -> TargetBatch:
     """The target's states and greedy tokens on the held-out histories (what extract and
     online training give: aux id k is HF's hidden_states[k])."""
     ids = torch.tensor([s[0] for s in samples])
@@ -114,47 +126,85 @@ def by_depth(drafter, batch: TargetBatch, edges: list[int], k: int) -> list[dict
     """Train's held-out prediction per context-depth bucket (the depth of a round: the
     tokens its drafts follow), and over every round."""
     result = evaluate(drafter, [batch], k=k, depth_edges=edges)
-    rows = [{"bucket": name, "rounds": f["chains"],
-             "acceptance_length": f["predicted_acceptance_length"]}
-            for name, f in result.extra["depths"].items()]
-    return [*rows, {"bucket": "all", "rounds": result.chains,
-                    "acceptance_length": result.predicted_acceptance_length}]
+    rows = [
+        {
+            "bucket": name,
+            "rounds": f["chains"],
+            "acceptance_length": f["predicted_acceptance_length"],
+        }
+        for name, f in result.extra["depths"].items()
+    ]
+    return [
+        *rows,
+        {
+            "bucket": "all",
+            "rounds": result.chains,
+            "acceptance_length": result.predicted_acceptance_length,
+        },
+    ]
 
 
-def train_variant(work: Path, name: str, target: Path, tokens: Path, args,
-                  **options) -> dict:
+def train_variant(work: Path, name: str, target: Path, tokens: Path, args, **options) -> dict:
     run_dir = work / f"run-{name.replace(' ', '-')}"
     started = time.perf_counter()
-    result = train(TrainConfig(
-        [tokens], run_dir, target, online=True, max_steps=args.steps,
-        batch_tokens=args.batch_tokens, draft_vocab=args.draft_vocab, lr=args.lr,
-        eval_split=0, eval_every=0, checkpoint_every=args.steps, seed=args.seed,
-        device="cpu", dtype="float32", output=QUIET, **options))
-    return {"run": run_dir, "tokens": result.tokens, "loss": result.loss,
-            "seconds": time.perf_counter() - started}
+    result = train(
+        TrainConfig(
+            [tokens],
+            run_dir,
+            target,
+            online=True,
+            max_steps=args.steps,
+            batch_tokens=args.batch_tokens,
+            draft_vocab=args.draft_vocab,
+            lr=args.lr,
+            eval_split=0,
+            eval_every=0,
+            checkpoint_every=args.steps,
+            seed=args.seed,
+            device="cpu",
+            dtype="float32",
+            output=QUIET,
+            **options,
+        )
+    )
+    return {
+        "run": run_dir,
+        "tokens": result.tokens,
+        "loss": result.loss,
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def table(results: dict[str, dict]) -> str:
     names = list(results)
     base = results[names[0]]["depths"]
-    head = ["depth", "rounds", *[f"AL {n}" for n in names], *[f"{n} / {names[0]}"
-                                                             for n in names[1:]]]
+    head = [
+        "depth",
+        "rounds",
+        *[f"AL {n}" for n in names],
+        *[f"{n} / {names[0]}" for n in names[1:]],
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, row in enumerate(base):
         als = [results[n]["depths"][i]["acceptance_length"] for n in names]
         ratios = [f"{a / als[0]:.3f}" if als[0] else "-" for a in als[1:]]
-        lines.append("| " + " | ".join([row["bucket"], str(row["rounds"]),
-                                        *[f"{a:.3f}" for a in als], *ratios]) + " |")
+        lines.append(
+            "| "
+            + " | ".join([row["bucket"], str(row["rounds"]), *[f"{a:.3f}" for a in als], *ratios])
+            + " |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="a small run of every part (seconds): the tests' form")
+    parser.add_argument(
+        "--quick", action="store_true", help="a small run of every part (seconds): the tests' form"
+    )
     parser.add_argument("--sample-tokens", type=int, default=2048)
-    parser.add_argument("--truncate", type=int, default=256,
-                        help="the baseline's --max-len (default 256)")
+    parser.add_argument(
+        "--truncate", type=int, default=256, help="the baseline's --max-len (default 256)"
+    )
     parser.add_argument("--windows", default="64,256", help="sliding windows to train")
     parser.add_argument("--samples", type=int, default=48, help="training histories")
     parser.add_argument("--heldout", type=int, default=8, help="held-out histories")
@@ -187,12 +237,14 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     tokens = work / "tokens"
     if not has_dataset_files(tokens):
-        write_dataset(tokens, histories(tokenizer, seen, args.samples, args.sample_tokens,
-                                        args.seed))
+        write_dataset(
+            tokens, histories(tokenizer, seen, args.samples, args.sample_tokens, args.seed)
+        )
     model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
     layers = [2, model.config.num_hidden_layers // 2, model.config.num_hidden_layers - 3]
-    batch = heldout_batch(model, histories(tokenizer, unseen, args.heldout, args.sample_tokens,
-                                           args.seed + 1), layers)
+    batch = heldout_batch(
+        model, histories(tokenizer, unseen, args.heldout, args.sample_tokens, args.seed + 1), layers
+    )
     embedding = model.get_input_embeddings().weight.detach()
     variants = {"truncated": {"max_len": args.truncate}, "whole": {}}
     variants.update({f"window {w}": {"sliding_window": w} for w in windows})
@@ -205,16 +257,30 @@ def main() -> None:
         trained["run"] = str(trained["run"])
         results[name] = trained
         loss = "" if trained["loss"] is None else f", loss {trained['loss']:.3f}"  # reused
-        print(f"{name}: {trained['tokens']:,} tokens seen{loss}, {trained['seconds']:.0f} s",
-              file=sys.stderr)
+        print(
+            f"{name}: {trained['tokens']:,} tokens seen{loss}, {trained['seconds']:.0f} s",
+            file=sys.stderr,
+        )
     if args.json:
-        print(json.dumps({"sample_tokens": args.sample_tokens, "truncate": args.truncate,
-                          "steps": args.steps, "k": args.k, "variants": results,
-                          "seconds": round(time.perf_counter() - started, 1)}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "sample_tokens": args.sample_tokens,
+                    "truncate": args.truncate,
+                    "steps": args.steps,
+                    "k": args.k,
+                    "variants": results,
+                    "seconds": round(time.perf_counter() - started, 1),
+                },
+                indent=2,
+            )
+        )
         return
-    print(f"Acceptance length by context depth (held out, k={args.k}), histories of "
-          f"{args.sample_tokens:,} tokens, {args.steps} steps of {args.batch_tokens:,} tokens "
-          f"each; baseline: full attention trained on the first {args.truncate} tokens")
+    print(
+        f"Acceptance length by context depth (held out, k={args.k}), histories of "
+        f"{args.sample_tokens:,} tokens, {args.steps} steps of {args.batch_tokens:,} tokens "
+        f"each; baseline: full attention trained on the first {args.truncate} tokens"
+    )
     print(table(results))
     print(f"({time.perf_counter() - started:.0f} s)")
 

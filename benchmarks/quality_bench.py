@@ -60,13 +60,15 @@ from eagle3kit import tiny  # noqa: E402
 from eagle3kit._lock import file_lock  # noqa: E402
 from eagle3kit.format import Dataset  # noqa: E402
 
-VENV = Path(os.environ.get("EAGLE3KIT_SPECULATORS_VENV",
-                           Path.home() / ".cache" / "eagle3kit" / "speculators-0.9.0"))
+VENV = Path(
+    os.environ.get(
+        "EAGLE3KIT_SPECULATORS_VENV", Path.home() / ".cache" / "eagle3kit" / "speculators-0.9.0"
+    )
+)
 VENV_INSTALLS = [  # tests/test_speculators_load.py's INSTALLS, the same list: either builds it
     ["torch==2.13.0", "transformers<=5.19"],
     ["--no-deps", "speculators==0.9.0", "hs-connectors==0.9.0"],
-    ["openai", "datasets>=4.0.0,<=5.1.0", "loguru>=0.7.2,<=0.7.3", "pydantic-settings",
-     "httpx"],
+    ["openai", "datasets>=4.0.0,<=5.1.0", "loguru>=0.7.2,<=0.7.3", "pydantic-settings", "httpx"],
 ]
 TRAINER_INSTALLS = ["httpx", "pydantic-settings", "psutil", "protobuf", "torch==2.13.0"]
 """What `speculators train` imports beyond the loader (torch pinned: never replaced)."""
@@ -150,20 +152,31 @@ def log(msg: str) -> None:
     print(f"[quality {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def sh(cmd: list[str], *, python: str = sys.executable, env: dict | None = None,
-       capture: bool = False, log_file: Path | None = None) -> str:
+def sh(
+    cmd: list[str],
+    *,
+    python: str = sys.executable,
+    env: dict | None = None,
+    capture: bool = False,
+    log_file: Path | None = None,
+) -> str:
     """Run one stage as its own process; its stdout when `capture`, else stdout and stderr
     go to `log_file` (or are dropped): only this script writes to stdout."""
     full = [python, *cmd]
     with open(log_file or os.devnull, "w") as sink:
-        proc = subprocess.run(full, env=env, text=True,
-                              stdout=subprocess.PIPE if capture else sink,
-                              stderr=subprocess.PIPE if capture else subprocess.STDOUT,
-                              cwd=REPO)
+        proc = subprocess.run(
+            full,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE if capture else sink,
+            stderr=subprocess.PIPE if capture else subprocess.STDOUT,
+            cwd=REPO,
+        )
     if proc.returncode != 0:
         tail = proc.stderr if capture else (log_file.read_text() if log_file else "")
-        sys.exit(f"quality_bench: {shlex.join(full)} exited {proc.returncode}:\n"
-                 f"{(tail or '')[-4000:]}")
+        sys.exit(
+            f"quality_bench: {shlex.join(full)} exited {proc.returncode}:\n{(tail or '')[-4000:]}"
+        )
     return proc.stdout if capture else ""
 
 
@@ -196,8 +209,10 @@ def make_target(root: Path, sizes: Sizes) -> Path:
     if _stage_done(target, key):
         return target
     shutil.rmtree(target, ignore_errors=True)
-    log(f"target: tiny 8-layer Llama, {sizes.target_steps} training steps on 2/3 of the stdlib "
-        "docstrings")
+    log(
+        f"target: tiny 8-layer Llama, {sizes.target_steps} training steps on 2/3 of the stdlib "
+        "docstrings"
+    )
     train_docs, _ = split_docs()
     tiny.train_target(tiny.make_target(target), steps=sizes.target_steps, corpus=train_docs)
     _mark(target, key)
@@ -211,68 +226,143 @@ def write_prompts(root: Path, sizes: Sizes) -> tuple[Path, Path]:
     if len(questions) < need:
         sys.exit(f"quality_bench: only {len(questions)} held-out prompts (asked for {need})")
     # Bench prompts first, so a larger --train-prompts never takes one of them.
-    bench, train = questions[:sizes.bench_prompts], questions[sizes.bench_prompts:need]
+    bench, train = questions[: sizes.bench_prompts], questions[sizes.bench_prompts : need]
     paths = root / "train.jsonl", root / "bench.jsonl"
     for path, part in zip(paths, (train, bench), strict=True):
-        path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}]})
-                                + "\n" for q in part))
+        path.write_text(
+            "".join(json.dumps({"messages": [{"role": "user", "content": q}]}) + "\n" for q in part)
+        )
     return paths
 
 
 def make_data(root: Path, target: Path, train_prompts: Path, sizes: Sizes) -> dict:
     """gen, extract, convert: the token, hidden and speculators datasets."""
-    key = {"target": json.loads((target / ".quality-bench.json").read_text()),
-           "train_prompts": sizes.train_prompts, "bench_prompts": sizes.bench_prompts,
-           "max_tokens": sizes.max_tokens}
+    key = {
+        "target": json.loads((target / ".quality-bench.json").read_text()),
+        "train_prompts": sizes.train_prompts,
+        "bench_prompts": sizes.bench_prompts,
+        "max_tokens": sizes.max_tokens,
+    }
     paths = {"tokens": root / "tokens", "hidden": root / "hidden", "peer": root / "peer-data"}
     seconds: dict[str, float] = {}
     if not _stage_done(root / "tokens", key):
         for path in paths.values():
             shutil.rmtree(path, ignore_errors=True)
-        log(f"gen: {sizes.train_prompts} prompts, temperature 0, --max-tokens {sizes.max_tokens} "
-            "(transformers in-process)")
+        log(
+            f"gen: {sizes.train_prompts} prompts, temperature 0, --max-tokens {sizes.max_tokens} "
+            "(transformers in-process)"
+        )
         start = time.perf_counter()
-        eagle3kit("gen", str(train_prompts), str(paths["tokens"]), "--engine", "hf", "--target",
-                  str(target), "--temperature", "0", "--max-tokens", str(sizes.max_tokens), "-q",
-                  log_file=root / "gen.log")
+        eagle3kit(
+            "gen",
+            str(train_prompts),
+            str(paths["tokens"]),
+            "--engine",
+            "hf",
+            "--target",
+            str(target),
+            "--temperature",
+            "0",
+            "--max-tokens",
+            str(sizes.max_tokens),
+            "-q",
+            log_file=root / "gen.log",
+        )
         seconds["gen"] = time.perf_counter() - start
         log("extract: hidden states at the default layers")
         start = time.perf_counter()
-        eagle3kit("extract", str(paths["tokens"]), str(paths["hidden"]), "--target", str(target),
-                  "--device", "cpu", "-q", log_file=root / "extract.log")
+        eagle3kit(
+            "extract",
+            str(paths["tokens"]),
+            str(paths["hidden"]),
+            "--target",
+            str(target),
+            "--device",
+            "cpu",
+            "-q",
+            log_file=root / "extract.log",
+        )
         seconds["extract"] = time.perf_counter() - start
-        eagle3kit("convert", str(paths["hidden"]), str(paths["peer"]), "--to", "speculators", "-q",
-                  log_file=root / "convert.log")
+        eagle3kit(
+            "convert",
+            str(paths["hidden"]),
+            str(paths["peer"]),
+            "--to",
+            "speculators",
+            "-q",
+            log_file=root / "convert.log",
+        )
         _mark(root / "tokens", key)
     tokens = Dataset(paths["tokens"])
-    return {**{k: str(v) for k, v in paths.items()}, "samples": len(tokens),
-            "tokens": tokens.num_tokens, "loss_tokens": tokens.num_loss_tokens,
-            "seconds": seconds}
+    return {
+        **{k: str(v) for k, v in paths.items()},
+        "samples": len(tokens),
+        "tokens": tokens.num_tokens,
+        "loss_tokens": tokens.num_loss_tokens,
+        "seconds": seconds,
+    }
 
 
 # -- the two trainers -----------------------------------------------------------------------
 
 
-def train_ours(root: Path, target: Path, hidden: Path, seed: int, sizes: Sizes,
-               extra: list[str], label: str, eval_split: int, reuse: bool) -> dict:
+def train_ours(
+    root: Path,
+    target: Path,
+    hidden: Path,
+    seed: int,
+    sizes: Sizes,
+    extra: list[str],
+    label: str,
+    eval_split: int,
+    reuse: bool,
+) -> dict:
     run = root / f"ours-{label}-s{seed}"
     result_file = run / "quality-result.json"
     if reuse and result_file.is_file():
         return json.loads(result_file.read_text())
-    args = ["train", str(hidden), str(run), "--target", str(target), "--device", "cpu",
-            "--draft-vocab", "1000000", "--batch-tokens", str(BATCH_TOKENS), "--epochs",
-            str(sizes.epochs), "--eval-split", str(eval_split), "--eval-every", "0",
-            "--eval-k", str(K), "--seed", str(seed), "--overwrite", "--json", "-q",
-            *OURS_RECIPE, *extra]
+    args = [
+        "train",
+        str(hidden),
+        str(run),
+        "--target",
+        str(target),
+        "--device",
+        "cpu",
+        "--draft-vocab",
+        "1000000",
+        "--batch-tokens",
+        str(BATCH_TOKENS),
+        "--epochs",
+        str(sizes.epochs),
+        "--eval-split",
+        str(eval_split),
+        "--eval-every",
+        "0",
+        "--eval-k",
+        str(K),
+        "--seed",
+        str(seed),
+        "--overwrite",
+        "--json",
+        "-q",
+        *OURS_RECIPE,
+        *extra,
+    ]
     log(f"ours s{seed} [{label}]: eagle3kit {shlex.join(args[1:])}")
     result = json.loads(eagle3kit(*args, capture=True))
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "tokens_per_s" in r]
-    out = {"drafter": str(run / "drafter"), "tokens": result["tokens"], "steps": result["steps"],
-           "tokens_per_s": steps[-1]["tokens_per_s"], "train_seconds": steps[-1]["elapsed"],
-           "predicted": result["eval"]["predicted_acceptance_length"],
-           "predicted_per_position": result["eval"].get("per_position"),
-           "loss": result["loss"]}
+    out = {
+        "drafter": str(run / "drafter"),
+        "tokens": result["tokens"],
+        "steps": result["steps"],
+        "tokens_per_s": steps[-1]["tokens_per_s"],
+        "train_seconds": steps[-1]["elapsed"],
+        "predicted": result["eval"]["predicted_acceptance_length"],
+        "predicted_per_position": result["eval"].get("per_position"),
+        "loss": result["loss"],
+    }
     result_file.write_text(json.dumps(out))
     return out
 
@@ -306,8 +396,9 @@ def ensure_trainer() -> None:
     if subprocess.run(probe, capture_output=True).returncode == 0:
         return
     log(f"adding speculators' trainer dependencies to {VENV}: {' '.join(TRAINER_INSTALLS)}")
-    subprocess.run([str(peer_python()), "-m", "pip", "install", "-q", *TRAINER_INSTALLS],
-                   check=True)
+    subprocess.run(
+        [str(peer_python()), "-m", "pip", "install", "-q", *TRAINER_INSTALLS], check=True
+    )
 
 
 def peer_checkpoint(save: Path) -> Path:
@@ -318,8 +409,7 @@ def peer_checkpoint(save: Path) -> Path:
     return epochs[-1][1]
 
 
-def train_peer(root: Path, target: Path, data: Path, seed: int, sizes: Sizes,
-               reuse: bool) -> dict:
+def train_peer(root: Path, target: Path, data: Path, seed: int, sizes: Sizes, reuse: bool) -> dict:
     run = root / f"peer-s{seed}"
     result_file = run / "quality-result.json"
     if reuse and result_file.is_file():
@@ -332,34 +422,80 @@ def train_peer(root: Path, target: Path, data: Path, seed: int, sizes: Sizes,
     # (--epochs), the seed, and what a CPU needs: fp32 states (bf16 autocast is a GPU path),
     # sdpa attention and the eager loss (flex attention and the fused loss are Triton
     # kernels; the eager loss is the same formula), no dataloader worker processes.
-    args = [str(run / "runner.py"), str(counts), "--verifier-name-or-path", str(target),
-            "--data-path", str(data), "--save-path", str(run / "checkpoints"),
-            "--log-dir", str(run / "logs"), "--epochs", str(sizes.epochs),
-            "--seed", str(seed), "--total-seq-len", str(BATCH_TOKENS),
-            "--hidden-states-dtype", "float32",
-            "--draft-attn-impl", "sdpa", "--loss-implementation", "eager",
-            "--num-workers", "0", "--on-missing", "raise",
-            "--no-resume-from-checkpoint"]
+    args = [
+        str(run / "runner.py"),
+        str(counts),
+        "--verifier-name-or-path",
+        str(target),
+        "--data-path",
+        str(data),
+        "--save-path",
+        str(run / "checkpoints"),
+        "--log-dir",
+        str(run / "logs"),
+        "--epochs",
+        str(sizes.epochs),
+        "--seed",
+        str(seed),
+        "--total-seq-len",
+        str(BATCH_TOKENS),
+        "--hidden-states-dtype",
+        "float32",
+        "--draft-attn-impl",
+        "sdpa",
+        "--loss-implementation",
+        "eager",
+        "--num-workers",
+        "0",
+        "--on-missing",
+        "raise",
+        "--no-resume-from-checkpoint",
+    ]
     log(f"peer s{seed}: speculators train {shlex.join(args[2:])}")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     sh(args, python=str(peer_python()), env=env, log_file=run / "train.log")
     measured = json.loads(counts.read_text())
-    out = {"drafter": str(peer_checkpoint(run / "checkpoints")), "tokens": measured["tokens"],
-           "steps": measured["steps"],
-           "tokens_per_s": round(measured["tokens"] / max(measured["seconds"], 1e-9), 1),
-           "train_seconds": round(measured["seconds"], 2), "predicted": None}
+    out = {
+        "drafter": str(peer_checkpoint(run / "checkpoints")),
+        "tokens": measured["tokens"],
+        "steps": measured["steps"],
+        "tokens_per_s": round(measured["tokens"] / max(measured["seconds"], 1e-9), 1),
+        "train_seconds": round(measured["seconds"], 2),
+        "predicted": None,
+    }
     result_file.write_text(json.dumps(out))
     return out
 
 
 def bench(target: Path, drafter: str, prompts: Path, sizes: Sizes) -> dict:
-    report = json.loads(eagle3kit(
-        "bench", "accept", str(prompts), "--target", str(target), "--drafter", drafter,
-        "--k", str(K), "--temperature", "0", "--max-new-tokens", str(sizes.max_tokens),
-        "--device", "cpu", "--json", "-q", capture=True))
-    return {"acceptance_length": report["acceptance_length"],
-            "per_position": report["per_position"], "rounds": report["rounds"],
-            "lossless": report["lossless"]}
+    report = json.loads(
+        eagle3kit(
+            "bench",
+            "accept",
+            str(prompts),
+            "--target",
+            str(target),
+            "--drafter",
+            drafter,
+            "--k",
+            str(K),
+            "--temperature",
+            "0",
+            "--max-new-tokens",
+            str(sizes.max_tokens),
+            "--device",
+            "cpu",
+            "--json",
+            "-q",
+            capture=True,
+        )
+    )
+    return {
+        "acceptance_length": report["acceptance_length"],
+        "per_position": report["per_position"],
+        "rounds": report["rounds"],
+        "lossless": report["lossless"],
+    }
 
 
 # -- the table ------------------------------------------------------------------------------
@@ -373,30 +509,36 @@ def summarize(side: Side) -> dict:
     runs = list(side.seeds.values())
     als = [r["acceptance_length"] for r in runs]
     positions = list(zip(*[r["per_position"] for r in runs], strict=True))
-    out = {"acceptance_length": mean(als), "acceptance_length_per_seed": als,
-           "per_position": [mean([p or 0.0 for p in pos]) for pos in positions],
-           "tokens_per_s": mean([r["tokens_per_s"] for r in runs]),
-           "tokens": mean([r["tokens"] for r in runs]),
-           "steps": mean([r["steps"] for r in runs])}
+    out = {
+        "acceptance_length": mean(als),
+        "acceptance_length_per_seed": als,
+        "per_position": [mean([p or 0.0 for p in pos]) for pos in positions],
+        "tokens_per_s": mean([r["tokens_per_s"] for r in runs]),
+        "tokens": mean([r["tokens"] for r in runs]),
+        "steps": mean([r["steps"] for r in runs]),
+    }
     predicted = [r["predicted"] for r in runs if r.get("predicted") is not None]
     if predicted:
         out["predicted"] = mean(predicted)
         out["predicted_per_seed"] = predicted
-        out["predicted_error"] = mean([r["predicted"] / r["acceptance_length"] - 1
-                                       for r in runs])
+        out["predicted_error"] = mean([r["predicted"] / r["acceptance_length"] - 1 for r in runs])
     return out
 
 
 def table(sides: dict[str, dict], label: str) -> str:
-    rows = [f"| drafter | acceptance length (k={K}) | per seed | per position | train tokens/s "
-            "| tokens seen | steps |", "|---|---:|---|---|---:|---:|---:|"]
+    rows = [
+        f"| drafter | acceptance length (k={K}) | per seed | per position | train tokens/s "
+        "| tokens seen | steps |",
+        "|---|---:|---|---|---:|---:|---:|",
+    ]
     for name, s in sides.items():
         title = f"eagle3kit [{label}]" if name == "ours" else "speculators 0.9.0 (CLI defaults)"
         rows.append(
             f"| {title} | {s['acceptance_length']:.3f} | "
             f"{' / '.join(f'{a:.3f}' for a in s['acceptance_length_per_seed'])} | "
             f"{' / '.join(f'{p:.3f}' for p in s['per_position'])} | {s['tokens_per_s']:,.0f} | "
-            f"{s['tokens']:,.0f} | {s['steps']:.0f} |")
+            f"{s['tokens']:,.0f} | {s['steps']:.0f} |"
+        )
     return "\n".join(rows)
 
 
@@ -411,11 +553,15 @@ def main() -> None:
     ap.add_argument("--ours-args", default="", help="extra eagle3kit train flags (recipe runs)")
     ap.add_argument("--label", default="default", help="names the eagle3kit runs")
     ap.add_argument("--no-peer", action="store_true", help="only the eagle3kit side")
-    ap.add_argument("--reuse-drafters", action="store_true",
-                    help="keep drafters an earlier run trained with the same label and seed")
+    ap.add_argument(
+        "--reuse-drafters",
+        action="store_true",
+        help="keep drafters an earlier run trained with the same label and seed",
+    )
     ap.add_argument("--build-venv", action="store_true")
-    ap.add_argument("--world-only", action="store_true",
-                    help="build the target and the datasets, then stop")
+    ap.add_argument(
+        "--world-only", action="store_true", help="build the target and the datasets, then stop"
+    )
     ap.add_argument("--json", action="store_true", help="the figures as JSON on stdout")
     a = ap.parse_args()
 
@@ -430,8 +576,10 @@ def main() -> None:
     if peer:
         with venv_lock():
             if not (VENV / ".eagle3kit-ready").is_file() and not a.build_venv:
-                sys.exit(f"quality_bench: no speculators venv at {VENV}; add --build-venv "
-                         "(or --no-peer for the eagle3kit side only)")
+                sys.exit(
+                    f"quality_bench: no speculators venv at {VENV}; add --build-venv "
+                    "(or --no-peer for the eagle3kit side only)"
+                )
             if a.build_venv:
                 build_venv()
             ensure_trainer()
@@ -453,44 +601,69 @@ def main() -> None:
     train_seconds = {}
     for seed in seeds:
         start = time.perf_counter()
-        run = train_ours(root, target, Path(data["hidden"]), seed, sizes, extra, a.label,
-                         eval_split, a.reuse_drafters)
+        run = train_ours(
+            root,
+            target,
+            Path(data["hidden"]),
+            seed,
+            sizes,
+            extra,
+            a.label,
+            eval_split,
+            a.reuse_drafters,
+        )
         train_seconds[f"ours-s{seed}"] = time.perf_counter() - start
         run.update(bench(target, run["drafter"], bench_prompts, sizes))
         sides["ours"].seeds[seed] = run
-        log(f"ours s{seed}: AL {run['acceptance_length']:.3f} (predicted {run['predicted']:.3f}), "
-            f"{run['tokens_per_s']:,.0f} tok/s")
+        log(
+            f"ours s{seed}: AL {run['acceptance_length']:.3f} (predicted {run['predicted']:.3f}), "
+            f"{run['tokens_per_s']:,.0f} tok/s"
+        )
         if peer:
             start = time.perf_counter()
             run = train_peer(root, target, Path(data["peer"]), seed, sizes, a.reuse_drafters)
             train_seconds[f"peer-s{seed}"] = time.perf_counter() - start
             run.update(bench(target, run["drafter"], bench_prompts, sizes))
             sides["peer"].seeds[seed] = run
-            log(f"peer s{seed}: AL {run['acceptance_length']:.3f}, "
-                f"{run['tokens_per_s']:,.0f} tok/s")
+            log(
+                f"peer s{seed}: AL {run['acceptance_length']:.3f}, {run['tokens_per_s']:,.0f} tok/s"
+            )
 
     summary = {name: summarize(side) for name, side in sides.items()}
     ours = summary["ours"]
-    figures = {"sizes": sizes.key(), "seeds": seeds, "label": a.label, "ours_args": extra,
-               "recipe": OURS_RECIPE, "data": data, "sides": summary,
-               "runs": {n: s.seeds for n, s in sides.items()},
-               "predicted_vs_measured": ours.get("predicted_error"),
-               "wall_s": round(time.perf_counter() - began, 1)}
+    figures = {
+        "sizes": sizes.key(),
+        "seeds": seeds,
+        "label": a.label,
+        "ours_args": extra,
+        "recipe": OURS_RECIPE,
+        "data": data,
+        "sides": summary,
+        "runs": {n: s.seeds for n, s in sides.items()},
+        "predicted_vs_measured": ours.get("predicted_error"),
+        "wall_s": round(time.perf_counter() - began, 1),
+    }
     lines = [table(summary, a.label), ""]
     if peer:
         ratio = ours["acceptance_length"] / summary["peer"]["acceptance_length"]
         speed = ours["tokens_per_s"] / summary["peer"]["tokens_per_s"]
         figures.update(ratio=ratio, speed_ratio=speed)
-        lines.append(f"acceptance length eagle3kit / speculators: {ratio:.3f}x "
-                     f"(target >= 1.05x, mean of {len(seeds)} seeds)")
+        lines.append(
+            f"acceptance length eagle3kit / speculators: {ratio:.3f}x "
+            f"(target >= 1.05x, mean of {len(seeds)} seeds)"
+        )
         lines.append(f"train tokens/s eagle3kit / speculators: {speed:.2f}x")
     if "predicted" in ours:
-        lines.append(f"eagle3kit train's predicted acceptance length {ours['predicted']:.3f} vs "
-                     f"measured {ours['acceptance_length']:.3f}: "
-                     f"{100 * ours['predicted_error']:+.1f}% (target within 5%)")
-    lines.append(f"{data['samples']} training samples ({data['tokens']} tokens), "
-                 f"{sizes.bench_prompts} held-out prompts, {sizes.epochs} epochs, seeds "
-                 f"{a.seeds}; wall {figures['wall_s']:.0f} s")
+        lines.append(
+            f"eagle3kit train's predicted acceptance length {ours['predicted']:.3f} vs "
+            f"measured {ours['acceptance_length']:.3f}: "
+            f"{100 * ours['predicted_error']:+.1f}% (target within 5%)"
+        )
+    lines.append(
+        f"{data['samples']} training samples ({data['tokens']} tokens), "
+        f"{sizes.bench_prompts} held-out prompts, {sizes.epochs} epochs, seeds "
+        f"{a.seeds}; wall {figures['wall_s']:.0f} s"
+    )
     print("\n".join(lines), file=sys.stderr)
     if a.json:
         print(json.dumps(figures, indent=2, default=str))

@@ -26,12 +26,26 @@ STAGES = {
     "train": ["train", "{x}/no-data", "{x}/run", "--target", "{x}/no-target"],
     "export": ["export", "{x}/no-run", "{x}/out"],
     "bench accept": ["bench", "accept", "{x}/no.jsonl", "--target", "{x}", "--drafter", "{x}"],
-    "bench server": ["bench", "server", "{x}/no.jsonl", "--server", "http://127.0.0.1:9",
-                     "--tokenizer", "{x}"],
+    "bench server": [
+        "bench",
+        "server",
+        "{x}/no.jsonl",
+        "--server",
+        "http://127.0.0.1:9",
+        "--tokenizer",
+        "{x}",
+    ],
     "extract": ["extract", "{x}/no-tokens", "{x}/out", "--target", "{x}/no-target"],
     "validate": ["validate", "{x}/nothing"],
-    "gen": ["gen", "{x}/no.jsonl", "{x}/out", "--server", "http://127.0.0.1:9",
-            "--tokenizer", "{x}"],
+    "gen": [
+        "gen",
+        "{x}/no.jsonl",
+        "{x}/out",
+        "--server",
+        "http://127.0.0.1:9",
+        "--tokenizer",
+        "{x}",
+    ],
 }
 
 
@@ -51,13 +65,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as x:
-        baseline = best_of([sys.executable, "-c", "import torch, transformers.modeling_utils"],
-                           args.repeat, 0)
+        baseline = best_of(
+            [sys.executable, "-c", "import torch, transformers.modeling_utils"], args.repeat, 0
+        )
         print(f"{'command':<14} {'seconds':>8} {'/ baseline':>10}")
         print(f"{'import torch':<14} {baseline:8.2f} {1:10.2f}")
         for name, argv in STAGES.items():
-            seconds = best_of([sys.executable, "-m", "eagle3kit", *(a.format(x=x) for a in argv)],
-                              args.repeat, 2)
+            seconds = best_of(
+                [sys.executable, "-m", "eagle3kit", *(a.format(x=x) for a in argv)], args.repeat, 2
+            )
             print(f"{name:<14} {seconds:8.2f} {seconds / baseline:10.2f}")
 
 

@@ -65,10 +65,17 @@ def build(work: Path, samples: int, length: int) -> None:
     stream = [t for d in docs for t in tok(d + "\n")["input_ids"]]
     with DatasetWriter(work / "tokens", config={"stage": "bench"}) as w:
         for i in range(samples):
-            ids = stream[i * length:(i + 1) * length]
+            ids = stream[i * length : (i + 1) * length]
             w.add(TokenSample(f"b{i}", ids[:16], ids[16:]))
-    run_extract(ExtractConfig(work / "tokens", work / "hidden", target=target,
-                              device="cpu", output=OutputOptions(quiet=True)))
+    run_extract(
+        ExtractConfig(
+            work / "tokens",
+            work / "hidden",
+            target=target,
+            device="cpu",
+            output=OutputOptions(quiet=True),
+        )
+    )
 
 
 def ours(work: Path, steps: int) -> dict:
@@ -80,18 +87,32 @@ def ours(work: Path, steps: int) -> dict:
     def timed_log(self: RunDir, record: dict) -> None:
         log(self, record)
         if "loss" in record:
-            marks.append((record["step"], record["tokens_total"], time.perf_counter(),
-                          time.process_time()))
+            marks.append(
+                (record["step"], record["tokens_total"], time.perf_counter(), time.process_time())
+            )
 
     RunDir.log = timed_log  # type: ignore[method-assign]
-    run_train(TrainConfig([work / "hidden"], work / "run", work / "target", max_steps=steps,
-                    batch_tokens=BATCH_TOKENS, eval_split=0, checkpoint_every=10**9,
-                    device="cpu", write=WriteOptions(mode="overwrite"),
-                    output=OutputOptions(quiet=True)))
+    run_train(
+        TrainConfig(
+            [work / "hidden"],
+            work / "run",
+            work / "target",
+            max_steps=steps,
+            batch_tokens=BATCH_TOKENS,
+            eval_split=0,
+            checkpoint_every=10**9,
+            device="cpu",
+            write=WriteOptions(mode="overwrite"),
+            output=OutputOptions(quiet=True),
+        )
+    )
     first, last = marks[0], marks[-1]
     tokens = last[1] - first[1]
-    return {"tokens": tokens, "tokens_per_s": round(tokens / (last[2] - first[2]), 1),
-            "tokens_per_cpu_s": round(tokens / (last[3] - first[3]), 1)}
+    return {
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / (last[2] - first[2]), 1),
+        "tokens_per_cpu_s": round(tokens / (last[3] - first[3]), 1),
+    }
 
 
 def plain(work: Path, steps: int) -> dict:
@@ -102,8 +123,11 @@ def plain(work: Path, steps: int) -> dict:
     vocab = load_file(str(work / "run" / "vocab.safetensors"))
     d2t, t2d = vocab["d2t"], vocab["t2d"]
     draft_ids = d2t + torch.arange(len(d2t))
-    config = DrafterConfig.from_target(AutoConfig.from_pretrained(str(work / "target")),
-                                       draft_vocab_size=len(d2t), aux_layer_ids=ds.layer_ids)
+    config = DrafterConfig.from_target(
+        AutoConfig.from_pretrained(str(work / "target")),
+        draft_vocab_size=len(d2t),
+        aux_layer_ids=ds.layer_ids,
+    )
     torch.manual_seed(0)
     model = Eagle3Drafter(config)
     model.set_vocab(d2t, t2d)
@@ -122,10 +146,9 @@ def plain(work: Path, steps: int) -> dict:
     batches.append(cur)
 
     def pad(rows, dtype):
-        out = torch.zeros((len(rows), max(len(r) for r in rows), *rows[0].shape[1:]),
-                          dtype=dtype)
+        out = torch.zeros((len(rows), max(len(r) for r in rows), *rows[0].shape[1:]), dtype=dtype)
         for j, r in enumerate(rows):
-            out[j, :len(r)] = torch.from_numpy(np.array(r))
+            out[j, : len(r)] = torch.from_numpy(np.array(r))
         return out
 
     tokens, began, cpu = 0, 0.0, 0.0
@@ -147,20 +170,23 @@ def plain(work: Path, steps: int) -> dict:
         pos = torch.arange(length)[None].expand(b, -1)
         state, hidden, loss = TTTState(), model.project(aux[:, :length]), 0.0
         for k in range(7):
-            step_ids = torch.cat([ids, ids.new_zeros(b, 7)], 1)[:, 1 + k:1 + k + length]
+            step_ids = torch.cat([ids, ids.new_zeros(b, 7)], 1)[:, 1 + k : 1 + k + length]
             hidden = model.ttt_step(hidden, step_ids, pos + k, state)
             n = length - k
             logq = torch.log_softmax(model.logits(hidden[:, :n]), -1)
-            m = keep[:, 1 + k:1 + k + n]
-            ce = -(probs[:, 1 + k:1 + k + n] * logq).sum(-1) * m
-            loss = loss + 0.8 ** k * ce.sum() / m.sum().clamp_min(1)
+            m = keep[:, 1 + k : 1 + k + n]
+            ce = -(probs[:, 1 + k : 1 + k + n] * logq).sum(-1) * m
+            loss = loss + 0.8**k * ce.sum() / m.sum().clamp_min(1)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
         opt.zero_grad(set_to_none=True)
         tokens += int(lengths.sum())
-    return {"tokens": tokens, "tokens_per_s": round(tokens / (time.perf_counter() - began), 1),
-            "tokens_per_cpu_s": round(tokens / (time.process_time() - cpu), 1)}
+    return {
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / (time.perf_counter() - began), 1),
+        "tokens_per_cpu_s": round(tokens / (time.process_time() - cpu), 1),
+    }
 
 
 def child(side: str, work: Path, steps: int) -> None:
@@ -189,21 +215,44 @@ def main() -> None:
     best: dict[str, dict] = {}
     for _ in range(args.repeat):  # alternate the sides; keep each side's best run
         for side in ("ours", "plain"):  # ours first: plain reads its draft vocabulary
-            out = subprocess.run([sys.executable, __file__, "--child", side, "--workdir",
-                                  str(work), "--steps", str(args.steps)],
-                                 capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    side,
+                    "--workdir",
+                    str(work),
+                    "--steps",
+                    str(args.steps),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             got = json.loads(out.stdout.strip().splitlines()[-1])
             if side not in best or got["tokens_per_s"] > best[side]["tokens_per_s"]:
-                best[side] = {**got, "tokens_per_cpu_s": max(
-                    got["tokens_per_cpu_s"], best.get(side, got)["tokens_per_cpu_s"])}
+                best[side] = {
+                    **got,
+                    "tokens_per_cpu_s": max(
+                        got["tokens_per_cpu_s"], best.get(side, got)["tokens_per_cpu_s"]
+                    ),
+                }
     o, p = best["ours"], best["plain"]
-    print(f"train on CPU (1 core), tiny target H={HIDDEN} x 8 layers, {args.steps} steps of "
-          f"{BATCH_TOKENS} tokens, 7 TTT steps, best of {args.repeat}")
+    print(
+        f"train on CPU (1 core), tiny target H={HIDDEN} x 8 layers, {args.steps} steps of "
+        f"{BATCH_TOKENS} tokens, 7 TTT steps, best of {args.repeat}"
+    )
     print(f"{'':18}{'eagle3kit train':>16}{'plain loop':>12}{'ratio':>8}")
-    for name, key in (("tokens/s (wall)", "tokens_per_s"), ("tokens/s (CPU)", "tokens_per_cpu_s"),
-                      ("peak RSS MiB", "peak_rss_mib")):
-        print(f"{name:18}{o[key]:>16,.0f}{p[key]:>12,.0f}{o[key] / p[key]:>8.2f}"
-              + ("  (target >= 0.9)" if key == "tokens_per_s" else ""))
+    for name, key in (
+        ("tokens/s (wall)", "tokens_per_s"),
+        ("tokens/s (CPU)", "tokens_per_cpu_s"),
+        ("peak RSS MiB", "peak_rss_mib"),
+    ):
+        print(
+            f"{name:18}{o[key]:>16,.0f}{p[key]:>12,.0f}{o[key] / p[key]:>8.2f}"
+            + ("  (target >= 0.9)" if key == "tokens_per_s" else "")
+        )
 
 
 if __name__ == "__main__":

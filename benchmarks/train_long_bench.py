@@ -52,16 +52,24 @@ TARGET_VOCAB, DRAFT_VOCAB, TTT_STEPS = 64_000, 32_000, 7
 def setup(length: int):
     """Drafter, target head, optimizer and one right-padded batch of `length` tokens."""
     gen = torch.Generator().manual_seed(0)
-    target = LlamaConfig(vocab_size=TARGET_VOCAB, hidden_size=HIDDEN,
-                         intermediate_size=INTERMEDIATE, num_hidden_layers=8,
-                         num_attention_heads=HEADS, num_key_value_heads=HEADS)
+    target = LlamaConfig(
+        vocab_size=TARGET_VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=8,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+    )
     counts = torch.randint(0, 1000, (TARGET_VOCAB,), generator=gen).numpy()
     vocab = build_vocab(counts, DRAFT_VOCAB)
     torch.manual_seed(0)
     drafter = Eagle3Drafter(DrafterConfig.from_target(target, draft_vocab_size=DRAFT_VOCAB))
     drafter.set_vocab(torch.from_numpy(vocab.d2t), torch.from_numpy(vocab.t2d))
-    head = TargetHead(torch.randn(TARGET_VOCAB, HIDDEN, generator=gen) * 0.02,
-                      torch.nn.Identity(), torch.randn(TARGET_VOCAB, HIDDEN, generator=gen))
+    head = TargetHead(
+        torch.randn(TARGET_VOCAB, HIDDEN, generator=gen) * 0.02,
+        torch.nn.Identity(),
+        torch.randn(TARGET_VOCAB, HIDDEN, generator=gen),
+    )
     drafter.load_target_embedding(head.embedding)
     normed = torch.randn(1, length, HIDDEN, generator=gen)
     ids = torch.randint(0, TARGET_VOCAB, (1, length), generator=gen)
@@ -98,12 +106,23 @@ def child(impl: str, length: int, steps: int) -> dict:
         losses = [step() for _ in range(steps)]
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     except (RuntimeError, MemoryError) as exc:
-        return {"impl": impl, "length": length, "failed": str(exc).splitlines()[0][:160],
-                "peak_rss_mb": _peak_mb()}
-    return {"impl": impl, "length": length, "steps": steps, "loss": losses[-1],
-            "tokens_per_s": length * steps / wall, "cpu_tokens_per_s": length * steps / cpu,
-            "seconds_per_step": wall / steps, "peak_rss_mb": _peak_mb(),
-            "rss_before_mb": before}
+        return {
+            "impl": impl,
+            "length": length,
+            "failed": str(exc).splitlines()[0][:160],
+            "peak_rss_mb": _peak_mb(),
+        }
+    return {
+        "impl": impl,
+        "length": length,
+        "steps": steps,
+        "loss": losses[-1],
+        "tokens_per_s": length * steps / wall,
+        "cpu_tokens_per_s": length * steps / cpu,
+        "seconds_per_step": wall / steps,
+        "peak_rss_mb": _peak_mb(),
+        "rss_before_mb": before,
+    }
 
 
 def _peak_mb() -> float:
@@ -123,12 +142,27 @@ def measure(impl: str, length: int, args: argparse.Namespace) -> dict:
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(args.threads),
-           "MKL_NUM_THREADS": str(args.threads), "OPENBLAS_NUM_THREADS": str(args.threads)}
-    cmd = [sys.executable, __file__, "--child", impl, str(length), "--steps", str(args.steps),
-           "--threads", str(args.threads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=cap,
-                          timeout=args.timeout)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": str(args.threads),
+        "MKL_NUM_THREADS": str(args.threads),
+        "OPENBLAS_NUM_THREADS": str(args.threads),
+    }
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        impl,
+        str(length),
+        "--steps",
+        str(args.steps),
+        "--threads",
+        str(args.threads),
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, preexec_fn=cap, timeout=args.timeout
+    )
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:160]
         return {"impl": impl, "length": length, "failed": f"exit {proc.returncode}: {tail}"}
@@ -138,22 +172,26 @@ def measure(impl: str, length: int, args: argparse.Namespace) -> dict:
 def table(results: list[dict], lengths: list[int]) -> list[str]:
     by = {(r["impl"], r["length"]): r for r in results}
     head = f"{'tok/s':>8} {'cpu tok/s':>9} {'peak MB':>8}"
-    lines = [f"{'length':>7} | {'linear':^27} | {'quadratic (before)':^27} | linear/quadratic",
-             f"{'':>7} | {head} | {head} | wall  cpu"]
+    lines = [
+        f"{'length':>7} | {'linear':^27} | {'quadratic (before)':^27} | linear/quadratic",
+        f"{'':>7} | {head} | {head} | wall  cpu",
+    ]
 
     def cell(r: dict) -> str:
         if not r:
             return f"{'not run':>27}"
         if "failed" in r:
             return f"{'out of memory' if 'allocate' in r['failed'] else 'failed':>27}"
-        return (f"{r['tokens_per_s']:>8.1f} {r['cpu_tokens_per_s']:>9.1f} "
-                f"{r['peak_rss_mb']:>8.0f}")
+        return f"{r['tokens_per_s']:>8.1f} {r['cpu_tokens_per_s']:>9.1f} {r['peak_rss_mb']:>8.0f}"
 
     for n in lengths:
         a, b = by.get(("linear", n), {}), by.get(("quadratic", n), {})
-        ratio = (f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}x "
-                 f"{a['cpu_tokens_per_s'] / b['cpu_tokens_per_s']:.2f}x"
-                 if "tokens_per_s" in a and "tokens_per_s" in b else "")
+        ratio = (
+            f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}x "
+            f"{a['cpu_tokens_per_s'] / b['cpu_tokens_per_s']:.2f}x"
+            if "tokens_per_s" in a and "tokens_per_s" in b
+            else ""
+        )
         lines.append(f"{n:>7} | {cell(a)} | {cell(b)} | {ratio}")
     return lines
 
@@ -162,8 +200,11 @@ def verdicts(results: list[dict], lengths: list[int]) -> dict:
     """The three target figures, on wall-clock and on process-CPU tokens/s."""
     by = {(r["impl"], r["length"]): r for r in results}
     lo, hi = min(lengths), max(lengths)
-    a_lo, a_hi, b_lo = (by.get(("linear", lo), {}), by.get(("linear", hi), {}),
-                        by.get(("quadratic", lo), {}))
+    a_lo, a_hi, b_lo = (
+        by.get(("linear", lo), {}),
+        by.get(("linear", hi), {}),
+        by.get(("quadratic", lo), {}),
+    )
     out: dict = {}
     if "tokens_per_s" in a_lo and "tokens_per_s" in a_hi:
         out["peak_ratio"] = (a_hi["peak_rss_mb"] / a_lo["peak_rss_mb"], "<=", hi / lo + 1)
@@ -180,8 +221,12 @@ def main() -> None:
     parser.add_argument("--lengths", default="2048,4096,8192,16384")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per length")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--mem-limit-gb", type=float, default=10.0,
-                        help="address-space cap of each measuring process")
+    parser.add_argument(
+        "--mem-limit-gb",
+        type=float,
+        default=10.0,
+        help="address-space cap of each measuring process",
+    )
     parser.add_argument("--impls", default="linear,quadratic")
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--json", action="store_true", help="figures as JSON on stdout")
@@ -197,18 +242,24 @@ def main() -> None:
         for impl in args.impls.split(","):
             r = measure(impl, n, args)
             results.append(r)
-            note = r.get("failed") or (f"{r['tokens_per_s']:.1f} tok/s, peak "
-                                       f"{r['peak_rss_mb']:.0f} MB")
+            note = r.get("failed") or (
+                f"{r['tokens_per_s']:.1f} tok/s, peak {r['peak_rss_mb']:.0f} MB"
+            )
             print(f"{impl:>9} {n:>6}: {note}", file=sys.stderr, flush=True)
     print("\n".join(table(results, lengths)), file=sys.stderr)
     figures = verdicts(results, lengths)
     for key, (value, op, target) in figures.items():
         ok = value <= target if op == "<=" else value >= target
-        print(f"{key}: {value:.3f} (target {op} {target:g}: {'met' if ok else 'MISSED'})",
-              file=sys.stderr)
+        print(
+            f"{key}: {value:.3f} (target {op} {target:g}: {'met' if ok else 'MISSED'})",
+            file=sys.stderr,
+        )
     if args.json:
-        print(json.dumps({"results": results, "figures": {k: v[0] for k, v in figures.items()}},
-                         indent=2))
+        print(
+            json.dumps(
+                {"results": results, "figures": {k: v[0] for k, v in figures.items()}}, indent=2
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ def build(work: Path, samples: int, length: int) -> None:
     stream = [t for d in docs for t in tok(d + "\n")["input_ids"]]
     with DatasetWriter(work / "tokens", config={"stage": "bench"}) as w:
         for i in range(samples):
-            ids = stream[i * length:(i + 1) * length]
+            ids = stream[i * length : (i + 1) * length]
             w.add(TokenSample(f"b{i}", ids[:16], ids[16:]))
 
 
@@ -106,24 +106,48 @@ def train_side(side: str, work: Path, url: str, steps: int, prefetch: int) -> di
             marks.append((record["step"], time.perf_counter()))
 
     RunDir.log = timed_log  # type: ignore[method-assign]
-    common = dict(max_steps=steps, batch_tokens=BATCH_TOKENS, eval_split=0,
-                  checkpoint_every=10**9, checkpoint_interval=0, device="cpu", seed=0,
-                  write=WriteOptions(mode="overwrite"), output=OutputOptions(quiet=True))
+    common = dict(
+        max_steps=steps,
+        batch_tokens=BATCH_TOKENS,
+        eval_split=0,
+        checkpoint_every=10**9,
+        checkpoint_interval=0,
+        device="cpu",
+        seed=0,
+        write=WriteOptions(mode="overwrite"),
+        output=OutputOptions(quiet=True),
+    )
     if side == "offline":
-        result = run_train(TrainConfig([work / "hidden"], work / "run-offline",
-                                       work / "target", **common))
+        result = run_train(
+            TrainConfig([work / "hidden"], work / "run-offline", work / "target", **common)
+        )
     else:
-        result = run_train(TrainConfig([work / "tokens"], work / "run-served",
-                                       work / "target", online=True, servers=[url],
-                                       prefetch=prefetch, hidden_states_dir=work / "storage",
-                                       **common))
+        result = run_train(
+            TrainConfig(
+                [work / "tokens"],
+                work / "run-served",
+                work / "target",
+                online=True,
+                servers=[url],
+                prefetch=prefetch,
+                hidden_states_dir=work / "storage",
+                **common,
+            )
+        )
     (s0, t0), (s1, t1) = marks[0], marks[-1]
-    out = {"steps_per_s": round((s1 - s0) / (t1 - t0), 3), "loss": result.loss,
-           "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    out = {
+        "steps_per_s": round((s1 - s0) / (t1 - t0), 3),
+        "loss": result.loss,
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
     if side == "served":
         served = result.metrics["served"]
-        out.update({k: served[k] for k in ("peak_bytes", "bound_bytes", "waited_s",
-                                           "served_tokens_per_s", "fetched")})
+        out.update(
+            {
+                k: served[k]
+                for k in ("peak_bytes", "bound_bytes", "waited_s", "served_tokens_per_s", "fetched")
+            }
+        )
     return out
 
 
@@ -148,23 +172,48 @@ def main() -> None:
         return
     work.mkdir(parents=True, exist_ok=True)
     build(work, args.samples, args.length)
-    server = subprocess.Popen([sys.executable, __file__, "--serve", "--workdir", str(work)],
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve", "--workdir", str(work)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert server.stdout is not None
         url = server.stdout.readline().strip()
         if not (work / "hidden" / "manifest.json").is_file():
-            run_extract(ExtractConfig(
-                work / "tokens", work / "hidden", target=work / "target", engine="vllm",
-                server=url, concurrency=4, hidden_states_dir=work / "storage",
-                output=OutputOptions(quiet=True)))
+            run_extract(
+                ExtractConfig(
+                    work / "tokens",
+                    work / "hidden",
+                    target=work / "target",
+                    engine="vllm",
+                    server=url,
+                    concurrency=4,
+                    hidden_states_dir=work / "storage",
+                    output=OutputOptions(quiet=True),
+                )
+            )
         best: dict[str, dict] = {}
         for _ in range(args.repeat):  # alternate the sides; keep each side's best run
             for side in ("offline", "served"):
                 out = subprocess.run(
-                    [sys.executable, __file__, "--child", side, "--workdir", str(work),
-                     "--url", url, "--steps", str(args.steps), "--prefetch",
-                     str(args.prefetch)], capture_output=True, text=True)
+                    [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        side,
+                        "--workdir",
+                        str(work),
+                        "--url",
+                        url,
+                        "--steps",
+                        str(args.steps),
+                        "--prefetch",
+                        str(args.prefetch),
+                    ],
+                    capture_output=True,
+                    text=True,
+                )
                 if out.returncode:
                     sys.exit(f"{side}: exit {out.returncode}\n{out.stderr[-3000:]}")
                 got = json.loads(out.stdout.strip().splitlines()[-1])
@@ -178,10 +227,12 @@ def main() -> None:
     ratio = srv["steps_per_s"] / off["steps_per_s"]
     print(json.dumps({"offline": off, "served": srv, "files_left": len(left)}, indent=2))
     print(f"step rate, served / offline: {ratio:.3f}x (target >= 0.9x)")
-    print(f"queue's peak host memory: {srv['peak_bytes'] / 2**20:.2f} MiB of a "
-          f"{srv['bound_bytes'] / 2**20:.2f} MiB bound "
-          f"({'under' if srv['peak_bytes'] <= srv['bound_bytes'] else 'OVER'} it); "
-          f"the trainer waited {srv['waited_s']:.2f} s for states")
+    print(
+        f"queue's peak host memory: {srv['peak_bytes'] / 2**20:.2f} MiB of a "
+        f"{srv['bound_bytes'] / 2**20:.2f} MiB bound "
+        f"({'under' if srv['peak_bytes'] <= srv['bound_bytes'] else 'OVER'} it); "
+        f"the trainer waited {srv['waited_s']:.2f} s for states"
+    )
     print(f"losses agree: {off['loss'] == srv['loss']} ({off['loss']} / {srv['loss']})")
 
 

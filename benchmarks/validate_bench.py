@@ -61,8 +61,13 @@ class Family:
 
 FAMILIES = {
     "qwen3": Family(qwen3_tokenizer_dir, "<think>", "</think>", "", "<|im_start|>"),
-    "gpt-oss": Family(gpt_oss_tokenizer_dir, "<|channel|>analysis<|message|>", "<|end|>",
-                      "<|start|>assistant<|channel|>final<|message|>", "<|start|>"),
+    "gpt-oss": Family(
+        gpt_oss_tokenizer_dir,
+        "<|channel|>analysis<|message|>",
+        "<|end|>",
+        "<|start|>assistant<|channel|>final<|message|>",
+        "<|start|>",
+    ),
 }
 
 
@@ -75,8 +80,9 @@ def build(path: Path, tok_root: Path, tokens: int, mean_completion: int, fam: Fa
     identity = renderer.identity()
     where = {k: identity.pop(k) for k in ("tokenizer", "chat_template_file")}
     total, i = 0, 0
-    with DatasetWriter(path, config={"stage": "gen", "renderer": identity},
-                       provenance=where, commit_every=1000) as writer:
+    with DatasetWriter(
+        path, config={"stage": "gen", "renderer": identity}, provenance=where, commit_every=1000
+    ) as writer:
         writer.store_files("tokenizer", renderer.files())
         while total < tokens:
             messages = [{"role": "user", "content": f"Question {i}: explain item {i}."}]
@@ -85,12 +91,19 @@ def build(path: Path, tok_root: Path, tokens: int, mean_completion: int, fam: Fa
             body = rng.integers(300, 100_000, n).astype(np.int32)
             cut = n * 3 // 4
             length = i % 50 == 0
-            completion = np.concatenate([opening, body[:cut], closing, body[cut:],
-                                         [] if length else stop]).astype(np.int32)
-            writer.add(TokenSample(f"s{i:07d}", prompt, completion,
-                                   finish_reason="length" if length else "stop",
-                                   partition=("math", "code", "chat")[i % 3],
-                                   metadata={"messages": messages}))
+            completion = np.concatenate(
+                [opening, body[:cut], closing, body[cut:], [] if length else stop]
+            ).astype(np.int32)
+            writer.add(
+                TokenSample(
+                    f"s{i:07d}",
+                    prompt,
+                    completion,
+                    finish_reason="length" if length else "stop",
+                    partition=("math", "code", "chat")[i % 3],
+                    metadata={"messages": messages},
+                )
+            )
             total += len(prompt) + len(completion)
             i += 1
 
@@ -105,10 +118,9 @@ def per_sample(path: Path, fam: Family) -> dict[str, int]:
     for s in ds.iter_samples():
         prompt = renderer.decode(s.prompt_ids.tolist())
         completion = renderer.decode(s.completion_ids.tolist())
-        tail = prompt[prompt.rfind(fam.turn):] + completion
+        tail = prompt[prompt.rfind(fam.turn) :] + completion
         starts, ends = tail.count(fam.open), tail.count(fam.answer or fam.close)
-        if s.finish_reason == "stop" and (starts != 1 or ends != 1
-                                          or not completion.endswith(eos)):
+        if s.finish_reason == "stop" and (starts != 1 or ends != 1 or not completion.endswith(eos)):
             found["structure"] += 1
         # A literal marker is one tokenized as plain text: re-encoding tells them apart.
         if fam.open in completion and special not in renderer.encode(completion):
@@ -146,10 +158,13 @@ def main() -> None:
     found = per_sample(path, fam)
     theirs = time.perf_counter() - t
 
-    print(f"eagle3kit validate: {ours:6.2f} s  ({ds.num_tokens / ours / 1e6:.1f}M tok/s)  "
-          f"{report.summary()}")
-    print(f"per-sample        : {theirs:6.2f} s  ({ds.num_tokens / theirs / 1e6:.1f}M tok/s)  "
-          f"{found}")
+    print(
+        f"eagle3kit validate: {ours:6.2f} s  ({ds.num_tokens / ours / 1e6:.1f}M tok/s)  "
+        f"{report.summary()}"
+    )
+    print(
+        f"per-sample        : {theirs:6.2f} s  ({ds.num_tokens / theirs / 1e6:.1f}M tok/s)  {found}"
+    )
     print(f"ratio: {theirs / ours:.1f}x faster (target >= 5x)")
 
 

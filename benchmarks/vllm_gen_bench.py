@@ -88,19 +88,29 @@ def build(work: Path) -> tuple[Path, list[int]]:
 
 def write_prompts(path: Path, target: Path, n: int) -> list[list[int]]:
     texts = tiny.stdlib_docstrings()
-    records = [[{"role": "user", "content": f"{i}: {texts[i % len(texts)][:200]}"}]
-               for i in range(n)]
+    records = [
+        [{"role": "user", "content": f"{i}: {texts[i % len(texts)][:200]}"}] for i in range(n)
+    ]
     path.write_text("".join(json.dumps({"messages": m}) + "\n" for m in records))
     tok = AutoTokenizer.from_pretrained(str(target))
-    return [tok.encode(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
-                       add_special_tokens=False) for m in records]
+    return [
+        tok.encode(
+            tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False,
+        )
+        for m in records
+    ]
 
 
 def timed(argv: list[str]) -> tuple[float, str]:
     start = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800,
-                          env={**os.environ, "PYTHONPATH": str(REPO),
-                               "VLLM_CPU_KVCACHE_SPACE": "1"})  # as launch.py serves
+    proc = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1"},
+    )  # as launch.py serves
     if proc.returncode:
         causes = [line for line in proc.stderr.splitlines() if "Error" in line]
         raise SystemExit(f"{argv[:4]} failed:\n{proc.stderr[-3000:]}\n" + "\n".join(causes))
@@ -123,53 +133,99 @@ def main(argv: list[str] | None = None) -> int:
     prompt_file = work / "prompts.jsonl"
     ids = write_prompts(prompt_file, target, args.prompts)
 
-    engine_cfg = {"model": str(target), "max_tokens": args.max_tokens, "stops": stops,
-                  "prompts": ids, **SAMPLING}
+    engine_cfg = {
+        "model": str(target),
+        "max_tokens": args.max_tokens,
+        "stops": stops,
+        "prompts": ids,
+        **SAMPLING,
+    }
     (work / "engine.py").write_text(ENGINE)
     # a file, not argv: 512 prompts of ids pass the kernel's limit on one argument
     (work / "engine.json").write_text(json.dumps(engine_cfg))
     _, out = timed([str(python), str(work / "engine.py"), str(work / "engine.json")])
     # vLLM logs to stdout too: the figure is the one line that starts with it
-    engine = json.loads(next(line for line in reversed(out.splitlines())
-                             if line.startswith('{"seconds"')))
+    engine = json.loads(
+        next(line for line in reversed(out.splitlines()) if line.startswith('{"seconds"'))
+    )
     engine_rps = args.prompts / engine["seconds"]
 
     server = launch.VllmServer(target, [], name="bench", log_dir=work).start()
     runs: dict[str, list[float]] = {"sdk": [], "gen": []}
     try:
         for r in range(args.repeats):
-            sdk_cfg = {"url": server.url, "tokenizer": str(target),
-                       "prompts": str(prompt_file), "out": str(work / f"sdk-{r}.jsonl"),
-                       "concurrency": args.concurrency, "max_tokens": args.max_tokens,
-                       "model": str(target), "stop_token_ids": stops}
-            seconds, _ = timed([str(python), str(REPO / "benchmarks" / "gen_bench.py"), "_sdk",
-                                json.dumps(sdk_cfg)])
+            sdk_cfg = {
+                "url": server.url,
+                "tokenizer": str(target),
+                "prompts": str(prompt_file),
+                "out": str(work / f"sdk-{r}.jsonl"),
+                "concurrency": args.concurrency,
+                "max_tokens": args.max_tokens,
+                "model": str(target),
+                "stop_token_ids": stops,
+            }
+            seconds, _ = timed(
+                [
+                    str(python),
+                    str(REPO / "benchmarks" / "gen_bench.py"),
+                    "_sdk",
+                    json.dumps(sdk_cfg),
+                ]
+            )
             runs["sdk"].append(args.prompts / seconds)
-            seconds, _ = timed([str(python), "-m", "eagle3kit", "gen", str(prompt_file),
-                                str(work / f"gen-{r}"), "--server", server.url, "--api",
-                                "vllm", "--tokenizer", str(target), "--concurrency",
-                                str(args.concurrency), "--max-tokens", str(args.max_tokens),
-                                "-q", "--no-progress"])
+            seconds, _ = timed(
+                [
+                    str(python),
+                    "-m",
+                    "eagle3kit",
+                    "gen",
+                    str(prompt_file),
+                    str(work / f"gen-{r}"),
+                    "--server",
+                    server.url,
+                    "--api",
+                    "vllm",
+                    "--tokenizer",
+                    str(target),
+                    "--concurrency",
+                    str(args.concurrency),
+                    "--max-tokens",
+                    str(args.max_tokens),
+                    "-q",
+                    "--no-progress",
+                ]
+            )
             runs["gen"].append(args.prompts / seconds)
     finally:
         server.stop()
     sdk, gen = statistics.median(runs["sdk"]), statistics.median(runs["gen"])
-    figures = {"prompts": args.prompts, "max_tokens": args.max_tokens,
-               "concurrency": args.concurrency, "engine_req_per_s": engine_rps,
-               "engine_tokens": engine["tokens"], "sdk_req_per_s": sdk, "gen_req_per_s": gen,
-               "gen_over_sdk": gen / sdk, "gen_share_of_engine": gen / engine_rps,
-               "sdk_share_of_engine": sdk / engine_rps, "runs": runs,
-               "server_start_s": server.seconds_to_start}
+    figures = {
+        "prompts": args.prompts,
+        "max_tokens": args.max_tokens,
+        "concurrency": args.concurrency,
+        "engine_req_per_s": engine_rps,
+        "engine_tokens": engine["tokens"],
+        "sdk_req_per_s": sdk,
+        "gen_req_per_s": gen,
+        "gen_over_sdk": gen / sdk,
+        "gen_share_of_engine": gen / engine_rps,
+        "sdk_share_of_engine": sdk / engine_rps,
+        "runs": runs,
+        "server_start_s": server.seconds_to_start,
+    }
     if args.json:
         print(json.dumps(figures, indent=2))
-    print(f"vLLM CPU, {args.prompts} prompts x {args.max_tokens} tokens, concurrency "
-          f"{args.concurrency}\n"
-          f"  engine alone (LLM.generate)   {engine_rps:8.1f} req/s\n"
-          f"  OpenAI SDK client             {sdk:8.1f} req/s  ({sdk / engine_rps:.0%} of the "
-          f"engine)\n"
-          f"  eagle3kit gen                 {gen:8.1f} req/s  ({gen / engine_rps:.0%} of the "
-          f"engine)\n"
-          f"  gen / SDK                     {gen / sdk:8.2f}x", file=sys.stderr)
+    print(
+        f"vLLM CPU, {args.prompts} prompts x {args.max_tokens} tokens, concurrency "
+        f"{args.concurrency}\n"
+        f"  engine alone (LLM.generate)   {engine_rps:8.1f} req/s\n"
+        f"  OpenAI SDK client             {sdk:8.1f} req/s  ({sdk / engine_rps:.0%} of the "
+        f"engine)\n"
+        f"  eagle3kit gen                 {gen:8.1f} req/s  ({gen / engine_rps:.0%} of the "
+        f"engine)\n"
+        f"  gen / SDK                     {gen / sdk:8.2f}x",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -107,8 +107,9 @@ def _embedded_class(owner: type, f: dataclasses.Field, default: Any) -> type:
     return hint
 
 
-def options(cls: type, panel: str | None = None, only: tuple[str, ...] = (),
-            base: Any = None) -> list[Option]:
+def options(
+    cls: type, panel: str | None = None, only: tuple[str, ...] = (), base: Any = None
+) -> list[Option]:
     """The options of config class `cls`, embedded ones in place; `base` is the embedding
     config's default instance of `cls` (its values are the defaults)."""
     from eagle3kit._help import NOTHING, field_default
@@ -121,8 +122,7 @@ def options(cls: type, panel: str | None = None, only: tuple[str, ...] = (),
             continue
         if spec.embed:
             sub = None if default is NOTHING else default
-            found += options(_embedded_class(cls, f, default), spec.panel or panel, spec.only,
-                             sub)
+            found += options(_embedded_class(cls, f, default), spec.panel or panel, spec.only, sub)
         else:
             found.append(Option(cls, f, spec, spec.panel or panel, default))
     names = [o.field.name for o in found]
@@ -141,8 +141,7 @@ def hints(cls: type) -> dict[str, Any]:
             hint = eval(f.type, module) if isinstance(f.type, str) else f.type
         except Exception:  # a name only imported for type checkers: parsed as text
             hint = str
-        out[f.name] = getattr(hint, "type", hint) if isinstance(hint, dataclasses.InitVar) \
-            else hint
+        out[f.name] = getattr(hint, "type", hint) if isinstance(hint, dataclasses.InitVar) else hint
     return out
 
 
@@ -169,19 +168,30 @@ def _parameter(o: Option) -> inspect.Parameter:
         required = o.default is NOTHING and not spec.optional
         info: Any = typer.Argument(metavar=spec.metavar, show_default=False)
         # An optional one's default goes on the parameter: Typer refuses it inside Annotated.
-        return inspect.Parameter(o.field.name, inspect.Parameter.KEYWORD_ONLY,
-                                 annotation=Annotated[kind if required else kind | None, info],
-                                 default=inspect.Parameter.empty if required else None)
+        return inspect.Parameter(
+            o.field.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=Annotated[kind if required else kind | None, info],
+            default=inspect.Parameter.empty if required else None,
+        )
     flag = kind is bool
     flags = spec.flags or ((f"--{o.field.name.replace('_', '-')}",) if flag else ())
-    info = typer.Option(*flags, metavar=spec.metavar, rich_help_panel=o.panel,
-                        envvar=spec.envvar, hidden=spec.hidden,
-                        show_default="/" not in "".join(flags))
+    info = typer.Option(
+        *flags,
+        metavar=spec.metavar,
+        rich_help_panel=o.panel,
+        envvar=spec.envvar,
+        hidden=spec.hidden,
+        show_default="/" not in "".join(flags),
+    )
     tri_state = flag and "/" in "".join(flags)
     annotation = bool if flag and not tri_state else kind | None
-    return inspect.Parameter(o.field.name, inspect.Parameter.KEYWORD_ONLY,
-                             annotation=Annotated[annotation, info],
-                             default=False if annotation is bool else None)
+    return inspect.Parameter(
+        o.field.name,
+        inspect.Parameter.KEYWORD_ONLY,
+        annotation=Annotated[annotation, info],
+        default=False if annotation is bool else None,
+    )
 
 
 def build(cls: type, values: dict[str, Any], base: Any = None, embedded: bool = False) -> Any:
@@ -194,8 +204,9 @@ def build(cls: type, values: dict[str, Any], base: Any = None, embedded: bool = 
     if not embedded:
         for o in options(cls):
             if values.get(o.field.name) is not None:
-                check_int_bounds(o.field.name, values[o.field.name], hints(o.owner)[o.field.name],
-                                 o.cli)
+                check_int_bounds(
+                    o.field.name, values[o.field.name], hints(o.owner)[o.field.name], o.cli
+                )
 
     given: dict[str, Any] = {}
     for f in _fields(cls):
@@ -249,8 +260,10 @@ def interrupted(exc: KeyboardInterrupt) -> int:
 
 
 # --config FILE ------------------------------------------------------------------------------
-CONFIG_HELP = ("Options from FILE (TOML or YAML, keys the flags' names), or a run.json / "
-               "manifest.json to repeat a run; flags given here override it.")
+CONFIG_HELP = (
+    "Options from FILE (TOML or YAML, keys the flags' names), or a run.json / "
+    "manifest.json to repeat a run; flags given here override it."
+)
 _NOT_REPLAYED = "eagle3kit.not_replayed"
 _FORMATS = {".toml": "TOML", ".yaml": "YAML", ".yml": "YAML", ".json": "JSON"}
 _MAX_BYTES = {"TOML": 256 << 10, "YAML": 256 << 10, "JSON": 16 << 20}
@@ -271,10 +284,10 @@ def read_settings(path: Path) -> tuple[dict[str, Any], bool]:
     except UserError as exc:
         raise UserError(f"--config {path}: {exc}") from None
     except Exception as exc:  # each parser's own error, which says where (line, column)
-        raise UserError(f"--config {path}: not valid {kind}: {' '.join(str(exc).split())}") \
-            from None
-    recorded = kind == "JSON" and isinstance(found, dict) and isinstance(found.get("config"),
-                                                                         dict)
+        raise UserError(
+            f"--config {path}: not valid {kind}: {' '.join(str(exc).split())}"
+        ) from None
+    recorded = kind == "JSON" and isinstance(found, dict) and isinstance(found.get("config"), dict)
     if recorded:
         found = found["config"]
     if not isinstance(found, dict):
@@ -307,12 +320,15 @@ def _read_text(path: Path, limit: int) -> str:
         with open(path, "rb") as f:
             data = f.read(limit + 1)
         if len(data) > limit:
-            raise UserError(f"--config {path}: larger than {limit >> 10} KiB; a settings file "
-                            "is a page of options")
+            raise UserError(
+                f"--config {path}: larger than {limit >> 10} KiB; a settings file "
+                "is a page of options"
+            )
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UserError(f"--config {path}: not UTF-8 text ({exc.reason} at byte "
-                        f"{exc.start})") from None
+        raise UserError(
+            f"--config {path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
     except OSError as exc:
         raise UserError(f"--config {path}: {exc.strerror or exc}") from None
 
@@ -344,12 +360,16 @@ def _load_yaml(text: str) -> Any:
     frames: list[list[Any]] = []  # per open list or table: [is table, items seen, its key]
     for event in yaml.parse(text, Loader=loader):
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-            raise UserError(f"{_yaml_where(frames)} (line {event.start_mark.line + 1}) holds a "
-                            "YAML anchor or alias (&, *): write each value out")
+            raise UserError(
+                f"{_yaml_where(frames)} (line {event.start_mark.line + 1}) holds a "
+                "YAML anchor or alias (&, *): write each value out"
+            )
         if isinstance(event, yaml.CollectionStartEvent):
             if len(frames) == _DEPTH:
-                raise UserError(f"{_yaml_where(frames)} (line {event.start_mark.line + 1}) "
-                                f"nests deeper than {_DEPTH} levels")
+                raise UserError(
+                    f"{_yaml_where(frames)} (line {event.start_mark.line + 1}) "
+                    f"nests deeper than {_DEPTH} levels"
+                )
             frames.append([isinstance(event, yaml.MappingStartEvent), 0, None])
         elif isinstance(event, yaml.CollectionEndEvent | yaml.ScalarEvent):
             if isinstance(event, yaml.CollectionEndEvent):
@@ -410,17 +430,23 @@ def cli_only_refusal(path: Path, key: str, found: _Key) -> UserError:
     """The one line refusing a settings file's `key` that only the command line may give."""
     o, param = found.option, found.param
     flag = next((f for f in param.opts if f.startswith("--")), param.opts[0])
-    typed = flag if getattr(param, "is_flag", False) else \
-        f"{flag} {o.cli.metavar or o.field.name.upper()}"
+    typed = (
+        flag
+        if getattr(param, "is_flag", False)
+        else f"{flag} {o.cli.metavar or o.field.name.upper()}"
+    )
     if o.cli.envvar:
         typed += f" or set {o.cli.envvar}"
     why = CLI_ONLY[o.cli.cli_only or ""]
-    return UserError(f"--config {path}: '{key}' is taken from the command line only ({why}): "
-                     f"type {typed} (docs/security.md)")
+    return UserError(
+        f"--config {path}: '{key}' is taken from the command line only ({why}): "
+        f"type {typed} (docs/security.md)"
+    )
 
 
-def file_defaults(ctx: Any, settings: dict[str, Any], recorded: bool, path: Path,
-                  keys: dict[str, _Key]) -> tuple[dict[str, Any], list[str]]:
+def file_defaults(
+    ctx: Any, settings: dict[str, Any], recorded: bool, path: Path, keys: dict[str, _Key]
+) -> tuple[dict[str, Any], list[str]]:
     """The parameters' values from a settings file (by parameter name), and the keys of a
     recorded run that are not replayed: not options here, or options only the command line
     gives (`Cli.cli_only`), which a settings file may not set at all. An unknown key of a
@@ -456,8 +482,9 @@ def file_defaults(ctx: Any, settings: dict[str, Any], recorded: bool, path: Path
         slot[name] = _plain(found, str(key), value, path)
     for name, tail in tails.items():  # `out` after `data`: the positional's last value
         raw[name] = [*raw.get(name, []), tail]
-    return {name: _cast(ctx, keys, written[name], value, path)
-            for name, value in raw.items()}, skipped
+    return {
+        name: _cast(ctx, keys, written[name], value, path) for name, value in raw.items()
+    }, skipped
 
 
 def _refuse_nested_cli_only(path: Path, key: str, value: Any, keys: dict[str, _Key]) -> None:
@@ -487,8 +514,10 @@ def _plain(found: _Key, key: str, value: Any, path: Path) -> Any:
     if found.last:
         return _one(key, value, path, dataset=True)
     if param.multiple or param.nargs == -1:
-        return [_one(key, v, path, dataset=True)
-                for v in (value if isinstance(value, list) else [value])]
+        return [
+            _one(key, v, path, dataset=True)
+            for v in (value if isinstance(value, list) else [value])
+        ]
     if isinstance(value, list) and "," in (o.cli.metavar or ""):  # layers = [2, 18, 33]
         return ",".join(str(_one(key, v, path)) for v in value)
     if isinstance(value, dict) and _takes_json(o):  # chat-template-kwargs = {thinking = true}
@@ -498,12 +527,21 @@ def _plain(found: _Key, key: str, value: Any, path: Path) -> Any:
 
 def _one(key: str, value: Any, path: Path, dataset: bool = False) -> Any:
     """One plain value; with `dataset`, a recorded dataset ({path, weight}) as DIR:WEIGHT."""
-    if (dataset and isinstance(value, dict) and set(value) == {"path", "weight"}
-            and all(isinstance(v, _SCALARS) for v in value.values())):
+    if (
+        dataset
+        and isinstance(value, dict)
+        and set(value) == {"path", "weight"}
+        and all(isinstance(v, _SCALARS) for v in value.values())
+    ):
         return f"{value['path']}:{value['weight']}"
     if not isinstance(value, _SCALARS):
-        kind = "a list" if isinstance(value, list) else "a table" if isinstance(value, dict) \
+        kind = (
+            "a list"
+            if isinstance(value, list)
+            else "a table"
+            if isinstance(value, dict)
             else type(value).__name__
+        )
         raise UserError(f"--config {path}: '{key}' takes one plain value here (got {kind})")
     return value
 
@@ -536,17 +574,30 @@ def _read_config(ctx: typer.Context, value: Path | None) -> None:
     except UserError as exc:
         _fail(exc)
     if skipped:
-        ctx.meta[_NOT_REPLAYED] = (f"--config {value}: recorded, not replayed (not options "
-                                   "here, or the command line's alone): "
-                                   f"{', '.join(skipped)}")
+        ctx.meta[_NOT_REPLAYED] = (
+            f"--config {value}: recorded, not replayed (not options "
+            "here, or the command line's alone): "
+            f"{', '.join(skipped)}"
+        )
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
 
 
 def _config_parameter() -> inspect.Parameter:
-    info: Any = typer.Option("--config", metavar="FILE", is_eager=True, expose_value=False,
-                             callback=_read_config, help=CONFIG_HELP, show_default=False)
-    return inspect.Parameter("config_file", inspect.Parameter.KEYWORD_ONLY,
-                             annotation=Annotated[Path | None, info], default=None)
+    info: Any = typer.Option(
+        "--config",
+        metavar="FILE",
+        is_eager=True,
+        expose_value=False,
+        callback=_read_config,
+        help=CONFIG_HELP,
+        show_default=False,
+    )
+    return inspect.Parameter(
+        "config_file",
+        inspect.Parameter.KEYWORD_ONLY,
+        annotation=Annotated[Path | None, info],
+        default=None,
+    )
 
 
 def _callback(stage: Stage) -> Callable[..., None]:
@@ -579,8 +630,14 @@ class LazyCommand(StageCommand):
     def __init__(self, name: str, stage: Stage, **settings: Any) -> None:
         self.stage = stage
         self._params: list | None = None
-        super().__init__(name=name, help=stage.summary, rich_help_panel=stage.panel,
-                         params=[], callback=None, **settings)
+        super().__init__(
+            name=name,
+            help=stage.summary,
+            rich_help_panel=stage.panel,
+            params=[],
+            callback=None,
+            **settings,
+        )
 
     @property
     def params(self) -> list:
@@ -598,8 +655,12 @@ class LazyCommand(StageCommand):
         self.option_list = options(load(self.stage.config))
         command = _callback(self.stage)
         command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
-             *(_parameter(o) for o in self.option_list), _config_parameter()])
+            [
+                inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
+                *(_parameter(o) for o in self.option_list),
+                _config_parameter(),
+            ]
+        )
         # Typer makes the parameters and the callback that fills them, as for any command
         # of its own: one app of this one command, turned into click's by its public API.
         alone = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -614,14 +675,21 @@ class StagesGroup(HelpGroup):
 
     stages: typing.ClassVar[Mapping[str, Stage | Group]] = {}
 
-    def __init__(self, *args: Any, stages: Mapping[str, Stage | Group] | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, stages: Mapping[str, Stage | Group] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         for name, stage in (self.stages if stages is None else stages).items():
             if isinstance(stage, Group):
-                self.add_command(StagesGroup(
-                    name=name, help=stage.summary, rich_help_panel=stage.panel,
-                    no_args_is_help=True, stages=stage.stages))
+                self.add_command(
+                    StagesGroup(
+                        name=name,
+                        help=stage.summary,
+                        rich_help_panel=stage.panel,
+                        no_args_is_help=True,
+                        stages=stage.stages,
+                    )
+                )
             else:
                 self.add_command(LazyCommand(name, stage))
 

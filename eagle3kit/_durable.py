@@ -68,8 +68,7 @@ def temp_beside(path: Path) -> Path:
 def open_new(path: Path) -> BinaryIO:
     """`path` opened for writing, never through a symbolic link planted at that name (which
     would write wherever it points)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     return os.fdopen(fd, "wb")
 
 
@@ -88,6 +87,7 @@ def write_atomic(path: Path, write: Callable[[Path], Any], tmp: Path | None = No
 
 def write_bytes_atomic(path: Path, data: bytes, tmp: Path | None = None) -> None:
     """Replace `path` with `data` (see `write_atomic`)."""
+
     def write(to: Path) -> None:
         with open_new(to) as f:
             f.write(data)
@@ -103,9 +103,14 @@ def write_text_atomic(path: Path, text: str, tmp: Path | None = None) -> None:
 def json_bytes(obj: object) -> bytes:
     """`obj` as indented JSON ending in a newline; numpy values as numbers, anything else
     orjson does not know (paths) as its str."""
-    return orjson.dumps(obj, default=str, option=orjson.OPT_INDENT_2
-                        | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
-                        | orjson.OPT_APPEND_NEWLINE)
+    return orjson.dumps(
+        obj,
+        default=str,
+        option=orjson.OPT_INDENT_2
+        | orjson.OPT_SERIALIZE_NUMPY
+        | orjson.OPT_NON_STR_KEYS
+        | orjson.OPT_APPEND_NEWLINE,
+    )
 
 
 def write_json_atomic(path: Path, obj: object, tmp: Path | None = None) -> None:
@@ -123,9 +128,14 @@ _READ_ONLY = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 def kind_of(mode: int) -> str:
     """What `mode` (an lstat's st_mode) is, in words, for a refusal."""
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+    ):
         if test(mode):
             return name
     return "not a regular file"

@@ -39,9 +39,13 @@ def docstrings(cls: type) -> dict[str, str]:
     body = tree.body[0].body  # type: ignore[attr-defined]
     found = {}
     for node, after in pairwise(body):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
             found[node.target.id] = " ".join(after.value.value.split())
     return found
 

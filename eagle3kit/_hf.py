@@ -82,10 +82,13 @@ def custom_code_error(flag: str, path: Path) -> CustomCodeRefused:
     what = f" ({', '.join(files)})" if files else ""
     mapping = next((Path(path) / n for n in AUTO_MAP_FILES if _auto_map(Path(path) / n)), None)
     if not flag and mapping is not None:
-        return CustomCodeRefused(f"{mapping}: its auto_map names code of its own{what}; pass "
-                                 f"{TRUST_FLAG} to run it", path)
-    return CustomCodeRefused(f"{_where(flag, path)}: it ships its own code{what}; pass "
-                             f"{TRUST_FLAG} to run it", path)
+        return CustomCodeRefused(
+            f"{mapping}: its auto_map names code of its own{what}; pass {TRUST_FLAG} to run it",
+            path,
+        )
+    return CustomCodeRefused(
+        f"{_where(flag, path)}: it ships its own code{what}; pass {TRUST_FLAG} to run it", path
+    )
 
 
 def _reason(exc: BaseException) -> str:
@@ -99,8 +102,9 @@ def load_config(path: Path, trust_remote_code: bool, flag: str = "--target") -> 
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(str(path), trust_remote_code=bool(trust_remote_code),
-                                          local_files_only=True)
+        return AutoConfig.from_pretrained(
+            str(path), trust_remote_code=bool(trust_remote_code), local_files_only=True
+        )
     except Exception as exc:  # transformers raises many kinds; all mean "not usable here"
         if is_custom_code_refusal(exc) and not trust_remote_code:
             raise custom_code_error(flag, path) from None
@@ -112,27 +116,29 @@ def load_tokenizer(path: Path, trust_remote_code: bool, flag: str = "--tokenizer
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=bool(trust_remote_code),
-                                             local_files_only=True)
+        return AutoTokenizer.from_pretrained(
+            str(path), trust_remote_code=bool(trust_remote_code), local_files_only=True
+        )
     except Exception as exc:
         if is_custom_code_refusal(exc) and not trust_remote_code:
             raise custom_code_error(flag, path) from None
         raise UserError(f"{_where(flag, path)}: cannot load a tokenizer: {_reason(exc)}") from None
 
 
-def load_causal_lm(path: Path, trust_remote_code: bool, flag: str = "--target",
-                   **options: Any) -> Any:
+def load_causal_lm(
+    path: Path, trust_remote_code: bool, flag: str = "--target", **options: Any
+) -> Any:
     """`AutoModelForCausalLM.from_pretrained`, options passed on (dtype, device_map...)."""
     quiet()
     from transformers import AutoModelForCausalLM
 
     try:
         return AutoModelForCausalLM.from_pretrained(
-            str(path), trust_remote_code=bool(trust_remote_code), local_files_only=True,
-            **options)
+            str(path), trust_remote_code=bool(trust_remote_code), local_files_only=True, **options
+        )
     except Exception as exc:
         if is_custom_code_refusal(exc) and not trust_remote_code:
             raise custom_code_error(flag, path) from None
-        raise UserError(f"{_where(flag, path)}: cannot load a transformers model "
-                        f"({_reason(exc)})") from None
-
+        raise UserError(
+            f"{_where(flag, path)}: cannot load a transformers model ({_reason(exc)})"
+        ) from None

@@ -14,6 +14,7 @@ def json_object(text: str, where: str, example: str = "") -> dict:
     except ValueError as exc:
         raise UserError(f"{where}: not valid JSON ({exc})") from None
     if not isinstance(value, dict):
-        raise UserError(f"{where}: expected a JSON object" + (f" like {example}" if example
-                                                              else ""))
+        raise UserError(
+            f"{where}: expected a JSON object" + (f" like {example}" if example else "")
+        )
     return value

@@ -61,13 +61,16 @@ def open_lock_file(path: Path, error: type[UserError] = UserError) -> int:
                 return fd
             os.close(fd)
             odd = _durable.kind_of(mode)
-    raise error(f"{path}: {odd} where eagle3kit keeps a lock file of its own; refused (remove "
-                "it: eagle3kit makes it again)")
+    raise error(
+        f"{path}: {odd} where eagle3kit keeps a lock file of its own; refused (remove "
+        "it: eagle3kit makes it again)"
+    )
 
 
 @contextmanager
-def file_lock(path: Path, exclusive: bool = True,
-              error: type[UserError] = UserError) -> Iterator[None]:
+def file_lock(
+    path: Path, exclusive: bool = True, error: type[UserError] = UserError
+) -> Iterator[None]:
     """A blocking flock held for the duration of the block."""
     fd = open_lock_file(path, error)
     try:
@@ -138,8 +141,10 @@ def _read_owner(path: Path, error: type[UserError] = UserError) -> dict:
             except orjson.JSONDecodeError:
                 return {}
             return owner if isinstance(owner, dict) else {}
-    raise error(f"{path}: {odd} where eagle3kit keeps the file naming a directory's owner; "
-                "refused (remove it: eagle3kit makes it again)")
+    raise error(
+        f"{path}: {odd} where eagle3kit keeps the file naming a directory's owner; "
+        "refused (remove it: eagle3kit makes it again)"
+    )
 
 
 def describe(owner: dict) -> str:
@@ -149,12 +154,15 @@ def describe(owner: dict) -> str:
     if isinstance(started, int | float) and not isinstance(started, bool):
         with suppress(ValueError, OverflowError, OSError):  # nan, 1e308: a damaged file
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
-    return (f"run {owner.get('run_id', '?')} (pid {owner.get('pid', '?')} on "
-            f"{owner.get('host', '?')}, started {when}: {owner.get('command', '?')})")
+    return (
+        f"run {owner.get('run_id', '?')} (pid {owner.get('pid', '?')} on "
+        f"{owner.get('host', '?')}, started {when}: {owner.get('command', '?')})"
+    )
 
 
-def acquire(place: Owned, run_id: str,
-            setup: Callable[[bool], None] = lambda same_run: None) -> RunLock:
+def acquire(
+    place: Owned, run_id: str, setup: Callable[[bool], None] = lambda same_run: None
+) -> RunLock:
     """Join or start the run owning `place`; refuse when another run holds it.
 
     `setup(same_run_before)` runs inside the gate in a process that found no live holder, so
@@ -176,10 +184,16 @@ def acquire(place: Owned, run_id: str,
                         f"or stop it; one run owns {place.kind} at a time."
                     ) from None
             if first and not same_run:
-                place.write_owner(place.owner, {
-                    "run_id": run_id, "pid": os.getpid(), "host": socket.gethostname(),
-                    "started": time.time(), "command": command_line()[:COMMAND_MAX_CHARS],
-                })
+                place.write_owner(
+                    place.owner,
+                    {
+                        "run_id": run_id,
+                        "pid": os.getpid(),
+                        "host": socket.gethostname(),
+                        "started": time.time(),
+                        "command": command_line()[:COMMAND_MAX_CHARS],
+                    },
+                )
             if first:
                 setup(same_run)
             # Every process holds the lock shared; set-up happens inside the gate, so no

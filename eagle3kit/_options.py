@@ -123,13 +123,18 @@ def check_int_bounds(name: str, value: Any, hint: Any, cli: Cli) -> None:
     low, high = cli.bounds or INT_BOUNDS
     for number in _integers(value):
         if not low <= number <= high:
-            flag = next((f for f in cli.flags if f.startswith("--")),
-                        f"--{name.replace('_', '-')}")
+            flag = next((f for f in cli.flags if f.startswith("--")), f"--{name.replace('_', '-')}")
             digits = str(abs(number))
-            shown = str(number) if len(digits) <= 20 else \
-                f"{'-' if number < 0 else ''}{digits[:6]}... ({len(digits):,} digits)"
-            most = f"the most it takes is {high:,}" if number > high else \
-                f"the least it takes is {low:,}"
+            shown = (
+                str(number)
+                if len(digits) <= 20
+                else f"{'-' if number < 0 else ''}{digits[:6]}... ({len(digits):,} digits)"
+            )
+            most = (
+                f"the most it takes is {high:,}"
+                if number > high
+                else f"the least it takes is {low:,}"
+            )
             raise UserError(f"{flag} {shown}: out of range ({most})")
 
 
@@ -137,7 +142,8 @@ def _holds_ints(hint: Any) -> bool:
     if hint is int:
         return True
     return typing.get_origin(hint) in (typing.Union, types.UnionType, list, tuple) and any(
-        _holds_ints(arg) for arg in typing.get_args(hint))
+        _holds_ints(arg) for arg in typing.get_args(hint)
+    )
 
 
 def _integers(value: Any) -> list[int]:
@@ -171,11 +177,13 @@ class OutputOptions:
     """Print the result as JSON on stdout."""
     quiet: bool = field(default=False, metadata=opt("--quiet", "-q", envvar="EAGLE3KIT_QUIET"))
     """Only warnings and errors on stderr."""
-    no_progress: bool = field(default=False, metadata=opt(
-        "--no-progress", envvar="EAGLE3KIT_NO_PROGRESS"))
+    no_progress: bool = field(
+        default=False, metadata=opt("--no-progress", envvar="EAGLE3KIT_NO_PROGRESS")
+    )
     """No live display; plain status lines only."""
-    log_every: float = field(default=30.0, metadata=opt(
-        "--log-every", envvar="EAGLE3KIT_LOG_EVERY", metavar="SECONDS"))
+    log_every: float = field(
+        default=30.0, metadata=opt("--log-every", envvar="EAGLE3KIT_LOG_EVERY", metavar="SECONDS")
+    )
     """Seconds between status lines when stderr is not a terminal."""
 
     def __post_init__(self) -> None:
@@ -192,8 +200,9 @@ class WriteOptions:
     afresh (--resume, --overwrite)."""
     commit_every: int = field(default=1000, metadata=opt("--commit-every", metavar="N"))
     """Commit after N samples..."""
-    commit_interval: float = field(default=60.0, metadata=opt(
-        "--commit-interval", metavar="SECONDS"))
+    commit_interval: float = field(
+        default=60.0, metadata=opt("--commit-interval", metavar="SECONDS")
+    )
     """...or after S seconds, whichever is first."""
     resume: bool = field(default=False, metadata=opt("--resume", cli_only="consent"))
     """Continue the output; fail if there is none."""

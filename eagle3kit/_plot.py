@@ -18,8 +18,7 @@ def check_plotting(path: Path) -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise UserError(f"--plot needs matplotlib, which is not installed: {PLOT_EXTRA}"
-                        ) from None
+        raise UserError(f"--plot needs matplotlib, which is not installed: {PLOT_EXTRA}") from None
     if not path.parent.exists():
         raise UserError(f"--plot {path}: the folder {path.parent} does not exist")
 

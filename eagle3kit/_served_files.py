@@ -44,9 +44,14 @@ def served_dir_problems(given: Path | str | None, needed: bool, needs: str) -> l
     folder the server reports would let it name any `.safetensors` file, model weights
     included), refused without it, and an existing directory."""
     if given is None:
-        return [f"{needs} needs {FLAG} DIR: the server's shared_storage_path as this machine "
+        return (
+            [
+                f"{needs} needs {FLAG} DIR: the server's shared_storage_path as this machine "
                 "sees it (only files it names inside that folder are read, then deleted)"
-                ] if needed else []
+            ]
+            if needed
+            else []
+        )
     if not needed:
         return [f"{FLAG} applies to {needs} only"]
     if not Path(given).is_dir():
@@ -62,8 +67,10 @@ class StorageDir:
         self.given = Path(given)
         self.root = os.path.realpath(given)
         if not os.path.isdir(self.root):
-            raise UserError(f"{FLAG} {given}: no such directory (the server's "
-                            "shared_storage_path, as this machine sees it)")
+            raise UserError(
+                f"{FLAG} {given}: no such directory (the server's "
+                "shared_storage_path, as this machine sees it)"
+            )
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -73,28 +80,35 @@ class StorageDir:
         given = os.path.normpath(os.path.abspath(self.given))
         named = os.path.normpath(os.path.abspath(reported))
         real = os.path.realpath(reported)
-        return os.path.commonpath([named, given]) == given or \
-            os.path.commonpath([real, self.root]) == self.root
+        return (
+            os.path.commonpath([named, given]) == given
+            or os.path.commonpath([real, self.root]) == self.root
+        )
 
     def claim(self, named: object, who: str) -> str:
         """The checked path of the file `named` in an answer, refused (RefusedFile naming
         `who`) unless it is a new `.safetensors` name inside the folder whose last part is
         not a symlink. The file itself may not exist yet: the server may still write it."""
         if not isinstance(named, str) or not named or "\x00" in named:
-            raise RefusedFile(f"{who}: the answer's hidden_states_path is {_shown(named)}, not "
-                              "a file path")
+            raise RefusedFile(
+                f"{who}: the answer's hidden_states_path is {_shown(named)}, not a file path"
+            )
         name = os.path.basename(named)
         if not name.endswith(SUFFIX) or name == SUFFIX:
             raise RefusedFile(f"{who}: the answer names {named!r}, not a {SUFFIX} file")
         parent = os.path.realpath(os.path.dirname(os.path.abspath(named)))
         if os.path.commonpath([parent, self.root]) != self.root:
-            raise RefusedFile(f"{who}: the answer names {named!r}, outside {FLAG} "
-                              f"{self.given}; refused (nothing there is read or deleted)")
+            raise RefusedFile(
+                f"{who}: the answer names {named!r}, outside {FLAG} "
+                f"{self.given}; refused (nothing there is read or deleted)"
+            )
         path = os.path.join(parent, name)
         with self._lock:
             if path in self._seen:
-                raise RefusedFile(f"{who}: the answer names {named!r}, a file it already named "
-                                  "for another request; refused")
+                raise RefusedFile(
+                    f"{who}: the answer names {named!r}, a file it already named "
+                    "for another request; refused"
+                )
             self._seen[path] = None
             if len(self._seen) > REMEMBERED:
                 self._seen.popitem(last=False)
@@ -112,9 +126,11 @@ class StorageDir:
             elif _kind(path, who):
                 return
             if time.monotonic() > deadline:
-                raise RefusedFile(f"{who}: named {path} but it did not appear within "
-                                  f"{wait_s:.0f} s; is {FLAG} {self.given} the server's "
-                                  "storage path, shared with this machine under that name?")
+                raise RefusedFile(
+                    f"{who}: named {path} but it did not appear within "
+                    f"{wait_s:.0f} s; is {FLAG} {self.given} the server's "
+                    "storage path, shared with this machine under that name?"
+                )
             time.sleep(0.01)
 
     @contextmanager
@@ -131,11 +147,14 @@ class StorageDir:
         st = os.fstat(fd)
         try:
             if not stat.S_ISREG(st.st_mode):
-                raise RefusedFile(f"{who}: {path} is {_what(st.st_mode)}, not a regular file; "
-                                  "refused")
+                raise RefusedFile(
+                    f"{who}: {path} is {_what(st.st_mode)}, not a regular file; refused"
+                )
             if st.st_size > max_bytes:
-                raise RefusedFile(f"{who}: {path} holds {st.st_size} bytes, more than the "
-                                  f"{max_bytes} its states can take; refused")
+                raise RefusedFile(
+                    f"{who}: {path} holds {st.st_size} bytes, more than the "
+                    f"{max_bytes} its states can take; refused"
+                )
             proc = f"/proc/self/fd/{fd}"
             yield proc if os.path.exists(proc) else path
         finally:
@@ -182,16 +201,22 @@ def _remove_if(path: str, checked: os.stat_result | None = None) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISREG(now.st_mode) or (
-            checked is not None and (now.st_dev, now.st_ino) != (checked.st_dev, checked.st_ino)):
+        checked is not None and (now.st_dev, now.st_ino) != (checked.st_dev, checked.st_ino)
+    ):
         return
     with suppress(FileNotFoundError):
         os.unlink(path)
 
 
 def _what(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+    for test, name in (
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+    ):
         if test(mode):
             return name
     return "not a regular file"

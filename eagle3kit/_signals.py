@@ -49,8 +49,10 @@ def continue_command(argv: list[str] | None = None) -> str:
 
 def stopped_line(exc: KeyboardInterrupt) -> str:
     """The one line a run stopped by a signal ends with."""
-    return (f"stopped by {stop_signal(exc).name}; what was committed is safe. Continue with: "
-            f"{continue_command()}")
+    return (
+        f"stopped by {stop_signal(exc).name}; what was committed is safe. Continue with: "
+        f"{continue_command()}"
+    )
 
 
 def install(signals: tuple[signal.Signals, ...], handler: Any) -> dict[int, Any]:
@@ -101,5 +103,8 @@ class StopAsInterrupt:
 def interrupt(exit_code: int) -> KeyboardInterrupt:
     """The interrupt to raise for a stage that stopped on its own with `exit_code` (gen's or
     train's 130 / 143), so a caller that chains stages ends as the CLI ends a stopped run."""
-    return Stopped(signal.SIGTERM) if exit_code == EXIT_CODES[signal.SIGTERM] else (
-        KeyboardInterrupt())
+    return (
+        Stopped(signal.SIGTERM)
+        if exit_code == EXIT_CODES[signal.SIGTERM]
+        else (KeyboardInterrupt())
+    )

@@ -64,8 +64,7 @@ def printable(text: object, one_line: bool = True) -> str:
     text = str(text)
     if one_line:
         return _SHOWN_ESCAPED.sub(_escaped, text)
-    return _SHOWN_ESCAPED.sub(lambda m: m.group() if m.group() in "\n\t" else _escaped(m),
-                              text)
+    return _SHOWN_ESCAPED.sub(lambda m: m.group() if m.group() in "\n\t" else _escaped(m), text)
 
 
 def is_terminal() -> bool:
@@ -151,8 +150,11 @@ def _cell(value: object) -> str:
 
 
 def table(
-    title: str, columns: list[str], rows: Sequence[Sequence[object]],
-    opts: OutputOptions | None = None, fold: bool = False,
+    title: str,
+    columns: list[str],
+    rows: Sequence[Sequence[object]],
+    opts: OutputOptions | None = None,
+    fold: bool = False,
 ) -> None:
     """A titled table on stderr; numeric columns are right-aligned so figures line up.
 
@@ -166,8 +168,11 @@ def table(
     for i, name in enumerate(columns):
         values = [r[i] for r in rows if r[i] is not None]
         numeric = bool(values) and all(isinstance(v, int | float) for v in values)
-        grid.add_column(printable(name), justify="right" if numeric else "left",
-                        overflow="fold" if fold else "ellipsis")
+        grid.add_column(
+            printable(name),
+            justify="right" if numeric else "left",
+            overflow="fold" if fold else "ellipsis",
+        )
     for row in rows:
         grid.add_row(*(_cell(v) for v in row))
     _console().print(grid)

@@ -38,12 +38,14 @@ def server_url(text: str, flag: str = "--server", *, concurrency: bool = False) 
         before, _, after = netloc.rpartition("@")
         if _ADDRESS_PORT.match(before):  # a typo after the port, not credentials
             if concurrency:
-                raise bad(f"the concurrency after @ must be a whole number like @128, not "
-                          f"{after!r}")
+                raise bad(
+                    f"the concurrency after @ must be a whole number like @128, not {after!r}"
+                )
             raise bad(f"{flag} takes no @concurrency, and {after!r} follows the port")
         raise UserError(
             f"{flag} {_masked(scheme, netloc, tail)}: a server URL cannot carry credentials; "
-            "pass an API key with --api-key or EAGLE3KIT_API_KEY")
+            "pass an API key with --api-key or EAGLE3KIT_API_KEY"
+        )
     if scheme.lower() not in ("http", "https"):
         raise bad(f"the scheme must be http or https, not {scheme!r}")
     _, port = _host_port(netloc, bad)

@@ -87,22 +87,36 @@ def describe(cfg: InfoConfig) -> InfoReport:
     problems = ds.verify() + ds.duplicate_ids() if cfg.verify else ds.check_files()
     temps, orphans = ds.stray_files()
     warnings = [ds.marker_warning()] if ds.marker_missing else []
-    warnings += [f"{p}: temp file left by an interrupted run (ignored; the next writer removes "
-                 "it)" for p in temps]
-    warnings += [f"{p}: shard sealed but never committed (ignored; the next writer removes it)"
-                 for p in orphans]
+    warnings += [
+        f"{p}: temp file left by an interrupted run (ignored; the next writer removes it)"
+        for p in temps
+    ]
+    warnings += [
+        f"{p}: shard sealed but never committed (ignored; the next writer removes it)"
+        for p in orphans
+    ]
     size = ds.shard_bytes
     return InfoReport(
-        path=str(cfg.path), kind=ds.kind, format_version=ds.version,
-        written_by=manifest.get("written_by", "?"), samples=len(ds), tokens=ds.num_tokens,
+        path=str(cfg.path),
+        kind=ds.kind,
+        format_version=ds.version,
+        written_by=manifest.get("written_by", "?"),
+        samples=len(ds),
+        tokens=ds.num_tokens,
         loss_tokens=sum(p["loss_tokens"] for p in partitions.values()),
         completion_tokens=sum(p["completion_tokens"] for p in partitions.values()),
-        shards=len(ds.shards), bytes_on_disk=size,
+        shards=len(ds.shards),
+        bytes_on_disk=size,
         bytes_per_token=round(size / ds.num_tokens, 3) if ds.num_tokens else 0.0,
-        partitions=partitions, finish_reasons=_sum_finish(partitions),
-        created=manifest.get("created", 0.0), updated=manifest.get("updated", 0.0),
-        config=manifest.get("config", {}), provenance=manifest.get("provenance", {}),
-        runs=manifest.get("runs", []), problems=problems, warnings=warnings,
+        partitions=partitions,
+        finish_reasons=_sum_finish(partitions),
+        created=manifest.get("created", 0.0),
+        updated=manifest.get("updated", 0.0),
+        config=manifest.get("config", {}),
+        provenance=manifest.get("provenance", {}),
+        runs=manifest.get("runs", []),
+        problems=problems,
+        warnings=warnings,
     )
 
 
@@ -111,30 +125,63 @@ def _when(t: float) -> str:
 
 
 def _show(report: InfoReport, opts: _ui.OutputOptions) -> None:
-    _ui.kv(f"{report.path}", [
-        ("kind", f"{report.kind} dataset, format version {report.format_version} "
-                 f"(written by eagle3kit {report.written_by})"),
-        ("samples", f"{report.samples:,} in {report.shards:,} shards"),
-        ("tokens", f"{report.tokens:,} ({report.completion_tokens:,} completion, "
-                   f"{report.loss_tokens:,} with loss)"),
-        ("finish reasons", ", ".join(f"{k} {v:,}" for k, v in report.finish_reasons.items())
-         or "none"),
-        ("size on disk", f"{report.bytes_on_disk:,} bytes ({report.bytes_per_token} per token)"),
-        ("created", _when(report.created)),
-        ("updated", _when(report.updated)),
-        ("runs", f"{len(report.runs)}" + (f", last by {report.runs[-1].get('command', '?')}"
-                                          if report.runs else "")),
-        ("settings", ", ".join(f"{k}={v}" for k, v in report.config.items()) or "none recorded"),
-        ("provenance", ", ".join(f"{k}={v}" for k, v in report.provenance.items())
-         or "none recorded"),
-    ], opts)
-    rows = [[name, p["samples"], p["tokens"],
-             round(p["completion_tokens"] / p["samples"], 1) if p["samples"] else 0,
-             ", ".join(f"{k} {v}" for k, v in sorted(p["finish"].items()))]
-            for name, p in report.partitions.items()]
+    _ui.kv(
+        f"{report.path}",
+        [
+            (
+                "kind",
+                f"{report.kind} dataset, format version {report.format_version} "
+                f"(written by eagle3kit {report.written_by})",
+            ),
+            ("samples", f"{report.samples:,} in {report.shards:,} shards"),
+            (
+                "tokens",
+                f"{report.tokens:,} ({report.completion_tokens:,} completion, "
+                f"{report.loss_tokens:,} with loss)",
+            ),
+            (
+                "finish reasons",
+                ", ".join(f"{k} {v:,}" for k, v in report.finish_reasons.items()) or "none",
+            ),
+            (
+                "size on disk",
+                f"{report.bytes_on_disk:,} bytes ({report.bytes_per_token} per token)",
+            ),
+            ("created", _when(report.created)),
+            ("updated", _when(report.updated)),
+            (
+                "runs",
+                f"{len(report.runs)}"
+                + (f", last by {report.runs[-1].get('command', '?')}" if report.runs else ""),
+            ),
+            (
+                "settings",
+                ", ".join(f"{k}={v}" for k, v in report.config.items()) or "none recorded",
+            ),
+            (
+                "provenance",
+                ", ".join(f"{k}={v}" for k, v in report.provenance.items()) or "none recorded",
+            ),
+        ],
+        opts,
+    )
+    rows = [
+        [
+            name,
+            p["samples"],
+            p["tokens"],
+            round(p["completion_tokens"] / p["samples"], 1) if p["samples"] else 0,
+            ", ".join(f"{k} {v}" for k, v in sorted(p["finish"].items())),
+        ]
+        for name, p in report.partitions.items()
+    ]
     if rows:
-        _ui.table("partitions", ["partition", "samples", "tokens", "mean completion", "finish"],
-                  rows, opts)
+        _ui.table(
+            "partitions",
+            ["partition", "samples", "tokens", "mean completion", "finish"],
+            rows,
+            opts,
+        )
     for w in report.warnings:
         _ui.warn(w)
     found = f"{len(report.problems)} problems found" if report.problems else "no problems found"
@@ -210,8 +257,10 @@ def run_checkpoint(cfg: InfoConfig, curves: dict | None = None) -> CheckpointRep
         path=str(cfg.path),
         checkpoints=[{**i.to_dict(), "card": card} for i, card in zip(infos, cards, strict=True)],
         problems=[tagged(i, p) for i in infos for p in i.problems],
-        warnings=[tagged(i, w) for i in infos for w in i.warnings], plot=curves,
-        selection=_selection(cfg.path))
+        warnings=[tagged(i, w) for i in infos for w in i.warnings],
+        plot=curves,
+        selection=_selection(cfg.path),
+    )
     if cfg.output.json:
         _ui.print_json(report.to_dict())
     else:
@@ -222,14 +271,15 @@ def run_checkpoint(cfg: InfoConfig, curves: dict | None = None) -> CheckpointRep
             _show_selection(dirs[0], report.selection, cfg.output)
         for w in report.warnings:
             _ui.warn(w)
-        found = (f"{len(report.problems)} problems found" if report.problems
-                 else "no problems found")
+        found = f"{len(report.problems)} problems found" if report.problems else "no problems found"
         _ui.checklist([(not report.problems, "checks", found)], cfg.output)
         for p in report.problems:
             _ui.error(p)
     if report.problems:
-        raise CheckFailed(f"{cfg.path}: {len(report.problems)} checkpoint problem"
-                          f"{'s' if len(report.problems) > 1 else ''} (CHECKPOINTS.md §5)")
+        raise CheckFailed(
+            f"{cfg.path}: {len(report.problems)} checkpoint problem"
+            f"{'s' if len(report.problems) > 1 else ''} (CHECKPOINTS.md §5)"
+        )
     return report
 
 
@@ -250,41 +300,63 @@ def _show_selection(drafter: Path, chosen: dict, opts: _ui.OutputOptions) -> Non
             return "none"
         return f"step {f.get('step')}, held-out AL {f.get('predicted_acceptance_length')}"
 
-    _ui.kv(f"{drafter}: the step it holds", [
-        ("step", f"{chosen.get('step')} (--drafter-step {chosen.get('rule')})"),
-        ("why", chosen.get("why", "?")),
-        ("best evaluation", figure("best")),
-        ("last evaluation", figure("last")),
-    ], opts)
+    _ui.kv(
+        f"{drafter}: the step it holds",
+        [
+            ("step", f"{chosen.get('step')} (--drafter-step {chosen.get('rule')})"),
+            ("why", chosen.get("why", "?")),
+            ("best evaluation", figure("best")),
+            ("last evaluation", figure("last")),
+        ],
+        opts,
+    )
 
 
 def _show_checkpoint(info, opts: _ui.OutputOptions) -> None:
     from eagle3kit.model.config import describe_variant
 
-    ids = (f"{info.aux_layer_ids} boundary / {info.aux_layer_ids_output} layer-output"
-           if info.aux_layer_ids else "none")
+    ids = (
+        f"{info.aux_layer_ids} boundary / {info.aux_layer_ids_output} layer-output"
+        if info.aux_layer_ids
+        else "none"
+    )
     vocab = "?"
     if info.draft_vocab_size:
         vocab = f"{info.draft_vocab_size:,} of {info.vocab_size or 0:,} target ids"
         if info.coverage is not None:
             vocab += f", covering {info.coverage:.1%} of the training tokens"
-    size = f"{info.hidden_size}" + (f" (target {info.target_hidden_size})"
-                                    if info.target_hidden_size else "")
-    _ui.kv(info.path, [
-        ("layout", info.description),
-        ("aux layer ids", f"{ids} (from {info.layer_ids_source})"),
-        ("aux states", info.num_aux),
-        ("draft vocab", vocab),
-        ("hidden size", size),
-        ("norm_before_residual", info.norm_before_residual),
-        ("variant", describe_variant(info.variant)),
-        ("max positions", info.max_position_embeddings),
-        ("attention", f"sliding window of {info.sliding_window:,} positions"
-         if info.sliding_window else "every earlier position"),
-        ("verifier", info.verifier),
-        ("embedding", "included" if info.has_embedding else "none (the engine uses the target's)"),
-        ("weights", f"{', '.join(info.weights_files)}: {len(info.tensors)} tensors, {info.dtype}"),
-    ], opts)
+    size = f"{info.hidden_size}" + (
+        f" (target {info.target_hidden_size})" if info.target_hidden_size else ""
+    )
+    _ui.kv(
+        info.path,
+        [
+            ("layout", info.description),
+            ("aux layer ids", f"{ids} (from {info.layer_ids_source})"),
+            ("aux states", info.num_aux),
+            ("draft vocab", vocab),
+            ("hidden size", size),
+            ("norm_before_residual", info.norm_before_residual),
+            ("variant", describe_variant(info.variant)),
+            ("max positions", info.max_position_embeddings),
+            (
+                "attention",
+                f"sliding window of {info.sliding_window:,} positions"
+                if info.sliding_window
+                else "every earlier position",
+            ),
+            ("verifier", info.verifier),
+            (
+                "embedding",
+                "included" if info.has_embedding else "none (the engine uses the target's)",
+            ),
+            (
+                "weights",
+                f"{', '.join(info.weights_files)}: {len(info.tensors)} tensors, {info.dtype}",
+            ),
+        ],
+        opts,
+    )
 
 
 # A run's curves (--plot) --------------------------------------------------------------------
@@ -305,8 +377,11 @@ def read_curves(run_dir: RunDir) -> dict[str, dict[str, list[tuple[int, float]]]
         evaluation = record.get("eval")
         if evaluation and evaluation.get("predicted_acceptance_length") is not None:
             accept.append((step, float(evaluation["predicted_acceptance_length"])))
-    return {"loss": {"loss": loss}, "accuracy per TTT step": acc,
-            "predicted acceptance length (held out)": {"overall": accept}}
+    return {
+        "loss": {"loss": loss},
+        "accuracy per TTT step": acc,
+        "predicted acceptance length (held out)": {"overall": accept},
+    }
 
 
 def plot_run(path: Path, plot: Path, opts: _ui.OutputOptions) -> dict:
@@ -315,20 +390,24 @@ def plot_run(path: Path, plot: Path, opts: _ui.OutputOptions) -> dict:
 
     run_dir = RunDir(path)
     if not run_dir.exists():
-        raise UserError(f"--plot: {path} is not a training run (--plot draws a run's "
-                        "metrics.jsonl)")
+        raise UserError(
+            f"--plot: {path} is not a training run (--plot draws a run's metrics.jsonl)"
+        )
     curves = read_curves(run_dir)
     if not any(points for series in curves.values() for points in series.values()):
         raise UserError(f"--plot: {run_dir.metrics} holds no logged steps yet")
     _draw(curves, f"{path.resolve().name}", plot)
     _ui.info(f"figure: {plot}", opts)
-    return {"file": str(plot), "axes": [
-        {"title": title, "series": {name: len(points) for name, points in series.items()}}
-        for title, series in curves.items()]}
+    return {
+        "file": str(plot),
+        "axes": [
+            {"title": title, "series": {name: len(points) for name, points in series.items()}}
+            for title, series in curves.items()
+        ],
+    }
 
 
-def _draw(curves: dict[str, dict[str, list[tuple[int, float]]]], title: str,
-          path: Path) -> None:
+def _draw(curves: dict[str, dict[str, list[tuple[int, float]]]], title: str, path: Path) -> None:
     from eagle3kit._plot import pyplot
 
     plt = pyplot()
@@ -343,6 +422,8 @@ def _draw(curves: dict[str, dict[str, list[tuple[int, float]]]], title: str,
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
 # An export's model card, and what the layout's own library makes of the checkpoint ---------
 def _card_and_warnings(directory: Path, info) -> dict | None:
     """The card export wrote beside the checkpoint (None: none), and, into info.warnings,
@@ -367,11 +448,15 @@ def _show_card(directory: Path, card: dict | None, opts: _ui.OutputOptions) -> N
         return
     from eagle3kit.checkpoints.card import CARD
 
-    _ui.kv(str(directory / CARD), [
-        ("base_model", card.get("base_model", "?")),
-        ("library_name", card.get("library_name", "?")),
-        ("tags", ", ".join(card.get("tags", []))),
-        ("draft vocab", card.get("draft vocab", "?")),
-        ("training data", "; ".join(card.get("training data", [])) or "?"),
-        ("held-out prediction", card.get("held-out prediction", "?")),
-    ], opts)
+    _ui.kv(
+        str(directory / CARD),
+        [
+            ("base_model", card.get("base_model", "?")),
+            ("library_name", card.get("library_name", "?")),
+            ("tags", ", ".join(card.get("tags", []))),
+            ("draft vocab", card.get("draft vocab", "?")),
+            ("training data", "; ".join(card.get("training data", [])) or "?"),
+            ("held-out prediction", card.get("held-out prediction", "?")),
+        ],
+        opts,
+    )

@@ -66,20 +66,24 @@ class QuickstartConfig:
     threads: int = 1
     """torch threads: matrices this small gain little from more, and lose a lot on a busy
     machine where threads spin waiting for each other."""
-    write: WriteOptions = field(default_factory=lambda: WriteOptions(
-        commit_every=16, commit_interval=10.0), metadata=embed("overwrite"))
+    write: WriteOptions = field(
+        default_factory=lambda: WriteOptions(commit_every=16, commit_interval=10.0),
+        metadata=embed("overwrite"),
+    )
     """--overwrite: start afresh, removing what an earlier quickstart left in `out`; the
     commit cadence gen uses (small: the quickstart's datasets are small)."""
     output: OutputOptions = field(default_factory=OutputOptions)
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
-        for flag, value, least in (("--prompts", self.prompts, 4),
-                                   ("--bench-prompts", self.bench_prompts, 1),
-                                   ("--target-steps", self.target_steps, 1),
-                                   ("--train-steps", self.train_steps, 1),
-                                   ("--max-tokens", self.max_tokens, 16),
-                                   ("--threads", self.threads, 1)):
+        for flag, value, least in (
+            ("--prompts", self.prompts, 4),
+            ("--bench-prompts", self.bench_prompts, 1),
+            ("--target-steps", self.target_steps, 1),
+            ("--train-steps", self.train_steps, 1),
+            ("--max-tokens", self.max_tokens, 16),
+            ("--threads", self.threads, 1),
+        ):
             if value < least:
                 raise UserError(f"{flag} must be at least {least} (got {value})")
         if self.target_arch not in ARCHS:
@@ -97,9 +101,14 @@ class QuickstartConfig:
 
     def settings(self) -> dict[str, int | str]:
         """What decides the artifacts: a rerun with others would mix two quickstarts."""
-        return {"prompts": self.prompts, "bench_prompts": self.bench_prompts,
-                "target_steps": self.target_steps, "train_steps": self.train_steps,
-                "max_tokens": self.max_tokens, "target_arch": self.target_arch}
+        return {
+            "prompts": self.prompts,
+            "bench_prompts": self.bench_prompts,
+            "target_steps": self.target_steps,
+            "train_steps": self.train_steps,
+            "max_tokens": self.max_tokens,
+            "target_arch": self.target_arch,
+        }
 
 
 @dataclass(frozen=True)
@@ -137,12 +146,20 @@ class Layout:
         return self.root / "export"
 
     def paths(self) -> dict[str, str]:
-        return {"dir": str(self.root), "target": str(self.target),
-                "prompts": str(self.train_prompts), "bench_prompts": str(self.bench_prompts),
-                "tokens": str(self.tokens), "validate_report": str(self.root / "validate.json"),
-                "hidden": str(self.hidden), "run": str(self.run),
-                "drafter": str(RunDir(self.run).drafter), "vllm": str(self.export / "vllm"),
-                "sglang": str(self.export / "sglang"), "state": str(self.root / STATE)}
+        return {
+            "dir": str(self.root),
+            "target": str(self.target),
+            "prompts": str(self.train_prompts),
+            "bench_prompts": str(self.bench_prompts),
+            "tokens": str(self.tokens),
+            "validate_report": str(self.root / "validate.json"),
+            "hidden": str(self.hidden),
+            "run": str(self.run),
+            "drafter": str(RunDir(self.run).drafter),
+            "vllm": str(self.export / "vllm"),
+            "sglang": str(self.export / "sglang"),
+            "state": str(self.root / STATE),
+        }
 
 
 @dataclass
@@ -184,8 +201,9 @@ def _load_state(cfg: QuickstartConfig) -> dict[str, Any]:
         raise UserError(f"{cfg.out}: not a directory")
     if not path.is_file():
         if cfg.out.is_dir() and any(cfg.out.iterdir()):
-            raise UserError(f"{cfg.out}: not empty and not a quickstart directory; name a new "
-                            "or empty DIR")
+            raise UserError(
+                f"{cfg.out}: not empty and not a quickstart directory; name a new or empty DIR"
+            )
         return fresh
     if cfg.write.mode == "overwrite":
         _clear(cfg.out)
@@ -195,23 +213,38 @@ def _load_state(cfg: QuickstartConfig) -> dict[str, Any]:
         # A record from before --target-arch existed was made with the Llama target.
         stages, settings = dict(state["stages"]), {"target_arch": "llama", **state["settings"]}
     except (OSError, ValueError, KeyError, TypeError):
-        raise UserError(f"{path}: unreadable quickstart record; start afresh with --overwrite"
-                        ) from None
+        raise UserError(
+            f"{path}: unreadable quickstart record; start afresh with --overwrite"
+        ) from None
     if settings != cfg.settings():
-        changed = [f"--{k.replace('_', '-')} {settings.get(k)} -> {v}"
-                   for k, v in cfg.settings().items() if settings.get(k) != v]
-        raise UserError(f"{cfg.out} was started with other settings ({', '.join(changed)}); "
-                        "rerun with the earlier ones, or start afresh with --overwrite")
-    return {"version": STATE_VERSION, "settings": settings,
-            "stages": _still_there(stages, Layout(cfg.out))}
+        changed = [
+            f"--{k.replace('_', '-')} {settings.get(k)} -> {v}"
+            for k, v in cfg.settings().items()
+            if settings.get(k) != v
+        ]
+        raise UserError(
+            f"{cfg.out} was started with other settings ({', '.join(changed)}); "
+            "rerun with the earlier ones, or start afresh with --overwrite"
+        )
+    return {
+        "version": STATE_VERSION,
+        "settings": settings,
+        "stages": _still_there(stages, Layout(cfg.out)),
+    }
 
 
 def _still_there(stages: dict[str, dict], lay: Layout) -> dict[str, dict]:
     """The recorded stages up to the first whose output has since been deleted: that one and
     every later one run again."""
-    outputs = {"target": lay.target / "tiny_training.json", "prompts": lay.bench_prompts,
-               "gen": lay.tokens, "validate": lay.root / "validate.json", "extract": lay.hidden,
-               "train": RunDir(lay.run).drafter, "export": lay.export / "vllm"}
+    outputs = {
+        "target": lay.target / "tiny_training.json",
+        "prompts": lay.bench_prompts,
+        "gen": lay.tokens,
+        "validate": lay.root / "validate.json",
+        "extract": lay.hidden,
+        "train": RunDir(lay.run).drafter,
+        "export": lay.export / "vllm",
+    }
     kept = {}
     for name, _, _ in STAGES:
         if name not in stages or (name in outputs and not outputs[name].exists()):
@@ -240,8 +273,10 @@ def check_code(cfg: QuickstartConfig, lay: Layout, state: dict[str, Any]) -> Non
     rebuilt = None if "target" in state["stages"] else lay.target
     problem = tiny.foreign_code(lay.root, rebuilt)
     if problem:
-        raise UserError(f"{problem}; quickstart runs only the code it wrote itself: start "
-                        "afresh with --overwrite, or pass --trust-remote-code to run it")
+        raise UserError(
+            f"{problem}; quickstart runs only the code it wrote itself: start "
+            "afresh with --overwrite, or pass --trust-remote-code to run it"
+        )
 
 
 def _save_state(root: Path, state: dict[str, Any]) -> None:
@@ -268,23 +303,33 @@ def stage_target(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict
     # Unfinished (no training log, written last): a minute or two to redo, so start over.
     if lay.target.exists():
         shutil.rmtree(lay.target)
-    _ui.info("target: a tokenizer from the standard library's docstrings, then "
-             f"{cfg.target_steps} training steps (the longest stage: a minute or two)", out)
+    _ui.info(
+        "target: a tokenizer from the standard library's docstrings, then "
+        f"{cfg.target_steps} training steps (the longest stage: a minute or two)",
+        out,
+    )
     training: dict[str, Any] = dict(tiny.KIMI_TRAINING) if cfg.kimi else {}
     training.update(steps=cfg.target_steps, threads=cfg.threads, trust_remote_code=cfg.trust)
     (tiny.make_kimi_target if cfg.kimi else tiny.make_target)(lay.target)
     # The same live display (or status lines) as the later stages: this one must not look hung.
     with _ui.Progress("target", cfg.target_steps, out, unit="steps") as progress:
+
         def step(loss: float) -> None:
             progress.add(1)
             progress.set(loss=loss)
 
         tiny.train_target(lay.target, on_step=step, **training)
     losses = json.loads((lay.target / "tiny_training.json").read_text())["losses"]
-    shape = ("Kimi-K2's shape (MLA, 8 routed + 1 shared experts, YaRN), 4 layers, hidden 256"
-             if cfg.kimi else "8 layers, hidden 64, heads of 32")
-    _ui.info(f"target: {shape}, trained {cfg.target_steps} steps on "
-             f"stdlib docstrings (loss {losses[0]:.2f} -> {losses[-1]:.2f})", out)
+    shape = (
+        "Kimi-K2's shape (MLA, 8 routed + 1 shared experts, YaRN), 4 layers, hidden 256"
+        if cfg.kimi
+        else "8 layers, hidden 64, heads of 32"
+    )
+    _ui.info(
+        f"target: {shape}, trained {cfg.target_steps} steps on "
+        f"stdlib docstrings (loss {losses[0]:.2f} -> {losses[-1]:.2f})",
+        out,
+    )
     return {"target_loss": losses[-1]}
 
 
@@ -294,28 +339,43 @@ def _prompts(cfg: QuickstartConfig) -> list[list[dict[str, str]]]:
     try:
         return tiny.prompts(cfg.prompts + cfg.bench_prompts)
     except ValueError as exc:
-        raise UserError(f"--prompts {cfg.prompts} + --bench-prompts {cfg.bench_prompts}: {exc}"
-                        ) from None
+        raise UserError(
+            f"--prompts {cfg.prompts} + --bench-prompts {cfg.bench_prompts}: {exc}"
+        ) from None
 
 
 def stage_prompts(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
     chats = _prompts(cfg)
-    for path, part in ((lay.train_prompts, chats[:cfg.prompts]),
-                       (lay.bench_prompts, chats[cfg.prompts:])):
+    for path, part in (
+        (lay.train_prompts, chats[: cfg.prompts]),
+        (lay.bench_prompts, chats[cfg.prompts :]),
+    ):
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, "".join(json.dumps({"messages": m}) + "\n" for m in part))
-    _ui.info(f"prompts: {cfg.prompts} for gen, {cfg.bench_prompts} held out for bench "
-             "(docstrings the target was not trained on)", out)
+    _ui.info(
+        f"prompts: {cfg.prompts} for gen, {cfg.bench_prompts} held out for bench "
+        "(docstrings the target was not trained on)",
+        out,
+    )
     return {}
 
 
 def stage_gen(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
     from eagle3kit import gen
 
-    result = gen.run(gen.GenConfig(
-        [lay.train_prompts], lay.tokens, engine="hf", target=lay.target,
-        temperature=0.0, max_tokens=cfg.max_tokens, output=out,
-        write=replace(cfg.write, mode="auto"), trust_remote_code=cfg.trust))
+    result = gen.run(
+        gen.GenConfig(
+            [lay.train_prompts],
+            lay.tokens,
+            engine="hf",
+            target=lay.target,
+            temperature=0.0,
+            max_tokens=cfg.max_tokens,
+            output=out,
+            write=replace(cfg.write, mode="auto"),
+            trust_remote_code=cfg.trust,
+        )
+    )
     if result.stopped:
         raise interrupt(result.exit_code)
     return {"samples": result.total, "continued_from": result.previously_done}
@@ -324,48 +384,73 @@ def stage_gen(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
 def stage_validate(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
     from eagle3kit import validate
 
-    report = validate.run(validate.ValidateConfig(lay.tokens, output=out,
-                                                  trust_remote_code=cfg.trust))
-    (lay.root / "validate.json").write_text(json.dumps(report.to_dict(), indent=2,
-                                                       default=str))
+    report = validate.run(
+        validate.ValidateConfig(lay.tokens, output=out, trust_remote_code=cfg.trust)
+    )
+    (lay.root / "validate.json").write_text(json.dumps(report.to_dict(), indent=2, default=str))
     if not report.passed:  # the quickstart goes on; the summary says what failed
         _ui.warn(f"validate: {report.summary()}; going on, as a real run should not")
     parts = report.partitions.values()
-    return {"passed": report.passed, "summary": report.summary(), "samples": report.samples,
-            "tokens": report.tokens,
-            "completion_tokens": sum(p["loss_tokens"] for p in parts),
-            "truncation_rate": report.check("truncation").rate or 0.0}
+    return {
+        "passed": report.passed,
+        "summary": report.summary(),
+        "samples": report.samples,
+        "tokens": report.tokens,
+        "completion_tokens": sum(p["loss_tokens"] for p in parts),
+        "truncation_rate": report.check("truncation").rate or 0.0,
+    }
 
 
 def stage_extract(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
     from eagle3kit import extract
 
     # Returns only when every sample is done (an interruption raises).
-    result = extract.run(extract.ExtractConfig(
-        lay.tokens, lay.hidden, target=lay.target, device="cpu", output=out,
-        trust_remote_code=cfg.trust, layers=list(KIMI_LAYERS) if cfg.kimi else None))
+    result = extract.run(
+        extract.ExtractConfig(
+            lay.tokens,
+            lay.hidden,
+            target=lay.target,
+            device="cpu",
+            output=out,
+            trust_remote_code=cfg.trust,
+            layers=list(KIMI_LAYERS) if cfg.kimi else None,
+        )
+    )
     return {"layers": result.layer_ids}
 
 
 def train_options(cfg: QuickstartConfig) -> dict[str, Any]:
     """The drafter's training settings (and the flags the by-hand command shows)."""
-    return {"max_steps": cfg.train_steps, "lr": 3e-3, "warmup": 0.1, "batch_tokens": 2048,
-            "draft_vocab": 512, "ttt_steps": K, "eval_split": max(2, cfg.prompts // 12),
-            "eval_every": 0, "checkpoint_every": 20, "device": "cpu",
-            **({"trust_remote_code": True} if cfg.trust else {})}
+    return {
+        "max_steps": cfg.train_steps,
+        "lr": 3e-3,
+        "warmup": 0.1,
+        "batch_tokens": 2048,
+        "draft_vocab": 512,
+        "ttt_steps": K,
+        "eval_split": max(2, cfg.prompts // 12),
+        "eval_every": 0,
+        "checkpoint_every": 20,
+        "device": "cpu",
+        **({"trust_remote_code": True} if cfg.trust else {}),
+    }
 
 
 def stage_train(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
     from eagle3kit import train
 
     data = [train.DataSpec.parse(lay.hidden)]
-    result = train.run(train.TrainConfig(data, lay.run, lay.target, output=out,
-                                         **train_options(cfg)))
+    result = train.run(
+        train.TrainConfig(data, lay.run, lay.target, output=out, **train_options(cfg))
+    )
     if result.steps < result.total_steps:
         raise interrupt(result.exit_code)
     predicted = (result.eval or {}).get("predicted_acceptance_length")
-    return {"final_loss": result.loss, "predicted_acceptance_length": predicted,
-            "continued_from": result.resumed_from or 0}
+    return {
+        "final_loss": result.loss,
+        "predicted_acceptance_length": predicted,
+        "continued_from": result.resumed_from or 0,
+    }
 
 
 def stage_export(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
@@ -373,19 +458,37 @@ def stage_export(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict
 
     # Seconds to redo; overwriting also replaces what a killed export left half-written.
     # The target named: not the path a (copied) run.json records, which check_code never saw.
-    export.run(export.ExportConfig(lay.run, lay.export, target=lay.target, format="both",
-                                   overwrite=True, output=out, trust_remote_code=cfg.trust))
+    export.run(
+        export.ExportConfig(
+            lay.run,
+            lay.export,
+            target=lay.target,
+            format="both",
+            overwrite=True,
+            output=out,
+            trust_remote_code=cfg.trust,
+        )
+    )
     return {}
 
 
 def stage_bench(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
     from eagle3kit.bench import accept
 
-    report = accept.run(accept.AcceptConfig(
-        lay.target, lay.export / "vllm", [lay.bench_prompts], k=K, temperature=0.0,
-        max_new_tokens=128, device="cpu", output=out, trust_remote_code=cfg.trust))
-    return {"measured_acceptance_length": report.acceptance_length,
-            "lossless": report.lossless}
+    report = accept.run(
+        accept.AcceptConfig(
+            lay.target,
+            lay.export / "vllm",
+            [lay.bench_prompts],
+            k=K,
+            temperature=0.0,
+            max_new_tokens=128,
+            device="cpu",
+            output=out,
+            trust_remote_code=cfg.trust,
+        )
+    )
+    return {"measured_acceptance_length": report.acceptance_length, "lossless": report.lossless}
 
 
 STAGES: list[tuple[str, str, Callable[[QuickstartConfig, Layout, OutputOptions], dict]]] = [
@@ -404,8 +507,11 @@ STAGES: list[tuple[str, str, Callable[[QuickstartConfig, Layout, OutputOptions],
 
 
 def _flag(name: str, value: Any) -> str:
-    return f"--{name.replace('_', '-')} {value:g}" if isinstance(value, float) else \
-        f"--{name.replace('_', '-')} {value}"
+    return (
+        f"--{name.replace('_', '-')} {value:g}"
+        if isinstance(value, float)
+        else f"--{name.replace('_', '-')} {value}"
+    )
 
 
 def commands(cfg: QuickstartConfig, lay: Layout) -> dict[str, str]:
@@ -413,31 +519,41 @@ def commands(cfg: QuickstartConfig, lay: Layout) -> dict[str, str]:
     q = shlex.quote
     target, tokens, hidden = q(str(lay.target)), q(str(lay.tokens)), q(str(lay.hidden))
     if cfg.kimi:
-        make = (f"from eagle3kit import tiny; "
-                f"tiny.train_target(tiny.make_kimi_target({json.dumps(str(lay.target))}), "
-                f"**{{**tiny.KIMI_TRAINING, 'steps': {cfg.target_steps}}}, "
-                "trust_remote_code=True)")
+        make = (
+            f"from eagle3kit import tiny; "
+            f"tiny.train_target(tiny.make_kimi_target({json.dumps(str(lay.target))}), "
+            f"**{{**tiny.KIMI_TRAINING, 'steps': {cfg.target_steps}}}, "
+            "trust_remote_code=True)"
+        )
     else:
-        make = (f"from eagle3kit import tiny; "
-                f"tiny.train_target(tiny.make_target({json.dumps(str(lay.target))}), "
-                f"steps={cfg.target_steps})")
-    train = " ".join(_flag(k, v) if v is not True else f"--{k.replace('_', '-')}"
-                     for k, v in train_options(cfg).items())
+        make = (
+            f"from eagle3kit import tiny; "
+            f"tiny.train_target(tiny.make_target({json.dumps(str(lay.target))}), "
+            f"steps={cfg.target_steps})"
+        )
+    train = " ".join(
+        _flag(k, v) if v is not True else f"--{k.replace('_', '-')}"
+        for k, v in train_options(cfg).items()
+    )
     trust = " --trust-remote-code" if cfg.trust else ""
     layers = f" --layers {','.join(map(str, KIMI_LAYERS))}" if cfg.kimi else ""
     return {
         "target": f"python -c {q(make)}",
-        "gen": (f"eagle3kit gen {q(str(lay.train_prompts))} {tokens} --engine hf "
-                f"--target {target} --temperature 0 --max-tokens {cfg.max_tokens}{trust}"),
+        "gen": (
+            f"eagle3kit gen {q(str(lay.train_prompts))} {tokens} --engine hf "
+            f"--target {target} --temperature 0 --max-tokens {cfg.max_tokens}{trust}"
+        ),
         "validate": f"eagle3kit validate {tokens}{trust}",
-        "extract": (f"eagle3kit extract {tokens} {hidden} --target {target}{layers} "
-                    f"--device cpu{trust}"),
+        "extract": (
+            f"eagle3kit extract {tokens} {hidden} --target {target}{layers} --device cpu{trust}"
+        ),
         "train": f"eagle3kit train {hidden} {q(str(lay.run))} --target {target} {train}",
-        "export": (f"eagle3kit export {q(str(lay.run))} {q(str(lay.export))} --format both"
-                   f"{trust}"),
-        "bench": (f"eagle3kit bench accept {q(str(lay.bench_prompts))} --target {target} "
-                  f"--drafter {q(str(lay.export / 'vllm'))} --k {K} --temperature 0 "
-                  f"--device cpu{trust}"),
+        "export": (f"eagle3kit export {q(str(lay.run))} {q(str(lay.export))} --format both{trust}"),
+        "bench": (
+            f"eagle3kit bench accept {q(str(lay.bench_prompts))} --target {target} "
+            f"--drafter {q(str(lay.export / 'vllm'))} --k {K} --temperature 0 "
+            f"--device cpu{trust}"
+        ),
     }
 
 
@@ -462,8 +578,9 @@ def _run_stages(cfg: QuickstartConfig, lay: Layout, state: dict[str, Any]) -> li
     return skipped
 
 
-def _result(cfg: QuickstartConfig, lay: Layout, state: dict[str, Any], skipped: list[str],
-            elapsed: float) -> QuickstartResult:
+def _result(
+    cfg: QuickstartConfig, lay: Layout, state: dict[str, Any], skipped: list[str], elapsed: float
+) -> QuickstartResult:
     s = state["stages"]
     v, t, b = s["validate"], s["train"], s["bench"]
     seconds = {name: s[name]["seconds"] for name, _, _ in STAGES}
@@ -471,11 +588,20 @@ def _result(cfg: QuickstartConfig, lay: Layout, state: dict[str, Any], skipped: 
     return QuickstartResult(
         predicted_acceptance_length=t["predicted_acceptance_length"],
         measured_acceptance_length=b["measured_acceptance_length"],
-        samples=v["samples"], truncation_rate=v["truncation_rate"], tokens=v["tokens"],
-        completion_tokens=v["completion_tokens"], final_loss=t["final_loss"],
-        validate_passed=v["passed"], validate_summary=v["summary"], lossless=b["lossless"],
-        skipped=skipped, continued=_continued(s), seconds=seconds, paths=lay.paths(),
-        commands=commands(cfg, lay))
+        samples=v["samples"],
+        truncation_rate=v["truncation_rate"],
+        tokens=v["tokens"],
+        completion_tokens=v["completion_tokens"],
+        final_loss=t["final_loss"],
+        validate_passed=v["passed"],
+        validate_summary=v["summary"],
+        lossless=b["lossless"],
+        skipped=skipped,
+        continued=_continued(s),
+        seconds=seconds,
+        paths=lay.paths(),
+        commands=commands(cfg, lay),
+    )
 
 
 def _continued(stages: dict[str, dict]) -> dict[str, int]:
@@ -487,11 +613,19 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 PATH_LABELS = {
-    "dir": "directory", "target": "target model", "prompts": "prompts (gen)",
-    "bench_prompts": "prompts (bench)", "tokens": "token dataset",
-    "validate_report": "validate report", "hidden": "hidden states", "run": "train run",
-    "drafter": "drafter (eagle3kit)", "vllm": "drafter (vLLM)", "sglang": "drafter (SGLang)",
-    "state": "quickstart record"}
+    "dir": "directory",
+    "target": "target model",
+    "prompts": "prompts (gen)",
+    "bench_prompts": "prompts (bench)",
+    "tokens": "token dataset",
+    "validate_report": "validate report",
+    "hidden": "hidden states",
+    "run": "train run",
+    "drafter": "drafter (eagle3kit)",
+    "vllm": "drafter (vLLM)",
+    "sglang": "drafter (SGLang)",
+    "state": "quickstart record",
+}
 
 
 def show(r: QuickstartResult, opts: OutputOptions) -> None:
@@ -527,6 +661,7 @@ def run(cfg: QuickstartConfig) -> QuickstartResult:
     check_code(cfg, lay, state)
     _prompts(cfg)  # too many asked for: say so before minutes of work, not after
     import torch
+
     _save_state(lay.root, state)
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)

@@ -28,18 +28,28 @@ from typing import Any
 from eagle3kit import _durable
 
 IM_START, IM_END, THINK, END_THINK, EOT = (
-    "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|endoftext|>")
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<|endoftext|>",
+)
 SPECIAL_TOKENS = [EOT, IM_START, IM_END]
 # Added but not special, as in Qwen3: decoding keeps them, so reasoning stays visible.
 THINK_TOKENS = [THINK, END_THINK]
 
 CHAT_TEMPLATE = (
-    "{% if system is defined and system %}" + IM_START + "system\n{{ system }}" + IM_END
+    "{% if system is defined and system %}"
+    + IM_START
+    + "system\n{{ system }}"
+    + IM_END
     + "\n{% endif %}"
-    "{% for message in messages %}"
-    + IM_START + "{{ message['role'] }}\n"
+    "{% for message in messages %}" + IM_START + "{{ message['role'] }}\n"
     "{% if message['role'] == 'assistant' and message.get('reasoning_content') %}"
-    + THINK + "\n{{ message['reasoning_content'] }}\n" + END_THINK + "\n\n"
+    + THINK
+    + "\n{{ message['reasoning_content'] }}\n"
+    + END_THINK
+    + "\n\n"
     "{% endif %}"
     "{{ message['content'] }}" + IM_END + "\n"
     "{% endfor %}"
@@ -79,8 +89,9 @@ def _docstrings(max_chars: int) -> tuple[str, ...]:
     return tuple(texts)
 
 
-def make_tokenizer(out_dir: str | Path, vocab_size: int = 1024,
-                   corpus: list[str] | None = None) -> Path:
+def make_tokenizer(
+    out_dir: str | Path, vocab_size: int = 1024, corpus: list[str] | None = None
+) -> Path:
     """Train a byte-level BPE on `corpus` (default: stdlib docstrings) and save it as an HF
     tokenizer directory with the chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -92,24 +103,41 @@ def make_tokenizer(out_dir: str | Path, vocab_size: int = 1024,
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(corpus if corpus is not None else stdlib_docstrings(), trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=IM_END, pad_token=EOT, bos_token=None,
-        additional_special_tokens=[IM_START])
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=EOT,
+        bos_token=None,
+        additional_special_tokens=[IM_START],
+    )
     fast.add_tokens(THINK_TOKENS)
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
-    (out / "generation_config.json").write_text(json.dumps(
-        {"eos_token_id": [fast.convert_tokens_to_ids(IM_END), fast.convert_tokens_to_ids(EOT)]}))
+    (out / "generation_config.json").write_text(
+        json.dumps(
+            {"eos_token_id": [fast.convert_tokens_to_ids(IM_END), fast.convert_tokens_to_ids(EOT)]}
+        )
+    )
     return out
 
 
-def target_config(vocab_size: int, arch: str = "llama", num_layers: int = 8,
-                  hidden_size: int = 64, heads: int = 4, kv_heads: int = 2,
-                  intermediate_size: int | None = None, max_positions: int = 2048,
-                  head_dim: int = 32):
+def target_config(
+    vocab_size: int,
+    arch: str = "llama",
+    num_layers: int = 8,
+    hidden_size: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate_size: int | None = None,
+    max_positions: int = 2048,
+    head_dim: int = 32,
+):
     """A transformers config for a tiny Llama- or Qwen3-style causal LM.
 
     Heads of 32 whatever the hidden size: vLLM's CPU attention serves head sizes of 32 and
@@ -119,11 +147,18 @@ def target_config(vocab_size: int, arch: str = "llama", num_layers: int = 8,
     from transformers import LlamaConfig, Qwen3Config
 
     common: dict[str, Any] = dict(
-        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         intermediate_size=intermediate_size or 2 * hidden_size,
-        max_position_embeddings=max_positions, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        head_dim=head_dim, rope_theta=10000.0)
+        max_position_embeddings=max_positions,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        head_dim=head_dim,
+        rope_theta=10000.0,
+    )
     if arch == "llama":
         return LlamaConfig(**common)
     if arch == "qwen3":
@@ -131,9 +166,16 @@ def target_config(vocab_size: int, arch: str = "llama", num_layers: int = 8,
     raise ValueError(f"unknown tiny architecture {arch!r} (llama or qwen3)")
 
 
-def make_target(out_dir: str | Path, tokenizer_dir: str | Path | None = None, *,
-                arch: str = "llama", num_layers: int = 8, hidden_size: int = 64,
-                seed: int = 0, **config) -> Path:
+def make_target(
+    out_dir: str | Path,
+    tokenizer_dir: str | Path | None = None,
+    *,
+    arch: str = "llama",
+    num_layers: int = 8,
+    hidden_size: int = 64,
+    seed: int = 0,
+    **config,
+) -> Path:
     """A randomly initialised tiny target saved with its tokenizer in `out_dir`.
 
     Without `tokenizer_dir` a fresh stdlib tokenizer is trained into `out_dir` first.
@@ -176,22 +218,59 @@ def make_target(out_dir: str | Path, tokenizer_dir: str | Path | None = None, *,
 
 KIMI_BOS, KIMI_EOS, KIMI_PAD = "[BOS]", "[EOS]", "[PAD]"
 KIMI_SYSTEM, KIMI_USER, KIMI_ASSISTANT, KIMI_MIDDLE, KIMI_END = (
-    "<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>")
-KIMI_SPECIAL_TOKENS = [KIMI_BOS, KIMI_EOS, KIMI_END, KIMI_USER, KIMI_ASSISTANT, KIMI_SYSTEM,
-                       KIMI_MIDDLE, KIMI_PAD]
+    "<|im_system|>",
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|im_middle|>",
+    "<|im_end|>",
+)
+KIMI_SPECIAL_TOKENS = [
+    KIMI_BOS,
+    KIMI_EOS,
+    KIMI_END,
+    KIMI_USER,
+    KIMI_ASSISTANT,
+    KIMI_SYSTEM,
+    KIMI_MIDDLE,
+    KIMI_PAD,
+]
 KIMI_CHAT_TEMPLATE = (
-    "{%- if system is defined and system -%}" + KIMI_SYSTEM + "system" + KIMI_MIDDLE
-    + "{{ system }}" + KIMI_END + "{%- endif -%}"
+    "{%- if system is defined and system -%}"
+    + KIMI_SYSTEM
+    + "system"
+    + KIMI_MIDDLE
+    + "{{ system }}"
+    + KIMI_END
+    + "{%- endif -%}"
     "{%- for message in messages -%}"
-    "{%- if message['role'] == 'system' -%}" + KIMI_SYSTEM + "system" + KIMI_MIDDLE
-    + "{{ message['content'] }}" + KIMI_END
-    + "{%- elif message['role'] == 'user' -%}" + KIMI_USER + "user" + KIMI_MIDDLE
-    + "{{ message['content'] }}" + KIMI_END
-    + "{%- else -%}" + KIMI_ASSISTANT + "assistant" + KIMI_MIDDLE
-    + THINK + "{{ message.get('reasoning_content') or '' }}" + END_THINK
-    + "{{ message['content'] }}" + KIMI_END + "{%- endif -%}"
+    "{%- if message['role'] == 'system' -%}"
+    + KIMI_SYSTEM
+    + "system"
+    + KIMI_MIDDLE
+    + "{{ message['content'] }}"
+    + KIMI_END
+    + "{%- elif message['role'] == 'user' -%}"
+    + KIMI_USER
+    + "user"
+    + KIMI_MIDDLE
+    + "{{ message['content'] }}"
+    + KIMI_END
+    + "{%- else -%}"
+    + KIMI_ASSISTANT
+    + "assistant"
+    + KIMI_MIDDLE
+    + THINK
+    + "{{ message.get('reasoning_content') or '' }}"
+    + END_THINK
+    + "{{ message['content'] }}"
+    + KIMI_END
+    + "{%- endif -%}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}" + KIMI_ASSISTANT + "assistant" + KIMI_MIDDLE + THINK
+    "{%- if add_generation_prompt -%}"
+    + KIMI_ASSISTANT
+    + "assistant"
+    + KIMI_MIDDLE
+    + THINK
     + "{%- endif -%}"
 )
 """Kimi-K2-Thinking's turn markers (no newlines between turns), with the thought between
@@ -213,9 +292,15 @@ KIMI_CODE = {f"{KIMI_TOKENIZER_MODULE}.py": KIMI_TOKENIZER_CODE.encode()}
 """Every Python file make_kimi_target writes, and its bytes: the only code quickstart trusts."""
 CONFIG_MAX_BYTES = 1 << 20
 """Larger than any config file quickstart writes (its tokenizer_config.json is a few KiB)."""
-KIMI_ROPE_SCALING = {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0,
-                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
-                     "type": "yarn"}
+KIMI_ROPE_SCALING = {
+    "beta_fast": 1.0,
+    "beta_slow": 1.0,
+    "factor": 32.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "original_max_position_embeddings": 4096,
+    "type": "yarn",
+}
 """Kimi-K2-Instruct's rope_scaling, as its config.json has it (rope_theta 50000, 131072
 positions)."""
 KIMI_ROPE_THETA = 50000.0
@@ -226,8 +311,9 @@ the 8-layer target's), after which greedy answers have the reasoning shape (thou
 KIMI_MAX_POSITIONS = 131072
 
 
-def make_kimi_tokenizer(out_dir: str | Path, vocab_size: int = 1024,
-                        corpus: list[str] | None = None) -> Path:
+def make_kimi_tokenizer(
+    out_dir: str | Path, vocab_size: int = 1024, corpus: list[str] | None = None
+) -> Path:
     """A byte-level BPE with Kimi's special tokens and chat template, saved so that it loads
     only through its own code: tokenizer_config.json's `auto_map` names
     tokenization_tiny_kimi.py, written beside it."""
@@ -240,13 +326,19 @@ def make_kimi_tokenizer(out_dir: str | Path, vocab_size: int = 1024,
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=KIMI_SPECIAL_TOKENS, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        vocab_size=vocab_size,
+        special_tokens=KIMI_SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(corpus if corpus is not None else stdlib_docstrings(), trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=KIMI_BOS, eos_token=KIMI_END, pad_token=KIMI_PAD,
-        additional_special_tokens=[KIMI_EOS, KIMI_USER, KIMI_ASSISTANT, KIMI_SYSTEM,
-                                   KIMI_MIDDLE])
+        tokenizer_object=tok,
+        bos_token=KIMI_BOS,
+        eos_token=KIMI_END,
+        pad_token=KIMI_PAD,
+        additional_special_tokens=[KIMI_EOS, KIMI_USER, KIMI_ASSISTANT, KIMI_SYSTEM, KIMI_MIDDLE],
+    )
     fast.add_tokens(THINK_TOKENS)
     fast.chat_template = KIMI_CHAT_TEMPLATE
     fast.save_pretrained(out)
@@ -267,15 +359,31 @@ def kimi_config(vocab_size: int, num_layers: int = 4, hidden_size: int = 256, he
 
     rope = {k: v for k, v in KIMI_ROPE_SCALING.items() if k != "type"}
     return DeepseekV3Config(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        moe_intermediate_size=hidden_size // 2, num_hidden_layers=num_layers,
-        num_attention_heads=heads, num_key_value_heads=heads, n_shared_experts=1,
-        n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
-        routed_scaling_factor=2.827, norm_topk_prob=True, first_k_dense_replace=1,
-        kv_lora_rank=512, q_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=64,
-        v_head_dim=64, max_position_embeddings=KIMI_MAX_POSITIONS, rms_norm_eps=1e-6,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        moe_intermediate_size=hidden_size // 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        n_shared_experts=1,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        routed_scaling_factor=2.827,
+        norm_topk_prob=True,
+        first_k_dense_replace=1,
+        kv_lora_rank=512,
+        q_lora_rank=128,
+        qk_nope_head_dim=64,
+        qk_rope_head_dim=64,
+        v_head_dim=64,
+        max_position_embeddings=KIMI_MAX_POSITIONS,
+        rms_norm_eps=1e-6,
         tie_word_embeddings=False,
-        rope_parameters={"rope_type": "yarn", "rope_theta": KIMI_ROPE_THETA, **rope})
+        rope_parameters={"rope_type": "yarn", "rope_theta": KIMI_ROPE_THETA, **rope},
+    )
 
 
 def _as_kimi_writes_it(config_file: Path) -> None:
@@ -283,13 +391,24 @@ def _as_kimi_writes_it(config_file: Path) -> None:
     kind) and its rope in the 4.x spelling Kimi ships (rope_theta, rope_scaling)."""
     config = json.loads(config_file.read_text())
     config.pop("rope_parameters", None)
-    config.update(topk_method="noaux_tc", scoring_func="sigmoid", moe_layer_freq=1,
-                  rope_theta=KIMI_ROPE_THETA, rope_scaling=dict(KIMI_ROPE_SCALING))
+    config.update(
+        topk_method="noaux_tc",
+        scoring_func="sigmoid",
+        moe_layer_freq=1,
+        rope_theta=KIMI_ROPE_THETA,
+        rope_scaling=dict(KIMI_ROPE_SCALING),
+    )
     config_file.write_text(json.dumps(config, indent=2))
 
 
-def make_kimi_target(out_dir: str | Path, tokenizer_dir: str | Path | None = None, *,
-                     num_layers: int = 4, hidden_size: int = 256, seed: int = 0) -> Path:
+def make_kimi_target(
+    out_dir: str | Path,
+    tokenizer_dir: str | Path | None = None,
+    *,
+    num_layers: int = 4,
+    hidden_size: int = 256,
+    seed: int = 0,
+) -> Path:
     """A randomly initialised tiny Kimi-K2-shaped target (~6M parameters) saved with its
     custom-code tokenizer in `out_dir`; train it with train_target(..., trust_remote_code=True).
 
@@ -311,8 +430,9 @@ def make_kimi_target(out_dir: str | Path, tokenizer_dir: str | Path | None = Non
         for file in Path(tokenizer_dir).iterdir():
             if file.is_file():
                 shutil.copyfile(file, out / file.name)
-    tokenizer = AutoTokenizer.from_pretrained(str(out), local_files_only=True,
-                                              trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(out), local_files_only=True, trust_remote_code=True
+    )
     cfg = kimi_config(len(tokenizer), num_layers, hidden_size)
     cfg.bos_token_id = tokenizer.convert_tokens_to_ids(KIMI_BOS)
     cfg.eos_token_id = tokenizer.convert_tokens_to_ids(KIMI_END)
@@ -322,8 +442,9 @@ def make_kimi_target(out_dir: str | Path, tokenizer_dir: str | Path | None = Non
     model.save_pretrained(out)
     _as_kimi_writes_it(out / "config.json")
     eos = sorted({cfg.eos_token_id, tokenizer.convert_tokens_to_ids(KIMI_EOS)})
-    (out / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": cfg.bos_token_id, "eos_token_id": eos}))
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": cfg.bos_token_id, "eos_token_id": eos})
+    )
     return out
 
 
@@ -430,8 +551,9 @@ def prompts(n: int, *, offset: int = 0) -> list[list[dict[str, str]]]:
     pool = _split(stdlib_docstrings(), held_out=True)
     if offset < 0 or offset + n > len(pool):
         raise ValueError(
-            f"only {len(pool)} held-out prompts exist (asked for {offset}..{offset + n})")
-    return [[{"role": "user", "content": docstring_chat(d)[0]}] for d in pool[offset:offset + n]]
+            f"only {len(pool)} held-out prompts exist (asked for {offset}..{offset + n})"
+        )
+    return [[{"role": "user", "content": docstring_chat(d)[0]}] for d in pool[offset : offset + n]]
 
 
 def chat_token_ids(tokenizer: Any, docs: list[str], seq_len: int) -> list[list[int]]:
@@ -439,8 +561,10 @@ def chat_token_ids(tokenizer: Any, docs: list[str], seq_len: int) -> list[list[i
     out = []
     for doc in docs:
         question, reasoning, answer = docstring_chat(doc)
-        messages = [{"role": "user", "content": question},
-                    {"role": "assistant", "content": answer, "reasoning_content": reasoning}]
+        messages = [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": answer, "reasoning_content": reasoning},
+        ]
         text = tokenizer.apply_chat_template(messages, tokenize=False)
         out.append(tokenizer(text, add_special_tokens=False)["input_ids"][:seq_len])
     return out
@@ -454,15 +578,23 @@ def _batch(chats: list[list[int]], pad: int):
     ids = torch.full((len(chats), width), pad, dtype=torch.long)
     labels = torch.full((len(chats), width), -100, dtype=torch.long)
     for row, chat in enumerate(chats):
-        ids[row, :len(chat)] = labels[row, :len(chat)] = torch.tensor(chat)
+        ids[row, : len(chat)] = labels[row, : len(chat)] = torch.tensor(chat)
     return ids, labels
 
 
-def train_target(target_dir: str | Path, *, steps: int = 300, seq_len: int = 256,
-                 seed: int = 0, corpus: list[str] | None = None, batch_size: int = 8,
-                 lr: float = 5e-3, threads: int = 1,
-                 on_step: Callable[[float], None] | None = None,
-                 trust_remote_code: bool = False) -> Path:
+def train_target(
+    target_dir: str | Path,
+    *,
+    steps: int = 300,
+    seq_len: int = 256,
+    seed: int = 0,
+    corpus: list[str] | None = None,
+    batch_size: int = 8,
+    lr: float = 5e-3,
+    threads: int = 1,
+    on_step: Callable[[float], None] | None = None,
+    trust_remote_code: bool = False,
+) -> Path:
     """Briefly train the tiny target in `target_dir` (made by make_target) and save it in place.
 
     `corpus` is a list of docstring-like texts, each turned into one reasoning chat
@@ -481,30 +613,52 @@ def train_target(target_dir: str | Path, *, steps: int = 300, seq_len: int = 256
     """
     import torch
 
-    for name, value in (("steps", steps), ("seq_len", seq_len), ("batch_size", batch_size),
-                        ("threads", threads)):
+    for name, value in (
+        ("steps", steps),
+        ("seq_len", seq_len),
+        ("batch_size", batch_size),
+        ("threads", threads),
+    ):
         if value < 1:
             raise ValueError(f"train_target: {name} must be >= 1 (got {value})")
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _train(Path(target_dir), steps, seq_len, seed, corpus, batch_size, lr, on_step,
-                      trust_remote_code)
+        return _train(
+            Path(target_dir),
+            steps,
+            seq_len,
+            seed,
+            corpus,
+            batch_size,
+            lr,
+            on_step,
+            trust_remote_code,
+        )
     finally:
         torch.set_num_threads(before)
 
 
-def _train(out: Path, steps: int, seq_len: int, seed: int, corpus: list[str] | None,
-           batch_size: int, lr: float, on_step: Callable[[float], None] | None,
-           trust_remote_code: bool) -> Path:
+def _train(
+    out: Path,
+    steps: int,
+    seq_len: int,
+    seed: int,
+    corpus: list[str] | None,
+    batch_size: int,
+    lr: float,
+    on_step: Callable[[float], None] | None,
+    trust_remote_code: bool,
+) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eagle3kit import _hf
 
     _hf.quiet()
-    tokenizer = AutoTokenizer.from_pretrained(str(out), local_files_only=True,
-                                              trust_remote_code=trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(out), local_files_only=True, trust_remote_code=trust_remote_code
+    )
     docs = corpus if corpus is not None else _split(stdlib_docstrings(), held_out=False)
     chats = chat_token_ids(tokenizer, docs, seq_len)
     if not chats:
@@ -538,7 +692,17 @@ def _train(out: Path, steps: int, seq_len: int, seed: int, corpus: list[str] | N
     config_text = (out / "config.json").read_text()
     model.save_pretrained(out)
     (out / "config.json").write_text(config_text)
-    (out / "tiny_training.json").write_text(json.dumps(
-        {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed, "seq_len": seq_len,
-         "chats": len(chats), "losses": losses}))
+    (out / "tiny_training.json").write_text(
+        json.dumps(
+            {
+                "steps": steps,
+                "batch_size": batch_size,
+                "lr": lr,
+                "seed": seed,
+                "seq_len": seq_len,
+                "chats": len(chats),
+                "losses": losses,
+            }
+        )
+    )
     return out

@@ -23,17 +23,27 @@ def make_target(out: Path, max_positions: int = 2048) -> None:
     from transformers.utils import logging
 
     logging.disable_progress_bar()
-    config = LlamaConfig(vocab_size=1026, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=16, max_position_embeddings=max_positions,
-                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-                         pad_token_id=0)
+    config = LlamaConfig(
+        vocab_size=1026,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
 
 
-def make_run(run: Path, target: Path, layers: list[int], draft_vocab: int = 300,
-             seed: int = 0) -> None:
+def make_run(
+    run: Path, target: Path, layers: list[int], draft_vocab: int = 300, seed: int = 0
+) -> None:
     import numpy as np
     import torch
     from transformers import AutoConfig
@@ -43,8 +53,12 @@ def make_run(run: Path, target: Path, layers: list[int], draft_vocab: int = 300,
     from eagle3kit.target import TargetInfo, location
 
     target_config = AutoConfig.from_pretrained(target)
-    config = DrafterConfig.from_target(target_config, draft_vocab_size=draft_vocab,
-                                       aux_layer_ids=layers, target_name_or_path=str(target))
+    config = DrafterConfig.from_target(
+        target_config,
+        draft_vocab_size=draft_vocab,
+        aux_layer_ids=layers,
+        target_name_or_path=str(target),
+    )
     torch.manual_seed(seed)
     model = Eagle3Drafter(config)
     for p in model.trainable_parameters():  # norms start at 1: perturb them so a swap shows
@@ -53,10 +67,14 @@ def make_run(run: Path, target: Path, layers: list[int], draft_vocab: int = 300,
     vocab = build_vocab(counts, draft_vocab)
     model.set_vocab(torch.from_numpy(vocab.d2t), torch.from_numpy(vocab.t2d))
     identity = {**location(target), **TargetInfo.load(target).identity}
-    save_drafter(model, run / "drafter", extra={
-        "target": identity, "layer_ids": layers, "vocab": {"coverage": vocab.coverage}})
-    (run / "run.json").write_text(json.dumps(
-        {"config": {}, "target": identity, "layer_ids": layers}, indent=2) + "\n")
+    save_drafter(
+        model,
+        run / "drafter",
+        extra={"target": identity, "layer_ids": layers, "vocab": {"coverage": vocab.coverage}},
+    )
+    (run / "run.json").write_text(
+        json.dumps({"config": {}, "target": identity, "layer_ids": layers}, indent=2) + "\n"
+    )
 
 
 def main() -> None:

@@ -14,8 +14,15 @@ from eagle3kit.model import Eagle3Drafter, TTTState
 DATA = Path(__file__).parent / "data" / "prompts"
 
 
-def fit_drafter(model, drafter: Eagle3Drafter, sequences: list[list[int]], steps: int = 120,
-                ttt: int = 3, lr: float = 3e-3, seed: int = 0) -> Eagle3Drafter:
+def fit_drafter(
+    model,
+    drafter: Eagle3Drafter,
+    sequences: list[list[int]],
+    steps: int = 120,
+    ttt: int = 3,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> Eagle3Drafter:
     """A few seconds of training-time test on the target's own predictions (EAGLE3.md §2):
     step j at index t gets token t+1+j and learns the target's argmax for token t+2+j."""
     torch.manual_seed(seed)
@@ -37,16 +44,14 @@ def fit_drafter(model, drafter: Eagle3Drafter, sequences: list[list[int]], steps
             valid = idx + 2 + j < t_len
             hidden = drafter.ttt_step(hidden, inputs[None], (idx + j)[None], state)
             logits = drafter.logits(hidden)[0]
-            loss = loss + 0.8 ** j * torch.nn.functional.cross_entropy(logits[valid],
-                                                                       labels[valid])
+            loss = loss + 0.8**j * torch.nn.functional.cross_entropy(logits[valid], labels[valid])
         opt.zero_grad()
         loss.backward()
         opt.step()
     return drafter.eval()
 
 
-def greedy_sequences(model, target: Path, max_samples: int, new_tokens: int
-                     ) -> list[list[int]]:
+def greedy_sequences(model, target: Path, max_samples: int, new_tokens: int) -> list[list[int]]:
     """The target's greedy continuations of the first alpaca prompts, what a drafter is fitted
     on (also benchmarks/bench_bench.py's)."""
     from eagle3kit.bench.prompts import load, load_renderer, turns

@@ -30,8 +30,10 @@ def _audit(event: str, args: tuple) -> None:
         return
     if any(path == fence or path.startswith(fence + os.sep) for fence in fenced):
         outside_reads.append(path)
-        raise PermissionError(f"{path}: tests may read only what the repository holds; copy "
-                              "the file into tests/data/ with its origin line")
+        raise PermissionError(
+            f"{path}: tests may read only what the repository holds; copy "
+            "the file into tests/data/ with its origin line"
+        )
 
 
 sys.addaudithook(_audit)

@@ -51,11 +51,13 @@ SHARED = {"faults": {"latency_s": 0.02}}
 DOC_SERVERS = {
     30000: StandIn("sglang", "an SGLang server", SHARED),
     30001: StandIn("sglang", "a second SGLang server", SHARED),
-    30005: StandIn("sglang", "an SGLang server behind an API key",
-                   {"api_key": "sk-docs-example"}),
+    30005: StandIn("sglang", "an SGLang server behind an API key", {"api_key": "sk-docs-example"}),
     8000: StandIn("vllm", "a vLLM server"),
-    8001: StandIn("vllm", "a vLLM server that reports one completion token more than it returns",
-                  {"faults": {"count_delta": 1}}),
+    8001: StandIn(
+        "vllm",
+        "a vLLM server that reports one completion token more than it returns",
+        {"faults": {"count_delta": 1}},
+    ),
     30999: StandIn(None, "nothing: a server that is down"),
 }
 """Loopback port written in the docs -> what the test starts in its place."""
@@ -107,8 +109,7 @@ def commands(path: Path) -> list[Command]:
         if lang not in RUN_LANGS:
             continue
         for offset, line in block_commands(lang, body):
-            found += [Command(first + offset, part, status)
-                      for part, status in split_command(line)]
+            found += [Command(first + offset, part, status) for part, status in split_command(line)]
     return found
 
 
@@ -130,8 +131,7 @@ class DocServers:
         if documented not in self.ports:
             if documented not in DOC_SERVERS:
                 raise KeyError(documented)
-            self.ports[documented] = self._start(DOC_SERVERS[documented],
-                                                 len(str(documented)))
+            self.ports[documented] = self._start(DOC_SERVERS[documented], len(str(documented)))
         return self.ports[documented]
 
     def substitute(self, text: str) -> str:
@@ -140,8 +140,7 @@ class DocServers:
     def restore(self, text: str) -> str:
         """Output as it reads with the servers on their documented ports."""
         back = {real: doc for doc, real in {**self.ports, **self.launched}.items()}
-        return LOOPBACK.sub(lambda m: f"127.0.0.1:{back.get(int(m.group(1)), m.group(1))}",
-                            text)
+        return LOOPBACK.sub(lambda m: f"127.0.0.1:{back.get(int(m.group(1)), m.group(1))}", text)
 
     def _start(self, spec: StandIn, digits: int) -> int:
         port = free_port(digits)
@@ -153,32 +152,40 @@ class DocServers:
             from tokenizers import Tokenizer
 
             self._tokenizer = HFTokenizer(
-                Tokenizer.from_file(str(self.tokenizer_dir / "tokenizer.json")))
-        server = FakeServer(spec.api, port=port, tokenizer=self._tokenizer,
-                            record_bodies=False, **spec.options).start()
+                Tokenizer.from_file(str(self.tokenizer_dir / "tokenizer.json"))
+            )
+        server = FakeServer(
+            spec.api, port=port, tokenizer=self._tokenizer, record_bodies=False, **spec.options
+        ).start()
         self._running.append(server)
         return server.port
 
-    def launch(self, command: str, cwd: Path, env: dict[str, str], timeout: float = 120
-               ) -> str:
+    def launch(self, command: str, cwd: Path, env: dict[str, str], timeout: float = 120) -> str:
         """Start a documented `SERVER --port N ... &` on a free port; return what it prints
         once it listens, as it reads with the documented port."""
         documented = [int(p) for p in PORT_FLAG.findall(command)]
         assert documented, f"a background command names no --port: {command}"
         for port in documented:
             self.launched[port] = free_port(len(str(port)))
-        text = PORT_FLAG.sub(lambda m: f"--port {self.launched[int(m.group(1))]}",
-                             BACKGROUND.sub("", command))
+        text = PORT_FLAG.sub(
+            lambda m: f"--port {self.launched[int(m.group(1))]}", BACKGROUND.sub("", command)
+        )
         log = Path(tempfile.mkdtemp(prefix="e3k-doc-server-")) / "log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen(["bash", "-c", f"exec {self.substitute(text)}"], cwd=cwd,
-                                    env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                ["bash", "-c", f"exec {self.substitute(text)}"],
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         self._processes.append(proc)
         deadline = time.monotonic() + timeout
         while " on http://" not in (said := log.read_text()):
             assert proc.poll() is None and time.monotonic() < deadline, (
-                f"`{command}` did not say where it listens:\n{said}")
+                f"`{command}` did not say where it listens:\n{said}"
+            )
             time.sleep(0.05)
         shutil.rmtree(log.parent, ignore_errors=True)
         return self.restore(said.strip())
@@ -240,8 +247,7 @@ def shims(bin_dir: Path, prewarmed: Path | None = None) -> None:
     if prewarmed is not None:
         client = bin_dir / "prewarmed_client.py"
         client.write_text(PREWARM_CLIENT)
-        eagle3kit = (f'EAGLE3KIT_DOCS_PREWARMED="{prewarmed}" exec "{sys.executable}" -S '
-                     f'"{client}"')
+        eagle3kit = f'EAGLE3KIT_DOCS_PREWARMED="{prewarmed}" exec "{sys.executable}" -S "{client}"'
     for name, line in (("eagle3kit", eagle3kit), ("python", f'exec "{sys.executable}"')):
         shim = bin_dir / name
         shim.write_text(f'#!/bin/sh\n{line} "$@"\n')
@@ -258,8 +264,13 @@ def prewarmed(tmp_path_factory) -> Iterator[Path | None]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests")])
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, __file__, "--serve-prewarmed", str(sock)],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve-prewarmed", str(sock)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            env=env,
+        )
     deadline = time.monotonic() + 120
     while not sock.exists():
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
@@ -292,8 +303,9 @@ def doc_env(bin_dir: Path) -> dict[str, str]:
     return env
 
 
-def run_page(doc: Path, tmp_path: Path, prewarmed: Path | None, timeout: int = 600
-             ) -> tuple[Path, list[tuple[Command, subprocess.CompletedProcess]]]:
+def run_page(
+    doc: Path, tmp_path: Path, prewarmed: Path | None, timeout: int = 600
+) -> tuple[Path, list[tuple[Command, subprocess.CompletedProcess]]]:
     """Run every command of `doc` in order, one torch thread, in a checkout-like directory.
 
     Each must end with the status the page gives; a refused input with one message and no
@@ -305,14 +317,21 @@ def run_page(doc: Path, tmp_path: Path, prewarmed: Path | None, timeout: int = 6
     env = {**doc_env(tmp_path / "bin"), "OMP_NUM_THREADS": "1"}
     ran = []
     for cmd in commands(doc):
-        proc = subprocess.run(["bash", "-c", cmd.text], cwd=work, env=env, capture_output=True,
-                              text=True, timeout=timeout)
+        proc = subprocess.run(
+            ["bash", "-c", cmd.text],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         # A torchrun rank's own message sits far above the other ranks' tracebacks.
         errors = "\n".join(line for line in proc.stderr.splitlines() if "error: " in line)
         assert proc.returncode == cmd.status, (
             f"{doc.name}:{cmd.line}: `{cmd.text}` exited {proc.returncode}, the doc says "
             f"{cmd.status}\n--- error lines\n{errors[-3000:]}\n--- stdout\n"
-            f"{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
+            f"{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+        )
         if cmd.status == 2:
             assert "Traceback" not in proc.stderr and proc.stderr.count("error: ") == 1
         ran.append((cmd, proc))
@@ -354,17 +373,25 @@ def refresh(doc: Path, servers: DocServers, root: Path = Path("/tmp/eagle3kit"))
                 lines += [said] if lang == "console" else []
                 continue
             for part, status in split_command(command):
-                proc = subprocess.run(["bash", "-c", servers.substitute(part)], cwd=root, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      timeout=600)
+                proc = subprocess.run(
+                    ["bash", "-c", servers.substitute(part)],
+                    cwd=root,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    timeout=600,
+                )
                 if proc.returncode != status:
-                    print(f"{doc.name}: `{part}` exited {proc.returncode}, not {status}",
-                          file=sys.stderr)
+                    print(
+                        f"{doc.name}: `{part}` exited {proc.returncode}, not {status}",
+                        file=sys.stderr,
+                    )
                 if lang == "console":
                     output = servers.restore(proc.stdout).rstrip("\n").splitlines()
                     lines += [line.rstrip() for line in output]
         new_body = "".join(f"{line}\n" for line in lines)
-        pieces += [text[end:m.start(2)], new_body]
+        pieces += [text[end : m.start(2)], new_body]
         end = m.end(2)
     servers.stop_launched()
     return "".join(pieces) + text[end:]

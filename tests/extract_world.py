@@ -24,20 +24,23 @@ N_SAMPLES = 24
 QUIET = OutputOptions(quiet=True)
 
 
-def write_tokens(path: Path, tokenizer: Path | None, n: int = N_SAMPLES, top: int = 1000,
-                 seed: int = 0) -> Path:
+def write_tokens(
+    path: Path, tokenizer: Path | None, n: int = N_SAMPLES, top: int = 1000, seed: int = 0
+) -> Path:
     """A token dataset of `n` random samples (5-60 tokens, ids below `top`)."""
     rng = np.random.default_rng(seed)
     with DatasetWriter(path, config={"stage": "test"}, commit_every=7) as writer:
         if tokenizer is not None:
-            writer.store_files("tokenizer", sorted(p for p in tokenizer.iterdir()
-                                                   if p.is_file()))
+            writer.store_files("tokenizer", sorted(p for p in tokenizer.iterdir() if p.is_file()))
         for i in range(n):
             length = int(rng.integers(5, 60))
             split = int(rng.integers(1, length))
             ids = rng.integers(0, top, length).tolist()
-            writer.add(TokenSample(f"s{i:03d}", ids[:split], ids[split:],
-                                   partition=("math", "code")[i % 2]))
+            writer.add(
+                TokenSample(
+                    f"s{i:03d}", ids[:split], ids[split:], partition=("math", "code")[i % 2]
+                )
+            )
     return path
 
 

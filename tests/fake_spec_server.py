@@ -42,12 +42,23 @@ from fakeserver import FakeServer, _json
 
 
 class SpecServer(FakeServer):
-    def __init__(self, api: str = "sglang", *, k: int = 3,
-                 accept: Sequence[float] = (0.8, 0.6, 0.4), speculative: bool = True,
-                 step_s: float = 0.0, engines: int = 2, spec_seed: int = 0,
-                 served: dict[str, Any] | None = None, chat_tokenizer: Any = None,
-                 chat_prefix: Sequence[int] = (), per_request_metrics: bool = False,
-                 sampled_accept: Sequence[float] | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        api: str = "sglang",
+        *,
+        k: int = 3,
+        accept: Sequence[float] = (0.8, 0.6, 0.4),
+        speculative: bool = True,
+        step_s: float = 0.0,
+        engines: int = 2,
+        spec_seed: int = 0,
+        served: dict[str, Any] | None = None,
+        chat_tokenizer: Any = None,
+        chat_prefix: Sequence[int] = (),
+        per_request_metrics: bool = False,
+        sampled_accept: Sequence[float] | None = None,
+        **options: Any,
+    ) -> None:
         options.setdefault("eos_token_id", None)  # lengths set by max_tokens: easy to predict
         super().__init__(api, speculative=speculative, **options)
         if len(accept) != k or (sampled_accept is not None and len(sampled_accept) != k):
@@ -61,8 +72,10 @@ class SpecServer(FakeServer):
         self._rng = random.Random(spec_seed)
         self.log: list[tuple[int, int, list[int]]] = []
         """(tokens, rounds, accepted per round) of each generation."""
-        self.counters = [{"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
-                          "per_pos": [0] * k} for _ in range(engines)]
+        self.counters = [
+            {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "per_pos": [0] * k}
+            for _ in range(engines)
+        ]
         self._rounds: dict[asyncio.Task, int] = {}
         self.served = dict(served or {})
         """SGLang: fields over /server_info's; vLLM: the speculative_config its dev-mode
@@ -80,8 +93,7 @@ class SpecServer(FakeServer):
     def simulate(self, tokens: int, sampled: bool = False) -> list[int]:
         """Accepted drafts of each round for a generation of `tokens` tokens (`sampled`: at
         temperature > 0)."""
-        rates = self.sampled_accept if sampled and self.sampled_accept is not None \
-            else self.accept
+        rates = self.sampled_accept if sampled and self.sampled_accept is not None else self.accept
         made, rounds = 1, []
         while made < tokens:
             accepted = 0
@@ -123,14 +135,25 @@ class SpecServer(FakeServer):
 
     async def _send(self, request: web.Request, payload: Any, rec: dict) -> web.StreamResponse:
         steps = self._steps.pop(asyncio.current_task(), None)
-        if (self.per_request_metrics and self.api == "vllm" and steps is not None
-                and isinstance(payload, dict) and "choices" in payload):
+        if (
+            self.per_request_metrics
+            and self.api == "vllm"
+            and steps is not None
+            and isinstance(payload, dict)
+            and "choices" in payload
+        ):
             accepted = sum(steps)
-            payload["metrics"] = {"speculative_decoding": {
-                "mean_acceptance_length": 1 + accepted / len(steps) if steps else 1.0,
-                "num_spec_steps": len(steps), "num_accepted_draft_tokens": accepted,
-                "num_draft_tokens": self.k * len(steps), "num_spec_tokens": self.k,
-                "per_step_accepted": steps, "per_step_drafted": [self.k] * len(steps)}}
+            payload["metrics"] = {
+                "speculative_decoding": {
+                    "mean_acceptance_length": 1 + accepted / len(steps) if steps else 1.0,
+                    "num_spec_steps": len(steps),
+                    "num_accepted_draft_tokens": accepted,
+                    "num_draft_tokens": self.k * len(steps),
+                    "num_spec_tokens": self.k,
+                    "per_step_accepted": steps,
+                    "per_step_drafted": [self.k] * len(steps),
+                }
+            }
             with self._lock:
                 self.per_request.append((payload["usage"]["prompt_tokens"], steps))
         return await super()._send(request, payload, rec)
@@ -143,56 +166,70 @@ class SpecServer(FakeServer):
                 routes[("GET", "/server_info")] = self._vllm_server_info
         return routes
 
-    async def _vllm_server_info(self, request: web.Request, body: Any, rec: dict
-                                ) -> web.Response:
+    async def _vllm_server_info(self, request: web.Request, body: Any, rec: dict) -> web.Response:
         return _json({"vllm_config": {"speculative_config": self.served}, "vllm_env": {}})
 
     async def _tokenize(self, request: web.Request, body: dict, rec: dict) -> web.Response:
         if self.chat_tokenizer is None or "messages" not in body:
             return await super()._tokenize(request, body, rec)
-        ids = self.chat_tokenizer.apply_chat_template(body["messages"], tokenize=True,
-                                                      add_generation_prompt=True)
+        ids = self.chat_tokenizer.apply_chat_template(
+            body["messages"], tokenize=True, add_generation_prompt=True
+        )
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         tokens = self.chat_prefix + [int(t) for t in ids]
-        return _json({"tokens": tokens, "count": len(tokens),
-                      "max_model_len": self.context_length})
+        return _json({"tokens": tokens, "count": len(tokens), "max_model_len": self.context_length})
 
     async def _server_info(self, request: web.Request, body: Any, rec: dict) -> web.Response:
         spec = self.speculative
-        return _json({
-            "model_path": self.model_name, "context_length": None,
-            "speculative_algorithm": "EAGLE3" if spec else None,
-            "speculative_num_steps": self.k if spec else None,
-            "speculative_eagle_topk": 1 if spec else None,
-            "speculative_num_draft_tokens": self.k + 1 if spec else None,
-            "reasoning_parser": None, "max_req_input_len": self.context_length - 1,
-            "internal_states": [{}], "version": self.version,
-        } | self.served)
+        return _json(
+            {
+                "model_path": self.model_name,
+                "context_length": None,
+                "speculative_algorithm": "EAGLE3" if spec else None,
+                "speculative_num_steps": self.k if spec else None,
+                "speculative_eagle_topk": 1 if spec else None,
+                "speculative_num_draft_tokens": self.k + 1 if spec else None,
+                "reasoning_parser": None,
+                "max_req_input_len": self.context_length - 1,
+                "internal_states": [{}],
+                "version": self.version,
+            }
+            | self.served
+        )
 
     async def _metrics(self, request: web.Request, body: Any, rec: dict) -> web.Response:
         return web.Response(text=self.metrics_text(), content_type="text/plain")
 
     def metrics_text(self) -> str:
         """Prometheus exposition text as vLLM writes it (counters only when speculating)."""
-        lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
-                 "# TYPE vllm:num_requests_running gauge"]
-        lines += [f'vllm:num_requests_running{{engine="{e}",model_name="{self.model_name}"}} 0.0'
-                  for e in range(self.engines)]
+        lines = [
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+            "# TYPE vllm:num_requests_running gauge",
+        ]
+        lines += [
+            f'vllm:num_requests_running{{engine="{e}",model_name="{self.model_name}"}} 0.0'
+            for e in range(self.engines)
+        ]
         if not self.speculative:
             return "\n".join(lines) + "\n"
         for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
-            lines += [f"# HELP vllm:spec_decode_{name}_total Number of spec decoding {name}.",
-                      f"# TYPE vllm:spec_decode_{name}_total counter"]
-            lines += [f'vllm:spec_decode_{name}_total{{engine="{e}",model_name='
-                      f'"{self.model_name}"}} {float(c[name])}'
-                      for e, c in enumerate(self.counters)]
+            lines += [
+                f"# HELP vllm:spec_decode_{name}_total Number of spec decoding {name}.",
+                f"# TYPE vllm:spec_decode_{name}_total counter",
+            ]
+            lines += [
+                f'vllm:spec_decode_{name}_total{{engine="{e}",model_name='
+                f'"{self.model_name}"}} {float(c[name])}'
+                for e, c in enumerate(self.counters)
+            ]
         name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-        lines += [f"# HELP {name} Accepted tokens per draft position.",
-                  f"# TYPE {name} counter"]
+        lines += [f"# HELP {name} Accepted tokens per draft position.", f"# TYPE {name} counter"]
         for e, c in enumerate(self.counters):
-            lines += [f'{name}{{engine="{e}",model_name="{self.model_name}",position="{i}"}} '
-                      f"{float(v)}" for i, v in enumerate(c["per_pos"])]
+            lines += [
+                f'{name}{{engine="{e}",model_name="{self.model_name}",position="{i}"}} {float(v)}'
+                for i, v in enumerate(c["per_pos"])
+            ]
         return "\n".join(lines) + "\n"
 
     # What a test expects ----------------------------------------------------------------
@@ -232,8 +269,13 @@ if __name__ == "__main__":  # a server for trying `eagle3kit bench server` by ha
     parser.add_argument("--no-spec", action="store_true")
     parser.add_argument("--step-s", type=float, default=0.002)
     args = parser.parse_args()
-    with SpecServer(args.api, port=args.port, tokenizer=args.tokenizer,
-                    speculative=not args.no_spec, step_s=args.step_s) as srv:
+    with SpecServer(
+        args.api,
+        port=args.port,
+        tokenizer=args.tokenizer,
+        speculative=not args.no_spec,
+        step_s=args.step_s,
+    ) as srv:
         print(srv.url, flush=True)
         while True:
             time.sleep(3600)

@@ -38,8 +38,15 @@ import torch
 
 
 class FakeVllmHidden:
-    def __init__(self, model_dir: Path, storage: Path, layer_ids: list[int],
-                 name: str = "tiny-target", write_delay_s: float = 0.0, port: int = 0) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        storage: Path,
+        layer_ids: list[int],
+        name: str = "tiny-target",
+        write_delay_s: float = 0.0,
+        port: int = 0,
+    ) -> None:
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
@@ -79,14 +86,17 @@ class FakeVllmHidden:
         with self._forward, torch.no_grad():
             hook = base.layers[-1].register_forward_hook(
                 lambda _m, _i, out: captured.setdefault(
-                    "last", out[0] if isinstance(out, tuple) else out))
+                    "last", out[0] if isinstance(out, tuple) else out
+                )
+            )
             try:
                 out = base(torch.tensor([ids]), output_hidden_states=True)
             finally:
                 hook.remove()
         n = len(base.layers)
-        layers = [captured["last"][0] if k == n else out.hidden_states[k][0]
-                  for k in self.layer_ids]
+        layers = [
+            captured["last"][0] if k == n else out.hidden_states[k][0] for k in self.layer_ids
+        ]
         return torch.stack(layers, dim=1)
 
     def _write(self, ids: list[int]) -> Path:
@@ -96,14 +106,20 @@ class FakeVllmHidden:
         lock = Path(f"{path}.lock")
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
+
         # The answer goes out while the file is still being written, as with vLLM's async
         # connector: the client must wait on the lock.
         def write() -> None:
             try:
                 if self.write_delay_s:
                     threading.Event().wait(self.write_delay_s)
-                save_file({"hidden_states": self.states(ids).contiguous(),
-                           "token_ids": torch.tensor(ids)}, str(path))
+                save_file(
+                    {
+                        "hidden_states": self.states(ids).contiguous(),
+                        "token_ids": torch.tensor(ids),
+                    },
+                    str(path),
+                )
             finally:
                 os.close(fd)
 
@@ -117,8 +133,9 @@ class FakeVllmHidden:
             def log_message(self, *args: object) -> None:
                 pass
 
-            def _send(self, code: int, body: dict | list | None = None,
-                      raw: bytes | None = None) -> None:
+            def _send(
+                self, code: int, body: dict | list | None = None, raw: bytes | None = None
+            ) -> None:
                 data = raw if raw is not None else json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
@@ -129,8 +146,11 @@ class FakeVllmHidden:
             def _refused(self) -> bool:
                 """No or another bearer token where one is required: 401, as vLLM."""
                 server.seen.append((self.command, self.path, self.headers.get("Authorization")))
-                if server.api_key is None or self.path == "/health" or \
-                        self.headers.get("Authorization") == f"Bearer {server.api_key}":
+                if (
+                    server.api_key is None
+                    or self.path == "/health"
+                    or self.headers.get("Authorization") == f"Bearer {server.api_key}"
+                ):
                     return False
                 self._send(401, {"error": "Unauthorized"})
                 return True
@@ -141,13 +161,27 @@ class FakeVllmHidden:
                 if self.path == "/health":
                     self._send(200, {})
                 elif self.path == "/server_info?config_format=json" and server.reported_storage:
-                    self._send(200, {"vllm_config": {"kv_transfer_config": {
-                        "kv_connector": "ExampleHiddenStatesConnector",
-                        "kv_connector_extra_config": {
-                            "shared_storage_path": server.reported_storage}}}})
+                    self._send(
+                        200,
+                        {
+                            "vllm_config": {
+                                "kv_transfer_config": {
+                                    "kv_connector": "ExampleHiddenStatesConnector",
+                                    "kv_connector_extra_config": {
+                                        "shared_storage_path": server.reported_storage
+                                    },
+                                }
+                            }
+                        },
+                    )
                 elif self.path == "/v1/models":
-                    self._send(200, {"object": "list", "data": [
-                        {"id": server.name, "object": "model", "max_model_len": 2048}]})
+                    self._send(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [{"id": server.name, "object": "model", "max_model_len": 2048}],
+                        },
+                    )
                 else:
                     self._send(404, {"error": "not found"})
 
@@ -170,14 +204,28 @@ class FakeVllmHidden:
                 ids = body["prompt"]
                 path = server._write(ids)
                 named = server.names(path) if server.names else str(path)
-                self._send(200, {
-                    "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                    "model": server.name,
-                    "choices": [{"index": 0, "text": "x", "finish_reason": "length",
-                                 "token_ids": [0], "prompt_token_ids": ids}],
-                    "usage": {"prompt_tokens": len(ids), "completion_tokens": 1,
-                              "total_tokens": len(ids) + 1},
-                    "kv_transfer_params": {"hidden_states_path": named},
-                })
+                self._send(
+                    200,
+                    {
+                        "id": f"cmpl-{uuid.uuid4().hex}",
+                        "object": "text_completion",
+                        "model": server.name,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "text": "x",
+                                "finish_reason": "length",
+                                "token_ids": [0],
+                                "prompt_token_ids": ids,
+                            }
+                        ],
+                        "usage": {
+                            "prompt_tokens": len(ids),
+                            "completion_tokens": 1,
+                            "total_tokens": len(ids) + 1,
+                        },
+                        "kv_transfer_params": {"hidden_states_path": named},
+                    },
+                )
 
         return Handler

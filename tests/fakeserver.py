@@ -333,8 +333,13 @@ def bad_id(kind: str, n: int) -> tuple[str, Any]:
     BAD_ID_KINDS in turn."""
     if kind == "mix":
         kind = BAD_ID_KINDS[n % len(BAD_ID_KINDS)]
-    return kind, {"negative": -7, "huge": (1 << 31) + 5, "float": 17.0, "string": "17",
-                  "null": None}[kind]
+    return kind, {
+        "negative": -7,
+        "huge": (1 << 31) + 5,
+        "float": 17.0,
+        "string": "17",
+        "null": None,
+    }[kind]
 
 
 # The server -------------------------------------------------------------------------------
@@ -348,20 +353,20 @@ class _Live:
 class FakeServer:
     """Loopback SGLang or vLLM server; a context manager runs it in a background thread.
 
-    api: "sglang" or "vllm" (the endpoints each serves are in `_routes`). port 0 picks a free
-    one; `die()` / `revive()` keep it. context_length: prompt + max tokens beyond it is a 400
-    in the server's own wording (vllm_wording "new" or "old"). slots: generations decoding at
-    once (the rest wait); decode_tps: tokens/s per generation, 0 = instant. vocab_size,
-    eos_token_id (-1: the tokenizer's; None: no implicit stop), mean_tokens, long_tail,
-    long_tokens: the model (see FakeModel). tokenizer: None (ByteTokenizer), a tokenizer.json
-    or HF directory, or a tokenizer object; used by /tokenize, `text` and chat.
-    reasoning_field: where chat puts reasoning ("reasoning", "reasoning_content", "both",
-    anything else: nowhere). api_key: required as a bearer token except on /health (there too
-with health_needs_key). A model_name other than the default gives other completions.
-    speculative: SGLang reports EAGLE3 and spec_* counters. sglang_info_paths: "both", "old"
-    (/get_model_info, /get_server_info) or "new" (/model_info, /server_info). keepalive_timeout:
-    idle connections closed after it (5 s, as both servers do). record_bodies, record_file:
-    what `requests` keeps, and a JSON-lines copy that survives the process. faults: a Faults.
+        api: "sglang" or "vllm" (the endpoints each serves are in `_routes`). port 0 picks a free
+        one; `die()` / `revive()` keep it. context_length: prompt + max tokens beyond it is a 400
+        in the server's own wording (vllm_wording "new" or "old"). slots: generations decoding at
+        once (the rest wait); decode_tps: tokens/s per generation, 0 = instant. vocab_size,
+        eos_token_id (-1: the tokenizer's; None: no implicit stop), mean_tokens, long_tail,
+        long_tokens: the model (see FakeModel). tokenizer: None (ByteTokenizer), a tokenizer.json
+        or HF directory, or a tokenizer object; used by /tokenize, `text` and chat.
+        reasoning_field: where chat puts reasoning ("reasoning", "reasoning_content", "both",
+        anything else: nowhere). api_key: required as a bearer token except on /health (there too
+    with health_needs_key). A model_name other than the default gives other completions.
+        speculative: SGLang reports EAGLE3 and spec_* counters. sglang_info_paths: "both", "old"
+        (/get_model_info, /get_server_info) or "new" (/model_info, /server_info). keepalive_timeout:
+        idle connections closed after it (5 s, as both servers do). record_bodies, record_file:
+        what `requests` keeps, and a JSON-lines copy that survives the process. faults: a Faults.
     """
 
     def __init__(
@@ -571,8 +576,7 @@ with health_needs_key). A model_name other than the default gives other completi
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
 
     # Lifecycle (inside the loop) ----------------------------------------------------------
-    async def serve(self, port_file: str | os.PathLike | None = None,
-                    on_ready: Any = None) -> None:
+    async def serve(self, port_file: str | os.PathLike | None = None, on_ready: Any = None) -> None:
         """Run until stop(): listen, write the port to port_file (atomically), call
         on_ready(), serve."""
         self._loop = asyncio.get_running_loop()
@@ -660,7 +664,8 @@ with health_needs_key). A model_name other than the default gives other completi
         self, request: web.Request, path: str, body: Any, rec: dict
     ) -> web.StreamResponse:
         authorized = self.api_key is None or (
-            request.headers.get("Authorization") == f"Bearer {self.api_key}")
+            request.headers.get("Authorization") == f"Bearer {self.api_key}"
+        )
         if path == "/health":
             if self.health_needs_key and not authorized:
                 return _json({"error": "Unauthorized"}, 401)
@@ -1297,8 +1302,12 @@ def main(argv: list[str] | None = None) -> None:
         # For the person who started it (README): where gen should point. Scripts that pass
         # --port-file read the port from there instead.
         tokenizer = args["tokenizer"] or "none: byte ids, for tests that need no real one"
-        print(f"fakeserver: {api} API on http://{srv.host}:{srv.port} (random tokens; "
-              f"tokenizer {tokenizer}); Ctrl-C stops it", file=sys.stderr, flush=True)
+        print(
+            f"fakeserver: {api} API on http://{srv.host}:{srv.port} (random tokens; "
+            f"tokenizer {tokenizer}); Ctrl-C stops it",
+            file=sys.stderr,
+            flush=True,
+        )
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
@@ -1309,8 +1318,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         asyncio.run(run())
     except OSError as exc:  # the port is taken, or the address is not this machine's
-        sys.exit(f"fakeserver: cannot listen on {args['host']}:{args['port']} "
-                 f"({exc.strerror or exc})")
+        sys.exit(
+            f"fakeserver: cannot listen on {args['host']}:{args['port']} ({exc.strerror or exc})"
+        )
 
 
 if __name__ == "__main__":

@@ -187,8 +187,18 @@ class TimedServerProcess(FakeServerProcess):
     def start(self, timeout: float = 60.0) -> TimedServerProcess:
         port_file = Path(self._dir, "port")
         port_file.unlink(missing_ok=True)
-        argv = [sys.executable, __file__, "--api", self.api, "--port", str(self.port),
-                "--port-file", str(port_file), "--options", _to_json(self.timed_options)]
+        argv = [
+            sys.executable,
+            __file__,
+            "--api",
+            self.api,
+            "--port",
+            str(self.port),
+            "--port-file",
+            str(port_file),
+            "--options",
+            _to_json(self.timed_options),
+        ]
         self.proc = subprocess.Popen(argv)
         deadline = time.monotonic() + timeout
         while not port_file.exists():
@@ -209,8 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--api", default="sglang")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--port-file")
-    p.add_argument("--options", type=_from_json, default={},
-                   help="TimedServer keyword arguments as JSON")
+    p.add_argument(
+        "--options", type=_from_json, default={}, help="TimedServer keyword arguments as JSON"
+    )
     args = p.parse_args(argv)
     srv = TimedServer(args.api, port=args.port, **args.options)
 

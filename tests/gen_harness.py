@@ -35,7 +35,7 @@ def served(tokenizer_dir: Path) -> HFTokenizer:
 
 
 def prompt_file(tmp_path: Path, n: int, source: Path = MT_BENCH, skip: int = 0) -> Path:
-    lines = source.read_bytes().splitlines()[skip:skip + n]
+    lines = source.read_bytes().splitlines()[skip : skip + n]
     path = tmp_path / f"{source.parent.name}.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
     return path
@@ -49,22 +49,33 @@ def servers(*specs: FakeServer | tuple[FakeServer, int]) -> list[ServerSpec]:
     return out
 
 
-def run_gen(prompts: Path, out: Path, srv: FakeServer | list[ServerSpec], tokenizer: Path,
-            **kw) -> gen.GenResult:
+def run_gen(
+    prompts: Path, out: Path, srv: FakeServer | list[ServerSpec], tokenizer: Path, **kw
+) -> gen.GenResult:
     kw.setdefault("max_tokens", 48)
     kw.setdefault("commit_every", 4)
     specs = srv if isinstance(srv, list) else servers(srv)
     write = WriteOptions(**{k: kw.pop(k) for k in WRITE_KEYS if k in kw})
-    return gen.run(gen.GenConfig([prompts], out, servers=specs, tokenizer=tokenizer,
-                                 output=OutputOptions(quiet=True), write=write, **kw))
+    return gen.run(
+        gen.GenConfig(
+            [prompts],
+            out,
+            servers=specs,
+            tokenizer=tokenizer,
+            output=OutputOptions(quiet=True),
+            write=write,
+            **kw,
+        )
+    )
 
 
 def ints(ids) -> list[int]:
     return [int(t) for t in ids]
 
 
-def check_exact(out: Path, srv: FakeServer, stop_ids: list[int],
-                min_completion_tokens: int = 0) -> list[TokenSample]:
+def check_exact(
+    out: Path, srv: FakeServer, stop_ids: list[int], min_completion_tokens: int = 0
+) -> list[TokenSample]:
     """Every sample is stored once and holds exactly what the server's model produces."""
     ds = Dataset(out)
     samples = list(ds)
@@ -75,8 +86,12 @@ def check_exact(out: Path, srv: FakeServer, stop_ids: list[int],
             assert len(s.completion_ids) == 0
             continue
         sampling = s.metadata["sampling"]
-        want, finish = srv.expected(ints(s.prompt_ids), max_tokens=sampling["max_tokens"],
-                                    stop_token_ids=stop_ids, seed=sampling["seed"])
+        want, finish = srv.expected(
+            ints(s.prompt_ids),
+            max_tokens=sampling["max_tokens"],
+            stop_token_ids=stop_ids,
+            seed=sampling["seed"],
+        )
         assert ints(s.completion_ids) == want, s.sample_id
         if s.finish_reason == "filtered:min_completion_tokens":
             assert finish == "stop" and len(want) < min_completion_tokens
@@ -113,6 +128,7 @@ def cli(capfd, monkeypatch, *args: str) -> tuple[int, str, str]:
 
 def switch_faults_when(srv: FakeServer, outcome: str, n: int, **faults) -> threading.Thread:
     """Change srv's faults once `n` generation requests have had `outcome`."""
+
     def watch() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -15,65 +15,138 @@ FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 Flag = type | frozenset | str | None
 """int, float or str: a value of that type; "fraction": a float in (0, 1]; a frozenset: one of
 those values; None: a switch without a value."""
-SGLANG_REASONING_PARSERS = frozenset({
-    "deepseek-r1", "deepseek-v3", "qwen3", "qwen3-thinking", "kimi", "kimi_k2", "gpt-oss",
-    "glm45",
-})
-SGLANG_TOOL_PARSERS = frozenset({
-    "kimi_k2", "qwen25", "qwen3_coder", "deepseekv3", "deepseekv31", "llama3", "mistral",
-    "pythonic", "gpt-oss", "glm45",
-})
+SGLANG_REASONING_PARSERS = frozenset(
+    {
+        "deepseek-r1",
+        "deepseek-v3",
+        "qwen3",
+        "qwen3-thinking",
+        "kimi",
+        "kimi_k2",
+        "gpt-oss",
+        "glm45",
+    }
+)
+SGLANG_TOOL_PARSERS = frozenset(
+    {
+        "kimi_k2",
+        "qwen25",
+        "qwen3_coder",
+        "deepseekv3",
+        "deepseekv31",
+        "llama3",
+        "mistral",
+        "pythonic",
+        "gpt-oss",
+        "glm45",
+    }
+)
 SGLANG_FLAGS: dict[str, Flag] = {
     # model and tokenizer
-    "--model-path": str, "--model": str, "--tokenizer-path": str, "--trust-remote-code": None,
-    "--served-model-name": str, "--chat-template": str, "--context-length": int,
-    "--revision": str, "--quantization": str, "--kv-cache-dtype": frozenset(
-        {"auto", "fp8_e4m3", "fp8_e5m2"}),
+    "--model-path": str,
+    "--model": str,
+    "--tokenizer-path": str,
+    "--trust-remote-code": None,
+    "--served-model-name": str,
+    "--chat-template": str,
+    "--context-length": int,
+    "--revision": str,
+    "--quantization": str,
+    "--kv-cache-dtype": frozenset({"auto", "fp8_e4m3", "fp8_e5m2"}),
     # HTTP server
-    "--host": str, "--port": int, "--api-key": str, "--enable-metrics": None,
+    "--host": str,
+    "--port": int,
+    "--api-key": str,
+    "--enable-metrics": None,
     "--log-requests": None,
     # parallelism (`--tp` is the documented short form of `--tp-size`)
-    "--tp": int, "--tp-size": int, "--tensor-parallel-size": int, "--dp": int, "--dp-size": int,
+    "--tp": int,
+    "--tp-size": int,
+    "--tensor-parallel-size": int,
+    "--dp": int,
+    "--dp-size": int,
     "--enable-dp-attention": None,
     # memory and scheduling
-    "--mem-fraction-static": "fraction", "--max-running-requests": int,
-    "--max-total-tokens": int, "--chunked-prefill-size": int, "--schedule-policy": str,
+    "--mem-fraction-static": "fraction",
+    "--max-running-requests": int,
+    "--max-total-tokens": int,
+    "--chunked-prefill-size": int,
+    "--schedule-policy": str,
     "--cuda-graph-max-bs": int,
     # parsers (chat endpoint only)
-    "--reasoning-parser": SGLANG_REASONING_PARSERS, "--tool-call-parser": SGLANG_TOOL_PARSERS,
+    "--reasoning-parser": SGLANG_REASONING_PARSERS,
+    "--tool-call-parser": SGLANG_TOOL_PARSERS,
     # named in reference/SERVER_APIS.md
-    "--incremental-streaming-output": None, "--stream-output": None,
-    "--max-queued-requests": int, "--enable-priority-scheduling": None,
+    "--incremental-streaming-output": None,
+    "--stream-output": None,
+    "--max-queued-requests": int,
+    "--enable-priority-scheduling": None,
     "--sampling-defaults": frozenset({"openai", "model"}),
     # speculative decoding (docs/export.md; CHECKPOINTS.md §2, SGLang "Speculative Decoding")
     "--speculative-algorithm": frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"}),
-    "--speculative-draft-model-path": str, "--speculative-num-steps": int,
-    "--speculative-eagle-topk": int, "--speculative-num-draft-tokens": int,
+    "--speculative-draft-model-path": str,
+    "--speculative-num-steps": int,
+    "--speculative-eagle-topk": int,
+    "--speculative-num-draft-tokens": int,
 }
-VLLM_REASONING_PARSERS = frozenset({
-    "deepseek_r1", "deepseek_v3", "qwen3", "kimi_k2", "glm45", "openai_gptoss", "granite",
-    "mistral",
-})
-VLLM_TOOL_PARSERS = frozenset({
-    "kimi_k2", "hermes", "qwen3_coder", "qwen3_xml", "llama3_json", "mistral", "deepseek_v3",
-    "deepseek_v31", "openai", "pythonic", "glm45",
-})
+VLLM_REASONING_PARSERS = frozenset(
+    {
+        "deepseek_r1",
+        "deepseek_v3",
+        "qwen3",
+        "kimi_k2",
+        "glm45",
+        "openai_gptoss",
+        "granite",
+        "mistral",
+    }
+)
+VLLM_TOOL_PARSERS = frozenset(
+    {
+        "kimi_k2",
+        "hermes",
+        "qwen3_coder",
+        "qwen3_xml",
+        "llama3_json",
+        "mistral",
+        "deepseek_v3",
+        "deepseek_v31",
+        "openai",
+        "pythonic",
+        "glm45",
+    }
+)
 VLLM_FLAGS: dict[str, Flag] = {
     # model and tokenizer
-    "--tokenizer": str, "--trust-remote-code": None, "--served-model-name": str,
-    "--chat-template": str, "--max-model-len": int, "--revision": str, "--quantization": str,
+    "--tokenizer": str,
+    "--trust-remote-code": None,
+    "--served-model-name": str,
+    "--chat-template": str,
+    "--max-model-len": int,
+    "--revision": str,
+    "--quantization": str,
     "--kv-cache-dtype": frozenset({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"}),
-    "--generation-config": str, "--seed": int, "--dtype": str,
+    "--generation-config": str,
+    "--seed": int,
+    "--dtype": str,
     # HTTP server
-    "--host": str, "--port": int, "--api-key": str,
+    "--host": str,
+    "--port": int,
+    "--api-key": str,
     # parallelism
-    "--tensor-parallel-size": int, "-tp": int, "--pipeline-parallel-size": int,
-    "--data-parallel-size": int, "--enable-expert-parallel": None,
+    "--tensor-parallel-size": int,
+    "-tp": int,
+    "--pipeline-parallel-size": int,
+    "--data-parallel-size": int,
+    "--enable-expert-parallel": None,
     # memory and scheduling
-    "--gpu-memory-utilization": "fraction", "--max-num-seqs": int,
-    "--max-num-batched-tokens": int, "--enable-prefix-caching": None,
+    "--gpu-memory-utilization": "fraction",
+    "--max-num-seqs": int,
+    "--max-num-batched-tokens": int,
+    "--enable-prefix-caching": None,
     # parsers (chat endpoint only)
-    "--reasoning-parser": VLLM_REASONING_PARSERS, "--enable-auto-tool-choice": None,
+    "--reasoning-parser": VLLM_REASONING_PARSERS,
+    "--enable-auto-tool-choice": None,
     "--tool-call-parser": VLLM_TOOL_PARSERS,
     # named in reference/SERVER_APIS.md
     "--max-num-queued-reqs": int,
@@ -82,7 +155,8 @@ VLLM_FLAGS: dict[str, Flag] = {
     "--speculative-config": str,
     # hidden-state extraction (docs/extract.md; vLLM PR #33736, "extract_hidden_states"):
     # the states must cover whole prompts, and a KV connector writes them out
-    "--no-enable-prefix-caching": None, "--no-enable-chunked-prefill": None,
+    "--no-enable-prefix-caching": None,
+    "--no-enable-chunked-prefill": None,
     "--kv-transfer-config": str,
 }
 SERVERS = {"sglang": SGLANG_FLAGS, "vllm": VLLM_FLAGS}
@@ -104,8 +178,10 @@ class Launch:
 
 def blocks(path: Path) -> list[tuple[str, int, str]]:
     text = path.read_text()
-    return [(m.group(1).lower(), text.count("\n", 0, m.start(2)) + 1, m.group(2))
-            for m in FENCE.finditer(text)]
+    return [
+        (m.group(1).lower(), text.count("\n", 0, m.start(2)) + 1, m.group(2))
+        for m in FENCE.finditer(text)
+    ]
 
 
 def logical_lines(body: str, first: int) -> list[tuple[int, str]]:
@@ -133,8 +209,10 @@ def parse(line_no: int, text: str, flags_of=SERVERS) -> Launch:
     while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
         key, _, value = words.pop(0).partition("=")
         env[key] = value
-    if words[:3] in (["python", "-m", "sglang.launch_server"],
-                     ["python3", "-m", "sglang.launch_server"]):
+    if words[:3] in (
+        ["python", "-m", "sglang.launch_server"],
+        ["python3", "-m", "sglang.launch_server"],
+    ):
         server, rest = "sglang", words[3:]
     elif words[:2] == ["vllm", "serve"]:
         server, rest = "vllm", words[2:]

@@ -20,12 +20,17 @@ HIDDEN_LAYOUT = {"layer_ids": [1, 2, 3], "hidden_size": 8, "last_state": "pre_no
 
 
 def token_samples(n: int) -> list[TokenSample]:
-    return [TokenSample(sample_id=f"s{i:03d}", prompt_ids=list(range(10 + i, 15 + 2 * i)),
-                        completion_ids=[500 + i + k for k in range(i % 4 + 1)],
-                        finish_reason="length" if i % 3 == 2 else "stop",
-                        partition="math" if i % 2 else "code",
-                        metadata={"i": i} if i % 2 else {})
-            for i in range(n)]
+    return [
+        TokenSample(
+            sample_id=f"s{i:03d}",
+            prompt_ids=list(range(10 + i, 15 + 2 * i)),
+            completion_ids=[500 + i + k for k in range(i % 4 + 1)],
+            finish_reason="length" if i % 3 == 2 else "stop",
+            partition="math" if i % 2 else "code",
+            metadata={"i": i} if i % 2 else {},
+        )
+        for i in range(n)
+    ]
 
 
 def token_dataset(path: Path, shards: int = 3, per_shard: int = 4) -> Path:
@@ -41,9 +46,16 @@ def hidden_dataset(path: Path, codec: str, shards: int = 2, per_shard: int = 3) 
     with HiddenWriter(path, layout=HIDDEN_LAYOUT, codec=codec, commit_every=per_shard) as w:
         for i in range(shards * per_shard):
             t = 2 + i % 3
-            w.add(HiddenSample(f"h{i}", np.arange(t, dtype=np.int32) + i,
-                               np.ones(t, np.uint8), rng.standard_normal((t, a * h), np.float32),
-                               rng.standard_normal((t, h), np.float32), prompt_len=1))
+            w.add(
+                HiddenSample(
+                    f"h{i}",
+                    np.arange(t, dtype=np.int32) + i,
+                    np.ones(t, np.uint8),
+                    rng.standard_normal((t, a * h), np.float32),
+                    rng.standard_normal((t, h), np.float32),
+                    prompt_len=1,
+                )
+            )
     return path
 
 

@@ -28,15 +28,23 @@ from eagle3kit.model import DrafterConfig, Eagle3Drafter, build_vocab
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-PROMPT_SETS = [*sorted((DATA / "eagle").glob("*/question.jsonl")),
-               DATA / "fastchat" / "vicuna_bench" / "question.jsonl"]
-FULL_SETS = [DATA / "eagle" / "mt_bench" / "question.jsonl",
-             DATA / "eagle" / "qa" / "question.jsonl",
-             *sorted((DATA / "eagle_full").glob("*/question.jsonl")),
-             DATA / "fastchat" / "vicuna_bench" / "question.jsonl"]
+PROMPT_SETS = [
+    *sorted((DATA / "eagle").glob("*/question.jsonl")),
+    DATA / "fastchat" / "vicuna_bench" / "question.jsonl",
+]
+FULL_SETS = [
+    DATA / "eagle" / "mt_bench" / "question.jsonl",
+    DATA / "eagle" / "qa" / "question.jsonl",
+    *sorted((DATA / "eagle_full").glob("*/question.jsonl")),
+    DATA / "fastchat" / "vicuna_bench" / "question.jsonl",
+]
 """Every prompt of EAGLE's six sets (tests/data/prompts/SOURCES.md) and FastChat's Vicuna set."""
-EVAL = {"k": 3, "temperature": 0.0, "predicted_acceptance_length": 2.5,
-        "per_position": [0.8, 0.6, 0.5]}
+EVAL = {
+    "k": 3,
+    "temperature": 0.0,
+    "predicted_acceptance_length": 2.5,
+    "per_position": [0.8, 0.6, 0.5],
+}
 
 
 # Fixtures ---------------------------------------------------------------------------------
@@ -72,15 +80,23 @@ def pair(tmp_path_factory):
     fit_drafter(model, fitted, sequences, steps=80)
     save_drafter(fitted, root / "fitted", extra={"eval": EVAL})
     prompts = subset(root / "subset.jsonl", PROMPT_SETS)
-    return {"root": root, "target": target, "model": model, "random": root / "random",
-            "fitted": root / "fitted", "prompts": prompts, "sequences": sequences}
+    return {
+        "root": root,
+        "target": target,
+        "model": model,
+        "random": root / "random",
+        "fitted": root / "fitted",
+        "prompts": prompts,
+        "sequences": sequences,
+    }
 
 
 def bench(pair, drafter: str = "fitted", prompts: list[Path] | None = None, **options):
     options.setdefault("max_new_tokens", 10)
     options.setdefault("output", accept._ui.OutputOptions(quiet=True))
-    cfg = accept.AcceptConfig(pair["target"], pair[drafter], prompts or [pair["prompts"]],
-                              device="cpu", **options)
+    cfg = accept.AcceptConfig(
+        pair["target"], pair[drafter], prompts or [pair["prompts"]], device="cpu", **options
+    )
     return accept.run(cfg)
 
 
@@ -105,10 +121,10 @@ def test_fitted_drafter_is_lossless_and_accepts(pair):
     assert "think" in report.phases
     assert sum(f["rounds"] for f in report.phases.values()) == report.rounds
     assert all(len(p.phases) == len(p.rounds) for p in report.prompts)
-    think = [a for p in report.prompts for ph, a in zip(p.phases, p.rounds, strict=True)
-             if ph == "think"]
-    assert report.phases["think"]["acceptance_length"] == pytest.approx(
-        1 + sum(think) / len(think))
+    think = [
+        a for p in report.prompts for ph, a in zip(p.phases, p.rounds, strict=True) if ph == "think"
+    ]
+    assert report.phases["think"]["acceptance_length"] == pytest.approx(1 + sum(think) / len(think))
 
 
 def test_a_variant_drafter_benches_alike_from_its_checkpoint_and_its_export(pair, tmp_path):
@@ -129,9 +145,16 @@ def test_a_variant_drafter_benches_alike_from_its_checkpoint_and_its_export(pair
     drafter.load_target_embedding(pair["model"].get_input_embeddings().weight)
     fit_drafter(pair["model"], drafter, pair["sequences"], steps=80)
     save_drafter(drafter, tmp_path / "variant")
-    export(ExportConfig(tmp_path / "variant", tmp_path / "export", dtype="fp32",
-                        target=pair["target"], verifier=str(pair["target"]),
-                        output=accept._ui.OutputOptions(quiet=True)))
+    export(
+        ExportConfig(
+            tmp_path / "variant",
+            tmp_path / "export",
+            dtype="fp32",
+            target=pair["target"],
+            verifier=str(pair["target"]),
+            output=accept._ui.OutputOptions(quiet=True),
+        )
+    )
     reports = [bench({**pair, "v": tmp_path / where}, "v") for where in ("variant", "export")]
     for report in reports:
         assert report.lossless is True and report.mismatches == 0
@@ -164,16 +187,21 @@ def test_every_prompt_of_every_set_is_lossless(pair, drafter):
 
 def test_a_broken_verifier_is_caught(pair, monkeypatch):
     """Accepting every draft makes the output differ from the target's own: exit 1."""
-    monkeypatch.setattr(decode, "verify_greedy",
-                        lambda logits, drafts: (len(drafts), int(logits[-1].argmax())))
+    monkeypatch.setattr(
+        decode, "verify_greedy", lambda logits, drafts: (len(drafts), int(logits[-1].argmax()))
+    )
     report = bench(pair, "random", max_samples=2)
     assert report.lossless is False and report.mismatches >= 1
     assert report.exit_code == 1
 
 
 def test_near_ties_are_told_from_mismatches():
-    plain = decode.Decoded([5, 6, 7], 0.0, top_ids=[[5, 9], [6, 8], [7, 1]],
-                           top_logits=[[3.0, 1.0], [2.0, 2.0 - 1e-5], [1.0, 0.0]])
+    plain = decode.Decoded(
+        [5, 6, 7],
+        0.0,
+        top_ids=[[5, 9], [6, 8], [7, 1]],
+        top_logits=[[3.0, 1.0], [2.0, 2.0 - 1e-5], [1.0, 0.0]],
+    )
     assert accept.compare([5, 6, 7], plain, 1e-3) == ("identical", None, None)
     status, where, margin = accept.compare([5, 8, 1], plain, 1e-3)
     assert (status, where) == ("near-tie", 1) and margin == pytest.approx(1e-5)
@@ -221,8 +249,9 @@ def test_oracle_measures_k_plus_one_and_never_measures_one(pair, k):
             ref = ids + decode.plain(target, ids, 12 + k + 2, set(), decode.Sampler()).tokens
             plain = decode.plain(target, ids, 12, stops, decode.Sampler()).tokens
             for offset, acc in ((0, oracle), (1, never)):
-                out = decode.speculate(target, ProposalDrafter(base, ref, offset), ids, 12,
-                                       stops, decode.Sampler(), k)
+                out = decode.speculate(
+                    target, ProposalDrafter(base, ref, offset), ids, 12, stops, decode.Sampler(), k
+                )
                 assert out.tokens == plain
                 acc.add_all(out.rounds)
     assert oracle.length == k + 1 and oracle.per_position == [1.0] * k
@@ -247,9 +276,8 @@ def test_a_stop_accepted_inside_a_round_ends_the_generation(pair):
     stop = next(t for i, t in enumerate(free) if i >= 5 and t not in free[:i])
     at = free.index(stop)
     ref = ids + free
-    out = decode.speculate(target, ProposalDrafter(base, ref), ids, 40, {stop},
-                           decode.Sampler(), k)
-    assert out.tokens == free[:at + 1]
+    out = decode.speculate(target, ProposalDrafter(base, ref), ids, 40, {stop}, decode.Sampler(), k)
+    assert out.tokens == free[: at + 1]
     assert len(out.rounds) == -(-at // (k + 1))  # rounds up to the stop, none after
 
 
@@ -261,8 +289,11 @@ def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
     expected = probs[keep] * counts.sum()
     stat = float(((counts[keep] - expected) ** 2 / expected).sum())
     df = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)
+        )
+    )
 
 
 # Tree drafting --------------------------------------------------------------------------------
@@ -289,8 +320,9 @@ def _path_logprobs(drafter, queued, path: list[int]) -> torch.Tensor:
         hidden = drafting.context()
         start = len(drafting.cache)
         for i, token in enumerate(path):
-            hidden = drafter.decode(hidden, torch.tensor([[token]]),
-                                    torch.tensor([[start + i]]), drafting.cache)
+            hidden = drafter.decode(
+                hidden, torch.tensor([[token]]), torch.tensor([[start + i]]), drafting.cache
+            )
         return torch.log_softmax(drafter.logits(hidden)[0, -1].float(), -1)
 
 
@@ -339,14 +371,16 @@ def test_a_tree_is_lossless_and_accepts_more_than_its_chain(pair):
 
 def test_a_tree_at_temperature_above_zero_is_refused(pair):
     with pytest.raises(UserError, match="--tree verifies greedily"):
-        accept.AcceptConfig(pair["target"], pair["fitted"], [pair["prompts"]],
-                            tree=(2, 3), temperature=0.7)
+        accept.AcceptConfig(
+            pair["target"], pair["fitted"], [pair["prompts"]], tree=(2, 3), temperature=0.7
+        )
 
 
 def test_rejection_sampling_keeps_the_target_distribution():
     """One round, k = 2, fixed p and q: the first and second emitted tokens follow p."""
-    p = torch.tensor([[0.5, 0.3, 0.1, 0.1, 0.0], [0.1, 0.1, 0.2, 0.3, 0.3],
-                      [0.2, 0.2, 0.2, 0.2, 0.2]])
+    p = torch.tensor(
+        [[0.5, 0.3, 0.1, 0.1, 0.0], [0.1, 0.1, 0.2, 0.3, 0.3], [0.2, 0.2, 0.2, 0.2, 0.2]]
+    )
     q = [torch.tensor([0.1, 0.2, 0.4, 0.2, 0.1]), torch.tensor([0.3, 0.3, 0.2, 0.1, 0.1])]
     logits = p.clamp_min(1e-30).log()
     gen = torch.Generator().manual_seed(0)
@@ -389,12 +423,20 @@ def small_pair():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=6, hidden_size=16, intermediate_size=32,
-                         num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
-                         initializer_range=0.6, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=6,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        initializer_range=0.6,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config).eval()
-    drafter = Eagle3Drafter(DrafterConfig.from_target(config, draft_vocab_size=4,
-                                                      aux_layer_ids=[1, 2, 3]))
+    drafter = Eagle3Drafter(
+        DrafterConfig.from_target(config, draft_vocab_size=4, aux_layer_ids=[1, 2, 3])
+    )
     vocab = build_vocab(np.array([5, 0, 4, 3, 9, 1]), 4)
     drafter.set_vocab(torch.from_numpy(vocab.d2t), torch.from_numpy(vocab.t2d))
     drafter.load_target_embedding(model.get_input_embeddings().weight)
@@ -403,8 +445,9 @@ def small_pair():
     return model, drafter.eval()
 
 
-def sample_outputs(model, drafter, prompt, runs: int, temperature: float, k: int = 2,
-                   new: int = 3) -> np.ndarray:
+def sample_outputs(
+    model, drafter, prompt, runs: int, temperature: float, k: int = 2, new: int = 3
+) -> np.ndarray:
     target = decode.Target(model, drafter.config.aux_layer_ids)
     outs, rounds = [], []
     for seed in range(runs):
@@ -467,17 +510,38 @@ def cli(*args: str):
 
 def accept_json(pair, *options: str) -> dict:
     """`bench accept --json` on two conversations of the fitted pair: the printed result."""
-    code, out = cli("accept", "--target", str(pair["target"]), "--drafter", str(pair["fitted"]),
-                    str(pair["prompts"]), "--max-samples", "2",
-                    "--max-new-tokens", "6", "--device", "cpu", "--json", *options)
+    code, out = cli(
+        "accept",
+        "--target",
+        str(pair["target"]),
+        "--drafter",
+        str(pair["fitted"]),
+        str(pair["prompts"]),
+        "--max-samples",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--device",
+        "cpu",
+        "--json",
+        *options,
+    )
     assert code == 0, out
-    return json.loads(out[out.index("{"):out.rindex("}") + 1])
+    return json.loads(out[out.index("{") : out.rindex("}") + 1])
 
 
 def test_cli_json(pair):
     data = accept_json(pair, "--k", "2")
-    for key in ("acceptance_length", "per_position", "k", "temperature", "lossless",
-                "near_ties", "predicted_acceptance_length", "categories"):
+    for key in (
+        "acceptance_length",
+        "per_position",
+        "k",
+        "temperature",
+        "lossless",
+        "near_ties",
+        "predicted_acceptance_length",
+        "categories",
+    ):
         assert key in data
     assert data["k"] == 2 and data["temperature"] == 0 and data["lossless"] is True
     assert len(data["per_position"]) == 2
@@ -499,8 +563,18 @@ def test_cli_tree(pair):
     data = accept_json(pair, "--tree", "2,3")
     assert data["shape"] == "tree top-2 depth 3" and data["k"] == 3 and data["lossless"]
     assert any("for a chain" in w for w in data["warnings"])
-    code, out = cli("accept", "--target", str(pair["target"]), "--drafter", str(pair["fitted"]),
-                    str(pair["prompts"]), "--tree", "2,3", "--temperature", "0.5")
+    code, out = cli(
+        "accept",
+        "--target",
+        str(pair["target"]),
+        "--drafter",
+        str(pair["fitted"]),
+        str(pair["prompts"]),
+        "--tree",
+        "2,3",
+        "--temperature",
+        "0.5",
+    )
     assert code == 2 and "--tree verifies greedily" in out and "Traceback" not in out
 
 
@@ -517,39 +591,92 @@ def test_plot_without_matplotlib(pair, tmp_path, monkeypatch):
         bench(pair, plot=tmp_path / "x.png")
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ([], "--target is required"),
-    (["--target", "{target}"], "--drafter is required"),
-    (["--target", "{root}/nope", "--drafter", "{fitted}", "{prompts}"],
-     "--target {root}/nope: no such model directory"),
-    (["--target", "{target}", "--drafter", "{root}", "{prompts}"],
-     "--drafter {root}"),
-    (["--target", "{target}", "--drafter", "{fitted}", "{root}/none.jsonl"],
-     "{root}/none.jsonl: no such prompt file"),
-    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}", "--k", "0"],
-     "--k must be at least 1"),
-    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
-      "--tree", "4"], "--tree 4: expected TOPK,DEPTH"),
-    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
-      "--tree", "4,3", "--k", "3"], "--k and --tree exclude each other"),
-    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
-      "--temperature", "-1"], "--temperature must be >= 0"),
-    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
-      "--dtype", "int8"], "--dtype int8: expected one of auto, bfloat16, float16, float32"),
-    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
-      "--device", "tpu9"], "--device tpu9"),
-    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
-      "--plot", "{root}/x.txt"], "--plot {root}/x.txt: give a .png"),
-    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
-      "--verify", "greedy"], "--verify must be one of onehot, probabilistic, sglang"),
-    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
-      "--top-p", "0"], "--top-p must be in (0, 1] (got 0.0)"),
-    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
-      "--top-k", "-2"], "--top-k must be -1 (off) or at least 1 (got -2)"),
-    (["--target", "{target}", "--drafter", "{fitted}", "{prompts}",
-      "--speculative-accept-threshold-acc", "0.5"],
-     "--speculative-accept-threshold-acc is SGLang's: give it with --verify sglang"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "--target is required"),
+        (["--target", "{target}"], "--drafter is required"),
+        (
+            ["--target", "{root}/nope", "--drafter", "{fitted}", "{prompts}"],
+            "--target {root}/nope: no such model directory",
+        ),
+        (["--target", "{target}", "--drafter", "{root}", "{prompts}"], "--drafter {root}"),
+        (
+            ["--target", "{target}", "--drafter", "{fitted}", "{root}/none.jsonl"],
+            "{root}/none.jsonl: no such prompt file",
+        ),
+        (
+            ["--target", "{target}", "--drafter", "{fitted}", "{prompts}", "--k", "0"],
+            "--k must be at least 1",
+        ),
+        (
+            ["--target", "{target}", "--drafter", "{fitted}", "{prompts}", "--tree", "4"],
+            "--tree 4: expected TOPK,DEPTH",
+        ),
+        (
+            [
+                "--target",
+                "{target}",
+                "--drafter",
+                "{fitted}",
+                "{prompts}",
+                "--tree",
+                "4,3",
+                "--k",
+                "3",
+            ],
+            "--k and --tree exclude each other",
+        ),
+        (
+            ["--target", "{target}", "--drafter", "{fitted}", "{prompts}", "--temperature", "-1"],
+            "--temperature must be >= 0",
+        ),
+        (
+            ["--target", "{target}", "--drafter", "{fitted}", "{prompts}", "--dtype", "int8"],
+            "--dtype int8: expected one of auto, bfloat16, float16, float32",
+        ),
+        (
+            ["--target", "{target}", "--drafter", "{fitted}", "{prompts}", "--device", "tpu9"],
+            "--device tpu9",
+        ),
+        (
+            [
+                "--target",
+                "{target}",
+                "--drafter",
+                "{fitted}",
+                "{prompts}",
+                "--plot",
+                "{root}/x.txt",
+            ],
+            "--plot {root}/x.txt: give a .png",
+        ),
+        (
+            ["--target", "{target}", "--drafter", "{fitted}", "{prompts}", "--verify", "greedy"],
+            "--verify must be one of onehot, probabilistic, sglang",
+        ),
+        (
+            ["--target", "{target}", "--drafter", "{fitted}", "{prompts}", "--top-p", "0"],
+            "--top-p must be in (0, 1] (got 0.0)",
+        ),
+        (
+            ["--target", "{target}", "--drafter", "{fitted}", "{prompts}", "--top-k", "-2"],
+            "--top-k must be -1 (off) or at least 1 (got -2)",
+        ),
+        (
+            [
+                "--target",
+                "{target}",
+                "--drafter",
+                "{fitted}",
+                "{prompts}",
+                "--speculative-accept-threshold-acc",
+                "0.5",
+            ],
+            "--speculative-accept-threshold-acc is SGLang's: give it with --verify sglang",
+        ),
+    ],
+)
 def test_bad_input_is_one_message(pair, args, message):
     fill = {k: str(v) for k, v in pair.items() if isinstance(v, Path)}
     code, out = cli("accept", *(a.format(**fill) for a in args))
@@ -559,9 +686,22 @@ def test_bad_input_is_one_message(pair, args, message):
 
 
 def test_prompts_option_is_a_deprecated_alias(pair):
-    code, out = cli("accept", "--target", str(pair["target"]), "--drafter", str(pair["fitted"]),
-                    "--prompts", str(pair["prompts"]), "--max-samples", "1",
-                    "--max-new-tokens", "2", "--device", "cpu", "--json")
+    code, out = cli(
+        "accept",
+        "--target",
+        str(pair["target"]),
+        "--drafter",
+        str(pair["fitted"]),
+        "--prompts",
+        str(pair["prompts"]),
+        "--max-samples",
+        "1",
+        "--max-new-tokens",
+        "2",
+        "--device",
+        "cpu",
+        "--json",
+    )
     assert code == 0, out
     assert "--prompts is deprecated: give the prompt files positionally" in out
     code, out = cli("accept", "--target", str(pair["target"]), "--drafter", str(pair["fitted"]))
@@ -571,12 +711,23 @@ def test_prompts_option_is_a_deprecated_alias(pair):
 def test_a_drafter_for_another_target_is_refused(pair, tmp_path):
     from transformers import LlamaConfig
 
-    other = LlamaConfig(vocab_size=pair["model"].config.vocab_size, hidden_size=32,
-                        intermediate_size=64, num_hidden_layers=8, num_attention_heads=4,
-                        num_key_value_heads=2)
+    other = LlamaConfig(
+        vocab_size=pair["model"].config.vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     save_drafter(Eagle3Drafter(DrafterConfig.from_target(other)), tmp_path / "other")
-    code, out = cli("accept", "--target", str(pair["target"]), "--drafter",
-                    str(tmp_path / "other"), str(pair["prompts"]))
+    code, out = cli(
+        "accept",
+        "--target",
+        str(pair["target"]),
+        "--drafter",
+        str(tmp_path / "other"),
+        str(pair["prompts"]),
+    )
     assert code == 2 and "--drafter" in out and "--target" in out, out
     assert "Traceback" not in out
 
@@ -584,8 +735,9 @@ def test_a_drafter_for_another_target_is_refused(pair, tmp_path):
 def test_unreadable_prompt_file(pair, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"turns": "not a list"}\n')
-    code, out = cli("accept", "--target", str(pair["target"]), "--drafter",
-                    str(pair["fitted"]), str(bad))
+    code, out = cli(
+        "accept", "--target", str(pair["target"]), "--drafter", str(pair["fitted"]), str(bad)
+    )
     assert code == 2 and "bad.jsonl:1" in out and "Traceback" not in out
 
 

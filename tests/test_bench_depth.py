@@ -30,16 +30,20 @@ def test_each_round_is_counted_in_the_bucket_of_its_depth() -> None:
     # tokens; rounds accepting 3, 0, 2, 1 commit 4, 1, 3, 2 tokens.
     assert round_depths(1000, [3, 0, 2, 1]) == [1001, 1005, 1006, 1009]
     decodes = [
-        (1000, [3, 0, 2, 1]),          # depths 1001, 1005, 1006, 1009: <1K, <1K, <1K, <1K
-        (1020, [3, 1, 0, 0]),          # 1021, 1025, 1027, 1028: <1K, then 1K-4K x3
-        (1022, [0, 2]),                # 1023 (<1K), 1024: the edge opens the next bucket
-        (4095, [3]),                   # 4096: 4K-16K
-        (20000, [1, 1]),               # >=16K
+        (1000, [3, 0, 2, 1]),  # depths 1001, 1005, 1006, 1009: <1K, <1K, <1K, <1K
+        (1020, [3, 1, 0, 0]),  # 1021, 1025, 1027, 1028: <1K, then 1K-4K x3
+        (1022, [0, 2]),  # 1023 (<1K), 1024: the edge opens the next bucket
+        (4095, [3]),  # 4096: 4K-16K
+        (20000, [1, 1]),  # >=16K
     ]
     got = by_depth(decodes, K)
     assert list(got) == ["<1K", "1K-4K", "4K-16K", ">=16K"]
     assert {name: b["rounds"] for name, b in got.items()} == {
-        "<1K": 6, "1K-4K": 4, "4K-16K": 1, ">=16K": 2}
+        "<1K": 6,
+        "1K-4K": 4,
+        "4K-16K": 1,
+        ">=16K": 2,
+    }
     below = [3, 0, 2, 1, 3, 0]  # the accepted counts of the six rounds under 1K
     assert got["<1K"]["acceptance_length"] == pytest.approx(1 + sum(below) / 6)
     assert got["<1K"]["per_position"] == pytest.approx([4 / 6, 3 / 6, 2 / 6])
@@ -69,10 +73,16 @@ def recorded(path: Path, lengths: list[int], vocab: int, turns: int = 1) -> Path
             mask = np.zeros(length, np.uint8)
             bounds = np.linspace(0, length, turns + 1).astype(int)
             for start, end in pairwise(bounds):
-                mask[start + (end - start) // 3:end] = 1  # a third user, the rest answer
+                mask[start + (end - start) // 3 : end] = 1  # a third user, the rest answer
             split = int(np.flatnonzero(mask)[0])
-            writer.add(TokenSample(f"s{n}", ids[:split], ids[split:],
-                                   loss_mask=None if turns == 1 else mask.tolist()))
+            writer.add(
+                TokenSample(
+                    f"s{n}",
+                    ids[:split],
+                    ids[split:],
+                    loss_mask=None if turns == 1 else mask.tolist(),
+                )
+            )
     return path
 
 
@@ -83,8 +93,10 @@ def test_the_contexts_are_exactly_the_first_n_tokens_of_each_recorded_sample(tmp
     contexts = from_dataset(path, (120, 250), None, vocab_size=500)
     # 120 needs a sample longer than 120 (a token left to continue): not s1; 250: s0 only.
     assert [(c.label, c.category) for c in contexts] == [
-        (f"{path}:s0@120", "context 120"), (f"{path}:s0@250", "context 250"),
-        (f"{path}:s2@120", "context 120")]
+        (f"{path}:s0@120", "context 120"),
+        (f"{path}:s0@250", "context 250"),
+        (f"{path}:s2@120", "context 120"),
+    ]
     assert contexts[0].ids == whole[0][:120]
     assert contexts[1].ids == whole[0][:250]
     assert contexts[2].ids == whole[2][:120]
@@ -109,11 +121,17 @@ def test_a_dataset_of_another_tokenizer_is_refused_by_flag(tmp_path) -> None:
     from eagle3kit.errors import UserError
 
     path = recorded(tmp_path / "ds", [300], vocab=900)
-    with pytest.raises(UserError, match=r"--context-from .*ds: sample 0 holds token id \d+, "
-                                        r"outside the tokenizer's vocabulary of 600"):
+    with pytest.raises(
+        UserError,
+        match=r"--context-from .*ds: sample 0 holds token id \d+, "
+        r"outside the tokenizer's vocabulary of 600",
+    ):
         from_dataset(path, (100,), None, vocab_size=600)
-    with pytest.raises(UserError, match=r"no sample is long enough for --context-tokens 400 "
-                                        r"\(the longest holds 300 tokens\)"):
+    with pytest.raises(
+        UserError,
+        match=r"no sample is long enough for --context-tokens 400 "
+        r"\(the longest holds 300 tokens\)",
+    ):
         from_dataset(path, (400,), None, vocab_size=None)
 
 
@@ -133,13 +151,21 @@ def pair(tmp_path_factory) -> dict[str, Path]:
     config = AutoConfig.from_pretrained(target)
     torch.manual_seed(1)
     save_drafter(Eagle3Drafter(DrafterConfig.from_target(config)), root / "drafter")
-    return {"root": root, "target": target, "drafter": root / "drafter",
-            "data": recorded(root / "ds", [200, 140, 90], vocab=config.vocab_size)}
+    return {
+        "root": root,
+        "target": target,
+        "drafter": root / "drafter",
+        "data": recorded(root / "ds", [200, 140, 90], vocab=config.vocab_size),
+    }
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "eagle3kit", "bench", *args],
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3kit", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_bench_accept_reports_acceptance_per_context_depth(pair, tmp_path) -> None:
@@ -147,19 +173,39 @@ def test_bench_accept_reports_acceptance_per_context_depth(pair, tmp_path) -> No
     import matplotlib.image
 
     png = tmp_path / "al.png"
-    result = run_cli("accept", "--target", str(pair["target"]), "--drafter",
-                     str(pair["drafter"]), "--context-from", str(pair["data"]),
-                     "--context-tokens", "60,100,150", "--depth-buckets", "64,128",
-                     "--max-new-tokens", "8", "--device", "cpu", "--json", "--no-progress",
-                     "--plot", str(png))
+    result = run_cli(
+        "accept",
+        "--target",
+        str(pair["target"]),
+        "--drafter",
+        str(pair["drafter"]),
+        "--context-from",
+        str(pair["data"]),
+        "--context-tokens",
+        "60,100,150",
+        "--depth-buckets",
+        "64,128",
+        "--max-new-tokens",
+        "8",
+        "--device",
+        "cpu",
+        "--json",
+        "--no-progress",
+        "--plot",
+        str(png),
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     prompts = report["prompts"]
     data = pair["data"]
     assert [(p["prompt"], p["prompt_tokens"], p["category"]) for p in prompts] == [
-        (f"{data}:s0@60", 60, "context 60"), (f"{data}:s0@100", 100, "context 100"),
-        (f"{data}:s0@150", 150, "context 150"), (f"{data}:s1@60", 60, "context 60"),
-        (f"{data}:s1@100", 100, "context 100"), (f"{data}:s2@60", 60, "context 60")]
+        (f"{data}:s0@60", 60, "context 60"),
+        (f"{data}:s0@100", 100, "context 100"),
+        (f"{data}:s0@150", 150, "context 150"),
+        (f"{data}:s1@60", 60, "context 60"),
+        (f"{data}:s1@100", 100, "context 100"),
+        (f"{data}:s2@60", 60, "context 60"),
+    ]
     assert report["depth_edges"] == [64, 128]
     expected: dict[str, list[int]] = {}
     for p in prompts:
@@ -178,7 +224,8 @@ def test_bench_accept_reports_acceptance_per_context_depth(pair, tmp_path) -> No
         assert bucket["rounds"] == len(mine)
         assert bucket["acceptance_length"] == pytest.approx(1 + sum(mine) / len(mine))
         assert bucket["per_position"] == pytest.approx(
-            [sum(a >= i for a in mine) / len(mine) for i in range(1, K + 1)])
+            [sum(a >= i for a in mine) / len(mine) for i in range(1, K + 1)]
+        )
     assert sum(b["rounds"] for b in report["depths"].values()) == report["rounds"]
     assert "per context depth in tokens" in result.stderr
     assert "64-128" in result.stderr
@@ -189,22 +236,42 @@ def test_bench_accept_reports_acceptance_per_context_depth(pair, tmp_path) -> No
     assert (depth_panel < 0.5).any()  # the axes, ticks and the line of that third panel
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--depth-buckets", "4096,1024"],
-     "--depth-buckets 4096,1024: the edges must be positive and strictly ascending"),
-    (["--context-tokens", "8192"],
-     "--context-tokens cuts the samples of --context-from DATASET: give the dataset"),
-    (["--context-from", "{data}"], "--context-from {data} needs --context-tokens"),
-    (["--context-from", "{root}/nope", "--context-tokens", "10"],
-     "--context-from {root}/nope: no such dataset directory"),
-    (["--context-from", "{data}", "--context-tokens", "10,many"],
-     "--context-tokens 10,many: expected token counts or last-turn"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--depth-buckets", "4096,1024"],
+            "--depth-buckets 4096,1024: the edges must be positive and strictly ascending",
+        ),
+        (
+            ["--context-tokens", "8192"],
+            "--context-tokens cuts the samples of --context-from DATASET: give the dataset",
+        ),
+        (["--context-from", "{data}"], "--context-from {data} needs --context-tokens"),
+        (
+            ["--context-from", "{root}/nope", "--context-tokens", "10"],
+            "--context-from {root}/nope: no such dataset directory",
+        ),
+        (
+            ["--context-from", "{data}", "--context-tokens", "10,many"],
+            "--context-tokens 10,many: expected token counts or last-turn",
+        ),
+    ],
+)
 def test_bad_depth_options_are_one_line_naming_the_flag(pair, args, message) -> None:
     fill = {k: str(v) for k, v in pair.items()}
-    result = CliRunner().invoke(app, ["bench", "accept", "--target", str(pair["target"]),
-                                      "--drafter", str(pair["drafter"]),
-                                      *(a.format(**fill) for a in args)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "accept",
+            "--target",
+            str(pair["target"]),
+            "--drafter",
+            str(pair["drafter"]),
+            *(a.format(**fill) for a in args),
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert message.format(**fill) in result.output
     assert "Traceback" not in result.output
@@ -222,11 +289,24 @@ def test_bench_server_buckets_the_engines_rounds_by_depth(pair) -> None:
     from eagle3kit.bench.contexts import DepthOptions
 
     def measure(per_request: bool) -> tuple[result.ServerReport, SpecServer]:
-        with SpecServer("vllm", tokenizer=str(pair["root"] / "tok"), k=K, mean_tokens=40,
-                        per_request_metrics=per_request) as srv:
-            report = server.run(server.ServerBenchConfig(
-                srv.url, [MT_BENCH], pair["root"] / "tok", max_new_tokens=24, max_samples=4,
-                depth=DepthOptions(depth_buckets="40,80"), output=OutputOptions(quiet=True)))
+        with SpecServer(
+            "vllm",
+            tokenizer=str(pair["root"] / "tok"),
+            k=K,
+            mean_tokens=40,
+            per_request_metrics=per_request,
+        ) as srv:
+            report = server.run(
+                server.ServerBenchConfig(
+                    srv.url,
+                    [MT_BENCH],
+                    pair["root"] / "tok",
+                    max_new_tokens=24,
+                    max_samples=4,
+                    depth=DepthOptions(depth_buckets="40,80"),
+                    output=OutputOptions(quiet=True),
+                )
+            )
         return report, srv
 
     report, srv = measure(True)
@@ -234,13 +314,15 @@ def test_bench_server_buckets_the_engines_rounds_by_depth(pair) -> None:
     for prompt_tokens, steps in srv.per_request:  # each answer's rounds, placed by hand
         depth = prompt_tokens + 1
         for accepted in steps:
-            expected.setdefault("<40" if depth < 40 else "40-80" if depth < 80 else ">=80",
-                                []).append(accepted)
+            expected.setdefault(
+                "<40" if depth < 40 else "40-80" if depth < 80 else ">=80", []
+            ).append(accepted)
             depth += accepted + 1
     assert len(srv.per_request) == 8 and len(expected) >= 2  # MT-bench's second turns go deeper
     assert report.depth_edges == [40, 80]
     assert {n: b["rounds"] for n, b in report.depths.items()} == {
-        n: len(a) for n, a in expected.items()}
+        n: len(a) for n, a in expected.items()
+    }
     for name, bucket in report.depths.items():
         mine = expected[name]
         assert bucket["acceptance_length"] == pytest.approx(1 + sum(mine) / len(mine))
@@ -249,8 +331,12 @@ def test_bench_server_buckets_the_engines_rounds_by_depth(pair) -> None:
     rounds = sum(b["rounds"] for b in report.depths.values())
     assert rounds == sum(len(r) for _, _, r in srv.log)
     assert report.acceptance_length == pytest.approx(
-        1 + sum(b["acceptance_length"] - 1 for b in report.depths.values()
-                for _ in range(b["rounds"])) / rounds)
+        1
+        + sum(
+            b["acceptance_length"] - 1 for b in report.depths.values() for _ in range(b["rounds"])
+        )
+        / rounds
+    )
     assert measure(False)[0].depths == {}  # a server that does not report its rounds
 
 
@@ -267,16 +353,26 @@ def test_train_predicts_per_depth_bucket_where_each_chain_starts() -> None:
     ids = torch.zeros(2, length, dtype=torch.long)
     mask = torch.zeros(2, length, dtype=torch.bool)
     for i, row in enumerate(rows):
-        ids[i, :len(row)] = torch.tensor(row)
-        mask[i, 3:len(row)] = True
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, 3 : len(row)] = True
     g = torch.Generator().manual_seed(0)
-    batch = TargetBatch(ids, mask, torch.tensor([15, 10]),
-                        torch.randn(2, length, 3 * hidden, generator=g),
-                        torch.randn(2, length, hidden, generator=g),
-                        torch.full((2, length), 63))  # the target never says what is drafted
-    target = LlamaConfig(vocab_size=64, hidden_size=hidden, intermediate_size=64,
-                         num_hidden_layers=8, num_attention_heads=2, num_key_value_heads=2,
-                         head_dim=16)
+    batch = TargetBatch(
+        ids,
+        mask,
+        torch.tensor([15, 10]),
+        torch.randn(2, length, 3 * hidden, generator=g),
+        torch.randn(2, length, hidden, generator=g),
+        torch.full((2, length), 63),
+    )  # the target never says what is drafted
+    target = LlamaConfig(
+        vocab_size=64,
+        hidden_size=hidden,
+        intermediate_size=64,
+        num_hidden_layers=8,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
     torch.manual_seed(0)
     # A draft vocabulary of the target's first 32 ids: its drafts are never the target's
     # token 63, so every round accepts nothing.
@@ -286,8 +382,7 @@ def test_train_predicts_per_depth_bucket_where_each_chain_starts() -> None:
     # depths 4..15 (row 1) and 4..10 (row 2).
     depths = result.extra["depths"]
     assert result.extra["depth_edges"] == [5, 10]
-    assert {name: b["chains"] for name, b in depths.items()} == {
-        "<5": 2, "5-10": 10, ">=10": 6 + 1}
+    assert {name: b["chains"] for name, b in depths.items()} == {"<5": 2, "5-10": 10, ">=10": 6 + 1}
     assert sum(b["chains"] for b in depths.values()) == result.chains == 19
     assert all(b["predicted_acceptance_length"] == 1.0 for b in depths.values())
     assert (depths[">=10"]["from"], depths[">=10"]["to"]) == (10, None)

@@ -26,8 +26,9 @@ from eagle3kit.bench import parity
 from eagle3kit.cli import app
 
 REPO = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("make_tiny_run",
-                                               REPO / "examples" / "make_tiny_run.py")
+_spec = importlib.util.spec_from_file_location(
+    "make_tiny_run", REPO / "examples" / "make_tiny_run.py"
+)
 make_tiny_run = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(make_tiny_run)
 
@@ -44,25 +45,45 @@ def world(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("parity")
     target = tiny.make_target(root / "target")
     make_tiny_run.make_run(root / "run", target, [2, 4, 5])
-    export.run(export.ExportConfig(root / "run", root / "export", format="vllm",
-                                   target=target, output=QUIET))
+    export.run(
+        export.ExportConfig(
+            root / "run", root / "export", format="vllm", target=target, output=QUIET
+        )
+    )
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"messages": m}) + "\n" for m in tiny.prompts(2)))
     return {"root": root, "target": target, "drafter": root / "export", "prompts": prompts}
 
 
-def gate(world: dict, srv: SpecServer, drafter: Path | None = None,
-         **options) -> parity.ParityReport:
-    return parity.run(parity.ParityConfig(
-        srv.url, [world["prompts"]], world["target"], drafter or world["drafter"],
-        max_new_tokens=6, device="cpu", output=QUIET, **options))
+def gate(
+    world: dict, srv: SpecServer, drafter: Path | None = None, **options
+) -> parity.ParityReport:
+    return parity.run(
+        parity.ParityConfig(
+            srv.url,
+            [world["prompts"]],
+            world["target"],
+            drafter or world["drafter"],
+            max_new_tokens=6,
+            device="cpu",
+            output=QUIET,
+            **options,
+        )
+    )
 
 
 def sglang(world: dict, accept=NEVER, **served) -> SpecServer:
-    info = {"model_path": str(world["target"]),
-            "speculative_draft_model_path": str(world["drafter"])} | served
-    return SpecServer("sglang", accept=accept, tokenizer=world["target"],
-                      model_name=str(world["target"]), served=info)
+    info = {
+        "model_path": str(world["target"]),
+        "speculative_draft_model_path": str(world["drafter"]),
+    } | served
+    return SpecServer(
+        "sglang",
+        accept=accept,
+        tokenizer=world["target"],
+        model_name=str(world["target"]),
+        served=info,
+    )
 
 
 def causes(report: parity.ParityReport) -> list[str]:
@@ -100,8 +121,10 @@ def test_a_disagreement_beyond_the_tolerance_fails(world) -> None:
         report = gate(world, srv)
     # the stand-in's rates are far above what the tiny drafter reaches offline
     assert not report.agree and report.differences["acceptance_length"] > 4 * report.tolerance
-    assert causes(report) == ["unexplained"] and "differs from the offline" in \
-        report.findings[0]["message"]
+    assert (
+        causes(report) == ["unexplained"]
+        and "differs from the offline" in report.findings[0]["message"]
+    )
     assert report.exit_code == 1
 
 
@@ -158,8 +181,10 @@ def test_each_broken_drafter_setting_is_named(world, tmp_path: Path, cause: str)
 
 SERVED = {
     "method": ({"speculative_algorithm": "EAGLE"}, "method 'eagle'"),
-    "served-drafter": ({"speculative_draft_model_path": "/models/another-drafter"},
-                       "another-drafter"),
+    "served-drafter": (
+        {"speculative_draft_model_path": "/models/another-drafter"},
+        "another-drafter",
+    ),
     "served-target": ({"model_path": "/models/another-target"}, "another-target"),
 }
 
@@ -175,13 +200,20 @@ def test_each_broken_served_setting_is_named(world, cause: str) -> None:
 
 
 def test_vllm_without_dev_mode_is_checked_from_the_speculative_config_given(world) -> None:
-    with SpecServer("vllm", accept=NEVER, tokenizer=world["target"],
-                    model_name=str(world["target"])) as srv:
+    with SpecServer(
+        "vllm", accept=NEVER, tokenizer=world["target"], model_name=str(world["target"])
+    ) as srv:
         unseen = gate(world, srv)
-        given = gate(world, srv, speculative_config=json.dumps(
-            {"method": "eagle", "model": str(world["drafter"]), "num_speculative_tokens": 3}))
-    assert unseen.served["source"] is None and any("VLLM_SERVER_DEV_MODE" in w
-                                                   for w in unseen.warnings)
+        given = gate(
+            world,
+            srv,
+            speculative_config=json.dumps(
+                {"method": "eagle", "model": str(world["drafter"]), "num_speculative_tokens": 3}
+            ),
+        )
+    assert unseen.served["source"] is None and any(
+        "VLLM_SERVER_DEV_MODE" in w for w in unseen.warnings
+    )
     assert given.served["source"] == "--speculative-config" and "method" in causes(given)
 
 
@@ -193,15 +225,19 @@ def test_a_variant_export_is_gated_and_a_lost_layout_flag_is_named(world, tmp_pa
     make_tiny_run.make_run(run_dir, world["target"], [2, 4, 5])
     drafter = run_dir / "drafter"
     config = json.loads((drafter / "config.json").read_text())
-    config["eagle3kit"]["drafter"].update(norm_before_residual=True, norm_before_fc=True,
-                                          norm_output=True)
+    config["eagle3kit"]["drafter"].update(
+        norm_before_residual=True, norm_before_fc=True, norm_output=True
+    )
     (drafter / "config.json").write_text(json.dumps(config))
     tensors = load_file(str(drafter / "model.safetensors"))
     torch.manual_seed(3)
     tensors["input_norm.weight"] = 1 + 0.3 * torch.randn(tensors["fc.weight"].shape[1])
     save_file(tensors, str(drafter / "model.safetensors"), metadata={"format": "pt"})
-    export.run(export.ExportConfig(run_dir, tmp_path / "export", format="vllm",
-                                   target=world["target"], output=QUIET))
+    export.run(
+        export.ExportConfig(
+            run_dir, tmp_path / "export", format="vllm", target=world["target"], output=QUIET
+        )
+    )
     sound = {**world, "drafter": tmp_path / "export"}
     lost = broken_copy(sound, tmp_path, lambda c: c.update(norm_output=False))
     from transformers import AutoTokenizer
@@ -210,17 +246,24 @@ def test_a_variant_export_is_gated_and_a_lost_layout_flag_is_named(world, tmp_pa
     reports = {}
     for name, served in (("sound", sound["drafter"]), ("lost", lost)):
         spec = {"method": "eagle3", "model": str(served), "num_speculative_tokens": 3}
-        with SpecServer("vllm", accept=NEVER, tokenizer=world["target"],
-                        model_name=str(world["target"]), served=spec,
-                        chat_tokenizer=tokenizer) as srv:
+        with SpecServer(
+            "vllm",
+            accept=NEVER,
+            tokenizer=world["target"],
+            model_name=str(world["target"]),
+            served=spec,
+            chat_tokenizer=tokenizer,
+        ) as srv:
             reports[name] = gate(world, srv, drafter=served)
     sound_causes = causes(reports["sound"])
     assert reports["sound"].agree and "norm" not in sound_causes, reports["sound"].findings
     assert "checkpoint" not in sound_causes and "served-drafter" not in sound_causes
     assert reports["sound"].offline["acceptance_length"] == pytest.approx(1.0)
     assert "norm" in causes(reports["lost"]) and "unexplained" not in causes(reports["lost"])
-    assert any("norm_output is false but the run trained with true" in f["message"]
-               for f in reports["lost"].findings)
+    assert any(
+        "norm_output is false but the run trained with true" in f["message"]
+        for f in reports["lost"].findings
+    )
 
 
 def test_the_server_chat_template_is_compared_with_the_runs(world) -> None:
@@ -230,9 +273,15 @@ def test_the_server_chat_template_is_compared_with_the_runs(world) -> None:
     served = {"method": "eagle3", "model": str(world["drafter"]), "num_speculative_tokens": 3}
     reports = {}
     for name, prefix in (("same", ()), ("bos", (7,))):
-        with SpecServer("vllm", accept=NEVER, tokenizer=world["target"],
-                        model_name=str(world["target"]), served=served,
-                        chat_tokenizer=tokenizer, chat_prefix=prefix) as srv:
+        with SpecServer(
+            "vllm",
+            accept=NEVER,
+            tokenizer=world["target"],
+            model_name=str(world["target"]),
+            served=served,
+            chat_tokenizer=tokenizer,
+            chat_prefix=prefix,
+        ) as srv:
             reports[name] = gate(world, srv)
     assert reports["same"].served["template_checked"]
     assert reports["same"].served["source"] == "vLLM /server_info"
@@ -243,10 +292,25 @@ def test_the_server_chat_template_is_compared_with_the_runs(world) -> None:
 
 def test_the_command_exits_1_and_names_the_cause(world) -> None:
     with sglang(world, speculative_algorithm="EAGLE") as srv:
-        result = CliRunner().invoke(app, [
-            "bench", "parity", str(world["prompts"]), "--server", srv.url,
-            "--target", str(world["target"]), "--drafter", str(world["drafter"]),
-            "--max-new-tokens", "6", "--device", "cpu", "--json"])
+        result = CliRunner().invoke(
+            app,
+            [
+                "bench",
+                "parity",
+                str(world["prompts"]),
+                "--server",
+                srv.url,
+                "--target",
+                str(world["target"]),
+                "--drafter",
+                str(world["drafter"]),
+                "--max-new-tokens",
+                "6",
+                "--device",
+                "cpu",
+                "--json",
+            ],
+        )
     assert result.exit_code == 1, result.output
     report = json.loads(result.stdout)
     assert report["passed"] is False and "method" in [f["cause"] for f in report["findings"]]
@@ -254,15 +318,38 @@ def test_the_command_exits_1_and_names_the_cause(world) -> None:
 
 
 def test_bad_input_is_one_message(world, tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, [
-        "bench", "parity", str(world["prompts"]), "--server", "http://127.0.0.1:9",
-        "--target", str(world["target"]), "--drafter", str(tmp_path / "none")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "parity",
+            str(world["prompts"]),
+            "--server",
+            "http://127.0.0.1:9",
+            "--target",
+            str(world["target"]),
+            "--drafter",
+            str(tmp_path / "none"),
+        ],
+    )
     assert result.exit_code == 2
     assert "--drafter" in result.stderr and "Traceback" not in result.output
-    result = CliRunner().invoke(app, [
-        "bench", "parity", str(world["prompts"]), "--server", "http://127.0.0.1:9",
-        "--target", str(world["target"]), "--drafter", str(world["drafter"]),
-        "--speculative-config", "{not json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "parity",
+            str(world["prompts"]),
+            "--server",
+            "http://127.0.0.1:9",
+            "--target",
+            str(world["target"]),
+            "--drafter",
+            str(world["drafter"]),
+            "--speculative-config",
+            "{not json",
+        ],
+    )
     assert result.exit_code == 2 and "--speculative-config" in result.stderr
 
 
@@ -272,35 +359,53 @@ def test_both_sides_are_compared_per_context_depth(world) -> None:
     differ (the stand-in accepts far more than the untrained drafter)."""
     from eagle3kit.bench.contexts import DepthOptions
 
-    with SpecServer("vllm", accept=(0.9, 0.8, 0.7), tokenizer=world["target"],
-                    model_name=str(world["target"]), per_request_metrics=True) as srv:
+    with SpecServer(
+        "vllm",
+        accept=(0.9, 0.8, 0.7),
+        tokenizer=world["target"],
+        model_name=str(world["target"]),
+        per_request_metrics=True,
+    ) as srv:
         report = gate(world, srv, depth=DepthOptions(depth_buckets="1,2"))
         quiet = gate(world, srv)  # the default buckets: every round under 1K
     # Every round is at least 2 tokens deep: all of them fall in the last bucket.
     assert list(report.depths) == [">=2"]
     side = report.depths[">=2"]
     assert side["offline"]["rounds"] == report.offline["rounds"]
-    assert side["engine"]["rounds"] == sum(len(r) for _, _, r in srv.log[:len(srv.log) // 2])
-    assert side["engine"]["acceptance_length"] == pytest.approx(
-        report.engine["acceptance_length"])
+    assert side["engine"]["rounds"] == sum(len(r) for _, _, r in srv.log[: len(srv.log) // 2])
+    assert side["engine"]["acceptance_length"] == pytest.approx(report.engine["acceptance_length"])
     assert side["difference"] == pytest.approx(
-        side["engine"]["acceptance_length"] - side["offline"]["acceptance_length"])
+        side["engine"]["acceptance_length"] - side["offline"]["acceptance_length"]
+    )
     assert any("at context depth >=2" in w for w in report.warnings), report.warnings
-    assert list(quiet.depths) == ["<1K"] and (quiet.depths["<1K"]["from"],
-                                             quiet.depths["<1K"]["to"]) == (0, 1024)
+    assert list(quiet.depths) == ["<1K"] and (
+        quiet.depths["<1K"]["from"],
+        quiet.depths["<1K"]["to"],
+    ) == (0, 1024)
+
+
 def test_sampled_gating_verifies_as_the_server_says_and_names_another_rule(world) -> None:
     """At temperature > 0 bench accept verifies by the rule the server was started with
     (vLLM's draft_sample_method, a missing key being its default greedy: onehot), reports
     the interval the engine's figure must fall in, and names a rule forced to differ."""
     spec = {"method": "eagle3", "model": str(world["drafter"]), "num_speculative_tokens": 3}
-    with SpecServer("vllm", accept=NEVER, tokenizer=world["target"],
-                    model_name=str(world["target"])) as srv:
+    with SpecServer(
+        "vllm", accept=NEVER, tokenizer=world["target"], model_name=str(world["target"])
+    ) as srv:
         default = gate(world, srv, temperature=0.8, speculative_config=json.dumps(spec))
-        served = gate(world, srv, temperature=0.8, speculative_config=json.dumps(
-            spec | {"draft_sample_method": "probabilistic"}))
-        forced = gate(world, srv, temperature=0.8, verify="onehot",
-                      speculative_config=json.dumps(
-                          spec | {"draft_sample_method": "probabilistic"}))
+        served = gate(
+            world,
+            srv,
+            temperature=0.8,
+            speculative_config=json.dumps(spec | {"draft_sample_method": "probabilistic"}),
+        )
+        forced = gate(
+            world,
+            srv,
+            temperature=0.8,
+            verify="onehot",
+            speculative_config=json.dumps(spec | {"draft_sample_method": "probabilistic"}),
+        )
     assert default.verify == "onehot" and default.served["verify"] == "onehot"
     assert served.verify == "probabilistic" and "verification" not in causes(served)
     assert forced.verify == "onehot" and "verification" in causes(forced)
@@ -310,22 +415,38 @@ def test_sampled_gating_verifies_as_the_server_says_and_names_another_rule(world
         assert interval["offline_rounds"] == report.offline["rounds"] > 0
         assert interval["low"] <= report.offline["acceptance_length"] <= interval["high"]
     zero = None
-    with SpecServer("vllm", accept=NEVER, tokenizer=world["target"],
-                    model_name=str(world["target"])) as srv:
+    with SpecServer(
+        "vllm", accept=NEVER, tokenizer=world["target"], model_name=str(world["target"])
+    ) as srv:
         zero = gate(world, srv, speculative_config=json.dumps(spec))
     assert zero.interval is None and zero.verify is None and zero.temperature == 0.0
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--temperature", "-1"], "--temperature must be >= 0 (got -1.0)"),
-    (["--verify", "greedy"], "--verify must be one of auto, onehot, probabilistic, sglang"),
-    (["--top-p", "1.5"], "--top-p must be in (0, 1] (got 1.5)"),
-    (["--top-k", "0"], "--top-k must be -1 (off) or at least 1 (got 0)"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--temperature", "-1"], "--temperature must be >= 0 (got -1.0)"),
+        (["--verify", "greedy"], "--verify must be one of auto, onehot, probabilistic, sglang"),
+        (["--top-p", "1.5"], "--top-p must be in (0, 1] (got 1.5)"),
+        (["--top-k", "0"], "--top-k must be -1 (off) or at least 1 (got 0)"),
+    ],
+)
 def test_bad_sampling_flags_are_one_message(world, args: list[str], message: str) -> None:
-    result = CliRunner().invoke(app, [
-        "bench", "parity", str(world["prompts"]), "--server", "http://127.0.0.1:9",
-        "--target", str(world["target"]), "--drafter", str(world["drafter"]), *args])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "parity",
+            str(world["prompts"]),
+            "--server",
+            "http://127.0.0.1:9",
+            "--target",
+            str(world["target"]),
+            "--drafter",
+            str(world["drafter"]),
+            *args,
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert message in result.stderr and "Traceback" not in result.output
 
@@ -375,8 +496,11 @@ def certain(world) -> dict[str, Path]:
     weights["lm_head.weight"].zero_()
     weights["lm_head.weight"][draft_id, 0] = 10.0
     save_file(weights, str(drafter), metadata={"format": "pt"})
-    export.run(export.ExportConfig(root / "run", root / "export", format="vllm",
-                                   target=target, output=QUIET))
+    export.run(
+        export.ExportConfig(
+            root / "run", root / "export", format="vllm", target=target, output=QUIET
+        )
+    )
     return {**world, "target": target, "drafter": root / "export"}
 
 
@@ -385,23 +509,48 @@ def vllm_cpu(world: dict, accept=ALWAYS, sampled=NEVER) -> SpecServer:
     `sampled`'s above it (NEVER: the CPU build's broken expand kernel, vllm#55005)."""
     from transformers import AutoTokenizer
 
-    return SpecServer("vllm", accept=accept, sampled_accept=sampled, tokenizer=world["target"],
-                      model_name=str(world["target"]), context_length=2048,
-                      chat_tokenizer=AutoTokenizer.from_pretrained(world["target"]))
+    return SpecServer(
+        "vllm",
+        accept=accept,
+        sampled_accept=sampled,
+        tokenizer=world["target"],
+        model_name=str(world["target"]),
+        context_length=2048,
+        chat_tokenizer=AutoTokenizer.from_pretrained(world["target"]),
+    )
 
 
 def greedy_requests(srv: SpecServer) -> int:
-    return sum(r["path"] == "/v1/completions" and r["body"]["temperature"] == 0
-               for r in srv.requests)
+    return sum(
+        r["path"] == "/v1/completions" and r["body"]["temperature"] == 0 for r in srv.requests
+    )
 
 
 def test_an_engine_that_keeps_no_sampled_drafts_but_agrees_at_temperature_0_is_named(
-        certain) -> None:
+    certain,
+) -> None:
     with vllm_cpu(certain) as srv:
-        result = CliRunner().invoke(app, [
-            "bench", "parity", str(certain["prompts"]), "--server", srv.url,
-            "--target", str(certain["target"]), "--drafter", str(certain["drafter"]),
-            "--temperature", "1", "--max-new-tokens", "6", "--device", "cpu", "--json"])
+        result = CliRunner().invoke(
+            app,
+            [
+                "bench",
+                "parity",
+                str(certain["prompts"]),
+                "--server",
+                srv.url,
+                "--target",
+                str(certain["target"]),
+                "--drafter",
+                str(certain["drafter"]),
+                "--temperature",
+                "1",
+                "--max-new-tokens",
+                "6",
+                "--device",
+                "cpu",
+                "--json",
+            ],
+        )
         probed = greedy_requests(srv)
     assert result.exit_code == 1, result.output
     report = json.loads(result.stdout)
@@ -437,5 +586,5 @@ def test_every_cause_has_its_troubleshooting_entry() -> None:
     from eagle3kit.bench.diagnose import CAUSES
 
     page = (REPO / "docs" / "troubleshooting.md").read_text()
-    table = page[page.index("## bench parity: the causes it names"):]
+    table = page[page.index("## bench parity: the causes it names") :]
     assert [c for c in CAUSES if f"| `{c}` |" not in table] == []

@@ -65,8 +65,10 @@ def test_a_template_without_think_in_the_prompt_starts_in_the_answer(tok) -> Non
     phases = round_phases(prompt, tokens, [0, 0, 0, 0, 0], markers)
     assert phases[0] == "think"  # tokens[0] is <think>: the first round drafts inside it
     assert phases[-1] == "answer"
-    assert round_phases(prompt, ids(tok, "plain text here"), [0, 0], markers) == \
-        ["answer", "answer"]
+    assert round_phases(prompt, ids(tok, "plain text here"), [0, 0], markers) == [
+        "answer",
+        "answer",
+    ]
 
 
 @pytest.mark.parametrize("pair", THINK_MARKER_PAIRS)

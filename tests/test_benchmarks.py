@@ -25,8 +25,13 @@ def test_the_folder_is_found() -> None:
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_every_benchmark_answers_help(script: Path, tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True,
-                          text=True, cwd=tmp_path, timeout=240)
+    done = subprocess.run(
+        [sys.executable, str(script), "--help"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"usage: {script.name} [-h]"), done.stdout
     assert "Traceback" not in done.stderr
@@ -36,9 +41,20 @@ def test_every_benchmark_answers_help(script: Path, tmp_path: Path) -> None:
 def test_long_context_bench_quick_form(tmp_path: Path) -> None:
     """The long-context benchmark end to end in its quick form (a minute): the three
     trainings see the same tokens, and each gives an acceptance length per depth bucket."""
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "long_context_bench.py"), "--quick",
-                           "--json", "--workdir", str(tmp_path / "work")],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=840)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "long_context_bench.py"),
+            "--quick",
+            "--json",
+            "--workdir",
+            str(tmp_path / "work"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=840,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     variants = report["variants"]

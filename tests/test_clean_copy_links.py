@@ -18,8 +18,12 @@ SECRET = b"-----BEGIN OPENSSH PRIVATE KEY----- not to be shared\n"
 
 
 def eagle3kit(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "eagle3kit", *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def dataset(path: Path, tokenizer_files: list[Path]) -> Path:
@@ -62,8 +66,10 @@ def test_a_linked_file_in_tokenizer_is_not_copied(tmp_path, secret):
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     assert holds_secret(clean) == []
-    assert (f"warning: {link}: a symbolic link (to {secret}); not copied into the clean copy"
-            in proc.stderr.splitlines())
+    assert (
+        f"warning: {link}: a symbolic link (to {secret}); not copied into the clean copy"
+        in proc.stderr.splitlines()
+    )
     assert sorted(p.name for p in (clean / "tokenizer").iterdir()) == ["chat_template.jinja"]
     assert (clean / "tokenizer" / "chat_template.jinja").read_bytes() == template.read_bytes()
 
@@ -76,6 +82,8 @@ def test_a_linked_tokenizer_folder_is_not_copied(tmp_path, secret):
     proc = eagle3kit("validate", ds, "--write-clean", clean)
     assert "Traceback" not in proc.stderr
     assert holds_secret(clean) == []
-    assert (f"warning: {ds / 'tokenizer'}: a symbolic link (to {secret.parent}); the clean "
-            "copy has no stored tokenizer" in proc.stderr.splitlines()), proc.stderr
+    assert (
+        f"warning: {ds / 'tokenizer'}: a symbolic link (to {secret.parent}); the clean "
+        "copy has no stored tokenizer" in proc.stderr.splitlines()
+    ), proc.stderr
     assert not (clean / "tokenizer").exists()

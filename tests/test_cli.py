@@ -8,38 +8,56 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from eagle3kit import __version__
 
 
 def eagle3kit(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
-    return subprocess.run([sys.executable, "-m", "eagle3kit", *args], capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        timeout=120,
+    )
 
 
 def write_jsonl(path: Path, n: int = 20) -> Path:
     with open(path, "wb") as f:
         for i in range(n):
-            f.write(orjson.dumps({"sample_id": f"s{i}", "prompt_ids": [1, 2, i],
-                                  "completion_ids": list(range(i + 1)), "finish_reason": "stop",
-                                  "partition": "even" if i % 2 == 0 else "odd",
-                                  "metadata": {}}) + b"\n")
+            f.write(
+                orjson.dumps(
+                    {
+                        "sample_id": f"s{i}",
+                        "prompt_ids": [1, 2, i],
+                        "completion_ids": list(range(i + 1)),
+                        "finish_reason": "stop",
+                        "partition": "even" if i % 2 == 0 else "odd",
+                        "metadata": {},
+                    }
+                )
+                + b"\n"
+            )
     return path
 
 
 def test_help_does_not_import_torch_or_transformers():
     """`eagle3kit --help` imports no stage; a stage's --help imports only its config (to show
     the config's defaults), never torch or transformers."""
-    code = ("import sys\nfrom eagle3kit.cli import app\n"
-            "def show(*argv):\n"
-            "    try:\n        app([*argv, '--help'])\n    except SystemExit:\n        pass\n"
-            "    print(argv, sorted(m for m in ('torch', 'transformers', 'numpy')\n"
-            "                       if m in sys.modules))\n"
-            "show()\n"
-            "for sub in ('info', 'convert', 'validate', 'gen', 'plan', 'extract', 'train',\n"
-            "            'export', 'quickstart'):\n"
-            "    show(sub)\n"
-            "show('bench', 'accept')\nshow('bench', 'server')\n")
+    code = (
+        "import sys\nfrom eagle3kit.cli import app\n"
+        "def show(*argv):\n"
+        "    try:\n        app([*argv, '--help'])\n    except SystemExit:\n        pass\n"
+        "    print(argv, sorted(m for m in ('torch', 'transformers', 'numpy')\n"
+        "                       if m in sys.modules))\n"
+        "show()\n"
+        "for sub in ('info', 'convert', 'validate', 'gen', 'plan', 'extract', 'train',\n"
+        "            'export', 'quickstart'):\n"
+        "    show(sub)\n"
+        "show('bench', 'accept')\nshow('bench', 'server')\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     lines = [line for line in out.stdout.splitlines() if line.startswith("(")]
     assert lines[0] == "() []", lines[0]  # the top level: not even numpy
@@ -49,8 +67,10 @@ def test_help_does_not_import_torch_or_transformers():
 def test_validate_help_loads_no_numpy():
     """validate's config lists its check names itself, so its --help loads none of the
     checks (numpy): before, the names came from the checks' registry."""
-    code = ("import sys\nfrom eagle3kit.cli import app\ntry:\n    app(['validate', '--help'])\n"
-            "except SystemExit:\n    pass\nprint('numpy' in sys.modules)\n")
+    code = (
+        "import sys\nfrom eagle3kit.cli import app\ntry:\n    app(['validate', '--help'])\n"
+        "except SystemExit:\n    pass\nprint('numpy' in sys.modules)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines()[-1] == "False"
 
@@ -58,8 +78,10 @@ def test_validate_help_loads_no_numpy():
 def test_a_lazy_face_keeps_its_functions_over_their_submodules():
     """validate's face loads run.py on first use; reading `validate` first must not leave
     `eagle3kit.validate.run` the submodule that import bound on the package."""
-    code = ("import eagle3kit.validate as face\nfrom eagle3kit.validate import validate\n"
-            "print(callable(face.run), face.run.__module__, validate.__module__)\n")
+    code = (
+        "import eagle3kit.validate as face\nfrom eagle3kit.validate import validate\n"
+        "print(callable(face.run), face.run.__module__, validate.__module__)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "eagle3kit.validate.run", "eagle3kit.validate.run"]
 
@@ -134,27 +156,40 @@ def test_rerun_continues_and_overwrite_starts_afresh(tmp_path):
     assert orjson.loads(eagle3kit("info", ds, "--json").stdout)["samples"] == 20
 
 
-def test_ruff_is_clean():
+@pytest.mark.parametrize(
+    "command", [["check", "."], ["format", "--check", "."]], ids=["check", "format"]
+)
+def test_ruff_is_clean(command: list[str]):
+    """The lint rules and the formatter both hold over the repository (CI runs this test)."""
     root = Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=root,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", *command], cwd=root, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 REFUSALS = [  # a mistyped path for each stage: refused by name before torch is imported
     (["train", "{x}/no-data", "{x}/run", "--target", "{x}/no-target"], "{x}/no-data"),
     (["export", "{x}/no-run", "{x}/out"], "{x}/no-run: no such run directory"),
-    (["bench", "accept", "{x}/no.jsonl", "--target", "{x}", "--drafter", "{x}"],
-     "{x}/no.jsonl: no such prompt file"),
-    (["bench", "server", "{x}/no.jsonl", "--server", "http://127.0.0.1:9", "--tokenizer",
-      "{x}"], "{x}/no.jsonl: no such prompt file"),
-    (["extract", "{x}/no-tokens", "{x}/out", "--target", "{x}/no-target"],
-     "--target {x}/no-target: no such directory"),
+    (
+        ["bench", "accept", "{x}/no.jsonl", "--target", "{x}", "--drafter", "{x}"],
+        "{x}/no.jsonl: no such prompt file",
+    ),
+    (
+        ["bench", "server", "{x}/no.jsonl", "--server", "http://127.0.0.1:9", "--tokenizer", "{x}"],
+        "{x}/no.jsonl: no such prompt file",
+    ),
+    (
+        ["extract", "{x}/no-tokens", "{x}/out", "--target", "{x}/no-target"],
+        "--target {x}/no-target: no such directory",
+    ),
     (["info", "{x}/nothing"], "{x}/nothing: no such directory"),
     (["validate", "{x}/nothing"], "{x}/nothing"),
     (["convert", "{x}/no.jsonl", "{x}/out"], "{x}/no.jsonl"),
-    (["gen", "{x}/no.jsonl", "{x}/out", "--server", "http://127.0.0.1:9", "--tokenizer", "{x}"],
-     "{x}/no.jsonl: no such prompt file"),
+    (
+        ["gen", "{x}/no.jsonl", "{x}/out", "--server", "http://127.0.0.1:9", "--tokenizer", "{x}"],
+        "{x}/no.jsonl: no such prompt file",
+    ),
 ]
 
 
@@ -162,16 +197,22 @@ def test_mistyped_paths_are_refused_before_torch_loads(tmp_path):
     """Each stage checks its paths in its config, so a typo costs a second, not the 7-22 s of
     importing torch and transformers first. One process runs them all in turn and reports,
     after each, whether torch or transformers had been imported."""
-    code = ("import json, sys\nfrom eagle3kit.cli import main\n"
-            "for argv in json.loads(sys.argv[1]):\n"
-            "    sys.argv = ['eagle3kit', *argv]\n"
-            "    try:\n        main()\n    except SystemExit as exc:\n"
-            "        status = exc.code\n"
-            "    heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
-            "    print(json.dumps([status, heavy]), flush=True)\n")
+    code = (
+        "import json, sys\nfrom eagle3kit.cli import main\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    sys.argv = ['eagle3kit', *argv]\n"
+        "    try:\n        main()\n    except SystemExit as exc:\n"
+        "        status = exc.code\n"
+        "    heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
+        "    print(json.dumps([status, heavy]), flush=True)\n"
+    )
     argvs = [[a.format(x=tmp_path) for a in argv] for argv, _ in REFUSALS]
-    out = subprocess.run([sys.executable, "-c", code, orjson.dumps(argvs).decode()],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code, orjson.dumps(argvs).decode()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     results = [orjson.loads(line) for line in out.stdout.splitlines()]
     assert len(results) == len(REFUSALS), out.stderr
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]

@@ -32,20 +32,34 @@ REPO = Path(__file__).resolve().parent.parent
 SCALE = REPO / "docs" / "running-at-scale.md"
 
 
-def eagle3kit(*args: str, cwd: Path | None = None, **extra_env: str
-              ) -> subprocess.CompletedProcess:
+def eagle3kit(*args: str, cwd: Path | None = None, **extra_env: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **extra_env)
-    return subprocess.run([sys.executable, "-m", "eagle3kit", *args], capture_output=True,
-                          text=True, env=env, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 def write_jsonl(path: Path, n: int = 20) -> Path:
     with open(path, "wb") as f:
         for i in range(n):
-            f.write(orjson.dumps({"sample_id": f"s{i}", "prompt_ids": [1, 2, i],
-                                  "completion_ids": list(range(i + 1)), "finish_reason": "stop",
-                                  "metadata": {}}) + b"\n")
+            f.write(
+                orjson.dumps(
+                    {
+                        "sample_id": f"s{i}",
+                        "prompt_ids": [1, 2, i],
+                        "completion_ids": list(range(i + 1)),
+                        "finish_reason": "stop",
+                        "metadata": {},
+                    }
+                )
+                + b"\n"
+            )
     return path
 
 
@@ -54,8 +68,11 @@ def shards(dataset: Path) -> int:
 
 
 def command_paths() -> list[tuple[str, ...]]:
-    return [(name, *sub) for name, stage in STAGES.items()
-            for sub in ([(s,) for s in stage.stages] if isinstance(stage, Group) else [()])]
+    return [
+        (name, *sub)
+        for name, stage in STAGES.items()
+        for sub in ([(s,) for s in stage.stages] if isinstance(stage, Group) else [()])
+    ]
 
 
 @pytest.mark.parametrize("path", command_paths(), ids=" ".join)
@@ -68,8 +85,9 @@ def test_every_command_takes_config(path):
 
 def test_toml_gives_options_and_positionals(tmp_path):
     write_jsonl(tmp_path / "in.jsonl")
-    (tmp_path / "c.toml").write_text('src = "in.jsonl"\ndst = "ds"\ncommit-every = 7\n'
-                                     "json = true\n")
+    (tmp_path / "c.toml").write_text(
+        'src = "in.jsonl"\ndst = "ds"\ncommit-every = 7\njson = true\n'
+    )
     result = eagle3kit("convert", "--config", "c.toml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["written"] == 20  # json = true: the result on stdout
@@ -79,32 +97,40 @@ def test_toml_gives_options_and_positionals(tmp_path):
 def test_yaml_with_underscores_and_a_list_for_a_comma_option(tmp_path):
     write_jsonl(tmp_path / "in.jsonl")
     assert eagle3kit("convert", "in.jsonl", "ds", cwd=tmp_path).returncode == 0
-    (tmp_path / "v.yaml").write_text("path: ds\nonly: [integrity, structure]\njson: true\n"
-                                     "max_truncation: 0.5\n")
+    (tmp_path / "v.yaml").write_text(
+        "path: ds\nonly: [integrity, structure]\njson: true\nmax_truncation: 0.5\n"
+    )
     result = eagle3kit("validate", "--config", "v.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert [c["name"] for c in json.loads(result.stdout)["checks"]] == ["integrity",
-                                                                        "structure"]
+    assert [c["name"] for c in json.loads(result.stdout)["checks"]] == ["integrity", "structure"]
 
 
 def test_the_command_line_overrides_the_file(tmp_path):
     write_jsonl(tmp_path / "in.jsonl")
     (tmp_path / "c.toml").write_text('src = "in.jsonl"\ndst = "ds"\ncommit_every = 7\n')
-    result = eagle3kit("convert", "--config", "c.toml", "in.jsonl", "other",
-                       "--commit-every", "5", cwd=tmp_path)
+    result = eagle3kit(
+        "convert", "--config", "c.toml", "in.jsonl", "other", "--commit-every", "5", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert shards(tmp_path / "other") == 4 and not (tmp_path / "ds").exists()
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ('src = "in.jsonl"\ndst = "ds"\ncomit-every = 7\n',
-     "unknown key 'comit-every' (did you mean 'commit-every'?)"),
-    ('src = "in.jsonl"\ndst = "ds"\ncommit-every = "many"\n', "'commit-every': "),
-    ('src = "in.jsonl"\ndst = "ds"\njson = "yes"\n', "'json' is a flag: true or false"),
-    ('src = "in.jsonl"\ndst = "ds"\ncommit-every = 7\ncommit_every = 8\n',
-     "'commit_every' and 'commit-every' set the same option"),
-    ('src = ["in.jsonl"\n', "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            'src = "in.jsonl"\ndst = "ds"\ncomit-every = 7\n',
+            "unknown key 'comit-every' (did you mean 'commit-every'?)",
+        ),
+        ('src = "in.jsonl"\ndst = "ds"\ncommit-every = "many"\n', "'commit-every': "),
+        ('src = "in.jsonl"\ndst = "ds"\njson = "yes"\n', "'json' is a flag: true or false"),
+        (
+            'src = "in.jsonl"\ndst = "ds"\ncommit-every = 7\ncommit_every = 8\n',
+            "'commit_every' and 'commit-every' set the same option",
+        ),
+        ('src = ["in.jsonl"\n', "not valid TOML"),
+    ],
+)
 def test_a_bad_file_is_one_line_naming_it_and_writes_nothing(tmp_path, text, message):
     write_jsonl(tmp_path / "in.jsonl")
     (tmp_path / "c.toml").write_text(text)
@@ -126,24 +152,26 @@ def test_a_missing_file_or_an_unknown_kind_is_refused(tmp_path):
 def test_a_dataset_manifest_replays_its_config_and_names_what_it_cannot(tmp_path):
     write_jsonl(tmp_path / "in.jsonl")
     assert eagle3kit("convert", "in.jsonl", "ds", cwd=tmp_path).returncode == 0
-    result = eagle3kit("convert", "--config", "ds/manifest.json", "in.jsonl", "again",
-                       cwd=tmp_path)
+    result = eagle3kit("convert", "--config", "ds/manifest.json", "in.jsonl", "again", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert ("--config ds/manifest.json: recorded, not replayed (not options here, "
-            "or the command line's alone): stage, source") in result.stderr
+    assert (
+        "--config ds/manifest.json: recorded, not replayed (not options here, "
+        "or the command line's alone): stage, source"
+    ) in result.stderr
 
 
 @pytest.mark.parametrize("suffix", [".toml", ".yaml"])
 def test_a_settings_file_cannot_allow_a_models_code(tmp_path, suffix):
     # Consent to run code comes from the command line only (docs/security.md).
     write_jsonl(tmp_path / "in.jsonl")
-    text = ('trust-remote-code = true\n' if suffix == ".toml" else 'trust-remote-code: true\n')
+    text = "trust-remote-code = true\n" if suffix == ".toml" else "trust-remote-code: true\n"
     (tmp_path / f"c{suffix}").write_text(text)
     result = eagle3kit("convert", "--config", f"c{suffix}", "in.jsonl", "ds", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == (
         f"error: --config c{suffix}: 'trust-remote-code' is taken from the command line only "
-        "(it lets a model's own code run): type --trust-remote-code (docs/security.md)")
+        "(it lets a model's own code run): type --trust-remote-code (docs/security.md)"
+    )
     assert not (tmp_path / "ds").exists()
 
 
@@ -153,8 +181,10 @@ def test_a_recorded_run_does_not_replay_its_consent(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps(record))
     result = eagle3kit("convert", "--config", "run.json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert ("--config run.json: recorded, not replayed (not options here, or the command "
-            "line's alone): trust_remote_code") in result.stderr
+    assert (
+        "--config run.json: recorded, not replayed (not options here, or the command "
+        "line's alone): trust_remote_code"
+    ) in result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -179,11 +209,32 @@ def tiny(tmp_path_factory):
 
 
 def test_train_repeats_a_run_from_its_own_run_json(tiny, tmp_path):
-    first = eagle3kit("train", str(tiny / "tokens"), str(tmp_path / "run"), "--online",
-                      "--target", str(tiny / "target"), "--layers", "1,2,3", "--max-steps", "2",
-                      "--device", "cpu", "--batch-tokens", "256", "--draft-vocab", "64",
-                      "--eval-split", "0", "--lr", "3e-4", "--schedule", "constant",
-                      "--no-fc-norm", "-q")
+    first = eagle3kit(
+        "train",
+        str(tiny / "tokens"),
+        str(tmp_path / "run"),
+        "--online",
+        "--target",
+        str(tiny / "target"),
+        "--layers",
+        "1,2,3",
+        "--max-steps",
+        "2",
+        "--device",
+        "cpu",
+        "--batch-tokens",
+        "256",
+        "--draft-vocab",
+        "64",
+        "--eval-split",
+        "0",
+        "--lr",
+        "3e-4",
+        "--schedule",
+        "constant",
+        "--no-fc-norm",
+        "-q",
+    )
     assert first.returncode == 0, first.stderr
     recorded = tmp_path / "recorded.json"
     shutil.copy(tmp_path / "run" / "run.json", recorded)
@@ -191,14 +242,24 @@ def test_train_repeats_a_run_from_its_own_run_json(tiny, tmp_path):
     again = eagle3kit("train", "--config", str(recorded))
     assert again.returncode == 0, again.stderr
     # How the output was opened is the command line's alone (a recorded --force is not).
-    assert (f"--config {recorded}: recorded, not replayed (not options here, or the command "
-            "line's alone): write\n") in again.stderr
+    assert (
+        f"--config {recorded}: recorded, not replayed (not options here, or the command "
+        "line's alone): write\n"
+    ) in again.stderr
     before, after = (json.loads(p.read_bytes()) for p in (recorded, tmp_path / "run/run.json"))
     assert after["settings"] == before["settings"] and after["config"] == before["config"]
     assert after["config"]["fc_norm"] is False and after["config"]["layers"] == [1, 2, 3]
     # The command line overrides the recorded run: another run directory, more steps.
-    other = eagle3kit("train", "--config", str(recorded), str(tiny / "tokens"),
-                      str(tmp_path / "other"), "--max-steps", "3", "-q")
+    other = eagle3kit(
+        "train",
+        "--config",
+        str(recorded),
+        str(tiny / "tokens"),
+        str(tmp_path / "other"),
+        "--max-steps",
+        "3",
+        "-q",
+    )
     assert other.returncode == 0, other.stderr
     changed = json.loads((tmp_path / "other/run.json").read_bytes())["config"]
     assert {k for k in changed if changed[k] != before["config"][k]} == {"out", "max_steps"}
@@ -214,17 +275,18 @@ def _recipe_toml() -> str:
 
 def _recipe_online_train_line() -> list[str]:
     text = SCALE.read_text()
-    line = next(ln for ln in text.splitlines()
-                if "eagle3kit train tokens run" in ln and "--online" in ln)
+    line = next(
+        ln for ln in text.splitlines() if "eagle3kit train tokens run" in ln and "--online" in ln
+    )
     words = shlex.split(line)
-    return words[words.index("eagle3kit") + 2:]
+    return words[words.index("eagle3kit") + 2 :]
 
 
 def _recipe_settings_line() -> list[str]:
     """The recipe's `train --config kimi-train.toml ...` command."""
     line = next(iter(re.findall(r"`([^`]*--config kimi-train.toml[^`]*)`", SCALE.read_text())))
     words = shlex.split(line)
-    return words[words.index("eagle3kit") + 1:]
+    return words[words.index("eagle3kit") + 1 :]
 
 
 def _train_config(args: list[str]) -> TrainConfig:
@@ -253,9 +315,15 @@ def test_the_recipes_settings_file_is_the_recipes_command_line(tmp_path, monkeyp
     assert from_file.fsdp and from_file.online and from_file.trust_remote_code
 
 
-@pytest.mark.parametrize(("text", "verify"), [
-    ("verify = false", False), ("no-verify = true", False), ("verify = true", True), ("", True),
-])
+@pytest.mark.parametrize(
+    ("text", "verify"),
+    [
+        ("verify = false", False),
+        ("no-verify = true", False),
+        ("verify = true", True),
+        ("", True),
+    ],
+)
 def test_a_no_flag_by_its_field_name_or_its_own(tmp_path, monkeypatch, text, verify):
     """info's `--no-verify` fills the field `verify`: `verify = false` is the flag given."""
     from eagle3kit.info import InfoConfig
@@ -284,8 +352,11 @@ def marked() -> list[tuple[tuple[str, ...], str, str]]:
     for path in command_paths():
         stage = STAGES[path[0]]
         stage = stage.stages[path[1]] if isinstance(stage, Group) else stage
-        found += [(path, o.field.name, o.cli.cli_only) for o in options(load(stage.config))
-                  if o.cli.cli_only]
+        found += [
+            (path, o.field.name, o.cli.cli_only)
+            for o in options(load(stage.config))
+            if o.cli.cli_only
+        ]
     return found
 
 
@@ -293,24 +364,34 @@ def spellings(command, field: str) -> list[str]:
     """Every key the loader takes for the option filling `field`."""
     param = next(p for p in command.params if p.name == field)
     names = {field, field.replace("_", "-")}
-    names |= {f[2:] for f in [*param.opts, *getattr(param, "secondary_opts", ())]
-              if f.startswith("--")}
+    names |= {
+        f[2:] for f in [*param.opts, *getattr(param, "secondary_opts", ())] if f.startswith("--")
+    }
     return sorted(names)
 
 
 def test_the_marks_cover_what_the_issue_names():
     """The options issue 38 found replayed are among the marked, on every command with them."""
     fields = {(p[0], f) for p, f, _ in marked()}
-    assert {("train", "servers"), ("train", "hidden_states_dir"), ("train", "report_to"),
-            ("train", "api_key"), ("convert", "overwrite"), ("export", "overwrite"),
-            ("export", "overwrite_dir"), ("gen", "resume"), ("gen", "force"),
-            ("extract", "server"), ("quickstart", "overwrite")} <= fields
+    assert {
+        ("train", "servers"),
+        ("train", "hidden_states_dir"),
+        ("train", "report_to"),
+        ("train", "api_key"),
+        ("convert", "overwrite"),
+        ("export", "overwrite"),
+        ("export", "overwrite_dir"),
+        ("gen", "resume"),
+        ("gen", "force"),
+        ("extract", "server"),
+        ("quickstart", "overwrite"),
+    } <= fields
 
 
-@pytest.mark.parametrize(("path", "field", "why"), marked(),
-                         ids=lambda v: " ".join(v) if isinstance(v, tuple) else v)
-def test_every_command_line_only_option_is_refused_from_a_file(tmp_path, capsys, path, field,
-                                                               why):
+@pytest.mark.parametrize(
+    ("path", "field", "why"), marked(), ids=lambda v: " ".join(v) if isinstance(v, tuple) else v
+)
+def test_every_command_line_only_option_is_refused_from_a_file(tmp_path, capsys, path, field, why):
     """Under every spelling, in each format and nested in a table: one line naming the key
     and the flag, before anything else is read; a recorded run drops it with a note."""
     from eagle3kit._command import file_defaults, setting_keys
@@ -319,8 +400,7 @@ def test_every_command_line_only_option_is_refused_from_a_file(tmp_path, capsys,
     command.params  # noqa: B018 - made from the config on first use
     param = next(p for p in command.params if p.name == field)
     flag = next(f for f in param.opts if f.startswith("--"))
-    value = ["x"] if param.multiple or param.nargs == -1 else \
-        True if param.is_flag else "x"
+    value = ["x"] if param.multiple or param.nargs == -1 else True if param.is_flag else "x"
     for n, key in enumerate(spellings(command, field)):
         cases = [
             (f"c{n}.toml", f"{key} = {json.dumps(value)}\n", key),
@@ -335,8 +415,10 @@ def test_every_command_line_only_option_is_refused_from_a_file(tmp_path, capsys,
             assert exited.value.exit_code == 2
             err = capsys.readouterr().err
             assert err.count("\n") == 1, err
-            assert f"--config {tmp_path / name}: '{shown}' is taken from the command line " \
-                   f"only ({CLI_ONLY[why]}): type {flag}" in err, err
+            assert (
+                f"--config {tmp_path / name}: '{shown}' is taken from the command line "
+                f"only ({CLI_ONLY[why]}): type {flag}" in err
+            ), err
         # A recorded run (run.json's or manifest.json's `config`): dropped, named in the note.
         keys = setting_keys(command.params, command.option_list)
         defaults, skipped = file_defaults(None, {key: value}, True, Path("run.json"), keys)
@@ -367,7 +449,8 @@ def test_a_settings_toml_cannot_overwrite(tmp_path):
     assert result.returncode == 2
     assert result.stderr == (
         "error: --config s.toml: 'overwrite' is taken from the command line only (it gives "
-        "leave to delete or replace what is there): type --overwrite (docs/security.md)\n")
+        "leave to delete or replace what is there): type --overwrite (docs/security.md)\n"
+    )
     assert _samples(tmp_path / "mine") == 40
 
 
@@ -385,8 +468,9 @@ def test_a_replayed_manifest_does_not_overwrite_a_dataset(tmp_path):
     manifest = json.loads((tmp_path / "theirs/manifest.json").read_bytes())
     manifest["config"].update(overwrite=True, force=True)
     (tmp_path / "theirs/manifest.json").write_text(json.dumps(manifest))
-    result = eagle3kit("convert", "--config", "theirs/manifest.json", "new.jsonl", "mine",
-                       cwd=tmp_path)
+    result = eagle3kit(
+        "convert", "--config", "theirs/manifest.json", "new.jsonl", "mine", cwd=tmp_path
+    )
     assert "recorded, not replayed" in result.stderr and "overwrite, force" in result.stderr
     assert _samples(tmp_path / "mine") == 40, result.stderr  # s0..s2 are already there
 
@@ -395,10 +479,27 @@ def test_a_replayed_manifest_does_not_overwrite_a_dataset(tmp_path):
 def trained(tiny, tmp_path_factory):
     """A two-step run on the tiny target."""
     run = tmp_path_factory.mktemp("trained") / "run"
-    result = eagle3kit("train", str(tiny / "tokens"), str(run), "--online", "--target",
-                       str(tiny / "target"), "--layers", "1,2,3", "--max-steps", "2",
-                       "--device", "cpu", "--batch-tokens", "256", "--draft-vocab", "64",
-                       "--eval-split", "0", "-q")
+    result = eagle3kit(
+        "train",
+        str(tiny / "tokens"),
+        str(run),
+        "--online",
+        "--target",
+        str(tiny / "target"),
+        "--layers",
+        "1,2,3",
+        "--max-steps",
+        "2",
+        "--device",
+        "cpu",
+        "--batch-tokens",
+        "256",
+        "--draft-vocab",
+        "64",
+        "--eval-split",
+        "0",
+        "-q",
+    )
     assert result.returncode == 0, result.stderr
     return run
 
@@ -409,8 +510,14 @@ def test_a_replayed_record_does_not_empty_a_folder_through_export(trained, tmp_p
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "notes.txt").write_text("mine")
-    record = {"config": {"run": str(trained), "out": str(precious),
-                         "overwrite-dir": str(precious), "overwrite": True}}
+    record = {
+        "config": {
+            "run": str(trained),
+            "out": str(precious),
+            "overwrite-dir": str(precious),
+            "overwrite": True,
+        }
+    }
     (tmp_path / "recorded.json").write_text(json.dumps(record))
     result = eagle3kit("export", "--config", str(tmp_path / "recorded.json"))
     assert "not replayed" in result.stderr and "overwrite-dir, overwrite" in result.stderr
@@ -431,22 +538,41 @@ def test_a_replayed_run_json_sends_nothing_to_its_servers(tiny, tmp_path):
         shard = storage / "model-00001-of-00064.safetensors"
         shard.write_bytes(b"the user's model weights")
         served.names = lambda _path: str(shard)
-        record = {"config": {
-            "data": [{"path": str(tiny / "tokens"), "weight": 1.0}],
-            "out": str(tmp_path / "their-run"), "target": str(tiny / "target"),
-            "online": True, "layers": [1, 2, 3], "servers": [f"{served.url}@2"],
-            "hidden_states_dir": str(storage), "report_to": "tensorboard",
-            "max_steps": 1, "device": "cpu", "batch_tokens": 256, "draft_vocab": 64,
-            "eval_split": 0, "trust_remote_code": True}}
+        record = {
+            "config": {
+                "data": [{"path": str(tiny / "tokens"), "weight": 1.0}],
+                "out": str(tmp_path / "their-run"),
+                "target": str(tiny / "target"),
+                "online": True,
+                "layers": [1, 2, 3],
+                "servers": [f"{served.url}@2"],
+                "hidden_states_dir": str(storage),
+                "report_to": "tensorboard",
+                "max_steps": 1,
+                "device": "cpu",
+                "batch_tokens": 256,
+                "draft_vocab": 64,
+                "eval_split": 0,
+                "trust_remote_code": True,
+            }
+        }
         (tmp_path / "run.json").write_text(json.dumps(record))
-        result = eagle3kit("train", "--config", str(tmp_path / "run.json"),
-                           str(tiny / "tokens"), str(tmp_path / "run2"), "--no-progress",
-                           EAGLE3KIT_API_KEY="the-users-secret")
+        result = eagle3kit(
+            "train",
+            "--config",
+            str(tmp_path / "run.json"),
+            str(tiny / "tokens"),
+            str(tmp_path / "run2"),
+            "--no-progress",
+            EAGLE3KIT_API_KEY="the-users-secret",
+        )
     finally:
         served.stop()
     assert result.returncode == 0, result.stderr
-    assert ("recorded, not replayed (not options here, or the command line's alone): "
-            "servers, hidden_states_dir, report_to, trust_remote_code") in result.stderr
+    assert (
+        "recorded, not replayed (not options here, or the command line's alone): "
+        "servers, hidden_states_dir, report_to, trust_remote_code"
+    ) in result.stderr
     assert served.seen == []
     assert shard.read_bytes() == b"the user's model weights"
     assert not (tmp_path / "run2" / "tensorboard").exists()

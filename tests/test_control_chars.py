@@ -25,8 +25,12 @@ CSI = "\x9b2J"  # the one-byte C1 form of ESC [
 
 
 def eagle3kit(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "eagle3kit", *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def no_raw_controls(text: str) -> None:
@@ -40,9 +44,14 @@ def record(i: int, **changes: object) -> bytes:
     return orjson.dumps({**out, **changes})
 
 
-@pytest.mark.parametrize(("key", "value"), [("finish_reason", f"stop{ERASE_ABOVE}"),
-                                            ("partition", f"math{CLEAR}"),
-                                            ("sample_id", f"id{CSI}")])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("finish_reason", f"stop{ERASE_ABOVE}"),
+        ("partition", f"math{CLEAR}"),
+        ("sample_id", f"id{CSI}"),
+    ],
+)
 def test_convert_refuses_control_characters_naming_file_and_line(tmp_path, key, value):
     src = tmp_path / "src.jsonl"
     src.write_bytes(b"\n".join([record(0), record(1), record(2, **{key: value})]) + b"\n")
@@ -54,7 +63,8 @@ def test_convert_refuses_control_characters_naming_file_and_line(tmp_path, key, 
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert errors == [
         f"error: {src}:3: {key} holds a control character ({escaped}) (use --skip-bad-lines "
-        "to skip such lines; samples before it are committed)"], proc.stderr
+        "to skip such lines; samples before it are committed)"
+    ], proc.stderr
     assert list(Dataset(tmp_path / "ds").sample_ids()) == ["id-0", "id-1"]  # the lines before it
 
 
@@ -62,12 +72,19 @@ def test_convert_refuses_control_characters_naming_file_and_line(tmp_path, key, 
 def crafted(tmp_path) -> Path:
     """A dataset whose partition names, finish reasons and manifest hold ESC sequences."""
     ds = tmp_path / "crafted"
-    with DatasetWriter(ds, config={"note": f"x{CLEAR}"},
-                       provenance={"source": f"shared{ERASE_ABOVE}\nerror: fake"}) as writer:
+    with DatasetWriter(
+        ds, config={"note": f"x{CLEAR}"}, provenance={"source": f"shared{ERASE_ABOVE}\nerror: fake"}
+    ) as writer:
         for i in range(4):
-            writer.add(TokenSample(f"id-{i}", [1, 2, 3], [4, 5, 6],
-                                   finish_reason=f"stop{ERASE_ABOVE}" if i % 2 else "stop",
-                                   partition=f"math{CLEAR}" if i < 2 else f"code{CSI}"))
+            writer.add(
+                TokenSample(
+                    f"id-{i}",
+                    [1, 2, 3],
+                    [4, 5, 6],
+                    finish_reason=f"stop{ERASE_ABOVE}" if i % 2 else "stop",
+                    partition=f"math{CLEAR}" if i < 2 else f"code{CSI}",
+                )
+            )
     return ds
 
 
@@ -107,8 +124,9 @@ def test_bidi_controls_are_shown_as_text_too(tmp_path):
     (issue 38): each bidi embedding, override and isolate is written out like a C1 control,
     in the human report and in --json (where the parsed strings stay exact)."""
     ds = tmp_path / "bidi"
-    with DatasetWriter(ds, config={"note": "x"},
-                       provenance={"source": "left\u202eerror: fake"}) as writer:
+    with DatasetWriter(
+        ds, config={"note": "x"}, provenance={"source": "left\u202eerror: fake"}
+    ) as writer:
         for i, char in enumerate(BIDI):
             writer.add(TokenSample(f"id-{i}", [1, 2, 3], [4, 5, 6], partition=f"p{char}{i}"))
     shown = eagle3kit("info", ds)

@@ -78,8 +78,10 @@ def ids_in(dst: Path) -> list[str]:
 BAD_LINES: dict[str, tuple[bytes, str]] = {
     # One line number, the file's: orjson's own "line 2 column 1" (it counts the newline) is
     # not passed on; the column is that of the line.
-    "not JSON": (b'{"sample_id": "x", "prompt_ids": [1,',
-                 "invalid JSON (unexpected end of data at column 37)"),
+    "not JSON": (
+        b'{"sample_id": "x", "prompt_ids": [1,',
+        "invalid JSON (unexpected end of data at column 37)",
+    ),
     "not an object": (b"[1, 2, 3]", "expected a JSON object"),
     "missing prompt_ids": (line({"sample_id": "x", "completion_ids": [1]}), "missing prompt_ids"),
     "ids are strings": (

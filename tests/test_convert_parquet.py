@@ -32,13 +32,29 @@ MEMORY_CAP = 1 << 30
 """Address space for a convert of a Parquet bomb: main needed more than 2 GiB for the
 issue's file (a MemoryError traceback under that cap), a healthy import needs under 600 MiB."""
 JSON_COLUMNS = ("metadata", "source", "server", "counts")
-COLUMNS = ["sample_id", "prompt_ids", "completion_ids", "finish_reason", "partition", "metadata",
-           "loss_mask", "source", "server", "latency", "counts"]
+COLUMNS = [
+    "sample_id",
+    "prompt_ids",
+    "completion_ids",
+    "finish_reason",
+    "partition",
+    "metadata",
+    "loss_mask",
+    "source",
+    "server",
+    "latency",
+    "counts",
+]
 
 
 def run_cli(*args: str | Path, env: dict | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "eagle3kit", *map(str, args)],
-                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        env=env,
+    )
 
 
 def _cap_memory() -> None:
@@ -47,9 +63,13 @@ def _cap_memory() -> None:
 
 def run_capped(*args: str | Path) -> subprocess.CompletedProcess[str]:
     """The real command with its address space capped at MEMORY_CAP."""
-    return subprocess.run([sys.executable, "-m", "eagle3kit", *map(str, args)],
-                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
-                          preexec_fn=_cap_memory)
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        preexec_fn=_cap_memory,
+    )
 
 
 def stored_bytes(path: Path) -> int:
@@ -77,17 +97,21 @@ def _samples() -> list[TokenSample]:
     for i in range(13):
         prompt = [] if i == 4 else [1, 2, 2**31 - 1 - i]
         completion = [] if i == 5 else [7 + i, 8, 9]
-        out.append(TokenSample(
-            f"s-{i}", prompt, completion,
-            finish_reason=["stop", "length", ""][i % 3],
-            partition=["a", "ç", "数学"][i % 3],
-            loss_mask=[1] * len(prompt) + [0] * len(completion) if i % 4 == 0 else None,
-            source={"file": "p.jsonl", "line": i} if i % 2 else None,
-            server={"url": "http://x", "temperature": 0.6} if i % 3 == 0 else None,
-            latency=0.125 * i if i % 5 else None,
-            counts={"reasoning": i} if i == 7 else None,
-            metadata={"i": i, "nested": {"list": [1, 2.5, None, "ü"]}, "big": 2**62},
-        ))
+        out.append(
+            TokenSample(
+                f"s-{i}",
+                prompt,
+                completion,
+                finish_reason=["stop", "length", ""][i % 3],
+                partition=["a", "ç", "数学"][i % 3],
+                loss_mask=[1] * len(prompt) + [0] * len(completion) if i % 4 == 0 else None,
+                source={"file": "p.jsonl", "line": i} if i % 2 else None,
+                server={"url": "http://x", "temperature": 0.6} if i % 3 == 0 else None,
+                latency=0.125 * i if i % 5 else None,
+                counts={"reasoning": i} if i == 7 else None,
+                metadata={"i": i, "nested": {"list": [1, 2.5, None, "ü"]}, "big": 2**62},
+            )
+        )
     return out
 
 
@@ -116,25 +140,27 @@ def test_round_trip_is_lossless_and_datasets_and_pandas_read_it(tmp_path: Path, 
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
 
     records = jsonl_records(tmp_path / "a.jsonl")
-    loaded = datasets.load_dataset("parquet", data_files=str(out), split="train",
-                                   cache_dir=str(tmp_path / "hf-cache"))
+    loaded = datasets.load_dataset(
+        "parquet", data_files=str(out), split="train", cache_dir=str(tmp_path / "hf-cache")
+    )
     assert loaded.column_names == COLUMNS
     assert len(loaded) == len(records) == 13
     for row, want in zip(loaded, records, strict=True):
-        got = {k: (orjson.loads(v) if k in JSON_COLUMNS and v is not None else v)
-               for k, v in row.items() if v is not None}
+        got = {
+            k: (orjson.loads(v) if k in JSON_COLUMNS and v is not None else v)
+            for k, v in row.items()
+            if v is not None
+        }
         assert got == want
 
     frame = pd.read_parquet(out)
     assert list(frame.columns) == COLUMNS
     assert frame["sample_id"].tolist() == [r["sample_id"] for r in records]
-    assert [list(ids) for ids in frame["completion_ids"]] == [r["completion_ids"]
-                                                              for r in records]
+    assert [list(ids) for ids in frame["completion_ids"]] == [r["completion_ids"] for r in records]
     assert frame["partition"].tolist() == [r["partition"] for r in records]
 
 
-def test_a_parquet_file_written_by_datasets_imports_to_the_same_samples(tmp_path: Path,
-                                                                        ds: Path):
+def test_a_parquet_file_written_by_datasets_imports_to_the_same_samples(tmp_path: Path, ds: Path):
     import datasets
 
     ok("convert", ds, tmp_path / "a.jsonl")
@@ -143,15 +169,21 @@ def test_a_parquet_file_written_by_datasets_imports_to_the_same_samples(tmp_path
     for row in rows:
         for key in JSON_COLUMNS:
             row[key] = None if row[key] is None else orjson.dumps(row[key]).decode()
-    features = datasets.Features({
-        "sample_id": datasets.Value("string"),
-        "prompt_ids": datasets.Sequence(datasets.Value("int64")),
-        "completion_ids": datasets.Sequence(datasets.Value("int64")),
-        "finish_reason": datasets.Value("string"), "partition": datasets.Value("string"),
-        "metadata": datasets.Value("string"),
-        "loss_mask": datasets.Sequence(datasets.Value("int64")),
-        "source": datasets.Value("string"), "server": datasets.Value("string"),
-        "latency": datasets.Value("float64"), "counts": datasets.Value("string")})
+    features = datasets.Features(
+        {
+            "sample_id": datasets.Value("string"),
+            "prompt_ids": datasets.Sequence(datasets.Value("int64")),
+            "completion_ids": datasets.Sequence(datasets.Value("int64")),
+            "finish_reason": datasets.Value("string"),
+            "partition": datasets.Value("string"),
+            "metadata": datasets.Value("string"),
+            "loss_mask": datasets.Sequence(datasets.Value("int64")),
+            "source": datasets.Value("string"),
+            "server": datasets.Value("string"),
+            "latency": datasets.Value("float64"),
+            "counts": datasets.Value("string"),
+        }
+    )
     datasets.Dataset.from_list(rows, features=features).to_parquet(tmp_path / "hf.parquet")
 
     ok("convert", tmp_path / "hf.parquet", tmp_path / "ds2")
@@ -160,19 +192,24 @@ def test_a_parquet_file_written_by_datasets_imports_to_the_same_samples(tmp_path
 
 
 def _rows_with_a_bad_one(path: Path, bad_at: int, **bad: object) -> Path:
-    rows = [{"sample_id": f"id-{i}", "prompt_ids": [1, 2], "completion_ids": [3, i]}
-            for i in range(10)]
+    rows = [
+        {"sample_id": f"id-{i}", "prompt_ids": [1, 2], "completion_ids": [3, i]} for i in range(10)
+    ]
     rows[bad_at].update(bad)
     pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=3)
     return path
 
 
-@pytest.mark.parametrize(("bad", "why"), [
-    ({"sample_id": "id-\x1b[2J"}, "sample_id holds a control character"),
-    ({"completion_ids": [3, -1]}, "completion_ids holds a negative token id (-1)"),
-])
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        ({"sample_id": "id-\x1b[2J"}, "sample_id holds a control character"),
+        ({"completion_ids": [3, -1]}, "completion_ids holds a negative token id (-1)"),
+    ],
+)
 def test_a_bad_row_is_refused_naming_file_and_row_keeping_the_rows_before(
-        tmp_path: Path, bad: dict, why: str):
+    tmp_path: Path, bad: dict, why: str
+):
     src = _rows_with_a_bad_one(tmp_path / "rows.parquet", 6, **bad)
     dst = tmp_path / "ds"
 
@@ -203,7 +240,8 @@ def test_a_parquet_bomb_is_refused_by_row_before_it_is_decoded(tmp_path: Path):
     assert message.startswith(
         f"error: {src}: row 2 (counting from 0): its row group declares {BOMB_IDS:,} values "
         f"in completion_ids, more than a sample may hold ({MAX_SAMPLE_TOKENS:,} tokens each) "
-        "(use --skip-bad-lines"), message
+        "(use --skip-bad-lines"
+    ), message
     assert list(Dataset(dst).sample_ids()) == ["id-0", "id-1"]
 
     result = run_capped("convert", src, dst, "--skip-bad-lines")
@@ -217,13 +255,15 @@ def test_a_row_over_the_bound_among_others_is_refused_before_python_sees_it(tmp_
     # Three rows in one row group, the middle one past the bound: the group may hold that
     # many ids in all, so it is decoded (in Arrow) and the row refused by its size; its
     # neighbours are stored. Main stored a 3 M-token sample.
-    src = write_groups(tmp_path / "rows.parquet",
-                       [ids_bomb_table(0, [2, MAX_SAMPLE_TOKENS + 1, 2])])
+    src = write_groups(
+        tmp_path / "rows.parquet", [ids_bomb_table(0, [2, MAX_SAMPLE_TOKENS + 1, 2])]
+    )
     dst = tmp_path / "ds"
     message = the_error(run_capped("convert", src, dst))
     assert message.startswith(
         f"error: {src}: row 1 (counting from 0): {MAX_SAMPLE_TOKENS + 3:,} tokens, more than "
-        f"a sample may hold ({MAX_SAMPLE_TOKENS:,})"), message
+        f"a sample may hold ({MAX_SAMPLE_TOKENS:,})"
+    ), message
 
     result = run_capped("convert", src, dst, "--skip-bad-lines")
     assert result.returncode == 0, result.stderr
@@ -234,8 +274,10 @@ def test_a_row_over_the_bound_among_others_is_refused_before_python_sees_it(tmp_
 def test_the_writer_refuses_a_sample_past_the_bound(tmp_path: Path):
     with DatasetWriter(tmp_path / "ds") as writer:
         ids = np.zeros(MAX_SAMPLE_TOKENS, np.int32)
-        with pytest.raises(ValueError, match=f"sample long: {MAX_SAMPLE_TOKENS + 1:,} tokens, "
-                                             "more than a sample may hold"):
+        with pytest.raises(
+            ValueError,
+            match=f"sample long: {MAX_SAMPLE_TOKENS + 1:,} tokens, more than a sample may hold",
+        ):
             writer.add(TokenSample("long", ids, [1]))
         writer.add(TokenSample("at-the-bound", ids[:-1], [1]))
     assert list(Dataset(tmp_path / "ds").sample_ids()) == ["at-the-bound"]
@@ -268,9 +310,12 @@ def test_without_pyarrow_the_error_names_the_extra(tmp_path: Path, ds: Path):
     (fake / "__init__.py").write_text("raise ImportError('No module named pyarrow')\n")
     import os
 
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")]),
+    }
     message = the_error(run_cli("convert", ds, tmp_path / "x.parquet", env=env))
-    assert message == ("error: Parquet needs pyarrow, which is not installed: "
-                       "pip install 'eagle3kit[hf]'")
+    assert message == (
+        "error: Parquet needs pyarrow, which is not installed: pip install 'eagle3kit[hf]'"
+    )
     assert not (tmp_path / "x.parquet").exists()

@@ -360,13 +360,29 @@ def test_each_run_commits_early_so_kills_in_quick_succession_still_progress(
     from eagle3kit.convert.jsonl import FIRST_COMMIT
 
     ds = tmp_path / "ds"
-    cmd = [sys.executable, "-m", "eagle3kit", "convert", str(source.path), str(ds),
-           "--commit-every", "1000000", "--commit-interval", "3600", "-q"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle3kit",
+        "convert",
+        str(source.path),
+        str(ds),
+        "--commit-every",
+        "1000000",
+        "--commit-interval",
+        "3600",
+        "-q",
+    ]
     held: set[str] = set()
     for _ in range(3):
         before = len(_manifest(ds).get("shards", []))
-        proc = subprocess.Popen(cmd, env=cli_env(), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            cmd,
+            env=cli_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while len(_manifest(ds).get("shards", [])) == before and proc.poll() is None:
             assert time.monotonic() < deadline, "no commit from a run in its first minutes"
@@ -381,14 +397,16 @@ def test_each_run_commits_early_so_kills_in_quick_succession_still_progress(
         for sample in Dataset(ds, warn_stray=False).iter_samples():
             assert canonical(sample) == source.expected[sample.sample_id]
         held = now
-    final = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True,
-                           timeout=RUN_TIMEOUT_S)
+    final = subprocess.run(
+        cmd, env=cli_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
     assert final.returncode == 0, final.stderr
     check_complete(ds, source, tmp_path, export=False)
 
 
-def test_a_rerun_parses_only_what_is_not_committed(source: Source, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rerun_parses_only_what_is_not_committed(
+    source: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A no-op rerun used to parse every committed line again (12 s for 50,000): it now
     starts after the committed part of the source when that part is byte for byte the one
     the dataset recorded, and reads the whole file again when it is not."""
@@ -426,8 +444,9 @@ def test_a_rerun_parses_only_what_is_not_committed(source: Source, tmp_path: Pat
     # An edit inside the committed part: the recorded bytes no longer match, so every line
     # is read again; committed ids are still skipped, nothing is stored twice.
     lines = src.read_bytes().splitlines(keepends=True)
-    lines[10] = orjson.dumps({"sample_id": "edited", "prompt_ids": [1],
-                              "completion_ids": [2]}) + b"\n"
+    lines[10] = (
+        orjson.dumps({"sample_id": "edited", "prompt_ids": [1], "completion_ids": [2]}) + b"\n"
+    )
     src.write_bytes(b"".join(lines))
     n, edited = run()
     assert n == N_SAMPLES + 5 and edited.written == 1

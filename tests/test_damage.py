@@ -291,8 +291,9 @@ def test_writer_on_a_damaged_dataset_refuses_by_name_or_continues(committed: Com
 
 
 @pytest.mark.parametrize("kind", NOT_A_FILE)
-def test_a_shard_that_is_not_a_regular_file_is_refused_not_waited_on(committed: Committed,
-                                                                      kind: str):
+def test_a_shard_that_is_not_a_regular_file_is_refused_not_waited_on(
+    committed: Committed, kind: str
+):
     """A FIFO in a shard's place once hung `info` for good (an open waits for a writer); a
     link read a file from outside the dataset. Each is named as a problem at once."""
     damage, why = NOT_A_FILE[kind]
@@ -440,6 +441,7 @@ def _edit_manifest(path: Path, edit: Callable[[dict], object]) -> bytes:
 def _set_name(name: str) -> Callable[[dict], None]:
     def edit(m: dict) -> None:
         m["shards"][DAMAGED]["name"] = name
+
     return edit
 
 
@@ -465,8 +467,11 @@ def test_a_shard_name_that_is_a_path_is_refused(committed: Committed, where: str
     manifest: one message, exit 2, and no writer touches anything."""
     name = _outside_name(committed, where)
     manifest = _edit_manifest(committed.path, _set_name(name))
-    data = {p: p.read_bytes() for p in committed.path.rglob("*")
-            if p.is_file() and not p.name.startswith(".")}  # the lock's files change
+    data = {
+        p: p.read_bytes()
+        for p in committed.path.rglob("*")
+        if p.is_file() and not p.name.startswith(".")
+    }  # the lock's files change
 
     if where == "parent":
         result = run_cli("info", committed.path)
@@ -481,8 +486,11 @@ def test_a_shard_name_that_is_a_path_is_refused(committed: Committed, where: str
     with pytest.raises(DatasetError, match="plain file name"):
         DatasetWriter(committed.path, config={"stage": "test"})
     assert (committed.path / MANIFEST).read_bytes() == manifest
-    assert {p: p.read_bytes() for p in committed.path.rglob("*")
-            if p.is_file() and not p.name.startswith(".")} == data
+    assert {
+        p: p.read_bytes()
+        for p in committed.path.rglob("*")
+        if p.is_file() and not p.name.startswith(".")
+    } == data
 
 
 def _duplicate_shard(m: dict) -> None:
@@ -509,8 +517,10 @@ MANIFEST_DAMAGE: dict[str, tuple[Callable[[dict], object], str]] = {
     "a negative count": (lambda m: m["shards"][0].update(bytes=-1), "bytes is -1"),
     "a boolean count": (lambda m: m["shards"][0].update(tokens=True), "tokens is True"),
     "partitions a list": (lambda m: m["shards"][0].update(partitions=[]), "partitions is not"),
-    "finish not counts": (lambda m: m["shards"][0]["partitions"]["code"].update(finish=[1]),
-                          "finish is not"),
+    "finish not counts": (
+        lambda m: m["shards"][0]["partitions"]["code"].update(finish=[1]),
+        "finish is not",
+    ),
     "a checksum as a number": (lambda m: m["shards"][0].update(xxh3=1), "xxh3 is 1"),
     "runs a string": (lambda m: m.update(runs="x"), "runs is str"),
     "config a list": (lambda m: m.update(config=[]), "config is list"),
@@ -534,12 +544,18 @@ def test_a_manifest_that_disagrees_with_itself_is_one_message(committed: Committ
     assert (committed.path / MANIFEST).read_bytes() == manifest
 
 
-@pytest.mark.parametrize("kind, args", [("a shard listed twice", ("--no-verify", "--json")),
-                                        ("a newer version in the manifest only", ()),
-                                        ("a count as a string", ("--json",)),
-                                        ("created a string", ())])
-def test_info_on_a_manifest_that_disagrees_with_itself_exits_2(committed: Committed, kind: str,
-                                                                args: tuple[str, ...]):
+@pytest.mark.parametrize(
+    "kind, args",
+    [
+        ("a shard listed twice", ("--no-verify", "--json")),
+        ("a newer version in the manifest only", ()),
+        ("a count as a string", ("--json",)),
+        ("created a string", ()),
+    ],
+)
+def test_info_on_a_manifest_that_disagrees_with_itself_exits_2(
+    committed: Committed, kind: str, args: tuple[str, ...]
+):
     edit, why = MANIFEST_DAMAGE[kind]
     _edit_manifest(committed.path, edit)
     result = run_cli("info", committed.path, *args)
@@ -552,6 +568,7 @@ def test_info_on_a_manifest_that_disagrees_with_itself_exits_2(committed: Commit
 def _edit_counts(key: str, delta: int) -> Callable[[dict], None]:
     """Counts edited consistently (the shard's entry and its partition): the manifest agrees
     with itself, and only the shard itself can tell."""
+
     def edit(m: dict) -> None:
         entry = m["shards"][DAMAGED]
         part = next(iter(entry["partitions"].values()))
@@ -560,6 +577,7 @@ def _edit_counts(key: str, delta: int) -> Callable[[dict], None]:
         part[key] += delta
         if key == "samples":
             part["finish"][next(iter(part["finish"]))] += delta
+
     return edit
 
 

@@ -28,8 +28,13 @@ CLI_TIMEOUT_S = 60
 
 def run_cli(*args: str | Path, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "EAGLE3KIT_RUN_ID"}
-    return subprocess.run([*prefix, sys.executable, "-m", "eagle3kit", *map(str, args)],
-                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=env)
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "eagle3kit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        env=env,
+    )
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -47,8 +52,17 @@ def one_error(result: subprocess.CompletedProcess[str], code: int = 2) -> str:
 def write_jsonl(path: Path, n: int, tag: str = "s") -> Path:
     with open(path, "wb") as f:
         for i in range(n):
-            f.write(orjson.dumps({"sample_id": f"{tag}-{i}", "prompt_ids": [1, 2, 3 + i],
-                                  "completion_ids": [7, 8 + i], "partition": "p"}) + b"\n")
+            f.write(
+                orjson.dumps(
+                    {
+                        "sample_id": f"{tag}-{i}",
+                        "prompt_ids": [1, 2, 3 + i],
+                        "completion_ids": [7, 8 + i],
+                        "partition": "p",
+                    }
+                )
+                + b"\n"
+            )
     return path
 
 
@@ -64,8 +78,9 @@ def write_dataset(src: Path, ds: Path) -> Path:
     """What `convert src ds --commit-every 4` writes, in-process (a CLI run costs a second)."""
     from eagle3kit.convert.jsonl import record_to_sample
 
-    with DatasetWriter(ds, config={"stage": "convert", "source": src.name},
-                       commit_every=4) as writer:
+    with DatasetWriter(
+        ds, config={"stage": "convert", "source": src.name}, commit_every=4
+    ) as writer:
         for line in src.read_bytes().splitlines():
             writer.add(record_to_sample(orjson.loads(line)))
     return ds
@@ -86,8 +101,7 @@ def move_shards_behind_a_link(ds: Path, there: Path) -> None:
 
 
 # A linked shards/ -------------------------------------------------------------------------
-def test_a_linked_shards_folder_is_refused_and_nothing_there_is_touched(made: Path,
-                                                                         tmp_path: Path):
+def test_a_linked_shards_folder_is_refused_and_nothing_there_is_touched(made: Path, tmp_path: Path):
     """The issue's repro: shards moved to a folder holding an unrelated model file, shards/
     linked there, convert rerun into the dataset: the unrelated file used to be gone."""
     models = tmp_path / "models"
@@ -138,8 +152,11 @@ def test_two_datasets_linked_to_one_folder_cannot_destroy_each_other(tmp_path: P
     for name in ("a", "b"):
         for mode in ("auto", "overwrite"):
             with pytest.raises(DatasetError, match="symbolic link"):
-                DatasetWriter(tmp_path / name, mode=mode,
-                              config={"stage": "convert", "source": f"{name}.jsonl"})
+                DatasetWriter(
+                    tmp_path / name,
+                    mode=mode,
+                    config={"stage": "convert", "source": f"{name}.jsonl"},
+                )
     assert snapshot(shared) == before
     assert "symbolic link" in one_error(convert(tmp_path / "a.jsonl", tmp_path / "a"))
     assert snapshot(shared) == before
@@ -175,16 +192,24 @@ def test_a_writer_removes_only_the_debris_it_can_have_made(made: Path):
     wherever it is, even when its name ends in .tmp or .safetensors."""
     shards = made / SHARD_DIR
     committed = {e["name"] for e in json.loads((made / MANIFEST).read_text())["shards"]}
-    ours = [shards / "r0-0badc0de-000000.safetensors",
-            shards / "r3-0badc0de-000012.safetensors.tmp",
-            made / f"{MANIFEST}.4242.tmp", made / ".owner.json.17.tmp"]
+    ours = [
+        shards / "r0-0badc0de-000000.safetensors",
+        shards / "r3-0badc0de-000012.safetensors.tmp",
+        made / f"{MANIFEST}.4242.tmp",
+        made / ".owner.json.17.tmp",
+    ]
     (made / "tokenizer").mkdir()
     ours.append(made / "tokenizer" / "tokenizer.json.99.tmp")
     (made / "extra").mkdir()
-    theirs = [shards / "model-00001-of-00002.safetensors", shards / "notes.tmp",
-              shards / "r0-NOTHEX0-000000.safetensors", made / "tokenizer" / "draft.tmp",
-              made / "extra" / "draft.tmp", made / "extra" / "r0-0badc0de-000000.safetensors",
-              made / "results.tmp"]
+    theirs = [
+        shards / "model-00001-of-00002.safetensors",
+        shards / "notes.tmp",
+        shards / "r0-NOTHEX0-000000.safetensors",
+        made / "tokenizer" / "draft.tmp",
+        made / "extra" / "draft.tmp",
+        made / "extra" / "r0-0badc0de-000000.safetensors",
+        made / "results.tmp",
+    ]
     for p in [*ours, *theirs]:
         p.write_bytes(b"x")
     outside = made.parent / "outside.safetensors"
@@ -208,14 +233,16 @@ def test_overwrite_removes_the_dataset_and_nothing_else(tmp_path: Path):
     tok.mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (tok / name).write_text(name)
-    with DatasetWriter(ds, config={"stage": "convert", "source": "src.jsonl"},
-                       commit_every=2) as writer:
+    with DatasetWriter(
+        ds, config={"stage": "convert", "source": "src.jsonl"}, commit_every=2
+    ) as writer:
         writer.store_files("tokenizer", sorted(tok.iterdir()))
         for i in range(5):
             writer.add(TokenSample(f"old-{i}", [1, 2], [3]))
     old_shards = {p.name for p in (ds / SHARD_DIR).iterdir()}
     assert json.loads((ds / MANIFEST).read_text())["attached"] == {
-        "tokenizer": ["tokenizer.json", "tokenizer_config.json"]}
+        "tokenizer": ["tokenizer.json", "tokenizer_config.json"]
+    }
     keep = [ds / SHARD_DIR / "README.txt", ds / "tokenizer" / "my-notes.txt", ds / "NOTES.md"]
     for p in keep:
         p.write_text("keep")
@@ -261,12 +288,20 @@ def read_only(path: Path) -> tuple[str, ...]:
         return ()
     if shutil.which("unshare") is None:
         pytest.skip("running as root without unshare: no way to make a read-only directory")
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"],
-                           capture_output=True)
+    probe = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True
+    )
     if probe.returncode != 0:
         pytest.skip(f"unshare refused here: {probe.stderr.decode().strip()}")
-    return ("unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
-            f'mount --bind -o ro "{path}" "{path}" && exec "$0" "$@"')
+    return (
+        "unshare",
+        "--user",
+        "--map-root-user",
+        "--mount",
+        "sh",
+        "-c",
+        f'mount --bind -o ro "{path}" "{path}" && exec "$0" "$@"',
+    )
 
 
 def test_a_read_only_dataset_is_one_message_and_still_readable(made: Path, tmp_path: Path):

@@ -79,8 +79,10 @@ OWN_DOC_TESTS = {
     "quickstart.md": "test_docs_quickstart.py",
     "vllm-cpu.md": "vllm/test_vllm_docs.py",  # the `vllm` tier: against the real engine
 }
-DOCS = [REPO / "README.md", *(p for p in sorted((REPO / "docs").glob("*.md"))
-                              if p.name not in OWN_DOC_TESTS)]
+DOCS = [
+    REPO / "README.md",
+    *(p for p in sorted((REPO / "docs").glob("*.md")) if p.name not in OWN_DOC_TESTS),
+]
 TEST_COMMAND = "pip install torch==2.13.0 && pip install -e '.[test,trackers]' && python -m pytest"
 MAIN_COMMAND = "pip install torch==2.13.0 && pip install -e . && eagle3kit quickstart"
 CACHED_SETUP = {
@@ -140,8 +142,13 @@ def setup_cache(tmp_path_factory) -> SetupCache:
 # These pages run many tokenizer-loading commands (a minute or more each on 2 cores), and the
 # README the whole quickstart (tests/test_quickstart.py runs a reduced one by default): they run
 # in the slow suite (`pytest -m slow`), so the default run stays within its time budget.
-SLOW_DOCS = {"README.md", "docs/convert.md", "docs/gen.md", "docs/running-at-scale.md",
-             "docs/troubleshooting.md"}
+SLOW_DOCS = {
+    "README.md",
+    "docs/convert.md",
+    "docs/gen.md",
+    "docs/running-at-scale.md",
+    "docs/troubleshooting.md",
+}
 
 
 def _doc_param(doc: Path):
@@ -168,8 +175,11 @@ def test_doc_commands_run(doc: Path, tmp_path: Path, request) -> None:
 
 def _run_commands(doc: Path, cmds: list[Command], tmp_path: Path, request) -> Path:
     """Run `cmds` of `doc` in order in a checkout-like directory; return that directory."""
-    servers = request.getfixturevalue("doc_servers") if doc_ports(
-        " ".join(c.text for c in cmds)) else None
+    servers = (
+        request.getfixturevalue("doc_servers")
+        if doc_ports(" ".join(c.text for c in cmds))
+        else None
+    )
     cache: SetupCache = request.getfixturevalue("setup_cache")
     work = checkout_like(tmp_path)
     shims(tmp_path / "bin", request.getfixturevalue("prewarmed"))
@@ -183,12 +193,19 @@ def _run_commands(doc: Path, cmds: list[Command], tmp_path: Path, request) -> Pa
             text = servers.substitute(cmd.text) if servers else cmd.text
             if cache.replay(text, work):
                 continue
-            proc = subprocess.run(["bash", "-c", text], cwd=work, env=env, capture_output=True,
-                                  text=True, timeout=1200)
+            proc = subprocess.run(
+                ["bash", "-c", text],
+                cwd=work,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=1200,
+            )
             assert proc.returncode == cmd.status, (
                 f"{doc.name}:{cmd.line}: `{text}` exited {proc.returncode}, the doc says "
                 f"{cmd.status}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n"
-                f"{proc.stderr[-3000:]}")
+                f"{proc.stderr[-3000:]}"
+            )
             cache.record(text, work)
     finally:
         if servers is not None:
@@ -199,12 +216,19 @@ def _run_commands(doc: Path, cmds: list[Command], tmp_path: Path, request) -> Pa
 def not_ignored(work: Path) -> list[str]:
     """What the commands left in the work directory that .gitignore does not cover: in a
     checkout, `git status` would list it (the README's tour runs in one)."""
-    made = sorted(p.name + ("/" if p.is_dir() else "") for p in work.iterdir()
-                  if p.name not in ("examples", "tests"))
+    made = sorted(
+        p.name + ("/" if p.is_dir() else "")
+        for p in work.iterdir()
+        if p.name not in ("examples", "tests")
+    )
     if not made:
         return []
-    proc = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index", "--stdin"],
-                          input="\n".join(made), capture_output=True, text=True)
+    proc = subprocess.run(
+        ["git", "-C", str(REPO), "check-ignore", "--no-index", "--stdin"],
+        input="\n".join(made),
+        capture_output=True,
+        text=True,
+    )
     ignored = set(proc.stdout.split())
     return [name for name in made if name not in ignored]
 
@@ -217,7 +241,8 @@ def test_readme_gen_example_runs_against_the_server_line_it_shows(tmp_path, requ
     cmds = commands(REPO / "README.md")
     server = [c for c in cmds if BACKGROUND.search(c.text)]
     assert [c.text for c in server] == [
-        "python tests/fakeserver.py --api sglang --port 30000 --tokenizer qwen3-tokenizer &"]
+        "python tests/fakeserver.py --api sglang --port 30000 --tokenizer qwen3-tokenizer &"
+    ]
     gen = [c for c in cmds if c.text.startswith("eagle3kit gen ")]
     assert len(gen) == 1 and "--server http://127.0.0.1:30000" in gen[0].text
     setup = [c for c in cmds if c.text in CACHED_SETUP]
@@ -230,8 +255,11 @@ def test_readme_gen_example_runs_against_the_server_line_it_shows(tmp_path, requ
 def test_the_readmes_server_line_prints_what_the_readme_shows(tmp_path, doc_servers, qwen3_dir):
     """The README's own command starts the stand-in, which says where it listens in the very
     words the README shows under it, then answers; on a port already taken it says so."""
-    body = next(body for lang, _, body in code_blocks(REPO / "README.md")
-                if lang == "console" and "tests/fakeserver.py" in body)
+    body = next(
+        body
+        for lang, _, body in code_blocks(REPO / "README.md")
+        if lang == "console" and "tests/fakeserver.py" in body
+    )
     lines = body.splitlines()
     at = next(i for i, line in enumerate(lines) if "tests/fakeserver.py" in line)
     command, shown = lines[at][2:], lines[at + 1]
@@ -246,11 +274,21 @@ def test_the_readmes_server_line_prints_what_the_readme_shows(tmp_path, doc_serv
         assert httpx.get(health, timeout=10).status_code == 200
     finally:
         doc_servers.stop_launched()
-    taken = subprocess.run([sys.executable, str(REPO / "tests" / "fakeserver.py"), "--port",
-                            str(doc_servers.port(30000))], capture_output=True, text=True,
-                           timeout=60, env=env)
+    taken = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tests" / "fakeserver.py"),
+            "--port",
+            str(doc_servers.port(30000)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert taken.returncode == 1 and taken.stderr.strip().startswith(
-        "fakeserver: cannot listen on 127.0.0.1:"), taken.stderr
+        "fakeserver: cannot listen on 127.0.0.1:"
+    ), taken.stderr
 
 
 def test_every_doc_is_checked() -> None:

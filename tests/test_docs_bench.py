@@ -42,8 +42,9 @@ def doc_commands() -> list[tuple[int, str, int]]:
             if not line.startswith("$ "):
                 continue
             line = line[2:]
-            if lang == "text" and not line.startswith(("eagle3kit bench server",
-                                                       "eagle3kit bench parity")):
+            if lang == "text" and not line.startswith(
+                ("eagle3kit bench server", "eagle3kit bench parity")
+            ):
                 continue
             found += [(first + offset, part, status) for part, status in split_command(line)]
     return found
@@ -71,16 +72,24 @@ def test_docs_bench_runs(tmp_path):
     servers: dict[int, SpecServer] = {}
     try:
         for line, command, status in doc_commands():
+
             def real_port(match: re.Match) -> str:
                 port = int(match[1])
                 if port not in servers:
                     api, spec = STAND_INS[port]
-                    servers[port] = SpecServer(api, speculative=spec, step_s=0.001,
-                                               tokenizer=str(work / "tiny-target")).start()
+                    servers[port] = SpecServer(
+                        api, speculative=spec, step_s=0.001, tokenizer=str(work / "tiny-target")
+                    ).start()
                 return f"127.0.0.1:{servers[port].port}"
 
-            result = subprocess.run(argv(LOOPBACK.sub(real_port, command)), cwd=work, env=env,
-                                    capture_output=True, text=True, timeout=600)
+            result = subprocess.run(
+                argv(LOOPBACK.sub(real_port, command)),
+                cwd=work,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             out = result.stdout + result.stderr
             assert result.returncode == status, f"docs/bench.md:{line}: {command}\n{out}"
             assert "Traceback" not in out, f"docs/bench.md:{line}: {command}\n{out}"
@@ -96,13 +105,37 @@ def test_docs_bench_runs(tmp_path):
             server.stop()
 
 
-@pytest.mark.parametrize("option", ["--target", "--drafter", "--k", "--tree",
-                                    "--temperature", "--max-new-tokens", "--max-samples",
-                                    "--max-turns", "--format", "--tokenizer", "--chat-template",
-                                    "--device", "--dtype", "--tie-epsilon", "--seed", "--plot",
-                                    "--server", "--baseline", "--api", "--concurrency",
-                                    "--api-key", "--request-timeout", "--speculative-config",
-                                    "--tolerance", "--depth-buckets", "--context-from",
-                                    "--context-tokens"])
+@pytest.mark.parametrize(
+    "option",
+    [
+        "--target",
+        "--drafter",
+        "--k",
+        "--tree",
+        "--temperature",
+        "--max-new-tokens",
+        "--max-samples",
+        "--max-turns",
+        "--format",
+        "--tokenizer",
+        "--chat-template",
+        "--device",
+        "--dtype",
+        "--tie-epsilon",
+        "--seed",
+        "--plot",
+        "--server",
+        "--baseline",
+        "--api",
+        "--concurrency",
+        "--api-key",
+        "--request-timeout",
+        "--speculative-config",
+        "--tolerance",
+        "--depth-buckets",
+        "--context-from",
+        "--context-tokens",
+    ],
+)
 def test_every_option_is_documented(option):
     assert f"`{option}" in DOC.read_text()

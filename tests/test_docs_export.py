@@ -16,8 +16,10 @@ from launch_blocks import blocks, logical_lines, parse
 REPO = Path(__file__).resolve().parent.parent
 # export.md trains nothing but exports and reloads several times (half a minute on 2 cores):
 # it runs in the slow suite, so the default run stays within its budget.
-PAGES = [pytest.param(REPO / "docs" / "export.md", id="export.md", marks=pytest.mark.slow),
-         pytest.param(REPO / "docs" / "info-checkpoints.md", id="info-checkpoints.md")]
+PAGES = [
+    pytest.param(REPO / "docs" / "export.md", id="export.md", marks=pytest.mark.slow),
+    pytest.param(REPO / "docs" / "info-checkpoints.md", id="info-checkpoints.md"),
+]
 
 
 @pytest.mark.parametrize("doc", PAGES)
@@ -28,18 +30,24 @@ def test_doc_commands_run(doc: Path, tmp_path: Path, prewarmed) -> None:  # noqa
     shims(tmp_path / "bin", prewarmed)
     env = doc_env(tmp_path / "bin")
     for cmd in cmds:
-        proc = subprocess.run(["bash", "-c", cmd.text], cwd=work, env=env, capture_output=True,
-                              text=True, timeout=300)
+        proc = subprocess.run(
+            ["bash", "-c", cmd.text], cwd=work, env=env, capture_output=True, text=True, timeout=300
+        )
         assert proc.returncode == cmd.status, (
             f"{doc.name}:{cmd.line}: `{cmd.text}` exited {proc.returncode}, the doc says "
-            f"{cmd.status}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
+            f"{cmd.status}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+        )
         assert "Traceback" not in proc.stderr, f"{doc.name}:{cmd.line}: {proc.stderr[-3000:]}"
 
 
 def launches():
     page = REPO / "docs" / "export.md"
-    return [parse(n, line) for lang, first, body in blocks(page) if lang == "launch"
-            for n, line in logical_lines(body, first)]
+    return [
+        parse(n, line)
+        for lang, first, body in blocks(page)
+        if lang == "launch"
+        for n, line in logical_lines(body, first)
+    ]
 
 
 def test_serving_lines_use_documented_flags() -> None:
@@ -56,7 +64,8 @@ def test_serving_lines_use_documented_flags() -> None:
     assert sglang.get("--speculative-algorithm") == "EAGLE3"
     assert sglang.get("--speculative-draft-model-path") == "drafter/sglang"
     assert int(sglang.get("--speculative-num-draft-tokens")) == (
-        int(sglang.get("--speculative-num-steps")) + 1)  # a chain: topk 1, steps + 1 tokens
+        int(sglang.get("--speculative-num-steps")) + 1
+    )  # a chain: topk 1, steps + 1 tokens
 
 
 def test_launch_lines_are_not_run() -> None:

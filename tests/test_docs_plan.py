@@ -26,7 +26,10 @@ REPO = Path(__file__).resolve().parent.parent
 PAGE = REPO / "docs" / "plan.md"
 DOCUMENTED_PORT = 30000
 STAND_IN = {
-    "slots": 16, "decode_tps": 250.0, "context_length": 32768, "record_bodies": False,
+    "slots": 16,
+    "decode_tps": 250.0,
+    "context_length": 32768,
+    "record_bodies": False,
     "lengths": {"Complete the code": Lengths(800, 0.4, tail=0.2, tail_factor=3)},
     "default_lengths": Lengths(60, 0.5),
 }
@@ -38,9 +41,9 @@ class PlanServer:
     """The stand-in; maps the documented port to the one it listens on, and back."""
 
     def __init__(self, tokenizer_dir: Path) -> None:
-        self.server = TimedServerProcess("sglang", port=free_port(5),
-                                         tokenizer=str(tokenizer_dir / "tokenizer.json"),
-                                         **STAND_IN).start()
+        self.server = TimedServerProcess(
+            "sglang", port=free_port(5), tokenizer=str(tokenizer_dir / "tokenizer.json"), **STAND_IN
+        ).start()
 
     def substitute(self, text: str) -> str:
         return LOOPBACK.sub(lambda m: self._port(m, DOCUMENTED_PORT, self.server.port), text)
@@ -74,18 +77,25 @@ def test_plan_page_commands_run(tmp_path, plan_server):
     env = doc_env(tmp_path / "bin")
     for cmd in cmds:
         text = plan_server.substitute(cmd.text)
-        proc = subprocess.run(["bash", "-c", text], cwd=work, env=env, capture_output=True,
-                              text=True, timeout=600)
+        proc = subprocess.run(
+            ["bash", "-c", text], cwd=work, env=env, capture_output=True, text=True, timeout=600
+        )
         assert proc.returncode == cmd.status, (
             f"plan.md:{cmd.line}: `{text}` exited {proc.returncode}, the page says "
-            f"{cmd.status}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
+            f"{cmd.status}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+        )
         assert "Traceback" not in proc.stderr, text
 
 
 def test_the_page_shows_a_plan_report():
     text = PAGE.read_text()
-    for shown in ("forecast (range: 95% of outcomes)", "pilot, by partition",
-                  "wall time, the gen that follows", "hidden states, fp8", "note: the "):
+    for shown in (
+        "forecast (range: 95% of outcomes)",
+        "pilot, by partition",
+        "wall time, the gen that follows",
+        "hidden states, fp8",
+        "note: the ",
+    ):
         assert shown in text, shown
 
 

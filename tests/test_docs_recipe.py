@@ -31,7 +31,7 @@ def recipe_commands() -> list[list[str]]:
         for line in block.splitlines():
             words = shlex.split(line)
             if "eagle3kit" in words:
-                out.append(words[words.index("eagle3kit") + 1:])
+                out.append(words[words.index("eagle3kit") + 1 :])
     return out
 
 

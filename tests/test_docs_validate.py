@@ -34,12 +34,13 @@ def build_gpt_oss_math(path: Path, tok_root: Path) -> Path:
     ret = r.encode("<|return|>")
     identity = r.identity()
     where = {k: identity.pop(k) for k in ("tokenizer", "chat_template_file")}
-    with DatasetWriter(path, config={"stage": "gen", "renderer": identity},
-                       provenance=where) as w:
+    with DatasetWriter(path, config={"stage": "gen", "renderer": identity}, provenance=where) as w:
         w.store_files("tokenizer", r.files())
         for i in range(20):
-            turn = (f"{ANALYSIS}We add {i} and {i}: that makes {2 * i}.<|end|>"
-                    f"{FINAL}{i} + {i} = {2 * i}.")
+            turn = (
+                f"{ANALYSIS}We add {i} and {i}: that makes {2 * i}.<|end|>"
+                f"{FINAL}{i} + {i} = {2 * i}."
+            )
             finish = "stop"
             if i == 3:
                 completion = r.encode(f"{ANALYSIS}We add {i} and {i}.<|end|><|return|>")
@@ -50,8 +51,9 @@ def build_gpt_oss_math(path: Path, tok_root: Path) -> Path:
             else:
                 completion = r.encode(turn) + ret
             prompt = r.render([{"role": "user", "content": f"What is {i} + {i}?"}])
-            w.add(TokenSample(f"s{i:03d}", prompt, completion, finish_reason=finish,
-                              partition="math"))
+            w.add(
+                TokenSample(f"s{i:03d}", prompt, completion, finish_reason=finish, partition="math")
+            )
     return path
 
 
@@ -67,8 +69,9 @@ def run_report(workdir: Path, tok_root: Path) -> tuple[int, list[str]]:
     from eagle3kit.cli import app
 
     build_gpt_oss_math(workdir / "gpt-oss-math", tok_root)
-    result = CliRunner().invoke(app, ["validate", str(workdir / "gpt-oss-math")],
-                                env={"COLUMNS": "200", "NO_COLOR": "1"})
+    result = CliRunner().invoke(
+        app, ["validate", str(workdir / "gpt-oss-math")], env={"COLUMNS": "200", "NO_COLOR": "1"}
+    )
     lines = result.stderr.replace(str(workdir / "gpt-oss-math"), "gpt-oss-math").splitlines()
     return result.exit_code, lines
 
@@ -79,8 +82,7 @@ def comparable(lines: list[str]) -> list[str]:
     return [line.rstrip() for line in lines if keep.match(line)]
 
 
-def test_gpt_oss_report_is_real(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
-                                ) -> None:
+def test_gpt_oss_report_is_real(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     code, lines = run_report(tmp_path, tmp_path_factory.getbasetemp())
     assert code == 1
     assert comparable(lines) == comparable(documented_report())
@@ -88,7 +90,6 @@ def test_gpt_oss_report_is_real(tmp_path: Path, tmp_path_factory: pytest.TempPat
 
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
-        code, lines = run_report(Path(tmp), Path(sys.argv[1]) if len(sys.argv) > 1
-                                 else Path(tmp))
+        code, lines = run_report(Path(tmp), Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tmp))
     print(f"$ {COMMAND}", *lines, sep="\n")
     print(f"exit {code}", file=sys.stderr)

@@ -22,8 +22,9 @@ from eagle3kit.errors import UserError
 from eagle3kit.export import ExportConfig, run
 
 REPO = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("make_tiny_run",
-                                               REPO / "examples" / "make_tiny_run.py")
+_spec = importlib.util.spec_from_file_location(
+    "make_tiny_run", REPO / "examples" / "make_tiny_run.py"
+)
 make_tiny_run = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(make_tiny_run)
 
@@ -83,8 +84,10 @@ def test_vllm_layout_is_the_speculators_one(tiny, tmp_path):
     spec = config["speculators_config"]
     assert spec["algorithm"] == "eagle3" and spec["default_proposal_method"] == "greedy"
     assert spec["proposal_methods"][0]["speculative_tokens"] == 5
-    assert spec["verifier"] == {"name_or_path": str(tiny["target"]),
-                                "architectures": ["LlamaForCausalLM"]}
+    assert spec["verifier"] == {
+        "name_or_path": str(tiny["target"]),
+        "architectures": ["LlamaForCausalLM"],
+    }
     stored = tensors(out)
     assert "embed_tokens.weight" not in stored
     assert stored["d2t"].dtype == torch.int64 and stored["t2d"].dtype == torch.bool
@@ -140,15 +143,19 @@ def test_exports_load_back_with_identical_tensors(tiny, tmp_path, fmt):
     run(ExportConfig(tiny["run"], halved, format=fmt))
     got = load_any(halved)[0].state_dict()
     for name, tensor in want.items():
-        expected = tensor.to(torch.bfloat16).to(tensor.dtype) if tensor.is_floating_point() \
-            else tensor
+        expected = (
+            tensor.to(torch.bfloat16).to(tensor.dtype) if tensor.is_floating_point() else tensor
+        )
         assert torch.equal(got[name], expected), name
 
 
 def test_an_export_exports_again_unchanged(tiny, tmp_path):
     """An export is itself a source (a third-party checkpoint is converted the same way)."""
-    run(ExportConfig(tiny["run"], tmp_path / "a", format="sglang", dtype="fp32",
-                     verifier="org/target"))
+    run(
+        ExportConfig(
+            tiny["run"], tmp_path / "a", format="sglang", dtype="fp32", verifier="org/target"
+        )
+    )
     run(ExportConfig(tmp_path / "a", tmp_path / "b", dtype="fp32", verifier="org/target"))
     assert tensors(tmp_path / "b").keys() == tensors(tiny["run"] / "drafter").keys()
     for name, t in tensors(tiny["run"] / "drafter").items():
@@ -179,16 +186,27 @@ def test_a_run_recording_the_older_target_keys_is_checked_on_its_fingerprint(tin
     old = tmp_path / "old-run"
     shutil.copytree(tiny["run"], old)
     record = json.loads((old / "run.json").read_text())
-    keys = ("path", "name_or_path", "architectures", "model_type", "num_layers", "hidden_size",
-            "vocab_size", "fingerprint")
+    keys = (
+        "path",
+        "name_or_path",
+        "architectures",
+        "model_type",
+        "num_layers",
+        "hidden_size",
+        "vocab_size",
+        "fingerprint",
+    )
     record["target"] = {k: record["target"][k] for k in keys}
     (old / "run.json").write_text(json.dumps(record))
     run(ExportConfig(old, tmp_path / "ok", target=tiny["target"]))
     assert (tmp_path / "ok" / "config.json").is_file()
     record["target"]["fingerprint"] = "0123456789abcdef"
     (old / "run.json").write_text(json.dumps(record))
-    with pytest.raises(UserError, match=r"not the target the run was trained against "
-                                        r"\(fingerprint [0-9a-f]+, the run recorded 0123"):
+    with pytest.raises(
+        UserError,
+        match=r"not the target the run was trained against "
+        r"\(fingerprint [0-9a-f]+, the run recorded 0123",
+    ):
         run(ExportConfig(old, tmp_path / "bad", target=tiny["target"]))
 
 
@@ -241,19 +259,26 @@ def test_overwrite_is_explicit_and_atomic(tiny, tmp_path):
     assert result.exit_code == 2 and (out / "keep.txt").exists()
     assert cli("export", tiny["run"], out, "--overwrite-dir", out, *QUIET).exit_code == 0
     assert sorted(p.name for p in out.iterdir()) == [
-        "README.md", "config.json", "eagle3kit-export.json", "model.safetensors"]
+        "README.md",
+        "config.json",
+        "eagle3kit-export.json",
+        "model.safetensors",
+    ]
     assert not list(tmp_path.glob(".out.tmp-*"))
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--format", "onnx"], "--format 'onnx': expected one of vllm, sglang, both"),
-    (["--dtype", "int8"], "--dtype int8: expected one of bfloat16, float16, float32"),
-    (["--num-speculative-tokens", "0"], "--num-speculative-tokens must be >= 1"),
-    (["--format", "sglang", "--with-embedding"], "--with-embedding: the SGLang layout"),
-    (["--layers", "2,x"], "--layers 2,x: expected comma-separated integers"),
-    (["--layers", "2,2,5"], "--layers 2,2,5: ids must be distinct and increasing"),
-    (["--target", "/nonexistent"], "--target /nonexistent: not a model directory"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--format", "onnx"], "--format 'onnx': expected one of vllm, sglang, both"),
+        (["--dtype", "int8"], "--dtype int8: expected one of bfloat16, float16, float32"),
+        (["--num-speculative-tokens", "0"], "--num-speculative-tokens must be >= 1"),
+        (["--format", "sglang", "--with-embedding"], "--with-embedding: the SGLang layout"),
+        (["--layers", "2,x"], "--layers 2,x: expected comma-separated integers"),
+        (["--layers", "2,2,5"], "--layers 2,2,5: ids must be distinct and increasing"),
+        (["--target", "/nonexistent"], "--target /nonexistent: not a model directory"),
+    ],
+)
 def test_bad_options_end_in_one_message(tiny, tmp_path, args, message):
     result = cli("export", tiny["run"], tmp_path / "o", *args)
     assert result.exit_code == 2, result.output
@@ -296,8 +321,13 @@ def test_the_training_prediction_travels_with_the_export(tiny, tmp_path):
     shutil.copytree(tiny["run"], run_dir)
     config_file = run_dir / "drafter" / "config.json"
     config = json.loads(config_file.read_text())
-    evaluation = {"k": 3, "temperature": 0, "predicted_acceptance_length": 2.5,
-                  "per_position": [0.8, 0.6, 0.5], "step": 10}
+    evaluation = {
+        "k": 3,
+        "temperature": 0,
+        "predicted_acceptance_length": 2.5,
+        "per_position": [0.8, 0.6, 0.5],
+        "step": 10,
+    }
     config["eagle3kit"]["eval"] = evaluation
     config_file.write_text(json.dumps(config))
     run(ExportConfig(run_dir, tmp_path / "out", format="both"))
@@ -335,8 +365,9 @@ def test_a_permuted_full_vocabulary_is_folded_into_lm_head(tiny, tmp_path):
     order = torch.randperm(V, generator=torch.Generator().manual_seed(0))
     model.set_vocab(order - torch.arange(V), torch.ones(V, dtype=torch.bool))
     config = json.loads((run_dir / "drafter" / "config.json").read_text())["eagle3kit"]
-    save_drafter(model, run_dir / "drafter", extra={k: v for k, v in config.items()
-                                                    if k != "drafter"})
+    save_drafter(
+        model, run_dir / "drafter", extra={k: v for k, v in config.items() if k != "drafter"}
+    )
     run(ExportConfig(run_dir, tmp_path / "out", dtype="fp32"))
     written = tensors(tmp_path / "out")
     assert "d2t" not in written
@@ -357,8 +388,10 @@ def test_info_flags_the_full_vocabulary_layout_vllm_refuses(tiny, tmp_path):
     vllm_layout = cli("info", tmp_path / "out" / "vllm")
     assert vllm_layout.exit_code == 1
     flat = " ".join(vllm_layout.output.split())
-    assert "the draft vocabulary is the target's whole vocabulary, yet the checkpoint has d2t" \
-        in flat and "vLLM refuses to load it" in flat
+    assert (
+        "the draft vocabulary is the target's whole vocabulary, yet the checkpoint has d2t" in flat
+        and "vLLM refuses to load it" in flat
+    )
     sglang = inspect(tmp_path / "out" / "sglang")  # SGLang reads it; vLLM would not
     assert sglang.problems == []
     assert any("when vLLM serves it" in w for w in sglang.warnings)
@@ -388,9 +421,11 @@ def test_a_sliding_window_is_exported_where_the_engines_read_it(tiny, tmp_path, 
     sglang = json.loads((tmp_path / "out" / "sglang" / "config.json").read_text())
     for layer in (vllm["transformer_layer_config"], sglang):
         assert (layer["sliding_window"], layer["layer_types"]) == (64, ["sliding_attention"])
-    assert ("warning: sliding window of 64: SGLang takes a draft's window from its launch "
-            "flag, not from config.json; serve with --speculative-draft-window-size 63"
-            in capsys.readouterr().err)
+    assert (
+        "warning: sliding window of 64: SGLang takes a draft's window from its launch "
+        "flag, not from config.json; serve with --speculative-draft-window-size 63"
+        in capsys.readouterr().err
+    )
     card = (tmp_path / "out" / "sglang" / "README.md").read_text()
     assert "--speculative-num-draft-tokens 4 --speculative-draft-window-size 63" in card
     assert "- attention: a sliding window of 64 positions" in card
@@ -421,13 +456,16 @@ def test_a_yarn_targets_rope_scaling_is_exported_and_applied(tiny, tmp_path):
     target = tmp_path / "yarn-target"
     make_tiny_run.make_target(target, max_positions=32768)
     config = json.loads((target / "config.json").read_text())
-    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192,
-            "rope_theta": 10000.0}
+    yarn = {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_theta": 10000.0,
+    }
     config.pop("rope_scaling", None)
     config["rope_parameters"] = yarn
     (target / "config.json").write_text(json.dumps(config))
-    run(ExportConfig(_windowed_run(tiny, tmp_path, target=target), tmp_path / "out",
-                     format="both"))
+    run(ExportConfig(_windowed_run(tiny, tmp_path, target=target), tmp_path / "out", format="both"))
     for fmt in ("vllm", "sglang"):
         written = json.loads((tmp_path / "out" / fmt / "config.json").read_text())
         layer = written.get("transformer_layer_config", written)

@@ -30,8 +30,9 @@ QUIET = OutputOptions(quiet=True)
 PROMPTS = "prompts/chat.jsonl"
 SERVER = "http://127.0.0.1:30000"
 SAMPLING = {"temperature": 0.6, "top_p": 0.95, "max_tokens": 64}
-_spec = importlib.util.spec_from_file_location("make_tiny_run",
-                                               REPO / "examples" / "make_tiny_run.py")
+_spec = importlib.util.spec_from_file_location(
+    "make_tiny_run", REPO / "examples" / "make_tiny_run.py"
+)
 make_tiny_run = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(make_tiny_run)
 
@@ -43,8 +44,14 @@ def env() -> dict[str, str]:
 
 
 def eagle3kit(*args: object, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "eagle3kit", *map(str, args)], cwd=cwd,
-                          env=env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        cwd=cwd,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -63,34 +70,47 @@ def trained(tmp_path_factory) -> dict[str, Path]:
     tok = AutoTokenizer.from_pretrained(str(target))
     seqs = [s for s in (tok(d)["input_ids"][:48] for d in docs[:40]) if len(s) >= 12]
     tokens = root / "tokens"
-    with DatasetWriter(tokens, config={"stage": "gen", "model": "tiny", **SAMPLING},
-                       provenance={"prompts": [PROMPTS], "servers": [SERVER],
-                                   "engine": "sglang"}) as w:
+    with DatasetWriter(
+        tokens,
+        config={"stage": "gen", "model": "tiny", **SAMPLING},
+        provenance={"prompts": [PROMPTS], "servers": [SERVER], "engine": "sglang"},
+    ) as w:
         for i, ids in enumerate(seqs):
             w.add(TokenSample(f"s{i}", ids[:4], ids[4:]))
     hidden = root / "hidden"
     stage.run(stage.ExtractConfig(tokens, hidden, target=target, device="cpu", output=QUIET))
-    options = dict(max_steps=4, batch_tokens=256, draft_vocab=200, eval_split=4,
-                   eval_every=2, checkpoint_every=2, lr=3e-3, warmup=1, device="cpu",
-                   output=QUIET)
+    options = dict(
+        max_steps=4,
+        batch_tokens=256,
+        draft_vocab=200,
+        eval_split=4,
+        eval_every=2,
+        checkpoint_every=2,
+        lr=3e-3,
+        warmup=1,
+        device="cpu",
+        output=QUIET,
+    )
     options["write"] = WriteOptions(**{k: options.pop(k) for k in WRITE_KEYS if k in options})
     train(TrainConfig([hidden], root / "run", target, **options))
-    (root / "run" / "bench-accept.json").write_text(json.dumps(
-        {"acceptance_length": 2.345, "shape": "chain k=3", "speedup": 1.5}))
-    return {"root": root, "target": target, "tokens": tokens, "hidden": hidden,
-            "run": root / "run"}
+    (root / "run" / "bench-accept.json").write_text(
+        json.dumps({"acceptance_length": 2.345, "shape": "chain k=3", "speedup": 1.5})
+    )
+    return {"root": root, "target": target, "tokens": tokens, "hidden": hidden, "run": root / "run"}
 
 
 def front_matter(card: str) -> dict:
     assert card.startswith("---\n")
-    head = card[4:card.index("\n---\n", 4)]
+    head = card[4 : card.index("\n---\n", 4)]
     return yaml.safe_load(head)
 
 
 def launch_lines(card: str) -> list:
     body = card.split("## Serving", 1)[1]
-    return [parse(i, block.split("\n", 1)[1].split("\n```", 1)[0])
-            for i, block in enumerate(body.split("```bash")[1:])]
+    return [
+        parse(i, block.split("\n", 1)[1].split("\n```", 1)[0])
+        for i, block in enumerate(body.split("```bash")[1:])
+    ]
 
 
 def test_each_export_carries_a_card_of_what_it_is_and_where_it_came_from(trained):
@@ -107,20 +127,28 @@ def test_each_export_carries_a_card_of_what_it_is_and_where_it_came_from(trained
         meta = front_matter(card)
         assert meta["base_model"] == base_model and meta["library_name"] == library
         assert {"eagle3", "speculative-decoding"} <= set(meta["tags"])
-        ids = (config["eagle_aux_hidden_state_layer_ids"] if fmt == "vllm" else
-               [i + 1 for i in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]])
+        ids = (
+            config["eagle_aux_hidden_state_layer_ids"]
+            if fmt == "vllm"
+            else [i + 1 for i in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+        )
         assert f"- aux layer ids: {ids} (boundary" in card
         assert f"- draft vocabulary: {config['draft_vocab_size']:,} of " in card
         # The data's provenance, counted by the datasets' own manifests.
-        assert (f"`{trained['hidden']}`: hidden dataset, {len(hidden):,} samples, "
-                f"{hidden.num_tokens:,} tokens") in card
-        assert (f"extracted from `{trained['tokens']}`: tokens dataset, {len(tokens):,} "
-                f"samples, {tokens.num_tokens:,} tokens") in card
+        assert (
+            f"`{trained['hidden']}`: hidden dataset, {len(hidden):,} samples, "
+            f"{hidden.num_tokens:,} tokens"
+        ) in card
+        assert (
+            f"extracted from `{trained['tokens']}`: tokens dataset, {len(tokens):,} "
+            f"samples, {tokens.num_tokens:,} tokens"
+        ) in card
         assert f"prompts: `{PROMPTS}`" in card
         assert f"generated by: `{SERVER}` (`sglang`), serving `tiny`" in card
         assert "sampling: `temperature=0.6`, `top_p=0.95`, `max_tokens=64`" in card
-        assert (f"predicted acceptance length: {prediction['predicted_acceptance_length']:.3f}"
-                in card)
+        assert (
+            f"predicted acceptance length: {prediction['predicted_acceptance_length']:.3f}" in card
+        )
         assert "2.345" not in card  # a bench report saved in the run is not eagle3kit's record
     vllm_lines = launch_lines((root / "out" / "vllm" / "README.md").read_text())
     assert vllm_lines[0].model == "out/vllm" and not vllm_lines[0].flags  # the short form
@@ -162,9 +190,11 @@ def test_a_card_says_what_it_does_not_know(trained, tmp_path):
     (run / "bench-accept.json").unlink()
     assert eagle3kit("export", run, "out", "--quiet", cwd=tmp_path).returncode == 0
     card = (tmp_path / "out" / "README.md").read_text()
-    assert (f"`{gone}`: hidden dataset, {data['samples']:,} samples, {data['tokens']:,} tokens "
-            f"(run.json counts; the dataset is not reachable here, so its prompts, server and "
-            f"sampling are unknown)") in card
+    assert (
+        f"`{gone}`: hidden dataset, {data['samples']:,} samples, {data['tokens']:,} tokens "
+        f"(run.json counts; the dataset is not reachable here, so its prompts, server and "
+        f"sampling are unknown)"
+    ) in card
 
     make_tiny_run.make_target(tmp_path / "target")
     make_tiny_run.make_run(tmp_path / "bare", tmp_path / "target", [2, 4, 5])
@@ -174,8 +204,12 @@ def test_a_card_says_what_it_does_not_know(trained, tmp_path):
     assert "## Training data\n\nUnknown: the run records no datasets" in card
     assert "## Held-out prediction\n\nUnknown: the drafter records no held-out evaluation" in card
     # Not a run: a checkpoint has no record of its data.
-    assert eagle3kit("export", "bare-out", "again", "--format", "sglang", "--quiet",
-                     cwd=tmp_path).returncode == 0
+    assert (
+        eagle3kit(
+            "export", "bare-out", "again", "--format", "sglang", "--quiet", cwd=tmp_path
+        ).returncode
+        == 0
+    )
     card = (tmp_path / "again" / "README.md").read_text()
     assert "Unknown: exported from a checkpoint, not a training run" in card
 
@@ -192,7 +226,8 @@ def test_info_warns_on_a_speculators_checkpoint_without_its_embedding(tmp_path):
         "warning: plain/vllm: no embed_tokens: vLLM takes the target's embedding, but "
         "speculators' own Eagle3DraftModel.from_pretrained then starts from a random one, so "
         "the drafter evaluated or trained further with speculators is not this one; "
-        "`eagle3kit export --with-embedding` adds the target's embedding"]  # none for sglang
+        "`eagle3kit export --with-embedding` adds the target's embedding"
+    ]  # none for sglang
     with_embedding = eagle3kit("info", "emb", "--quiet", cwd=tmp_path)
     assert with_embedding.returncode == 0 and with_embedding.stderr == ""
 
@@ -238,41 +273,58 @@ def test_recorded_strings_go_in_as_code_and_planted_figures_not_at_all(trained, 
     strings as inline code and none of them as Markdown, and `info` reports the drafter's
     own evaluation (and none for a drafter never evaluated)."""
     crafted = tmp_path / "crafted-tokens"
-    with DatasetWriter(crafted, config={"stage": "gen", "model": LINK, "temperature": FORGED,
-                                        "top_p": PIXEL},
-                       provenance={"prompts": ["p.jsonl" + FORGED], "dataset": LINK,
-                                   "servers": [PIXEL, "http://a`b"], "engine": FORGED}) as w:
+    with DatasetWriter(
+        crafted,
+        config={"stage": "gen", "model": LINK, "temperature": FORGED, "top_p": PIXEL},
+        provenance={
+            "prompts": ["p.jsonl" + FORGED],
+            "dataset": LINK,
+            "servers": [PIXEL, "http://a`b"],
+            "engine": FORGED,
+        },
+    ) as w:
         for i in range(4):
             w.add(TokenSample(f"s{i}", [1, 2, 3, 4], [5, 6, 7 + i]))
     run = tmp_path / "run"
     shutil.copytree(trained["run"], run)
     record = json.loads((run / "run.json").read_text())
-    record["data"] = [{"path": str(crafted), "kind": "tokens"},
-                      {"path": str(tmp_path / ("gone" + FORGED + PIXEL)), "kind": LINK,
-                       "samples": "9.999", "tokens": FORGED, "weight": "x"}]
+    record["data"] = [
+        {"path": str(crafted), "kind": "tokens"},
+        {
+            "path": str(tmp_path / ("gone" + FORGED + PIXEL)),
+            "kind": LINK,
+            "samples": "9.999",
+            "tokens": FORGED,
+            "weight": "x",
+        },
+    ]
     (run / "run.json").write_text(json.dumps(record))
-    (run / "bench-accept.json").write_text(json.dumps(
-        {"acceptance_length": 9.999, "shape": SHAPE, "speedup": 9.999}))
+    (run / "bench-accept.json").write_text(
+        json.dumps({"acceptance_length": 9.999, "shape": SHAPE, "speedup": 9.999})
+    )
     proc = eagle3kit("export", run, "out", "--quiet", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     card = (tmp_path / "out" / "README.md").read_text()
     assert_only_its_own_markdown(card)
     assert "bench-accept.json" not in card and "speedup" not in card  # not the card's figures
     prediction = json.loads((run / "drafter" / "config.json").read_text())["eagle3kit"]["eval"]
-    assert (f"- predicted acceptance length: {prediction['predicted_acceptance_length']:.3f}"
-            in card)
+    assert f"- predicted acceptance length: {prediction['predicted_acceptance_length']:.3f}" in card
     assert "prompts: `p.jsonl\\n\\n## Held-out prediction\\n\\n- predicted" in card
     assert 'generated by: `\\u003cimg src=\\"https:' not in card  # < is not escaped: code
-    assert 'generated by: `<img src=\\"https://tracker.example/pixel.png\\">`, ' \
-           "`http://a\\u0060b`" in card
+    assert (
+        'generated by: `<img src=\\"https://tracker.example/pixel.png\\">`, '
+        "`http://a\\u0060b`" in card
+    )
     assert f"serving `{LINK}`" in card
     assert front_matter(card)["base_model"]  # the YAML still parses
 
     shown = eagle3kit("info", "out", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
-    assert [line.strip() for line in shown.stderr.splitlines()
-            if line.strip().startswith("held-out prediction")] == [
-        f"held-out prediction  {prediction['predicted_acceptance_length']:.3f} (chain, k=3)"]
+    assert [
+        line.strip()
+        for line in shown.stderr.splitlines()
+        if line.strip().startswith("held-out prediction")
+    ] == [f"held-out prediction  {prediction['predicted_acceptance_length']:.3f} (chain, k=3)"]
 
     # A drafter never evaluated, with the planted report beside it.
     make_tiny_run.make_target(tmp_path / "target")
@@ -284,7 +336,8 @@ def test_recorded_strings_go_in_as_code_and_planted_figures_not_at_all(trained, 
     assert shown.returncode == 0, shown.stderr
     (checkpoint,) = json.loads(shown.stdout)["checkpoints"]
     assert checkpoint["card"]["held-out prediction"] == (
-        "Unknown: the drafter records no held-out evaluation.")
+        "Unknown: the drafter records no held-out evaluation."
+    )
 
 
 def test_info_reads_only_the_cards_own_lines_and_the_drafters_own_figure(tmp_path):
@@ -302,7 +355,8 @@ def test_info_reads_only_the_cards_own_lines_and_the_drafters_own_figure(tmp_pat
     (checkpoint,) = json.loads(shown.stdout)["checkpoints"]
     assert checkpoint["card"]["held-out prediction"].startswith("Unknown")
     assert checkpoint["card"]["training data"] == [
-        "Unknown: the run records no datasets (run.json has no `data`)."]
+        "Unknown: the run records no datasets (run.json has no `data`)."
+    ]
 
     provenance = tmp_path / "out" / "eagle3kit-export.json"
     record = json.loads(provenance.read_text())

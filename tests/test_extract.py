@@ -72,14 +72,14 @@ def reference(model, ids: np.ndarray) -> tuple:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_states_equal_hf_output_hidden_states_and_give_the_logits(tiny: Tiny, arch: str,
-                                                                 tmp_path: Path) -> None:
+def test_states_equal_hf_output_hidden_states_and_give_the_logits(
+    tiny: Tiny, arch: str, tmp_path: Path
+) -> None:
     model_dir = getattr(tiny, arch)
     info = TargetInfo.load(model_dir)
     layers = resolve_layer_ids(None, info.num_layers)
     assert layers == [2, 4, 5]
-    engine = HfEngine.load(config(tiny, tmp_path / "x", target=model_dir), info,
-                                   layers, Ranks())
+    engine = HfEngine.load(config(tiny, tmp_path / "x", target=model_dir), info, layers, Ranks())
     from eagle3kit.format import Dataset
 
     tokens = Dataset(tiny.tokens)
@@ -108,8 +108,9 @@ def test_states_equal_hf_output_hidden_states_and_give_the_logits(tiny: Tiny, ar
     for i, hidden in enumerate(references):
         stored = by_id[tokens[i].sample_id]
         want = torch.cat([hidden[k][0] for k in layers], -1)
-        assert np.array_equal(to_bf16(stored.aux), want.to(torch.bfloat16).view(
-            torch.int16).numpy().view(np.uint16))
+        assert np.array_equal(
+            to_bf16(stored.aux), want.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        )
         ((_, alone),) = engine.states([ids[i]])
         assert np.array_equal(to_bf16(stored.last), to_bf16(alone))
         assert np.array_equal(stored.input_ids, ids[i])
@@ -131,8 +132,11 @@ def test_dataset_records_what_the_states_are(tiny: Tiny, tmp_path: Path) -> None
     assert measured["tokens"] == ds.num_tokens
     assert 0 < measured["max_rel_error"] < 0.07  # e4m3: 3 mantissa bits
     # The forecast plan uses is close to what was measured (small samples: headers weigh).
-    assert hidden_bytes_per_token(64, 3, "fp8") <= measured["bytes_per_token"] < 1.4 * (
-        hidden_bytes_per_token(64, 3, "fp8"))
+    assert (
+        hidden_bytes_per_token(64, 3, "fp8")
+        <= measured["bytes_per_token"]
+        < 1.4 * (hidden_bytes_per_token(64, 3, "fp8"))
+    )
     sample = ds[0]
     assert sample.aux.shape == (len(sample.input_ids), 192) and sample.aux.dtype == np.float32
     assert sample.input_ids.dtype == np.int32 and sample.loss_mask.dtype == np.uint8
@@ -151,11 +155,17 @@ def test_codecs_round_trip(tmp_path: Path, codec: str) -> None:
     rng = np.random.default_rng(3)
     h = 32
     layout = {"layer_ids": [2, 4, 5], "hidden_size": h, "last_state": "pre_norm"}
-    samples = [HiddenSample(f"x{i}", rng.integers(0, 99, t).astype(np.int32),
-                            (rng.random(t) < 0.7).astype(np.uint8),
-                            rng.standard_normal((t, 3 * h), np.float32),
-                            10 * rng.standard_normal((t, h), np.float32), prompt_len=1 + i % 2)
-               for i, t in enumerate((1, 7, 30, 2))]
+    samples = [
+        HiddenSample(
+            f"x{i}",
+            rng.integers(0, 99, t).astype(np.int32),
+            (rng.random(t) < 0.7).astype(np.uint8),
+            rng.standard_normal((t, 3 * h), np.float32),
+            10 * rng.standard_normal((t, h), np.float32),
+            prompt_len=1 + i % 2,
+        )
+        for i, t in enumerate((1, 7, 30, 2))
+    ]
     with HiddenWriter(tmp_path / codec, layout=layout, codec=codec, commit_every=3) as writer:
         for s in samples:
             writer.add(s)
@@ -175,17 +185,28 @@ def test_codecs_round_trip(tmp_path: Path, codec: str) -> None:
 
 
 def test_an_older_datasets_target_record_is_kept_when_it_names_this_target(
-        tiny: Tiny, tmp_path: Path) -> None:
+    tiny: Tiny, tmp_path: Path
+) -> None:
     """extract writes the one identity record; a dataset an older eagle3kit started records
     fewer keys of it, and rerunning on it continues instead of refusing a changed layout."""
     out = tmp_path / "hidden"
     extract.run(config(tiny, out))
     assert {k: v for k, v in HiddenDataset(out).target.items() if k != "path"} == (
-        TargetInfo.load(tiny.llama).identity)
+        TargetInfo.load(tiny.llama).identity
+    )
     manifest_path = out / "manifest.json"
     manifest = orjson.loads(manifest_path.read_bytes())
-    old = {k: manifest["hidden"]["target"][k] for k in (
-        "model_type", "num_layers", "hidden_size", "vocab_size", "config_xxh3", "weights_xxh3")}
+    old = {
+        k: manifest["hidden"]["target"][k]
+        for k in (
+            "model_type",
+            "num_layers",
+            "hidden_size",
+            "vocab_size",
+            "config_xxh3",
+            "weights_xxh3",
+        )
+    }
     manifest["hidden"]["target"] = old
     manifest_path.write_bytes(orjson.dumps(manifest))
     again = extract.run(config(tiny, out))
@@ -212,16 +233,18 @@ def test_a_dataset_for_another_model_is_refused(tiny: Tiny, tmp_path: Path) -> N
     too_big = write_tokens(tmp_path / "big", tiny.tokenizer, n=3, top=5000)
     message = refused("extract", too_big, tmp_path / "h1", "--target", tiny.llama)
     assert "holds token id" in message and "embeds only 1026 ids" in message
-    other = make_tokenizer(tmp_path / "other-tok", corpus=["a completely different corpus"] * 50,
-                           vocab_size=300)
+    other = make_tokenizer(
+        tmp_path / "other-tok", corpus=["a completely different corpus"] * 50, vocab_size=300
+    )
     foreign = write_tokens(tmp_path / "foreign", other, n=3, top=300)
     message = refused("extract", foreign, tmp_path / "h2", "--target", tiny.llama)
     assert "tokenizer" in message and "differs from the target's" in message
     assert not (tmp_path / "h1").exists() and not (tmp_path / "h2").exists()
 
 
-def test_short_disk_is_refused_and_dry_run_only_estimates(tiny: Tiny, tmp_path: Path,
-                                                          monkeypatch, capsys) -> None:
+def test_short_disk_is_refused_and_dry_run_only_estimates(
+    tiny: Tiny, tmp_path: Path, monkeypatch, capsys
+) -> None:
     out = tmp_path / "hidden"
     monkeypatch.setattr(extract_run, "free_bytes", lambda path: 900)
     with pytest.raises(UserError, match=r"only 900 B free.*--ignore-disk-check"):
@@ -280,9 +303,11 @@ def test_nan_states_skip_the_sample_with_a_reason(tiny: Tiny, tmp_path: Path) ->
     out = tmp_path / "hidden"
     result = extract.run(config(tiny, out, target=broken))
     ds = HiddenDataset(out)
-    having = {s.sample_id for s in extract_run.Dataset(tiny.tokens)
-              if bad_id in np.asarray(s.prompt_ids).tolist() + np.asarray(
-                  s.completion_ids).tolist()}
+    having = {
+        s.sample_id
+        for s in extract_run.Dataset(tiny.tokens)
+        if bad_id in np.asarray(s.prompt_ids).tolist() + np.asarray(s.completion_ids).tolist()
+    }
     assert set(result.skipped) == having and "s005" in having
     assert set(ds.skipped) == having and "NaN" in ds.skipped["s005"]
     assert len(ds) == N_SAMPLES - len(having)
@@ -290,9 +315,24 @@ def test_nan_states_skip_the_sample_with_a_reason(tiny: Tiny, tmp_path: Path) ->
 
 # Crashes and ranks ------------------------------------------------------------------------
 def extract_cmd(tiny: Tiny, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "eagle3kit", "extract", str(tiny.tokens), str(out),
-            "--target", str(tiny.llama), "--batch-tokens", "64", "--commit-every", "2",
-            "--dtype", "float32", "-q", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "eagle3kit",
+        "extract",
+        str(tiny.tokens),
+        str(out),
+        "--target",
+        str(tiny.llama),
+        "--batch-tokens",
+        "64",
+        "--commit-every",
+        "2",
+        "--dtype",
+        "float32",
+        "-q",
+        *extra,
+    ]
 
 
 @pytest.mark.slow  # two CLI processes: ~60 s on a shared 2-core machine, mostly imports
@@ -312,8 +352,9 @@ def test_sigkill_mid_extract_then_rerun(tiny: Tiny, tmp_path: Path) -> None:
     held = {s.sample_id for s in HiddenDataset(out, warn_stray=False)}
     assert 0 < len(held) < N_SAMPLES
 
-    final = subprocess.run(extract_cmd(tiny, out), env=cli_env(), capture_output=True,
-                           text=True, timeout=240)
+    final = subprocess.run(
+        extract_cmd(tiny, out), env=cli_env(), capture_output=True, text=True, timeout=240
+    )
     assert final.returncode == 0 and "Traceback" not in final.stderr, final.stderr
     ds = HiddenDataset(out)
     assert ds.verify() == [] and ds.stray_files() == ([], [])
@@ -323,17 +364,41 @@ def test_sigkill_mid_extract_then_rerun(tiny: Tiny, tmp_path: Path) -> None:
 
 def torchrun(nproc: int, *args: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         str(nproc), "-m", "eagle3kit", *args],
-        env=cli_env(), capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            "-m",
+            "eagle3kit",
+            *args,
+        ],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
 
 
 @pytest.mark.slow
 def test_two_torchrun_ranks_write_what_one_process_writes(tiny: Tiny, tmp_path: Path) -> None:
     # One sample per forward pass, so both runs compute each sample the same way.
-    common = ["extract", str(tiny.tokens), "--target", str(tiny.llama), "--dtype", "float32",
-              "--batch-tokens", "1", "--commit-every", "3", "-q"]
+    common = [
+        "extract",
+        str(tiny.tokens),
+        "--target",
+        str(tiny.llama),
+        "--dtype",
+        "float32",
+        "--batch-tokens",
+        "1",
+        "--commit-every",
+        "3",
+        "-q",
+    ]
     torchrun(2, *common[:2], str(tmp_path / "two"), *common[2:])
     torchrun(1, *common[:2], str(tmp_path / "one"), *common[2:])
     two, one = HiddenDataset(tmp_path / "two"), HiddenDataset(tmp_path / "one")
@@ -360,20 +425,25 @@ def test_a_gpu_that_is_not_here_is_one_line(tiny: Tiny, tmp_path: Path, device: 
 
     if device != "cuda:99" and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    line = refused("extract", tiny.tokens, tmp_path / "hidden", "--target", tiny.llama,
-                   "--device", device)
+    line = refused(
+        "extract", tiny.tokens, tmp_path / "hidden", "--target", tiny.llama, "--device", device
+    )
     assert line.startswith(f"error: --device {device}"), line
     assert "no CUDA device here" in line or "CUDA device(s)" in line
     assert not (tmp_path / "hidden").exists()
 
 
-def test_a_device_that_is_not_a_device_is_refused_by_the_config(tiny: Tiny,
-                                                                 tmp_path: Path) -> None:
+def test_a_device_that_is_not_a_device_is_refused_by_the_config(tiny: Tiny, tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"--device must be auto, cpu, cuda or cuda:N \(got gpu"):
         config(tiny, tmp_path / "hidden", device="gpu")
 
 
 def test_an_infinite_request_timeout_is_refused(tiny: Tiny, tmp_path: Path) -> None:
     with pytest.raises(UserError, match="--request-timeout must be a finite number > 0"):
-        config(tiny, tmp_path / "hidden", engine="vllm", server="http://127.0.0.1:9",
-               request_timeout=float("inf"))
+        config(
+            tiny,
+            tmp_path / "hidden",
+            engine="vllm",
+            server="http://127.0.0.1:9",
+            request_timeout=float("inf"),
+        )

@@ -30,9 +30,17 @@ def vllm_config(tiny: Tiny, out: Path, url: str, **options) -> extract.ExtractCo
     write = WriteOptions(**{k: options.pop(k) for k in WRITE_KEYS if k in options})
     options.setdefault("hidden_states_dir", out.parent / "shared")
     (out.parent / "shared").mkdir(exist_ok=True)
-    return extract.ExtractConfig(tiny.tokens, out, target=tiny.llama, engine="vllm",
-                                 server=url, output=QUIET, concurrency=4, write=write,
-                                 **options)
+    return extract.ExtractConfig(
+        tiny.tokens,
+        out,
+        target=tiny.llama,
+        engine="vllm",
+        server=url,
+        output=QUIET,
+        concurrency=4,
+        write=write,
+        **options,
+    )
 
 
 def test_server_states_equal_the_transformers_path(tiny: Tiny, tmp_path: Path) -> None:
@@ -40,16 +48,23 @@ def test_server_states_equal_the_transformers_path(tiny: Tiny, tmp_path: Path) -
     # Aux ids 2, 4, 5 then N = 8 for the last, pre-norm state; files finish after answers.
     server = FakeVllmHidden(tiny.llama, storage, [2, 4, 5, 8], write_delay_s=0.02).start()
     try:
-        result = extract.run(vllm_config(tiny, tmp_path / "served", server.url,
-                                         commit_every=5))
+        result = extract.run(vllm_config(tiny, tmp_path / "served", server.url, commit_every=5))
     finally:
         server.stop()
     assert result.written == len(server.requests) == 24
     assert all(r["max_tokens"] == 1 for r in server.requests)
     assert list(storage.iterdir()) == []  # every file read, then deleted
 
-    extract.run(extract.ExtractConfig(tiny.tokens, tmp_path / "local", target=tiny.llama,
-                                      batch_tokens=1, dtype="float32", output=QUIET))
+    extract.run(
+        extract.ExtractConfig(
+            tiny.tokens,
+            tmp_path / "local",
+            target=tiny.llama,
+            batch_tokens=1,
+            dtype="float32",
+            output=QUIET,
+        )
+    )
     local = {s.sample_id: s for s in HiddenDataset(tmp_path / "local")}
     served = HiddenDataset(tmp_path / "served")
     assert served.verify() == [] and served.layer_ids == [2, 4, 5]

@@ -28,13 +28,19 @@ PEAK_RSS_LIMIT_MB = 300
 def cli(*args: str | Path) -> tuple[subprocess.CompletedProcess[str], int]:
     """Run eagle3kit under a fresh Python whose only child it is, so the peak resident size
     its getrusage reports is eagle3kit's alone (MiB)."""
-    wrapper = ("import json, resource, subprocess, sys; "
-               "r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
-               "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss; "
-               "print(json.dumps([r.returncode, r.stdout, r.stderr, peak]))")
-    done = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "eagle3kit",
-                           *map(str, args)], capture_output=True, text=True,
-                          timeout=CLI_TIMEOUT_S, check=True)
+    wrapper = (
+        "import json, resource, subprocess, sys; "
+        "r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+        "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss; "
+        "print(json.dumps([r.returncode, r.stdout, r.stderr, peak]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", wrapper, sys.executable, "-m", "eagle3kit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=True,
+    )
     code, out, err, peak_kib = json.loads(done.stdout)
     return subprocess.CompletedProcess(args, code, out, err), peak_kib // 1024
 
@@ -90,13 +96,16 @@ def _tokens_as_floats(a: Arrays, m: dict) -> None:
 INCONSISTENT: dict[str, tuple[Callable[[Arrays, dict], None], str]] = {
     # name: (the edit, what the problem says)
     "span offsets one short": (_span_offsets_one_short, "loss span offsets do not cover"),
-    "metadata not JSON": (_meta(b"[{\"finish_reason\": \"stop\"}"), "metadata is not JSON"),
+    "metadata not JSON": (_meta(b'[{"finish_reason": "stop"}'), "metadata is not JSON"),
     "metadata not objects": (_meta(b"[1, 2, 3, 4]"), "sample 0's metadata is not an object"),
-    "metadata one short": (_meta(b'[{"finish_reason": "stop"}]'),
-                           "metadata is not a list of 4 objects"),
+    "metadata one short": (
+        _meta(b'[{"finish_reason": "stop"}]'),
+        "metadata is not a list of 4 objects",
+    ),
     "metadata field of the wrong type": (
-        _meta(b'[' + b','.join([b'{"finish_reason": "stop", "metadata": 5}'] * 4) + b']'),
-        "sample 0's metadata has a metadata that is int"),
+        _meta(b"[" + b",".join([b'{"finish_reason": "stop", "metadata": 5}'] * 4) + b"]"),
+        "sample 0's metadata has a metadata that is int",
+    ),
     "a sample id missing": (_drop_an_id, "holds 3 sample ids for 4 samples"),
     "offsets not ascending": (_offsets_backwards, "offsets do not cover"),
     "prompt longer than its sample": (_prompt_too_long, "prompt length is negative or longer"),
@@ -135,7 +144,8 @@ def test_a_sample_id_in_two_shards_is_a_problem_for_info(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("stated", [True, False], ids=["size-stated", "size-unstated"])
 def test_a_metadata_decompression_bomb_is_refused_within_bounded_memory(
-        tmp_path: Path, stated: bool) -> None:
+    tmp_path: Path, stated: bool
+) -> None:
     """The issue's reproduction: the metadata frame is valid JSON padded with whitespace,
     checksums recomputed; info used to expand all of it (2.1 GB) and report no problem."""
     ds = token_dataset(tmp_path / "ds")

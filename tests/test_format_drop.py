@@ -15,11 +15,19 @@ from eagle3kit.format import drop as drop_module
 def sample(i: int, finish: str = "stop") -> TokenSample:
     completion = [] if finish.startswith("skipped") else [100 + i, 7, 2]
     mask = None if i % 4 else [0, 1, 0] + [1] * len(completion)  # some carry their own mask
-    return TokenSample(f"s{i:03d}", [1, 2, i], completion, finish_reason=finish,
-                       partition="even" if i % 2 == 0 else "odd", loss_mask=mask,
-                       source={"line": i}, server={"url": "u"}, latency=0.5,
-                       counts={"completion_tokens": len(completion)},
-                       metadata={"i": i, "reason": "x"} if finish != "stop" else {"i": i})
+    return TokenSample(
+        f"s{i:03d}",
+        [1, 2, i],
+        completion,
+        finish_reason=finish,
+        partition="even" if i % 2 == 0 else "odd",
+        loss_mask=mask,
+        source={"line": i},
+        server={"url": "u"},
+        latency=0.5,
+        counts={"completion_tokens": len(completion)},
+        metadata={"i": i, "reason": "x"} if finish != "stop" else {"i": i},
+    )
 
 
 def build(path, n: int = 20, failed=(3, 4, 5, 17)) -> list[TokenSample]:
@@ -31,12 +39,14 @@ def build(path, n: int = 20, failed=(3, 4, 5, 17)) -> list[TokenSample]:
 
 
 def same(a: TokenSample, b: TokenSample) -> bool:
-    return (a.sample_id == b.sample_id and np.array_equal(a.prompt_ids, b.prompt_ids)
-            and np.array_equal(a.completion_ids, b.completion_ids)
-            and np.array_equal(a.dense_loss_mask(), b.dense_loss_mask())
-            and (a.finish_reason, a.partition, a.source, a.server, a.latency, a.counts,
-                 a.metadata) == (b.finish_reason, b.partition, b.source, b.server, b.latency,
-                                 b.counts, b.metadata))
+    return (
+        a.sample_id == b.sample_id
+        and np.array_equal(a.prompt_ids, b.prompt_ids)
+        and np.array_equal(a.completion_ids, b.completion_ids)
+        and np.array_equal(a.dense_loss_mask(), b.dense_loss_mask())
+        and (a.finish_reason, a.partition, a.source, a.server, a.latency, a.counts, a.metadata)
+        == (b.finish_reason, b.partition, b.source, b.server, b.latency, b.counts, b.metadata)
+    )
 
 
 def test_ids_with_finish_reads_only_shards_that_count_one(tmp_path):
@@ -88,8 +98,7 @@ def test_queued_samples_are_committed_before_the_rewrite(tmp_path):
         w.add(sample(30))
         w.add(sample(31, "skipped:failed"))
         assert w.drop({"s031", "s003"}) == 2
-    assert sorted(Dataset(tmp_path / "ds").sample_ids()) == [
-        "s000", "s001", "s002", "s004", "s030"]
+    assert sorted(Dataset(tmp_path / "ds").sample_ids()) == ["s000", "s001", "s002", "s004", "s030"]
 
 
 def test_a_commit_that_fails_leaves_the_dataset_as_it_was(tmp_path, monkeypatch):

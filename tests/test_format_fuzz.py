@@ -56,8 +56,26 @@ TRACE_EVERY = 10
 TIME_LIMIT_S = 5.0
 BOMB_BYTES = 256 << 20
 KINDS = ("tokens", "raw", "zstd")
-HOSTILE = [None, True, -1, 0, 1, 2**31, 2**62, 2**63 - 1, 2**64, 1e308, float("nan"), "x", "",
-           "1", [], [1, 2], {}, {"a": 1}]
+HOSTILE = [
+    None,
+    True,
+    -1,
+    0,
+    1,
+    2**31,
+    2**62,
+    2**63 - 1,
+    2**64,
+    1e308,
+    float("nan"),
+    "x",
+    "",
+    "1",
+    [],
+    [1, 2],
+    {},
+    {"a": 1},
+]
 
 
 class Base:
@@ -96,11 +114,16 @@ class Base:
 def bases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Base]]:
     # In memory where the host has it: every crafted shard is fsynced, as the writer does.
     shm = Path("/dev/shm")
-    root = (Path(tempfile.mkdtemp(prefix="eagle3kit-fuzz-", dir=shm)) if shm.is_dir()
-            and os.access(shm, os.W_OK) else tmp_path_factory.mktemp("fuzz"))
-    yield {"tokens": Base(token_dataset(root / "tokens")),
-           "raw": Base(hidden_dataset(root / "raw", "raw")),
-           "zstd": Base(hidden_dataset(root / "zstd", "zstd"))}
+    root = (
+        Path(tempfile.mkdtemp(prefix="eagle3kit-fuzz-", dir=shm))
+        if shm.is_dir() and os.access(shm, os.W_OK)
+        else tmp_path_factory.mktemp("fuzz")
+    )
+    yield {
+        "tokens": Base(token_dataset(root / "tokens")),
+        "raw": Base(hidden_dataset(root / "raw", "raw")),
+        "zstd": Base(hidden_dataset(root / "zstd", "zstd")),
+    }
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -141,13 +164,15 @@ def _value_like(rng: np.random.Generator, array: np.ndarray, n: int) -> np.ndarr
     if how == 0:  # values near the valid range, and past it
         return rng.integers(-3, n + 6, shape).astype(array.dtype)
     if how == 1:
-        return np.full(shape, np.iinfo(array.dtype).max if array.dtype.kind in "iu" else 1,
-                       array.dtype)
+        return np.full(
+            shape, np.iinfo(array.dtype).max if array.dtype.kind in "iu" else 1, array.dtype
+        )
     if how == 2:  # one shorter
         return array[:-1] if len(array) else np.zeros((1, *array.shape[1:]), array.dtype)
     if how == 3:  # one longer (an empty array of rows gains a row of zeros)
-        return np.concatenate([array, array[-1:] if len(array)
-                               else np.zeros((1, *array.shape[1:]), array.dtype)])
+        return np.concatenate(
+            [array, array[-1:] if len(array) else np.zeros((1, *array.shape[1:]), array.dtype)]
+        )
     if how == 4:
         return array.astype(np.float32 if array.dtype.kind != "f" else np.int64)
     return np.zeros((0, *shape[1:]), array.dtype)
@@ -170,10 +195,31 @@ def _arrays(base: Base, rng: np.random.Generator, bombs: list) -> None:
 
 
 def _header(base: Base, rng: np.random.Generator, bombs: list) -> None:
-    key = str(rng.choice(["samples", "partitions", "version", "kind", "codec", "hidden_size",
-                      "n_aux", "format"]))
-    value = str(rng.choice(["", "x", "-1", "0", "3", "99999999", "1e9", '["a","a"]', "[1]",
-                            '["code","math"]', "{}", "zstd", "raw", "fp8"]))
+    key = str(
+        rng.choice(
+            ["samples", "partitions", "version", "kind", "codec", "hidden_size", "n_aux", "format"]
+        )
+    )
+    value = str(
+        rng.choice(
+            [
+                "",
+                "x",
+                "-1",
+                "0",
+                "3",
+                "99999999",
+                "1e9",
+                '["a","a"]',
+                "[1]",
+                '["code","math"]',
+                "{}",
+                "zstd",
+                "raw",
+                "fp8",
+            ]
+        )
+    )
     base.rewrite(int(rng.integers(len(base.shards))), lambda a, m: m.update({key: value}))
 
 
@@ -182,22 +228,33 @@ def _meta(base: Base, rng: np.random.Generator, bombs: list) -> None:
     k = int(rng.integers(len(base.shards)))
     arrays, _, _ = read_shard(base.shards[k])
     n = len(arrays["offsets"]) - 1
-    json_values = [b"[]", b"{}", b"null", b"[1]", b"[" + b",".join([b"{}"] * n) + b"]",
-                   b"[" + b",".join([b'{"finish_reason": 1}'] * n) + b"]",
-                   b"[" + b",".join([b'{"finish_reason": "stop", "counts": []}'] * n) + b"]",
-                   b"[" + b",".join([b'{"finish_reason": "stop", "latency": "1"}'] * n) + b"]"]
-    frames = [*bombs, zst(bytes(rng.integers(0, 256, 64, np.uint8))),
-              np.frombuffer(bytes(rng.integers(0, 256, 64, np.uint8)), np.uint8),
-              *(zst(v) for v in json_values)]
+    json_values = [
+        b"[]",
+        b"{}",
+        b"null",
+        b"[1]",
+        b"[" + b",".join([b"{}"] * n) + b"]",
+        b"[" + b",".join([b'{"finish_reason": 1}'] * n) + b"]",
+        b"[" + b",".join([b'{"finish_reason": "stop", "counts": []}'] * n) + b"]",
+        b"[" + b",".join([b'{"finish_reason": "stop", "latency": "1"}'] * n) + b"]",
+    ]
+    frames = [
+        *bombs,
+        zst(bytes(rng.integers(0, 256, 64, np.uint8))),
+        np.frombuffer(bytes(rng.integers(0, 256, 64, np.uint8)), np.uint8),
+        *(zst(v) for v in json_values),
+    ]
     frame = frames[int(rng.integers(len(frames)))]
     if "meta_zst" in arrays:
         base.rewrite(k, lambda a, m: a.update(meta_zst=frame))
     elif "states_zst" in arrays:
+
         def swap_first(a: Arrays, m: dict) -> None:
             o = a["states_zst_offsets"]
-            rest = a["states_zst"][o[1]:]
+            rest = a["states_zst"][o[1] :]
             a["states_zst"] = np.concatenate([frame, rest])
             a["states_zst_offsets"] = np.concatenate([[0], o[1:] - o[1] + len(frame)])
+
         base.rewrite(k, swap_first)
     else:
         _arrays(base, rng, bombs)
@@ -229,19 +286,33 @@ def _counts(base: Base, rng: np.random.Generator, bombs: list) -> None:
     doc = json.loads((base.path / MANIFEST).read_text())
     entry = doc["shards"][int(rng.integers(len(doc["shards"])))]
     v = int(rng.choice([0, 1, 1000, 2**31, 2**60, 2**63 - 1]))
-    entry.update(samples=v, bytes=max(entry["bytes"], 8 * v) if rng.random() < 0.5
-                 else entry["bytes"])
-    entry["partitions"] = {"p": {"samples": v, "tokens": entry["tokens"],
-                                 "loss_tokens": entry["loss_tokens"], "completion_tokens": 0,
-                                 "finish": {"stop": v} if base.path.name == "tokens" else {}}}
+    entry.update(
+        samples=v, bytes=max(entry["bytes"], 8 * v) if rng.random() < 0.5 else entry["bytes"]
+    )
+    entry["partitions"] = {
+        "p": {
+            "samples": v,
+            "tokens": entry["tokens"],
+            "loss_tokens": entry["loss_tokens"],
+            "completion_tokens": 0,
+            "finish": {"stop": v} if base.path.name == "tokens" else {},
+        }
+    }
     (base.path / MANIFEST).write_text(json.dumps(doc))
     if rng.random() < 0.5:
         recompute(base.path, base.shards[0])
 
 
 DAMAGE: list[Callable[[Base, np.random.Generator, list], None]] = [
-    _truncate, lambda b, r, x: _flip(b, r, x, again=False), lambda b, r, x: _flip(b, r, x, True),
-    _arrays, _header, _meta, _json_file, _counts]
+    _truncate,
+    lambda b, r, x: _flip(b, r, x, again=False),
+    lambda b, r, x: _flip(b, r, x, True),
+    _arrays,
+    _header,
+    _meta,
+    _json_file,
+    _counts,
+]
 
 
 # Reading ------------------------------------------------------------------------------------
@@ -332,6 +403,7 @@ def test_fuzzed_datasets_end_in_named_problems(bases: dict[str, Base], bombs: li
 
 
 @pytest.mark.slow
-def test_fuzzed_datasets_end_in_named_problems_at_length(bases: dict[str, Base],
-                                                          bombs: list) -> None:
+def test_fuzzed_datasets_end_in_named_problems_at_length(
+    bases: dict[str, Base], bombs: list
+) -> None:
     _run(bases, bombs, range(CASES, CASES + SLOW_CASES))

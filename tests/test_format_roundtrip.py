@@ -85,8 +85,9 @@ printable_text = st.one_of(
 
 
 @st.composite
-def token_samples(draw: st.DrawFn, sample_id: str, low: int,
-                  labels: st.SearchStrategy[str] = tricky_text) -> TokenSample:
+def token_samples(
+    draw: st.DrawFn, sample_id: str, low: int, labels: st.SearchStrategy[str] = tricky_text
+) -> TokenSample:
     token_lists = st.lists(st.integers(low, INT32_MAX), max_size=12)
     prompt = draw(token_lists)
     completion = draw(token_lists)
@@ -115,13 +116,13 @@ def token_samples(draw: st.DrawFn, sample_id: str, low: int,
 
 
 @st.composite
-def sample_lists(draw: st.DrawFn, max_size: int = 14, low: int = 0, printable: bool = False
-                 ) -> list[TokenSample]:
+def sample_lists(
+    draw: st.DrawFn, max_size: int = 14, low: int = 0, printable: bool = False
+) -> list[TokenSample]:
     """Samples with unique ids; token ids from `low` up to int32's top (ids are never
     negative: the writer and JSONL import both refuse them). `printable`: no control
     characters in ids, finish reasons and partitions (what convert imports)."""
-    ids = draw(st.lists(printable_ids if printable else sample_ids, max_size=max_size,
-                        unique=True))
+    ids = draw(st.lists(printable_ids if printable else sample_ids, max_size=max_size, unique=True))
     labels = printable_text if printable else tricky_text
     return [draw(token_samples(i, low, labels)) for i in ids]
 
@@ -264,7 +265,9 @@ def test_convert_export_import_export_is_byte_identical(
         convert.run(convert.ConvertConfig(d / "a", d / "a.jsonl", output=_quiet()))
         imported = convert.run(
             convert.ConvertConfig(
-                d / "a.jsonl", d / "b", write=WriteOptions(commit_every=commit_every),
+                d / "a.jsonl",
+                d / "b",
+                write=WriteOptions(commit_every=commit_every),
                 output=_quiet(),
             )
         )

@@ -39,8 +39,15 @@ def config(prompts: Path, out: Path, server: FakeServer, tokenizer: Path, **kw) 
     kw.setdefault("max_tokens", 64)
     kw.setdefault("commit_every", 5)
     write = WriteOptions(**{k: kw.pop(k) for k in WRITE_KEYS if k in kw})
-    return gen.GenConfig([prompts], out, servers=[ServerSpec(server.url)], tokenizer=tokenizer,
-                         output=OutputOptions(quiet=True), write=write, **kw)
+    return gen.GenConfig(
+        [prompts],
+        out,
+        servers=[ServerSpec(server.url)],
+        tokenizer=tokenizer,
+        output=OutputOptions(quiet=True),
+        write=write,
+        **kw,
+    )
 
 
 def check_exact(out: Path, server: FakeServer) -> Dataset:
@@ -54,8 +61,11 @@ def check_exact(out: Path, server: FakeServer) -> Dataset:
             continue
         sampling = sample.metadata["sampling"]
         want, finish = server.expected(
-            [int(t) for t in sample.prompt_ids], max_tokens=sampling["max_tokens"],
-            stop_token_ids=stops, seed=sampling["seed"])
+            [int(t) for t in sample.prompt_ids],
+            max_tokens=sampling["max_tokens"],
+            stop_token_ids=stops,
+            seed=sampling["seed"],
+        )
         assert [int(t) for t in sample.completion_ids] == want, sample.sample_id
         assert sample.finish_reason == finish
     return ds
@@ -78,8 +88,9 @@ def test_gen_stores_the_exact_ids_for_every_turn(tmp_path, qwen3, api):
     turn2 = [s for s in ds if s.source["turn"] == 1 and s.finish_reason == "stop"]
     assert turn2, "second turns are generated"
     for sample in turn2:
-        first = next(s for s in ds if s.source["line"] == sample.source["line"]
-                     and s.source["turn"] == 0)
+        first = next(
+            s for s in ds if s.source["line"] == sample.source["line"] and s.source["turn"] == 0
+        )
         # The second prompt conditions on the model's own first answer.
         assert len(sample.prompt_ids) > len(first.prompt_ids) + len(first.completion_ids) - 2
     # The tokenizer and template travel with the dataset.
@@ -97,8 +108,11 @@ def test_stored_messages_render_to_the_prompt_ids(tmp_path, qwen3):
     turn2 = [s for s in ds if s.source["turn"] == 1 and s.finish_reason == "stop"]
     # user, own answer, user; --system is recorded once in the manifest and added back
     assert turn2 and all(len(s.metadata["messages"]) == 3 for s in turn2)
-    report = validate.run(validate.ValidateConfig(
-        tmp_path / "ds", only=["round_trip"], output=OutputOptions(quiet=True)))
+    report = validate.run(
+        validate.ValidateConfig(
+            tmp_path / "ds", only=["round_trip"], output=OutputOptions(quiet=True)
+        )
+    )
     (check,) = report.checks
     assert check.status == "pass" and check.failing == 0
     assert check.total == sum(not s.finish_reason.startswith("skipped") for s in ds)
@@ -142,8 +156,11 @@ def test_the_event_loop_runs_between_any_two_renderings(tmp_path, qwen3, monkeyp
 
     monkeypatch.setattr(Scheduler, "make_job", spying_make_job)
     prompts = tmp_path / "prompts.jsonl"  # one turn each: every rendering is the feeder's
-    prompts.write_bytes(b"".join(orjson.dumps({"prompt": f"Question {i}: what is {i} + {i}?"})
-                                 + b"\n" for i in range(60)))
+    prompts.write_bytes(
+        b"".join(
+            orjson.dumps({"prompt": f"Question {i}: what is {i} + {i}?"}) + b"\n" for i in range(60)
+        )
+    )
     with FakeServer("vllm", tokenizer=qwen3, mean_tokens=8) as server:
         result = gen.run(config(prompts, tmp_path / "ds", server, qwen3, concurrency=4))
         check_exact(tmp_path / "ds", server)
@@ -153,8 +170,9 @@ def test_the_event_loop_runs_between_any_two_renderings(tmp_path, qwen3, monkeyp
 
 def test_faults_are_retried_and_nothing_is_lost(tmp_path, qwen3):
     prompts = small_prompts(tmp_path, 10)
-    with FakeServer("vllm", tokenizer=qwen3, faults={"fail_rate": 0.3, "reset_rate": 0.1,
-                                                        "seed": 3}) as server:
+    with FakeServer(
+        "vllm", tokenizer=qwen3, faults={"fail_rate": 0.3, "reset_rate": 0.1, "seed": 3}
+    ) as server:
         result = gen.run(config(prompts, tmp_path / "ds", server, qwen3, max_attempts=20))
         ds = check_exact(tmp_path / "ds", server)
     assert result.retries > 0 and result.failed == 0
@@ -167,6 +185,7 @@ def test_a_server_that_dies_and_returns_loses_nothing(tmp_path, qwen3):
     import time
 
     prompts = small_prompts(tmp_path, 10)
+
     def die_mid_run(server: FakeServer) -> None:
         while len(server.requests) < 8:  # some answered, some in flight, most still to send
             time.sleep(0.01)
@@ -174,8 +193,9 @@ def test_a_server_that_dies_and_returns_loses_nothing(tmp_path, qwen3):
 
     with FakeServer("sglang", tokenizer=qwen3, decode_tps=400, mean_tokens=40) as server:
         threading.Thread(target=die_mid_run, args=(server,), daemon=True).start()
-        result = gen.run(config(prompts, tmp_path / "ds", server, qwen3, max_attempts=2,
-                                concurrency=4))
+        result = gen.run(
+            config(prompts, tmp_path / "ds", server, qwen3, max_attempts=2, concurrency=4)
+        )
         ds = check_exact(tmp_path / "ds", server)
     assert len(ds) == 20
     assert result.failed == 0
@@ -193,14 +213,26 @@ def test_over_long_prompts_are_recorded_as_skipped(tmp_path, qwen3):
 
 
 def eagle3kit(*args: str, env: dict | None = None):
-    return subprocess.run([sys.executable, "-m", "eagle3kit", *args], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_dead_server_at_start_is_one_clear_error(tmp_path, qwen3):
     prompts = small_prompts(tmp_path, 2)
-    result = eagle3kit("gen", str(prompts), str(tmp_path / "ds"), "--server",
-                       "http://127.0.0.1:9", "--tokenizer", str(qwen3))
+    result = eagle3kit(
+        "gen",
+        str(prompts),
+        str(tmp_path / "ds"),
+        "--server",
+        "http://127.0.0.1:9",
+        "--tokenizer",
+        str(qwen3),
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "http://127.0.0.1:9" in result.stderr
@@ -210,8 +242,15 @@ def test_dead_server_at_start_is_one_clear_error(tmp_path, qwen3):
 def test_tokenizer_mismatch_is_refused(tmp_path, qwen3):
     prompts = small_prompts(tmp_path, 2)
     with FakeServer("vllm") as server:  # byte-level tokenizer: not Qwen3's
-        result = eagle3kit("gen", str(prompts), str(tmp_path / "ds"), "--server", server.url,
-                           "--tokenizer", str(qwen3))
+        result = eagle3kit(
+            "gen",
+            str(prompts),
+            str(tmp_path / "ds"),
+            "--server",
+            server.url,
+            "--tokenizer",
+            str(qwen3),
+        )
     assert result.returncode == 2
     assert "--no-tokenizer-check" in result.stderr and "Traceback" not in result.stderr
 
@@ -221,8 +260,15 @@ def test_unwritable_output_is_one_clear_error(tmp_path, qwen3):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with FakeServer("sglang", tokenizer=qwen3) as server:
-        result = eagle3kit("gen", str(prompts), str(blocker / "ds"), "--server", server.url,
-                           "--tokenizer", str(qwen3))
+        result = eagle3kit(
+            "gen",
+            str(prompts),
+            str(blocker / "ds"),
+            "--server",
+            server.url,
+            "--tokenizer",
+            str(qwen3),
+        )
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and str(blocker) in result.stderr
 
@@ -230,8 +276,15 @@ def test_unwritable_output_is_one_clear_error(tmp_path, qwen3):
 def test_malformed_prompt_line_names_file_and_line(tmp_path, qwen3):
     prompts = small_prompts(tmp_path, 3)
     prompts.write_bytes(prompts.read_bytes() + b"{not json\n")
-    result = eagle3kit("gen", str(prompts), str(tmp_path / "ds"), "--server",
-                       "http://127.0.0.1:9", "--tokenizer", str(qwen3))
+    result = eagle3kit(
+        "gen",
+        str(prompts),
+        str(tmp_path / "ds"),
+        "--server",
+        "http://127.0.0.1:9",
+        "--tokenizer",
+        str(qwen3),
+    )
     assert result.returncode == 2
     assert f"{prompts}:4" in result.stderr
 
@@ -248,8 +301,18 @@ def test_skipped_bad_lines_are_counted_in_the_result(tmp_path, qwen3):
 def test_changed_sampling_is_refused_without_force(tmp_path, qwen3):
     prompts = small_prompts(tmp_path, 2)
     with FakeServer("sglang", tokenizer=qwen3) as server:
-        args = ["gen", str(prompts), str(tmp_path / "ds"), "--server", server.url,
-                "--tokenizer", str(qwen3), "--max-tokens", "16", "-q"]
+        args = [
+            "gen",
+            str(prompts),
+            str(tmp_path / "ds"),
+            "--server",
+            server.url,
+            "--tokenizer",
+            str(qwen3),
+            "--max-tokens",
+            "16",
+            "-q",
+        ]
         assert eagle3kit(*args).returncode == 0
         changed = eagle3kit(*args, "--temperature", "0.2")
         assert changed.returncode == 2 and "--force" in changed.stderr
@@ -259,8 +322,7 @@ def test_changed_sampling_is_refused_without_force(tmp_path, qwen3):
 
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
-def test_a_temperature_that_is_not_a_finite_number_is_refused_by_its_flag(tmp_path, qwen3,
-                                                                           value):
+def test_a_temperature_that_is_not_a_finite_number_is_refused_by_its_flag(tmp_path, qwen3, value):
     """NaN passes `< 0`, and JSON has no NaN: the requests would carry `"temperature": null`
     (the server's own default, recorded nowhere). Refused on a new output, and with --force
     on a started one, before any request: the server never sees a null temperature."""
@@ -268,8 +330,18 @@ def test_a_temperature_that_is_not_a_finite_number_is_refused_by_its_flag(tmp_pa
 
     prompts = small_prompts(tmp_path, 2)
     with FakeServer("sglang", tokenizer=qwen3) as server:
-        args = ["gen", str(prompts), str(tmp_path / "ds"), "--server", server.url,
-                "--tokenizer", str(qwen3), "--max-tokens", "16", "-q"]
+        args = [
+            "gen",
+            str(prompts),
+            str(tmp_path / "ds"),
+            "--server",
+            server.url,
+            "--tokenizer",
+            str(qwen3),
+            "--max-tokens",
+            "16",
+            "-q",
+        ]
         new = refused(*args, "--temperature", value)
         assert new == f"error: --temperature must be a finite number >= 0 (got {value})"
         assert not (tmp_path / "ds").exists()

@@ -46,14 +46,38 @@ from eagle3kit.gen.config import ServerSpec
 # The fake model: outputs depend on these (and the prompt ids and seed) only.
 MODEL = {"mean_tokens": 24}
 DECODE_TPS = 150  # ~0.2 s per request: several in flight at any time
-GEN_FLAGS = ("--commit-every", "3", "--commit-interval", "0.2", "--max-tokens", "48",
-             "--concurrency", "4", "--sampling-seed", "9", "--temperature", "0.7")
+GEN_FLAGS = (
+    "--commit-every",
+    "3",
+    "--commit-interval",
+    "0.2",
+    "--max-tokens",
+    "48",
+    "--concurrency",
+    "4",
+    "--sampling-seed",
+    "9",
+    "--temperature",
+    "0.7",
+)
 RUN_TIMEOUT_S = 180.0
 
 
 def gen_argv(prompts: Path, out: Path, url: str, tokenizer: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "eagle3kit", "gen", str(prompts), str(out), "--server", url,
-            "--tokenizer", str(tokenizer), *GEN_FLAGS, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "eagle3kit",
+        "gen",
+        str(prompts),
+        str(out),
+        "--server",
+        url,
+        "--tokenizer",
+        str(tokenizer),
+        *GEN_FLAGS,
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -72,19 +96,27 @@ class Reference:
         self.prompts = prompt_file(tmp_path, n_prompts, MT_BENCH)
         out = tmp_path / "reference"
         with FakeServer("sglang", tokenizer=served(tokenizer), **MODEL) as srv:
-            run_gen(self.prompts, out, [ServerSpec(srv.url, 4)], tokenizer, max_tokens=48,
-                    sampling_seed=9, temperature=0.7)
+            run_gen(
+                self.prompts,
+                out,
+                [ServerSpec(srv.url, 4)],
+                tokenizer,
+                max_tokens=48,
+                sampling_seed=9,
+                temperature=0.7,
+            )
         self.model = srv
         """Its `expected()` is the fake model's output: the same after the server stopped."""
         self.stops = [served(tokenizer).token_id("<|im_end|>")]
-        self.samples = {s.sample_id: (ints(s.prompt_ids), ints(s.completion_ids),
-                                      s.finish_reason) for s in Dataset(out)}
+        self.samples = {
+            s.sample_id: (ints(s.prompt_ids), ints(s.completion_ids), s.finish_reason)
+            for s in Dataset(out)
+        }
         first: dict[int, str] = {}
         second: dict[int, str] = {}
         for s in Dataset(out):
             (first if s.source["turn"] == 0 else second)[s.source["line"]] = s.sample_id
-        self.pairs = {second[line]: first[line] for line in second
-                      if self.samples[second[line]][0]}
+        self.pairs = {second[line]: first[line] for line in second if self.samples[second[line]][0]}
         """turn-1 sample id -> the turn-0 sample id of the same conversation, for the
         conversations whose second turn is generated (not skipped after a cut first one)."""
         assert len(self.samples) == 2 * n_prompts
@@ -112,8 +144,9 @@ def gen_requests(srv: FakeServerProcess) -> list[dict]:
     return [r for r in srv.requests() if r["path"] == "/generate"]
 
 
-def wait_for(predicate, proc: subprocess.Popen, timeout: float = RUN_TIMEOUT_S,
-             poll: float = 0.02) -> bool:
+def wait_for(
+    predicate, proc: subprocess.Popen, timeout: float = RUN_TIMEOUT_S, poll: float = 0.02
+) -> bool:
     """True once predicate() holds; False when the process ended first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -132,16 +165,18 @@ def split_chains(ids: set[str], pairs: dict[str, str]) -> set[str]:
 
 
 # SIGKILL ------------------------------------------------------------------------------------
-def crash_and_resume(tmp_path: Path, ref: Reference, tokenizer: Path, kills: int, seed: int,
-                     rerun) -> None:
+def crash_and_resume(
+    tmp_path: Path, ref: Reference, tokenizer: Path, kills: int, seed: int, rerun
+) -> None:
     """Kill gen `kills` times, then `rerun(argv)` the same command to the end."""
     rng = random.Random(seed)
     out = tmp_path / "ds"
     done: set[str] = set()
     splits: set[str] = set()
     landed = 0
-    with FakeServerProcess("sglang", tokenizer=str(tokenizer), decode_tps=DECODE_TPS,
-                           record_bodies=False, **MODEL) as srv:
+    with FakeServerProcess(
+        "sglang", tokenizer=str(tokenizer), decode_tps=DECODE_TPS, record_bodies=False, **MODEL
+    ) as srv:
         argv = gen_argv(ref.prompts, out, srv.url, tokenizer, "-q", "--no-progress")
 
         def requests_since(before: int, need: int):
@@ -153,8 +188,11 @@ def crash_and_resume(tmp_path: Path, ref: Reference, tokenizer: Path, kills: int
         for trial in range(kills):
             # Where to kill: once a first turn is committed and its second is not (the first
             # trial always), soon after the first request, or after a few requests.
-            mode = "between_turns" if trial == 0 else rng.choice(
-                ["between_turns", "first_request", "requests", "requests"])
+            mode = (
+                "between_turns"
+                if trial == 0
+                else rng.choice(["between_turns", "first_request", "requests", "requests"])
+            )
             need = 1 if mode == "first_request" else rng.randint(1, 6)
             proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             if mode == "between_turns":
@@ -194,8 +232,9 @@ def crash_and_resume(tmp_path: Path, ref: Reference, tokenizer: Path, kills: int
 def test_sigkill_at_random_moments_then_rerun(tmp_path, qwen3, ref10, capfd, monkeypatch):
     # The final rerun goes through the same CLI in this process: it spares the ~5 s a fresh
     # interpreter spends importing (the slow variant reruns in a subprocess).
-    crash_and_resume(tmp_path, ref10, qwen3, kills=2, seed=1,
-                     rerun=lambda args: cli(capfd, monkeypatch, *args))
+    crash_and_resume(
+        tmp_path, ref10, qwen3, kills=2, seed=1, rerun=lambda args: cli(capfd, monkeypatch, *args)
+    )
 
 
 @pytest.mark.slow
@@ -204,23 +243,33 @@ def test_sigkill_many_times_then_rerun(tmp_path, qwen3):
     ref = Reference(tmp_path, 80, qwen3)  # all of MT-bench: enough work for every kill
 
     def rerun(args: list[str]) -> tuple[int, str, str]:
-        done = subprocess.run([sys.executable, "-m", "eagle3kit", *args], capture_output=True,
-                              text=True, timeout=RUN_TIMEOUT_S)
+        done = subprocess.run(
+            [sys.executable, "-m", "eagle3kit", *args],
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+        )
         return done.returncode, done.stdout, done.stderr
 
     crash_and_resume(tmp_path, ref, qwen3, kills=24, seed=2, rerun=rerun)
 
 
 # SIGINT -------------------------------------------------------------------------------------
-def test_sigint_stops_cleanly_and_the_printed_command_continues(tmp_path, qwen3, ref10, capfd,
-                                                                monkeypatch):
+def test_sigint_stops_cleanly_and_the_printed_command_continues(
+    tmp_path, qwen3, ref10, capfd, monkeypatch
+):
     prompts = prompt_file(tmp_path, 10, MT_BENCH)  # the reference's prompts, copied here
     ref = ref10.samples
     out = tmp_path / "ds"
-    with FakeServerProcess("sglang", tokenizer=str(qwen3), decode_tps=100,
-                           record_bodies=False, **MODEL) as srv:
-        proc = subprocess.Popen(gen_argv(prompts, out, srv.url, qwen3, "--no-progress"),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with FakeServerProcess(
+        "sglang", tokenizer=str(qwen3), decode_tps=100, record_bodies=False, **MODEL
+    ) as srv:
+        proc = subprocess.Popen(
+            gen_argv(prompts, out, srv.url, qwen3, "--no-progress"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         wait_for(lambda: len(gen_requests(srv)) >= 5, proc)
         in_flight = srv.control("stats")["in_flight"]
         sent_before = len(gen_requests(srv))
@@ -260,11 +309,15 @@ def test_sigterm_stops_with_143_and_a_line_that_keeps_what_was_done(tmp_path, qw
     the command it prints continues the output, so it drops the --overwrite that started it."""
     prompts = prompt_file(tmp_path, 10, MT_BENCH)
     out = tmp_path / "ds"
-    with FakeServerProcess("sglang", tokenizer=str(qwen3), decode_tps=100,
-                           record_bodies=False, **MODEL) as srv:
-        proc = subprocess.Popen(gen_argv(prompts, out, srv.url, qwen3, "--no-progress",
-                                         "--overwrite"),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with FakeServerProcess(
+        "sglang", tokenizer=str(qwen3), decode_tps=100, record_bodies=False, **MODEL
+    ) as srv:
+        proc = subprocess.Popen(
+            gen_argv(prompts, out, srv.url, qwen3, "--no-progress", "--overwrite"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         wait_for(lambda: len(gen_requests(srv)) >= 5, proc)
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
@@ -279,10 +332,15 @@ def test_a_second_sigint_aborts_hanging_requests(tmp_path, qwen3):
     prompts = prompt_file(tmp_path, 6, MT_BENCH)
     out = tmp_path / "ds"
     faults = {"hang_rate": 1.0, "hang_s": 300}
-    with FakeServerProcess("sglang", tokenizer=str(qwen3), record_bodies=False,
-                           faults=faults, **MODEL) as srv:
-        proc = subprocess.Popen(gen_argv(prompts, out, srv.url, qwen3, "--no-progress"),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with FakeServerProcess(
+        "sglang", tokenizer=str(qwen3), record_bodies=False, faults=faults, **MODEL
+    ) as srv:
+        proc = subprocess.Popen(
+            gen_argv(prompts, out, srv.url, qwen3, "--no-progress"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         wait_for(lambda: len(gen_requests(srv)) >= 4, proc)
         proc.send_signal(signal.SIGINT)
         time.sleep(1.0)

@@ -64,25 +64,40 @@ def tries(srv: FakeServer) -> dict[str, int]:
 TRANSIENT = {
     # 5xx burst; server-side abort (SGLang: finish_reason abort with status 503 in a 200);
     # TCP reset before any answer; a hang longer than --request-timeout.
-    "sglang": {"fail_next": 3, "fail_status": 503, "abort_next": 2, "reset_next": 2,
-               "hang_next": 2, "hang_s": 60},
+    "sglang": {
+        "fail_next": 3,
+        "fail_status": 503,
+        "abort_next": 2,
+        "reset_next": 2,
+        "hang_next": 2,
+        "hang_s": 60,
+    },
     # 5xx burst; finish_reason error in a 200; a hang; then (once both errors went out, as
     # both faults hit a finished answer) resets halfway through the answer's body.
-    "vllm": {"fail_next": 3, "fail_status": 500, "abort_next": 2, "hang_next": 2,
-             "hang_s": 60},
+    "vllm": {"fail_next": 3, "fail_status": 500, "abort_next": 2, "hang_next": 2, "hang_s": 60},
 }
-FAULT_OUTCOMES = {"sglang": ("fault_503", "fault_abort", "reset", "hang"),
-                  "vllm": ("fault_500", "fault_error", "reset", "hang")}
+FAULT_OUTCOMES = {
+    "sglang": ("fault_503", "fault_abort", "reset", "hang"),
+    "vllm": ("fault_500", "fault_error", "reset", "hang"),
+}
 
 
 def test_transient_faults_are_retried_and_nothing_is_lost(tmp_path, qwen3, stops):
     prompts = prompt_file(tmp_path, 12)
-    with FakeServer("sglang", tokenizer=served(qwen3), faults=TRANSIENT["sglang"]) as sg, \
-            FakeServer("vllm", tokenizer=served(qwen3), faults=TRANSIENT["vllm"]) as vl:
+    with (
+        FakeServer("sglang", tokenizer=served(qwen3), faults=TRANSIENT["sglang"]) as sg,
+        FakeServer("vllm", tokenizer=served(qwen3), faults=TRANSIENT["vllm"]) as vl,
+    ):
         switch_faults_when(vl, "fault_error", 2, reset_next=2, reset_mid_body=True)
         t0 = time.monotonic()
-        result = run_gen(prompts, tmp_path / "ds", servers((sg, 4), (vl, 4)), qwen3,
-                         request_timeout=1.0, max_attempts=20)
+        result = run_gen(
+            prompts,
+            tmp_path / "ds",
+            servers((sg, 4), (vl, 4)),
+            qwen3,
+            request_timeout=1.0,
+            max_attempts=20,
+        )
         elapsed = time.monotonic() - t0
         samples = check_exact(tmp_path / "ds", sg, stops)
         requests = {"sglang": sg.requests, "vllm": vl.requests}
@@ -93,8 +108,12 @@ def test_transient_faults_are_retried_and_nothing_is_lost(tmp_path, qwen3, stops
         for r in recs:
             seen[r["outcome"]] = seen.get(r["outcome"], 0) + 1
         burst, abort, reset, hang = FAULT_OUTCOMES[api]
-        assert (seen.get(burst), seen.get(abort), seen.get(reset), seen.get(hang)) == \
-            (3, 2, 2, 2), (api, seen)
+        assert (seen.get(burst), seen.get(abort), seen.get(reset), seen.get(hang)) == (
+            3,
+            2,
+            2,
+            2,
+        ), (api, seen)
         faulty += [r for r in recs if r["outcome"] in FAULT_OUTCOMES[api]]
     assert result.retries == len(faulty) == 18 and result.failed == 0
     assert result.violations == 0
@@ -103,12 +122,12 @@ def test_transient_faults_are_retried_and_nothing_is_lost(tmp_path, qwen3, stops
     retried: dict[str, int] = {}
     for r in faulty:
         retried[sample_of(r)] = retried.get(sample_of(r), 0) + 1
-    assert {s.sample_id: s.metadata["attempts"] - 1 for s in samples
-            if "attempts" in s.metadata} == retried
+    assert {
+        s.sample_id: s.metadata["attempts"] - 1 for s in samples if "attempts" in s.metadata
+    } == retried
     # SGLang is told to drop what the client gave up on; the hung requests end early.
     aborted = [r["body"]["rid"] for r in requests["sglang"] if r["path"] == "/abort_request"]
-    assert sorted(aborted) == sorted(r["rid"] for r in requests["sglang"]
-                                     if r["outcome"] == "hang")
+    assert sorted(aborted) == sorted(r["rid"] for r in requests["sglang"] if r["outcome"] == "hang")
 
 
 def test_long_tail_latencies_do_not_hold_the_other_slots(tmp_path, qwen3, stops):
@@ -147,10 +166,18 @@ def test_wrong_completion_counts_are_recorded_as_violations(tmp_path, qwen3, sto
     applies), vLLM two more, on a share of the answers."""
     prompts = prompt_file(tmp_path, 12, QA)
     deltas = {"sglang": -1, "vllm": 2}
-    with FakeServer("sglang", tokenizer=served(qwen3), faults={
-                "count_delta": -1, "count_delta_rate": 0.4, "seed": 4}) as sg, \
-            FakeServer("vllm", tokenizer=served(qwen3), faults={
-                "count_delta": 2, "count_delta_rate": 0.4, "seed": 4}) as vl:
+    with (
+        FakeServer(
+            "sglang",
+            tokenizer=served(qwen3),
+            faults={"count_delta": -1, "count_delta_rate": 0.4, "seed": 4},
+        ) as sg,
+        FakeServer(
+            "vllm",
+            tokenizer=served(qwen3),
+            faults={"count_delta": 2, "count_delta_rate": 0.4, "seed": 4},
+        ) as vl,
+    ):
         result = run_gen(prompts, tmp_path / "ds", servers((sg, 2), (vl, 2)), qwen3)
         samples = check_exact(tmp_path / "ds", sg, stops)
     flagged = [s for s in samples if s.metadata.get("violations")]
@@ -164,15 +191,31 @@ def test_wrong_completion_counts_are_recorded_as_violations(tmp_path, qwen3, sto
 
 
 def test_strict_stops_at_the_first_violation_and_keeps_what_was_committed(
-        tmp_path, qwen3, stops, capfd, monkeypatch):
+    tmp_path, qwen3, stops, capfd, monkeypatch
+):
     prompts = prompt_file(tmp_path, 30, QA)
     out = tmp_path / "ds"
     with FakeServer("vllm", tokenizer=served(qwen3), decode_tps=500) as srv:
         switch_faults_when(srv, "ok", 10, count_delta=1)
-        code, _, stderr = cli(capfd, monkeypatch, "gen", str(prompts), str(out), "--server",
-                              srv.url, "--tokenizer", str(qwen3), "--max-tokens", "24",
-                              "--concurrency", "2", "--strict", "--commit-every", "3",
-                              "--no-progress")
+        code, _, stderr = cli(
+            capfd,
+            monkeypatch,
+            "gen",
+            str(prompts),
+            str(out),
+            "--server",
+            srv.url,
+            "--tokenizer",
+            str(qwen3),
+            "--max-tokens",
+            "24",
+            "--concurrency",
+            "2",
+            "--strict",
+            "--commit-every",
+            "3",
+            "--no-progress",
+        )
         samples = check_exact(out, srv, stops)
         answered = len(gen_requests(srv))
     assert code == 2, stderr
@@ -212,24 +255,36 @@ def test_a_prompt_that_fails_every_attempt_is_recorded_with_its_last_error(tmp_p
 CONTEXT_400 = {
     "sglang": "The input (5000 tokens) is longer than the model's context length (4096 tokens).",
     "vllm": "This model's maximum context length is 4096 tokens. However, your request has "
-            "5000 input tokens. Please reduce the length of the input messages.",
+    "5000 input tokens. Please reduce the length of the input messages.",
 }
 
 
 def test_a_context_length_400_is_recorded_and_never_retried(tmp_path, qwen3, stops):
     """Each server refuses one prompt in its own wording."""
     prompts = prompt_file(tmp_path, 8, QA)
-    with FakeServer("sglang", tokenizer=served(qwen3), faults={
-                "fail_next": 1, "fail_status": 400, "fail_message": CONTEXT_400["sglang"]}) as sg, \
-            FakeServer("vllm", tokenizer=served(qwen3), faults={
-                "fail_next": 1, "fail_status": 400, "fail_message": CONTEXT_400["vllm"]}) as vl:
+    with (
+        FakeServer(
+            "sglang",
+            tokenizer=served(qwen3),
+            faults={"fail_next": 1, "fail_status": 400, "fail_message": CONTEXT_400["sglang"]},
+        ) as sg,
+        FakeServer(
+            "vllm",
+            tokenizer=served(qwen3),
+            faults={"fail_next": 1, "fail_status": 400, "fail_message": CONTEXT_400["vllm"]},
+        ) as vl,
+    ):
         result = run_gen(prompts, tmp_path / "ds", servers((sg, 1), (vl, 1)), qwen3)
         samples = check_exact(tmp_path / "ds", sg, stops)
         sent = {**tries(sg)}
         for sample_id, n in tries(vl).items():
             sent[sample_id] = sent.get(sample_id, 0) + n
-        rejected = {sample_of(r): srv.api for srv in (sg, vl) for r in gen_requests(srv)
-                    if r["outcome"] == "fault_400"}
+        rejected = {
+            sample_of(r): srv.api
+            for srv in (sg, vl)
+            for r in gen_requests(srv)
+            if r["outcome"] == "fault_400"
+        }
     skipped = {s.sample_id: s for s in samples if s.finish_reason.startswith("skipped")}
     assert skipped.keys() == rejected.keys() and sorted(rejected.values()) == ["sglang", "vllm"]
     for sample_id, s in skipped.items():
@@ -270,8 +325,14 @@ def test_n_samples_per_prompt_differ_and_reproduce(tmp_path, qwen3, stops):
 
 def test_long_threshold_picks_max_tokens_and_slots_by_prompt_length(tmp_path, qwen3, stops):
     prompts = prompt_file(tmp_path, 16, MT_BENCH)
-    opts = {"long_threshold": 60, "short_max_tokens": 12, "long_max_tokens": 40,
-            "short_concurrency": 3, "long_concurrency": 1, "max_tokens": 99}
+    opts = {
+        "long_threshold": 60,
+        "short_max_tokens": 12,
+        "long_max_tokens": 40,
+        "short_concurrency": 3,
+        "long_concurrency": 1,
+        "max_tokens": 99,
+    }
     with FakeServer("vllm", tokenizer=served(qwen3), decode_tps=400, mean_tokens=16) as srv:
         run_gen(prompts, tmp_path / "ds", srv, qwen3, **opts)
         samples = check_exact(tmp_path / "ds", srv, stops)
@@ -292,8 +353,9 @@ def test_long_threshold_picks_max_tokens_and_slots_by_prompt_length(tmp_path, qw
 
 def max_overlap(records: list[dict]) -> int:
     """The most of these requests the server held at one time."""
-    events = sorted([(r["t_received"], 1) for r in records]
-                    + [(r["t_finished"], -1) for r in records])
+    events = sorted(
+        [(r["t_received"], 1) for r in records] + [(r["t_finished"], -1) for r in records]
+    )
     level = peak = 0
     for _, step in events:
         level += step
@@ -324,17 +386,40 @@ def test_openai_chat_rebuilds_the_ids_and_marks_them(tmp_path, qwen3, stops):
 
     tok = AutoTokenizer.from_pretrained(str(qwen3))
     prompts = prompt_file(tmp_path, 8, QA)
-    with FakeServer("vllm", tokenizer=served(qwen3), reasoning_field="reasoning", mean_tokens=24,
-                    decode_tps=1000) as new, \
-            FakeServer("vllm", tokenizer=served(qwen3), reasoning_field="reasoning_content",
-                       mean_tokens=24, decode_tps=1000) as old:
-        result = run_gen(prompts, tmp_path / "ds", servers((new, 1), (old, 1)), qwen3,
-                         api="openai-chat", max_tokens=200, sampling_seed=3)
+    with (
+        FakeServer(
+            "vllm",
+            tokenizer=served(qwen3),
+            reasoning_field="reasoning",
+            mean_tokens=24,
+            decode_tps=1000,
+        ) as new,
+        FakeServer(
+            "vllm",
+            tokenizer=served(qwen3),
+            reasoning_field="reasoning_content",
+            mean_tokens=24,
+            decode_tps=1000,
+        ) as old,
+    ):
+        result = run_gen(
+            prompts,
+            tmp_path / "ds",
+            servers((new, 1), (old, 1)),
+            qwen3,
+            api="openai-chat",
+            max_tokens=200,
+            sampling_seed=3,
+        )
         bodies = {sample_of(r): r["body"] for srv in (new, old) for r in gen_requests(srv)}
         samples = list(Dataset(tmp_path / "ds"))
         expect = {
-            sid: new.expected_chat(b["messages"], max_tokens=b["max_tokens"],
-                                   stop_token_ids=b["stop_token_ids"], seed=b["seed"])
+            sid: new.expected_chat(
+                b["messages"],
+                max_tokens=b["max_tokens"],
+                stop_token_ids=b["stop_token_ids"],
+                seed=b["seed"],
+            )
             for sid, b in bodies.items()
         }
         fields = {srv.url: srv.reasoning_field for srv in (new, old)}
@@ -362,10 +447,27 @@ def test_the_api_key_is_never_written_anywhere(tmp_path, qwen3, capfd, monkeypat
     # The server echoes the key in an error body: gen must scrub it from what it records.
     faults = {"fail_next": 1, "fail_status": 503, "fail_message": f"bad credentials {key}"}
     with FakeServer("sglang", tokenizer=served(qwen3), api_key=key, faults=faults) as srv:
-        code, stdout, stderr = cli(capfd, monkeypatch, "gen", str(prompts), str(out),
-                                   "--server", srv.url, "--tokenizer", str(qwen3),
-                                   "--api-key", key, "--max-tokens", "16", "--max-attempts",
-                                   "1", "--no-progress", "--log-every", "0.2", "--json")
+        code, stdout, stderr = cli(
+            capfd,
+            monkeypatch,
+            "gen",
+            str(prompts),
+            str(out),
+            "--server",
+            srv.url,
+            "--tokenizer",
+            str(qwen3),
+            "--api-key",
+            key,
+            "--max-tokens",
+            "16",
+            "--max-attempts",
+            "1",
+            "--no-progress",
+            "--log-every",
+            "0.2",
+            "--json",
+        )
         auth = {r["authorization"] for r in srv.requests if r["path"] != "/health"}
     assert code == 0, stderr
     assert auth == {f"Bearer {key}"}, "the key was sent on every request"
@@ -402,10 +504,11 @@ def _zstd_frames(data: bytes) -> list[bytes]:
 # Several servers ----------------------------------------------------------------------------
 def test_load_spreads_over_two_servers_within_each_ones_concurrency(tmp_path, qwen3, stops):
     prompts = prompt_file(tmp_path, 30, QA)
-    with FakeServer("sglang", tokenizer=served(qwen3), decode_tps=300, mean_tokens=16) as a, \
-            FakeServer("vllm", tokenizer=served(qwen3), decode_tps=300, mean_tokens=16) as b:
-        result = run_gen(prompts, tmp_path / "ds", servers((a, 2), (b, 5)), qwen3,
-                         concurrency=64)
+    with (
+        FakeServer("sglang", tokenizer=served(qwen3), decode_tps=300, mean_tokens=16) as a,
+        FakeServer("vllm", tokenizer=served(qwen3), decode_tps=300, mean_tokens=16) as b,
+    ):
+        result = run_gen(prompts, tmp_path / "ds", servers((a, 2), (b, 5)), qwen3, concurrency=64)
         samples = check_exact(tmp_path / "ds", a, stops)
         stats_a, stats_b = a.stats(), b.stats()
         sent_a, sent_b = len(gen_requests(a)), len(gen_requests(b))

@@ -47,10 +47,18 @@ def target(tmp_path_factory) -> Path:
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     stop = tok.convert_tokens_to_ids(END_OF_TURN)
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=8, max_position_embeddings=1024, tie_word_embeddings=False,
-                         eos_token_id=stop)
+    config = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        eos_token_id=stop,
+    )
     model = Qwen3ForCausalLM(config).eval()
     with torch.no_grad():  # the end-of-turn token wins at some positions, not most
         direction = torch.randn(config.hidden_size)
@@ -66,8 +74,17 @@ def run_hf(prompts: list[Path], out: Path, target: Path, **kw) -> gen.GenResult:
     kw.setdefault("max_tokens", MAX_TOKENS)
     kw.setdefault("commit_every", 3)
     write = WriteOptions(**{k: kw.pop(k) for k in WRITE_KEYS if k in kw})
-    return gen.run(gen.GenConfig(prompts, out, engine="hf", target=target,
-                                 output=OutputOptions(quiet=True), write=write, **kw))
+    return gen.run(
+        gen.GenConfig(
+            prompts,
+            out,
+            engine="hf",
+            target=target,
+            output=OutputOptions(quiet=True),
+            write=write,
+            **kw,
+        )
+    )
 
 
 def test_greedy_gen_stores_exactly_what_generate_gives(tmp_path, target):
@@ -90,14 +107,22 @@ def test_greedy_gen_stores_exactly_what_generate_gives(tmp_path, target):
         prompt = ints(s.prompt_ids)
         if s.source["turn"] == 0:  # rendered exactly as the template renders the question
             question = next(line for line in _questions(prompts) if line[0] == s.source)
-            text = tok.apply_chat_template([{"role": "user", "content": question[1]}],
-                                           tokenize=False, add_generation_prompt=True)
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": question[1]}],
+                tokenize=False,
+                add_generation_prompt=True,
+            )
             assert prompt == tok.encode(text, add_special_tokens=False)
         ids = torch.tensor([prompt])
         with torch.no_grad():
-            want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                  max_new_tokens=MAX_TOKENS, eos_token_id=[stop],
-                                  pad_token_id=stop)[0, len(prompt):].tolist()
+            want = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=MAX_TOKENS,
+                eos_token_id=[stop],
+                pad_token_id=stop,
+            )[0, len(prompt) :].tolist()
         assert ints(s.completion_ids) == want, s.sample_id
         finish = "stop" if want[-1] == stop else "length"
         assert s.finish_reason == finish
@@ -126,8 +151,10 @@ def _questions(prompts: list[Path]):
 
     for path in prompts:
         for n, line in enumerate(path.read_text().splitlines(), 1):
-            yield {"file": path.name, "line": n, "turn": 0, "index": 0}, \
-                json.loads(line)["turns"][0]
+            yield (
+                {"file": path.name, "line": n, "turn": 0, "index": 0},
+                json.loads(line)["turns"][0],
+            )
 
 
 def test_sampling_with_a_seed_reproduces_on_rerun(tmp_path, target, capfd, monkeypatch):
@@ -137,11 +164,32 @@ def test_sampling_with_a_seed_reproduces_on_rerun(tmp_path, target, capfd, monke
     run_hf(prompts, out, target, **opts)
     first = {s.sample_id: ints(s.completion_ids) for s in Dataset(out)}
     # The same settings from the command line, starting afresh.
-    code, stdout, stderr = cli(capfd, monkeypatch, "gen", str(prompts[0]), str(out),
-                               "--engine", "hf", "--target", str(target), "--temperature",
-                               "0.9", "--top-k", "50", "--sampling-seed", "5", "--n", "2",
-                               "--max-tokens", "8", "--commit-every", "3", "--overwrite",
-                               "--json", "-q")
+    code, stdout, stderr = cli(
+        capfd,
+        monkeypatch,
+        "gen",
+        str(prompts[0]),
+        str(out),
+        "--engine",
+        "hf",
+        "--target",
+        str(target),
+        "--temperature",
+        "0.9",
+        "--top-k",
+        "50",
+        "--sampling-seed",
+        "5",
+        "--n",
+        "2",
+        "--max-tokens",
+        "8",
+        "--commit-every",
+        "3",
+        "--overwrite",
+        "--json",
+        "-q",
+    )
     assert code == 0, stderr
     assert orjson.loads(stdout)["written"] == 6
     second = {s.sample_id: ints(s.completion_ids) for s in Dataset(out)}

@@ -670,8 +670,10 @@ def test_trust_remote_code_is_passed_through(tmp_path):
     assert custom / "tokenization_probe.py" in r.files()
 
 
-@pytest.mark.parametrize("build", [qwen3_tokenizer_dir, deepseek_r1_tokenizer_dir,
-                                   kimi_tokenizer_dir, gpt_oss_tokenizer_dir])
+@pytest.mark.parametrize(
+    "build",
+    [qwen3_tokenizer_dir, deepseek_r1_tokenizer_dir, kimi_tokenizer_dir, gpt_oss_tokenizer_dir],
+)
 def test_the_torch_free_tokenizer_path_equals_autotokenizer(build, tok_root):
     """Tokenizers loaded as a bare PreTrainedTokenizerFast (no torch import) encode, decode
     and render exactly as AutoTokenizer's class does."""
@@ -681,16 +683,23 @@ def test_the_torch_free_tokenizer_path_equals_autotokenizer(build, tok_root):
 
     path = build(tok_root)
     fast, auto = load_tokenizer(path, False), AutoTokenizer.from_pretrained(path)
-    texts = ["hi", " Héllo wörld\n\n  x", "<think>\nhmm\n</think>\n\nok<|im_end|>",
-             "def f(x):\n\treturn x**2  # 中文 🙂", "<|im_start|>user<|im_start|>"]
+    texts = [
+        "hi",
+        " Héllo wörld\n\n  x",
+        "<think>\nhmm\n</think>\n\nok<|im_end|>",
+        "def f(x):\n\treturn x**2  # 中文 🙂",
+        "<|im_start|>user<|im_start|>",
+    ]
     for text in texts:
         ids = auto.encode(text, add_special_tokens=False)
         assert fast.encode(text, add_special_tokens=False) == ids
         assert fast.decode(ids, skip_special_tokens=False) == auto.decode(
-            ids, skip_special_tokens=False)
+            ids, skip_special_tokens=False
+        )
     conversation = [*HI, {"role": "assistant", "content": "yes"}, *HI]
-    assert fast.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True) \
-        == auto.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    assert fast.apply_chat_template(
+        conversation, tokenize=False, add_generation_prompt=True
+    ) == auto.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     assert set(fast.all_special_ids) == set(auto.all_special_ids)
     assert fast.added_tokens_decoder.keys() == auto.added_tokens_decoder.keys()
 
@@ -703,8 +712,11 @@ def test_loading_a_plain_fast_tokenizer_does_not_import_torch(tok_root):
 
     path = qwen3_tokenizer_dir(tok_root)
     assert _plain_fast_tokenizer(path)
-    code = ("import sys; from pathlib import Path; from eagle3kit.chat.render import Renderer; "
-            f"Renderer.load(Path({str(path)!r})); print('torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
+    code = (
+        "import sys; from pathlib import Path; from eagle3kit.chat.render import Renderer; "
+        f"Renderer.load(Path({str(path)!r})); print('torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "False"

@@ -21,8 +21,9 @@ import gen_soak
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_gen_rides_out_every_fault_and_reruns_to_an_exact_dataset(tmp_path):
-    args = gen_soak.parse_args(["--requests", "1500", "--event-every", "2", "--seed", "1",
-                                "--dir", str(tmp_path)])
+    args = gen_soak.parse_args(
+        ["--requests", "1500", "--event-every", "2", "--seed", "1", "--dir", str(tmp_path)]
+    )
     figures = gen_soak.soak_run(args)
     print(gen_soak.render(figures))
     assert figures["problems"] == []

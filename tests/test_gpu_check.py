@@ -18,17 +18,38 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def test_smoke_prints_every_figure_finite(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--threads", "1"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=240)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--threads", "1"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     figures = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
-    wanted = [f"train {n} {what}" for n in (64, 128) for what in (
-        "tokens_per_s", "peak_mb", "mfu", "plain_tokens_per_s", "plain_peak_mb",
-        "speed_ratio", "memory_ratio")]
-    wanted += ["extract tokens_per_s", "extract bare_forward_tokens_per_s", "extract ratio",
-               "accept rounds_per_s", "accept spec_tokens_per_s", "accept speedup",
-               "parity worst_relative_difference"]
+    wanted = [
+        f"train {n} {what}"
+        for n in (64, 128)
+        for what in (
+            "tokens_per_s",
+            "peak_mb",
+            "mfu",
+            "plain_tokens_per_s",
+            "plain_peak_mb",
+            "speed_ratio",
+            "memory_ratio",
+        )
+    ]
+    wanted += [
+        "extract tokens_per_s",
+        "extract bare_forward_tokens_per_s",
+        "extract ratio",
+        "accept rounds_per_s",
+        "accept spec_tokens_per_s",
+        "accept speedup",
+        "parity worst_relative_difference",
+    ]
     for name in wanted:
         assert name in figures, (name, done.stdout)
         value = float(re.split(r"\s", figures[name])[0])
@@ -39,8 +60,13 @@ def test_smoke_prints_every_figure_finite(tmp_path: Path) -> None:
 @pytest.mark.gpu
 @needs_cuda
 def test_gpu_check_runs_on_cuda_at_toy_size(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--device", "cuda"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--device", "cuda"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert "parity: agree" in done.stdout
 

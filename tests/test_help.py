@@ -27,17 +27,22 @@ from eagle3kit.train.config import TrainConfig
 from eagle3kit.validate import ValidateConfig
 
 CONFIGS = {  # command -> the dataclasses its options fill, in order
-    ("info",): [InfoConfig], ("convert",): [ConvertConfig], ("validate",): [ValidateConfig],
-    ("gen",): [GenConfig], ("plan",): [PlanConfig, GenConfig], ("extract",): [ExtractConfig],
-    ("train",): [TrainConfig], ("export",): [ExportConfig],
-    ("bench", "accept"): [AcceptConfig], ("bench", "server"): [ServerBenchConfig],
+    ("info",): [InfoConfig],
+    ("convert",): [ConvertConfig],
+    ("validate",): [ValidateConfig],
+    ("gen",): [GenConfig],
+    ("plan",): [PlanConfig, GenConfig],
+    ("extract",): [ExtractConfig],
+    ("train",): [TrainConfig],
+    ("export",): [ExportConfig],
+    ("bench", "accept"): [AcceptConfig],
+    ("bench", "server"): [ServerBenchConfig],
     ("bench", "parity"): [ParityConfig],
     ("quickstart",): [QuickstartConfig],
 }
 RENAMED = {("export",): {"run_dir": "run"}}
 """Parameters whose config field has another name."""
-TYPE_NAMES = re.compile(r"<(?:bool|int|float|str|text|path|file|directory|list\[[^\]]*\])>",
-                        re.I)
+TYPE_NAMES = re.compile(r"<(?:bool|int|float|str|text|path|file|directory|list\[[^\]]*\])>", re.I)
 ROW = re.compile(r"^│\s*(\*)?\s*(--[a-z][a-z0-9-]*)")
 DEFAULT = re.compile(r"\[default: ([^\]]*)\]")
 
@@ -135,7 +140,8 @@ def test_help_shows_each_configs_own_default_and_marks_required(path):
             assert not shown, f"{flag}: shows {shown}, the config's default is {value!r}"
             continue
         assert shown and _same(shown[0], value), (
-            f"{' '.join(path)} {flag}: help shows {shown}, {f.name} defaults to {value!r}")
+            f"{' '.join(path)} {flag}: help shows {shown}, {f.name} defaults to {value!r}"
+        )
         # The default is the generated one only: no hand-written copy that could drift.
         assert "(default" not in body, f"{flag}: retypes its default: {body}"
 
@@ -155,17 +161,26 @@ def test_every_stage_embeds_the_shared_options_under_one_name():
         for f in names.values():  # no stage re-declares a shared option as its own field
             assert f.name not in {*WRITE_KEYS, "json", "quiet", "no_progress", "log_every"}
     for cls in (ConvertConfig, GenConfig, ExtractConfig, TrainConfig, QuickstartConfig):
-        assert isinstance(_expected({f.name: f for f in dataclasses.fields(cls)}["write"]),
-                          WriteOptions), cls
+        assert isinstance(
+            _expected({f.name: f for f in dataclasses.fields(cls)}["write"]), WriteOptions
+        ), cls
 
 
-@pytest.mark.parametrize(("path", "usage"), [
-    (("gen",), "PROMPTS... OUTPUT"), (("plan",), "PROMPTS... OUTPUT"),
-    (("export",), "RUN OUT"), (("train",), "DATA[:WEIGHT]... RUN"),
-    (("extract",), "TOKENS OUTPUT"), (("bench", "accept"), "PROMPTS..."),
-    (("bench", "server"), "PROMPTS..."), (("quickstart",), "[DIR]"),
-    (("convert",), "SRC DST"), (("info",), "PATH"),
-])
+@pytest.mark.parametrize(
+    ("path", "usage"),
+    [
+        (("gen",), "PROMPTS... OUTPUT"),
+        (("plan",), "PROMPTS... OUTPUT"),
+        (("export",), "RUN OUT"),
+        (("train",), "DATA[:WEIGHT]... RUN"),
+        (("extract",), "TOKENS OUTPUT"),
+        (("bench", "accept"), "PROMPTS..."),
+        (("bench", "server"), "PROMPTS..."),
+        (("quickstart",), "[DIR]"),
+        (("convert",), "SRC DST"),
+        (("info",), "PATH"),
+    ],
+)
 def test_usage_lines_show_positionals_as_typed(path, usage):
     line = next(x for x in help_text(path).splitlines() if "Usage:" in x)
     assert line.split("[OPTIONS]", 1)[1].strip() == usage
@@ -173,8 +188,13 @@ def test_usage_lines_show_positionals_as_typed(path, usage):
 
 def test_gen_help_is_grouped():
     panels = re.findall(r"╭─ (.+?) ─", help_text(("gen",)))
-    assert {"Prompts", "Servers", "Rendering the prompts", "Sampling and lengths",
-            "The run"} <= set(panels)
+    assert {
+        "Prompts",
+        "Servers",
+        "Rendering the prompts",
+        "Sampling and lengths",
+        "The run",
+    } <= set(panels)
 
 
 def test_top_level_and_bench_help_have_no_type_names():
@@ -189,8 +209,9 @@ class Throwaway:
 
     out: Path = dataclasses.field(metadata=arg())
     """Where the made-up stage writes."""
-    shards: int = dataclasses.field(default=7, metadata=opt("--shards", metavar="N",
-                                                            panel="Made up"))
+    shards: int = dataclasses.field(
+        default=7, metadata=opt("--shards", metavar="N", panel="Made up")
+    )
     """How many shards the made-up stage cuts its output into."""
     rounds: int = 2
     """How many rounds the made-up stage makes: an option with no metadata at all."""
@@ -212,8 +233,15 @@ def test_an_option_added_to_a_config_alone_is_on_the_command_line(tmp_path):
 
     from eagle3kit._command import Stage, stages_group
 
-    made_up = typer.Typer(cls=stages_group({"made-up": Stage(
-        f"{__name__}:Throwaway", f"{__name__}:run_throwaway", summary="A made-up stage.")}))
+    made_up = typer.Typer(
+        cls=stages_group(
+            {
+                "made-up": Stage(
+                    f"{__name__}:Throwaway", f"{__name__}:run_throwaway", summary="A made-up stage."
+                )
+            }
+        )
+    )
     made_up.callback()(lambda: None)  # a group, as `eagle3kit` is
     text = CliRunner().invoke(made_up, ["made-up", "--help"], env={"COLUMNS": "250"}).output
     required, body = option_rows(text)["--shards"]
@@ -223,8 +251,9 @@ def test_an_option_added_to_a_config_alone_is_on_the_command_line(tmp_path):
     _, body = option_rows(text)["--rounds"]
     assert DEFAULT.findall(body) == ["2"] and "an option with no metadata at all" in body
     assert "--internal" not in text
-    result = CliRunner().invoke(made_up, ["made-up", str(tmp_path), "--shards", "3",
-                                          "--rounds", "5"])
+    result = CliRunner().invoke(
+        made_up, ["made-up", str(tmp_path), "--shards", "3", "--rounds", "5"]
+    )
     assert result.exit_code == 0, result.output
     assert RAN[-1] == Throwaway(tmp_path, shards=3, rounds=5)
     refused = CliRunner().invoke(made_up, ["made-up", str(tmp_path), "--internal", "1"])

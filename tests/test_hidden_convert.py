@@ -66,8 +66,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
             ids = rng.integers(0, 1000, n).tolist()
             writer.add(TokenSample(f"s{i}", ids[:2], ids[2:], partition=("a", "b")[i % 2]))
     hidden = root / "hidden"
-    extract.run(extract.ExtractConfig(root / "tokens", hidden, target=target,
-                                      output=QUIET))
+    extract.run(extract.ExtractConfig(root / "tokens", hidden, target=target, output=QUIET))
     w = World(root, target, root / "tokens", hidden, root / "sp", root / "sf")
     conv(hidden, w.speculators, to="speculators")
     conv(hidden, w.specforge, to="specforge", target=target)
@@ -170,13 +169,15 @@ def test_round_trip(world: World, tmp_path: Path) -> None:
         x, y, z = a[i], b[i], c[i]
         for other in (y, z):
             assert (other.sample_id, other.partition, other.prompt_len) == (
-                x.sample_id, x.partition, x.prompt_len)
+                x.sample_id,
+                x.partition,
+                x.prompt_len,
+            )
             assert np.array_equal(other.input_ids, x.input_ids)
             assert np.array_equal(other.loss_mask, x.loss_mask)
             assert np.array_equal(other.aux, x.aux)
         assert np.array_equal(y.last, x.last)
-        record = torch.load(world.specforge / "rows_0-2000" / f"data_{i}.ckpt",
-                            weights_only=True)
+        record = torch.load(world.specforge / "rows_0-2000" / f"data_{i}.ckpt", weights_only=True)
         assert np.array_equal(z.last, record["hidden_state"][0].float().numpy())
     # A post-norm dataset goes back to SpecForge as it is (no --target), not to speculators.
     conv(tmp_path / "from-sf", tmp_path / "sf-again", to="specforge")
@@ -188,8 +189,7 @@ def test_round_trip(world: World, tmp_path: Path) -> None:
     assert not (tmp_path / "nope").exists()
 
 
-def test_train_gets_the_same_lm_head_input_from_either_form(world: World, tmp_path: Path
-                                                            ) -> None:
+def test_train_gets_the_same_lm_head_input_from_either_form(world: World, tmp_path: Path) -> None:
     """train's OfflineTarget applies the final norm to a pre-norm dataset and nothing to a
     post-norm one: both give the same lm_head input and the same greedy targets."""
     from eagle3kit.target import read_config
@@ -236,18 +236,25 @@ def test_specforge_padded_and_gzipped_files(tmp_path: Path) -> None:
     src.mkdir(parents=True)
     h, n = 8, 5
     for i in range(2):
-        record = {"input_ids": torch.tensor([3, 4, 5, 0, 0]),
-                  "loss_mask": torch.tensor([0, 1, 1, 0, 0]),
-                  "aux_hidden_state": torch.randn(1, n, 3 * h).to(torch.bfloat16),
-                  "hidden_state": torch.randn(1, n, h).to(torch.bfloat16)}
+        record = {
+            "input_ids": torch.tensor([3, 4, 5, 0, 0]),
+            "loss_mask": torch.tensor([0, 1, 1, 0, 0]),
+            "aux_hidden_state": torch.randn(1, n, 3 * h).to(torch.bfloat16),
+            "hidden_state": torch.randn(1, n, h).to(torch.bfloat16),
+        }
         buf = io.BytesIO()
         torch.save(record, buf)
         (src / f"data_{i}.ckpt.gz").write_bytes(gzip.compress(buf.getvalue()))
     conv(tmp_path / "sf", tmp_path / "out", layers="1,2,3")
     ds = HiddenDataset(tmp_path / "out")
     assert len(ds) == 2 and ds.hidden_size == h and ds.last_state == "post_norm"
-    assert ds[1].input_ids.tolist() == [3, 4, 5, 0, 0] and ds[1].loss_mask.tolist() == [0, 1, 1,
-                                                                                      0, 0]
+    assert ds[1].input_ids.tolist() == [3, 4, 5, 0, 0] and ds[1].loss_mask.tolist() == [
+        0,
+        1,
+        1,
+        0,
+        0,
+    ]
 
 
 # Bad files ------------------------------------------------------------------------------------
@@ -262,8 +269,12 @@ class Payload:
 
 
 def run_cli(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "eagle3kit", *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def one_error(proc: subprocess.CompletedProcess[str]) -> str:
@@ -278,9 +289,15 @@ def test_a_pickle_payload_is_refused_not_run(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     src = tmp_path / "sf" / "rows_0-2000"
     src.mkdir(parents=True)
-    torch.save({"input_ids": torch.tensor([1, 2]), "loss_mask": torch.tensor([1, 1]),
-                "aux_hidden_state": torch.zeros(1, 2, 6), "hidden_state": Payload(marker)},
-               src / "data_0.ckpt")
+    torch.save(
+        {
+            "input_ids": torch.tensor([1, 2]),
+            "loss_mask": torch.tensor([1, 1]),
+            "aux_hidden_state": torch.zeros(1, 2, 6),
+            "hidden_state": Payload(marker),
+        },
+        src / "data_0.ckpt",
+    )
     # The legacy (non-zip) pickle form too.
     (src / "data_1.ckpt").write_bytes(pickle.dumps({"input_ids": Payload(marker)}, protocol=2))
     error = one_error(run_cli("convert", tmp_path / "sf", tmp_path / "out", "--layers", "1,2,3"))
@@ -304,6 +321,7 @@ def test_bad_and_missing_files_are_named(world: World, tmp_path: Path) -> None:
     assert (result.written, result.bad_lines) == (N_SAMPLES - 2, 1)  # hs_4 missing: skipped
     # A file whose token ids are not its row's.
     from safetensors.torch import load_file, save_file
+
     shutil.copy(world.speculators / "hidden_states" / "hs_2.safetensors", hs / "hs_2.safetensors")
     swapped = load_file(str(hs / "hs_3.safetensors"))
     swapped["token_ids"] = swapped["token_ids"] + 1

@@ -33,8 +33,13 @@ def env() -> dict[str, str]:
 
 
 def cli(*args: str | Path, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "eagle3kit", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, env=env())
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env(),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +57,27 @@ def run(tmp_path_factory) -> Path:
     with DatasetWriter(root / "tokens", config={"stage": "test"}) as writer:
         for i, ids in enumerate(seqs):
             writer.add(TokenSample(f"s{i}", ids[:4], ids[4:]))
-    result = cli("train", root / "tokens", root / "run", "--target", target, "--online",
-                 "--max-steps", STEPS, "--batch-tokens", 256, "--draft-vocab", 200,
-                 "--eval-split", 4, "--eval-every", EVAL_EVERY, "--device", "cpu", "--quiet")
+    result = cli(
+        "train",
+        root / "tokens",
+        root / "run",
+        "--target",
+        target,
+        "--online",
+        "--max-steps",
+        STEPS,
+        "--batch-tokens",
+        256,
+        "--draft-vocab",
+        200,
+        "--eval-split",
+        4,
+        "--eval-every",
+        EVAL_EVERY,
+        "--device",
+        "cpu",
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     return root / "run"
 
@@ -83,12 +106,17 @@ def test_plot_draws_loss_accuracy_and_acceptance_against_steps(run: Path, tmp_pa
     assert len(steps) == STEPS and len(evals) == EVALS
     ttt = len(steps[0]["acc_k"])
     plot = json.loads(result.stdout)["plot"]
-    assert plot == {"file": str(out), "axes": [
-        {"title": "loss", "series": {"loss": STEPS}},
-        {"title": "accuracy per TTT step",
-         "series": {f"step {k + 1}": STEPS for k in range(ttt)}},
-        {"title": "predicted acceptance length (held out)",
-         "series": {"overall": EVALS}}]}
+    assert plot == {
+        "file": str(out),
+        "axes": [
+            {"title": "loss", "series": {"loss": STEPS}},
+            {
+                "title": "accuracy per TTT step",
+                "series": {f"step {k + 1}": STEPS for k in range(ttt)},
+            },
+            {"title": "predicted acceptance length (held out)", "series": {"overall": EVALS}},
+        ],
+    }
 
 
 def test_plot_on_a_dataset_is_one_line_naming_the_flag(run: Path, tmp_path: Path):
@@ -98,8 +126,9 @@ def test_plot_on_a_dataset_is_one_line_naming_the_flag(run: Path, tmp_path: Path
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [f"error: --plot: {tokens} is not a training run (--plot draws a run's "
-                      "metrics.jsonl)"]
+    assert errors == [
+        f"error: --plot: {tokens} is not a training run (--plot draws a run's metrics.jsonl)"
+    ]
     assert not out.exists()
 
 
@@ -107,7 +136,8 @@ def test_plot_to_a_file_matplotlib_cannot_write_is_refused_by_flag(run: Path, tm
     result = cli("info", run, "--plot", tmp_path / "curves.txt")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
-        f"error: --plot {tmp_path / 'curves.txt'}: give a .png, .svg or .pdf file name")
+        f"error: --plot {tmp_path / 'curves.txt'}: give a .png, .svg or .pdf file name"
+    )
 
 
 # Lines eagle3kit did not write (issue 38, item 10) -------------------------------------------
@@ -118,8 +148,7 @@ CRAFTED = {
     "a bare list": b"[null]",
     "a string step": b'{"step": "3", "loss": 0.5}',
     "a byte that is not UTF-8": b'{"step": 3, "loss": 0.5, "note": "\xff"}',
-    "15,000 TTT accuracies": json.dumps({"step": 3, "loss": 0.5,
-                                         "acc_k": [0.5] * 15_000}).encode(),
+    "15,000 TTT accuracies": json.dumps({"step": 3, "loss": 0.5, "acc_k": [0.5] * 15_000}).encode(),
 }
 
 
@@ -140,8 +169,9 @@ def crafted_copy(run: Path, where: Path, *lines: bytes) -> Path:
 
 
 @pytest.mark.parametrize("line", CRAFTED.values(), ids=CRAFTED.keys())
-def test_a_line_eagle3kit_did_not_write_is_passed_over(run: Path, tmp_path: Path, line: bytes,
-                                                     clean_axes: list[dict]):
+def test_a_line_eagle3kit_did_not_write_is_passed_over(
+    run: Path, tmp_path: Path, line: bytes, clean_axes: list[dict]
+):
     """`info --plot` draws the run's own lines alone (the accuracies no more series than the
     run's TTT steps: 15,000 of them took 95 s and 800 MB); resuming drops the line."""
     from eagle3kit.checkpoints.rundir import RunDir
@@ -159,9 +189,27 @@ def test_a_line_eagle3kit_did_not_write_is_passed_over(run: Path, tmp_path: Path
 def test_train_resumes_past_lines_it_did_not_write(run: Path, tmp_path: Path):
     copy = crafted_copy(run, tmp_path / "run", *CRAFTED.values())
     target = run.parent / "target"
-    result = cli("train", run.parent / "tokens", copy, "--target", target, "--online",
-                 "--max-steps", STEPS, "--batch-tokens", 256, "--draft-vocab", 200,
-                 "--eval-split", 4, "--eval-every", EVAL_EVERY, "--device", "cpu", "--quiet")
+    result = cli(
+        "train",
+        run.parent / "tokens",
+        copy,
+        "--target",
+        target,
+        "--online",
+        "--max-steps",
+        STEPS,
+        "--batch-tokens",
+        256,
+        "--draft-vocab",
+        200,
+        "--eval-split",
+        4,
+        "--eval-every",
+        EVAL_EVERY,
+        "--device",
+        "cpu",
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     assert logged(copy) == logged(run)

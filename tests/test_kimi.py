@@ -27,15 +27,19 @@ LAYERS = [1, 2, 3]
 """Boundary ids for the 4-layer target (the default 2, N//2, N-3 needs 8 layers); all below N,
 as vLLM captures only states entering a layer."""
 TRUST = "--trust-remote-code"
-REFUSAL = ("ships its own code (tokenization_tiny_kimi.py); pass --trust-remote-code to run "
-           "it")
+REFUSAL = "ships its own code (tokenization_tiny_kimi.py); pass --trust-remote-code to run it"
 PROMPTS, BENCH_PROMPTS = 16, 4
 
 
 def eagle3kit(*args: object, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run([sys.executable, "-m", "eagle3kit", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     if check:
         assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -55,37 +59,134 @@ def kimi(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def pipeline(kimi: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("pipeline")
     chats = tiny.prompts(PROMPTS + BENCH_PROMPTS)
-    p = {"prompts": root / "prompts.jsonl", "bench_prompts": root / "heldout.jsonl",
-         "tokens": root / "tokens", "hidden": root / "hidden", "run": root / "run",
-         "online": root / "online", "export": root / "export", "plan": root / "plan"}
+    p = {
+        "prompts": root / "prompts.jsonl",
+        "bench_prompts": root / "heldout.jsonl",
+        "tokens": root / "tokens",
+        "hidden": root / "hidden",
+        "run": root / "run",
+        "online": root / "online",
+        "export": root / "export",
+        "plan": root / "plan",
+    }
     for path, part in ((p["prompts"], chats[:PROMPTS]), (p["bench_prompts"], chats[PROMPTS:])):
         path.write_text("".join(json.dumps({"messages": m}) + "\n" for m in part))
     layers = ",".join(map(str, LAYERS))
-    train = ["--ttt-steps", 3, "--draft-vocab", 256, "--batch-tokens", 1024, "--lr", 3e-3,
-             "--warmup", 0.1, "--eval-split", 4, "--eval-every", 0, "--device", "cpu", TRUST,
-             "--no-progress", "--json"]
+    train = [
+        "--ttt-steps",
+        3,
+        "--draft-vocab",
+        256,
+        "--batch-tokens",
+        1024,
+        "--lr",
+        3e-3,
+        "--warmup",
+        0.1,
+        "--eval-split",
+        4,
+        "--eval-every",
+        0,
+        "--device",
+        "cpu",
+        TRUST,
+        "--no-progress",
+        "--json",
+    ]
     out = {"paths": p, "target": kimi}
-    out["gen"] = json_out(eagle3kit("gen", p["prompts"], p["tokens"], "--engine", "hf",
-                                    "--target", kimi, "--temperature", 0, "--max-tokens", 64,
-                                    TRUST, "--no-progress", "--json"))
-    out["validate"] = json_out(eagle3kit("validate", p["tokens"], TRUST, "--json",
-                                         check=False))
-    out["extract"] = json_out(eagle3kit("extract", p["tokens"], p["hidden"], "--target", kimi,
-                                        "--layers", layers, "--device", "cpu", TRUST,
-                                        "--no-progress", "--json"))
-    out["train"] = json_out(eagle3kit("train", p["hidden"], p["run"], "--target", kimi,
-                                      "--max-steps", 40, *train))
-    out["online"] = json_out(eagle3kit("train", p["tokens"], p["online"], "--target", kimi,
-                                       "--online", "--layers", layers, "--max-steps", 4,
-                                       *train))
+    out["gen"] = json_out(
+        eagle3kit(
+            "gen",
+            p["prompts"],
+            p["tokens"],
+            "--engine",
+            "hf",
+            "--target",
+            kimi,
+            "--temperature",
+            0,
+            "--max-tokens",
+            64,
+            TRUST,
+            "--no-progress",
+            "--json",
+        )
+    )
+    out["validate"] = json_out(eagle3kit("validate", p["tokens"], TRUST, "--json", check=False))
+    out["extract"] = json_out(
+        eagle3kit(
+            "extract",
+            p["tokens"],
+            p["hidden"],
+            "--target",
+            kimi,
+            "--layers",
+            layers,
+            "--device",
+            "cpu",
+            TRUST,
+            "--no-progress",
+            "--json",
+        )
+    )
+    out["train"] = json_out(
+        eagle3kit("train", p["hidden"], p["run"], "--target", kimi, "--max-steps", 40, *train)
+    )
+    out["online"] = json_out(
+        eagle3kit(
+            "train",
+            p["tokens"],
+            p["online"],
+            "--target",
+            kimi,
+            "--online",
+            "--layers",
+            layers,
+            "--max-steps",
+            4,
+            *train,
+        )
+    )
     out["export"] = eagle3kit("export", p["run"], p["export"], "--format", "both", TRUST)
-    out["bench"] = json_out(eagle3kit("bench", "accept", p["bench_prompts"], "--target", kimi,
-                                      "--drafter", p["export"] / "vllm", "--k", 3,
-                                      "--temperature", 0, "--max-new-tokens", 48,
-                                      "--device", "cpu", TRUST, "--no-progress", "--json"))
-    out["plan"] = eagle3kit("plan", p["prompts"], p["plan"], "--engine", "hf", "--target",
-                            kimi, "--max-tokens", 64, "--pilot", 4, "--layers", layers,
-                            TRUST, "--no-progress")
+    out["bench"] = json_out(
+        eagle3kit(
+            "bench",
+            "accept",
+            p["bench_prompts"],
+            "--target",
+            kimi,
+            "--drafter",
+            p["export"] / "vllm",
+            "--k",
+            3,
+            "--temperature",
+            0,
+            "--max-new-tokens",
+            48,
+            "--device",
+            "cpu",
+            TRUST,
+            "--no-progress",
+            "--json",
+        )
+    )
+    out["plan"] = eagle3kit(
+        "plan",
+        p["prompts"],
+        p["plan"],
+        "--engine",
+        "hf",
+        "--target",
+        kimi,
+        "--max-tokens",
+        64,
+        "--pilot",
+        4,
+        "--layers",
+        layers,
+        TRUST,
+        "--no-progress",
+    )
     return out
 
 
@@ -108,8 +209,14 @@ def test_gen_and_validate_see_a_reasoning_target(pipeline: dict) -> None:
     assert profile["think_start"] == "<think>" and profile["think_end"] == "</think>"
     assert profile["generation_prompt"] == "<|im_assistant|>assistant<|im_middle|><think>"
     failed = {c["name"] for c in report["checks"] if c["status"] == "fail"}
-    assert not failed & {"integrity", "round_trip", "literal_markers", "structure",
-                         "vocabulary", "reasoning"}, failed
+    assert not failed & {
+        "integrity",
+        "round_trip",
+        "literal_markers",
+        "structure",
+        "vocabulary",
+        "reasoning",
+    }, failed
 
 
 def test_extract_stores_the_chosen_layers_at_the_target_width(pipeline: dict) -> None:
@@ -133,8 +240,7 @@ def test_the_drafter_learns_the_targets_answers(pipeline: dict) -> None:
 
 def test_exports_carry_the_targets_layers_and_yarn(pipeline: dict) -> None:
     export = pipeline["paths"]["export"]
-    yarn = {**{k: v for k, v in tiny.KIMI_ROPE_SCALING.items() if k != "type"},
-            "rope_type": "yarn"}
+    yarn = {**{k: v for k, v in tiny.KIMI_ROPE_SCALING.items() if k != "type"}, "rope_type": "yarn"}
     vllm = json.loads((export / "vllm" / "config.json").read_text())
     layer = vllm["transformer_layer_config"]
     assert vllm["eagle_aux_hidden_state_layer_ids"] == LAYERS
@@ -163,34 +269,68 @@ def test_plan_forecasts_the_run(pipeline: dict) -> None:
 
 @pytest.mark.parametrize("stage", ["gen", "extract", "bench", "plan"])
 def test_each_stage_that_runs_the_tokenizers_code_refuses_by_name(
-        stage: str, kimi: Path, pipeline: dict, tmp_path: Path) -> None:
+    stage: str, kimi: Path, pipeline: dict, tmp_path: Path
+) -> None:
     p = pipeline["paths"]
     args = {
         "gen": ["gen", p["prompts"], tmp_path / "t", "--engine", "hf", "--target", kimi],
-        "extract": ["extract", p["tokens"], tmp_path / "h", "--target", kimi, "--layers",
-                    "1,2,3", "--device", "cpu"],
-        "bench": ["bench", "accept", p["bench_prompts"], "--target", kimi, "--drafter",
-                  p["export"] / "vllm", "--device", "cpu"],
+        "extract": [
+            "extract",
+            p["tokens"],
+            tmp_path / "h",
+            "--target",
+            kimi,
+            "--layers",
+            "1,2,3",
+            "--device",
+            "cpu",
+        ],
+        "bench": [
+            "bench",
+            "accept",
+            p["bench_prompts"],
+            "--target",
+            kimi,
+            "--drafter",
+            p["export"] / "vllm",
+            "--device",
+            "cpu",
+        ],
         "plan": ["plan", p["prompts"], tmp_path / "p", "--engine", "hf", "--target", kimi],
     }[stage]
     done = eagle3kit(*args, check=False)
     assert done.returncode == 2, done.stderr[-2000:]
     # extract reads the tokenizer gen stored with the dataset (the same code, copied there);
     # the others the target's, named by the flag that gave it (--target, under --engine hf).
-    where = (f"{p['tokens']}/tokenizer/tokenizer_config.json: its auto_map names code of its "
-             "own (tokenization_tiny_kimi.py); pass --trust-remote-code to run it"
-             if stage == "extract" else f"--target {kimi}: it {REFUSAL}")
+    where = (
+        f"{p['tokens']}/tokenizer/tokenizer_config.json: its auto_map names code of its "
+        "own (tokenization_tiny_kimi.py); pass --trust-remote-code to run it"
+        if stage == "extract"
+        else f"--target {kimi}: it {REFUSAL}"
+    )
     assert done.stderr == f"error: {where}\n"
 
 
-def test_train_and_export_run_none_of_the_tokenizers_code(pipeline: dict,
-                                                          tmp_path: Path) -> None:
+def test_train_and_export_run_none_of_the_tokenizers_code(pipeline: dict, tmp_path: Path) -> None:
     """The model is transformers' own DeepseekV3: the stages that read only its config and
     weights (and the dataset's ids) need no consent, and are not asked for one."""
     p = pipeline["paths"]
-    eagle3kit("train", p["hidden"], tmp_path / "r", "--target", pipeline["target"],
-              "--max-steps", 1,
-              "--draft-vocab", 64, "--eval-split", 0, "--device", "cpu", "--quiet")
+    eagle3kit(
+        "train",
+        p["hidden"],
+        tmp_path / "r",
+        "--target",
+        pipeline["target"],
+        "--max-steps",
+        1,
+        "--draft-vocab",
+        64,
+        "--eval-split",
+        0,
+        "--device",
+        "cpu",
+        "--quiet",
+    )
     eagle3kit("export", p["run"], tmp_path / "e", "--quiet")
     assert (tmp_path / "e" / "model.safetensors").is_file()
 
@@ -200,9 +340,24 @@ def test_quickstart_runs_on_the_kimi_target(tmp_path: Path) -> None:
     trust the tokenizer's code (which quickstart wrote), extract given the 4-layer target's
     ids, and the by-hand commands saying both."""
     out = tmp_path / "qs"
-    done = eagle3kit("quickstart", out, "--target-arch", "kimi", "--prompts", 4,
-                     "--bench-prompts", 1, "--target-steps", 4, "--train-steps", 2,
-                     "--max-tokens", 16, "--no-progress", "--json")
+    done = eagle3kit(
+        "quickstart",
+        out,
+        "--target-arch",
+        "kimi",
+        "--prompts",
+        4,
+        "--bench-prompts",
+        1,
+        "--target-steps",
+        4,
+        "--train-steps",
+        2,
+        "--max-tokens",
+        16,
+        "--no-progress",
+        "--json",
+    )
     summary = json.loads(done.stdout)
     config = json.loads((out / "target" / "config.json").read_text())
     assert config["architectures"] == ["DeepseekV3ForCausalLM"]
@@ -213,12 +368,39 @@ def test_quickstart_runs_on_the_kimi_target(tmp_path: Path) -> None:
     for stage in ("gen", "validate", "extract", "train", "export", "bench"):
         assert commands[stage].endswith("--trust-remote-code"), commands[stage]
     # Continued, the whole directory quickstart wrote passes its check of the code it holds.
-    rerun = eagle3kit("quickstart", out, "--target-arch", "kimi", "--prompts", 4,
-                      "--bench-prompts", 1, "--target-steps", 4, "--train-steps", 2,
-                      "--max-tokens", 16, "--no-progress", "--json")
+    rerun = eagle3kit(
+        "quickstart",
+        out,
+        "--target-arch",
+        "kimi",
+        "--prompts",
+        4,
+        "--bench-prompts",
+        1,
+        "--target-steps",
+        4,
+        "--train-steps",
+        2,
+        "--max-tokens",
+        16,
+        "--no-progress",
+        "--json",
+    )
     assert json.loads(rerun.stdout)["skipped"] == [n for n, _, _ in quickstart.STAGES]
-    again = eagle3kit("quickstart", out, "--prompts", 4, "--bench-prompts", 1,
-                      "--target-steps", 4, "--train-steps", 2, "--max-tokens", 16,
-                      check=False)
+    again = eagle3kit(
+        "quickstart",
+        out,
+        "--prompts",
+        4,
+        "--bench-prompts",
+        1,
+        "--target-steps",
+        4,
+        "--train-steps",
+        2,
+        "--max-tokens",
+        16,
+        check=False,
+    )
     assert again.returncode == 2
     assert "other settings (--target-arch kimi -> llama)" in again.stderr

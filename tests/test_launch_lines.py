@@ -39,8 +39,10 @@ LAUNCH_PAGES = {PAGE, REPO / "docs" / "export.md", REPO / "docs" / "extract.md"}
 GPUS_PER_NODE = 8
 
 
-TP_FLAGS = {"sglang": ("--tp", "--tp-size", "--tensor-parallel-size"),
-            "vllm": ("--tensor-parallel-size", "-tp")}
+TP_FLAGS = {
+    "sglang": ("--tp", "--tp-size", "--tensor-parallel-size"),
+    "vllm": ("--tensor-parallel-size", "-tp"),
+}
 
 
 def launch_lines() -> list[Launch]:
@@ -63,18 +65,21 @@ def test_launch_lines_are_in_one_place() -> None:
         for lang, first, body in blocks(doc):
             if lang == "launch":
                 assert doc in LAUNCH_PAGES, (
-                    f"{doc.name}:{first}: launch blocks belong in {PAGE.name}")
+                    f"{doc.name}:{first}: launch blocks belong in {PAGE.name}"
+                )
             else:
                 assert not any(name in body for name in LAUNCHERS), (
                     f"{doc.name}:{first}: a server launch line outside a launch block; "
-                    f"put it in {PAGE.name}, section '{SECTION}'")
+                    f"put it in {PAGE.name}, section '{SECTION}'"
+                )
 
 
 def test_there_are_launch_lines_for_both_servers_on_8_gpus() -> None:
     lines = launch_lines()
     for server in SERVERS:
-        assert any(launch.server == server and launch.get(*TP_FLAGS[server]) == "8"
-                   for launch in lines), f"no {server} launch line with tensor parallel 8"
+        assert any(
+            launch.server == server and launch.get(*TP_FLAGS[server]) == "8" for launch in lines
+        ), f"no {server} launch line with tensor parallel 8"
 
 
 @pytest.mark.parametrize("launch", launch_lines(), ids=lambda x: f"line{x.line}-{x.server}")
@@ -93,20 +98,27 @@ def test_launch_line(launch: Launch) -> None:
 def test_gen_examples_use_the_launched_ports() -> None:
     """The page's gen commands point at ports its launch lines serve."""
     launched = {int(launch.get("--port")) for launch in launch_lines()}
-    used = {int(p) for lang, _, body in blocks(PAGE) if lang == "console"
-            for p in re.findall(r"--server http://127\.0\.0\.1:(\d+)", body)}
+    used = {
+        int(p)
+        for lang, _, body in blocks(PAGE)
+        if lang == "console"
+        for p in re.findall(r"--server http://127\.0\.0\.1:(\d+)", body)
+    }
     assert used and used <= launched, f"gen uses ports {sorted(used - launched)} nobody serves"
 
 
-@pytest.mark.parametrize("line, error", [
-    ("python -m sglang.launch_server --model-path m --tp 8 --tensor-parallel 8", "no flag"),
-    ("python -m sglang.launch_server --model-path m --tp eight", "integer"),
-    ("python -m sglang.launch_server --model-path m --mem-fraction-static 1.5", "fraction"),
-    ("vllm serve m --reasoning-parser deepseek-r1", "not one of"),
-    ("vllm serve m --trust-remote-code=1", "switch"),
-    ("vllm serve m --port", "needs a value"),
-    ("sglang serve --model-path m", "not an SGLang or vLLM"),
-])
+@pytest.mark.parametrize(
+    "line, error",
+    [
+        ("python -m sglang.launch_server --model-path m --tp 8 --tensor-parallel 8", "no flag"),
+        ("python -m sglang.launch_server --model-path m --tp eight", "integer"),
+        ("python -m sglang.launch_server --model-path m --mem-fraction-static 1.5", "fraction"),
+        ("vllm serve m --reasoning-parser deepseek-r1", "not one of"),
+        ("vllm serve m --trust-remote-code=1", "switch"),
+        ("vllm serve m --port", "needs a value"),
+        ("sglang serve --model-path m", "not an SGLang or vLLM"),
+    ],
+)
 def test_the_checker_catches_mistakes(line: str, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         parse(1, line)
@@ -126,8 +138,12 @@ LAYERS = {"Qwen/Qwen3-8B": 36, "moonshotai/Kimi-K2.5": 61, "deepseek-ai/DeepSeek
 
 
 def extract_launch_lines() -> list[Launch]:
-    return [parse(n, line) for lang, first, body in blocks(EXTRACT_PAGE) if lang == "launch"
-            for n, line in logical_lines(body, first)]
+    return [
+        parse(n, line)
+        for lang, first, body in blocks(EXTRACT_PAGE)
+        if lang == "launch"
+        for n, line in logical_lines(body, first)
+    ]
 
 
 def test_extract_launch_lines_name_the_default_ids_then_n():
@@ -139,23 +155,33 @@ def test_extract_launch_lines_name_the_default_ids_then_n():
 
     lines = extract_launch_lines()
     assert {launch.model for launch in lines} == set(LAYERS)
-    commands = [line for lang, first, body in blocks(EXTRACT_PAGE) if lang == "text"
-                for _, line in logical_lines(body, first) if line.startswith("eagle3kit extract")]
+    commands = [
+        line
+        for lang, first, body in blocks(EXTRACT_PAGE)
+        if lang == "text"
+        for _, line in logical_lines(body, first)
+        if line.startswith("eagle3kit extract")
+    ]
     for launch in lines:
         n = LAYERS[launch.model]
         spec = json.loads(launch.get("--speculative-config"))
         ids = spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"]
         assert ids == [*default_layer_ids(n), n], (launch.model, ids)
         assert launch.get("--no-enable-prefix-caching", "--no-enable-chunked-prefill") is None
-        assert {"--no-enable-prefix-caching", "--no-enable-chunked-prefill",
-                "--kv-transfer-config"} <= {f for f, _ in launch.flags}
+        assert {
+            "--no-enable-prefix-caching",
+            "--no-enable-chunked-prefill",
+            "--kv-transfer-config",
+        } <= {f for f, _ in launch.flags}
         name = launch.model.split("/")[1]
         layers = ",".join(map(str, default_layer_ids(n)))
         assert any(f"/models/{name} --layers {layers} " in c for c in commands), (name, layers)
 
 
-@pytest.mark.parametrize("model", ["moonshotai/Kimi-K2.5", "deepseek-ai/DeepSeek-R1-0528",
-                                   "Qwen/Qwen3-235B-A22B-Thinking-2507"])
+@pytest.mark.parametrize(
+    "model",
+    ["moonshotai/Kimi-K2.5", "deepseek-ai/DeepSeek-R1-0528", "Qwen/Qwen3-235B-A22B-Thinking-2507"],
+)
 def test_the_large_models_have_launch_lines_and_a_download_step(model):
     servers = {launch.server for launch in launch_lines() if launch.model == model}
     assert servers == {"sglang", "vllm"}, (model, servers)

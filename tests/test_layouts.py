@@ -27,9 +27,17 @@ N, V, VD, H = 8, 97, 40, 32
 @pytest.fixture(scope="module")
 def target(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("target")
-    config = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=64, num_hidden_layers=N,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                         max_position_embeddings=4096, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=V,
+        hidden_size=H,
+        intermediate_size=64,
+        num_hidden_layers=N,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(out)
     return out
@@ -39,8 +47,12 @@ def target(tmp_path_factory) -> Path:
 def drafter(target) -> Eagle3Drafter:
     from transformers import AutoConfig
 
-    config = DrafterConfig.from_target(AutoConfig.from_pretrained(target), draft_vocab_size=VD,
-                                       aux_layer_ids=[2, 4, 5], target_name_or_path=str(target))
+    config = DrafterConfig.from_target(
+        AutoConfig.from_pretrained(target),
+        draft_vocab_size=VD,
+        aux_layer_ids=[2, 4, 5],
+        target_name_or_path=str(target),
+    )
     torch.manual_seed(1)
     model = Eagle3Drafter(config)
     for p in model.trainable_parameters():
@@ -55,9 +67,12 @@ def run_dir(tmp_path_factory, drafter, target) -> Path:
     from transformers import AutoConfig
 
     out = tmp_path_factory.mktemp("run")
-    identity = {"path": str(target), "name_or_path": str(target),
-                "architectures": ["LlamaForCausalLM"],
-                "fingerprint": config_fingerprint(AutoConfig.from_pretrained(target))}
+    identity = {
+        "path": str(target),
+        "name_or_path": str(target),
+        "architectures": ["LlamaForCausalLM"],
+        "fingerprint": config_fingerprint(AutoConfig.from_pretrained(target)),
+    }
     save_drafter(drafter, out / "drafter", extra={"target": identity, "layer_ids": [2, 4, 5]})
     (out / "run.json").write_text(json.dumps({"target": identity, "layer_ids": [2, 4, 5]}))
     return out
@@ -74,14 +89,25 @@ def weights_of(model: Eagle3Drafter) -> dict[str, torch.Tensor]:
     return {n: t.clone() for n, t in model.state_dict().items() if n != "embed_tokens.weight"}
 
 
-def third_party(tmp: Path, name: str, model: Eagle3Drafter, config: dict, *,
-                midlayer: bool = False, drop: tuple[str, ...] = (), bin_file: bool = False,
-                extra: dict | None = None) -> Path:
+def third_party(
+    tmp: Path,
+    name: str,
+    model: Eagle3Drafter,
+    config: dict,
+    *,
+    midlayer: bool = False,
+    drop: tuple[str, ...] = (),
+    bin_file: bool = False,
+    extra: dict | None = None,
+) -> Path:
     """A checkpoint directory with `config` and the drafter's tensors under other names."""
     out = tmp / name
     out.mkdir()
-    tensors = {("midlayer." + n[len("layers.0."):] if midlayer and n.startswith("layers.0.")
-                else n): t for n, t in weights_of(model).items() if n not in drop}
+    tensors = {
+        ("midlayer." + n[len("layers.0.") :] if midlayer and n.startswith("layers.0.") else n): t
+        for n, t in weights_of(model).items()
+        if n not in drop
+    }
     tensors.update(extra or {})
     if bin_file:
         torch.save(tensors, out / "pytorch_model.bin")
@@ -93,12 +119,20 @@ def third_party(tmp: Path, name: str, model: Eagle3Drafter, config: dict, *,
 
 def llama_fields(model: Eagle3Drafter, max_positions: int = 2048) -> dict:
     c = model.config
-    return {"model_type": "llama", "hidden_size": c.hidden_size,
-            "intermediate_size": c.intermediate_size,
-            "num_attention_heads": c.num_attention_heads,
-            "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim,
-            "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
-            "max_position_embeddings": max_positions, "vocab_size": V, "draft_vocab_size": VD}
+    return {
+        "model_type": "llama",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "max_position_embeddings": max_positions,
+        "vocab_size": V,
+        "draft_vocab_size": VD,
+    }
 
 
 def assert_same(model: Eagle3Drafter, reference: Eagle3Drafter) -> None:
@@ -108,8 +142,11 @@ def assert_same(model: Eagle3Drafter, reference: Eagle3Drafter) -> None:
 
 
 def test_eagle3kit_run_and_exports(run_dir, exports, drafter, target):
-    for path, layout in ((run_dir / "drafter", "eagle3kit"), (exports / "vllm", "speculators"),
-                         (exports / "sglang", "sglang")):
+    for path, layout in (
+        (run_dir / "drafter", "eagle3kit"),
+        (exports / "vllm", "speculators"),
+        (exports / "sglang", "sglang"),
+    ):
         model, info = load_any(path)
         assert info.layout == layout and info.problems == [], (layout, info.problems)
         assert info.aux_layer_ids == [2, 4, 5] and info.aux_layer_ids_output == [1, 3, 4]
@@ -134,28 +171,42 @@ def test_original_eagle3_bin_without_ids(tmp_path, drafter, target):
 
 
 def test_specforge_ids_are_layer_output_ids(tmp_path, drafter):
-    config = {"architectures": ["LlamaForCausalLMEagle3"], **llama_fields(drafter),
-              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        **llama_fields(drafter),
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]},
+    }
     model, info = load_any(third_party(tmp_path, "sf", drafter, config, midlayer=True))
     assert (info.layout, info.aux_layer_ids, info.problems) == ("sglang", [2, 4, 5], [])
     assert_same(model, drafter)
 
 
 def test_modelopt_layout_with_d2t_only(tmp_path, drafter):
-    config = {"architectures": ["LlamaForCausalLMEagle3"], **llama_fields(drafter),
-              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4],
-                               "use_aux_hidden_state": True, "use_last_layernorm": True}}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        **llama_fields(drafter),
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": [1, 3, 4],
+            "use_aux_hidden_state": True,
+            "use_last_layernorm": True,
+        },
+    }
     model, info = load_any(third_party(tmp_path, "mo", drafter, config, drop=("t2d",)))
     assert (info.layout, info.aux_layer_ids) == ("modelopt", [2, 4, 5])
     assert_same(model, drafter)  # t2d rebuilt from d2t
 
 
 def test_speculators_layout_missing_norm_before_residual_means_true(tmp_path, drafter):
-    config = {"speculators_model_type": "eagle3", "draft_vocab_size": VD,
-              "eagle_aux_hidden_state_layer_ids": [2, 4, 5],
-              "transformer_layer_config": llama_fields(drafter, 4096),
-              "speculators_config": {"proposal_methods": [{"speculative_tokens": 3}],
-                                     "verifier": {"name_or_path": "org/x"}}}
+    config = {
+        "speculators_model_type": "eagle3",
+        "draft_vocab_size": VD,
+        "eagle_aux_hidden_state_layer_ids": [2, 4, 5],
+        "transformer_layer_config": llama_fields(drafter, 4096),
+        "speculators_config": {
+            "proposal_methods": [{"speculative_tokens": 3}],
+            "verifier": {"name_or_path": "org/x"},
+        },
+    }
     model, info = load_any(third_party(tmp_path, "sp", drafter, config))
     assert info.norm_before_residual is True  # what vLLM assumes
     assert model.config.norm_before_residual is True
@@ -165,11 +216,18 @@ def test_speculators_layout_missing_norm_before_residual_means_true(tmp_path, dr
 def test_eagle1_is_recognised_and_refused(tmp_path):
     out = tmp_path / "e1"
     out.mkdir()
-    save_file({"fc.weight": torch.zeros(H, 2 * H), "fc.bias": torch.zeros(H),
-               "layers.0.self_attn.q_proj.weight": torch.zeros(H, H),
-               "norm.weight": torch.ones(H)}, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
-                                                 "hidden_size": H}))
+    save_file(
+        {
+            "fc.weight": torch.zeros(H, 2 * H),
+            "fc.bias": torch.zeros(H),
+            "layers.0.self_attn.q_proj.weight": torch.zeros(H, H),
+            "norm.weight": torch.ones(H),
+        },
+        str(out / "model.safetensors"),
+    )
+    (out / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": H})
+    )
     info = inspect(out)
     assert info.layout == "eagle1" and "not an EAGLE-3 checkpoint" in info.problems[0]
     with pytest.raises(UserError, match="not an EAGLE-3 checkpoint"):
@@ -190,8 +248,9 @@ def test_pickles_other_than_tensors_are_refused_unexecuted(tmp_path, drafter):
     config = {"architectures": ["LlamaForCausalLMEagle3"], **llama_fields(drafter)}
     path = third_party(tmp_path, "evil", drafter, config, midlayer=True, bin_file=True)
     marker = tmp_path / "executed.txt"
-    torch.save({**torch.load(path / "pytorch_model.bin"), "x": Payload(marker)},
-               path / "pytorch_model.bin")
+    torch.save(
+        {**torch.load(path / "pytorch_model.bin"), "x": Payload(marker)}, path / "pytorch_model.bin"
+    )
     with pytest.raises(UserError, match="weights_only=True"):
         inspect(path)
     assert not marker.exists()
@@ -239,6 +298,7 @@ def tlc(key, value):
             c["transformer_layer_config"].pop(key)
         else:
             c["transformer_layer_config"][key] = value
+
     return edit
 
 
@@ -248,25 +308,42 @@ def top(key, value=None):
             c.pop(key)
         else:
             c[key] = value
+
     return edit
 
 
-@pytest.mark.parametrize("config_edit, tensor_edit, found", [
-    (None, four_aux, "fc takes 4 aux states"),
-    (top("eagle_aux_hidden_state_layer_ids"), None, "no aux layer ids"),
-    (tlc("max_position_embeddings", 2048), None, "max_position_embeddings 2048 is shorter"),
-    (None, ids_as_target_ids, "d2t holds target ids, not offsets"),
-    (tlc("vocab_size", VD), None, "transformer_layer_config.vocab_size is 40"),
-    (top("norm_before_residual"), None, "norm_before_residual missing"),
-    (None, foreign_embedding, "embed_tokens differs from the target"),
-    (tlc("use_cache", None), None, "use_cache is null"),
-    (None, inconsistent_t2d, "t2d does not mark exactly the ids d2t maps to"),
-    (top("speculators_config", {"proposal_methods": [{}], "verifier": {}}), None,
-     "verifier.name_or_path missing"),
-], ids=["four-aux", "no-ids", "short-context", "d2t-semantics", "tlc-vocab", "nbr-missing",
-        "embedding", "use-cache", "t2d", "verifier"])
-def test_each_known_failure_is_reported(exports, target, tmp_path, config_edit, tensor_edit,
-                                        found):
+@pytest.mark.parametrize(
+    "config_edit, tensor_edit, found",
+    [
+        (None, four_aux, "fc takes 4 aux states"),
+        (top("eagle_aux_hidden_state_layer_ids"), None, "no aux layer ids"),
+        (tlc("max_position_embeddings", 2048), None, "max_position_embeddings 2048 is shorter"),
+        (None, ids_as_target_ids, "d2t holds target ids, not offsets"),
+        (tlc("vocab_size", VD), None, "transformer_layer_config.vocab_size is 40"),
+        (top("norm_before_residual"), None, "norm_before_residual missing"),
+        (None, foreign_embedding, "embed_tokens differs from the target"),
+        (tlc("use_cache", None), None, "use_cache is null"),
+        (None, inconsistent_t2d, "t2d does not mark exactly the ids d2t maps to"),
+        (
+            top("speculators_config", {"proposal_methods": [{}], "verifier": {}}),
+            None,
+            "verifier.name_or_path missing",
+        ),
+    ],
+    ids=[
+        "four-aux",
+        "no-ids",
+        "short-context",
+        "d2t-semantics",
+        "tlc-vocab",
+        "nbr-missing",
+        "embedding",
+        "use-cache",
+        "t2d",
+        "verifier",
+    ],
+)
+def test_each_known_failure_is_reported(exports, target, tmp_path, config_edit, tensor_edit, found):
     path = edited(exports / "vllm", tmp_path, config_edit, tensor_edit)
     problems = checkpoint_problems(path, target)
     assert any(found in p for p in problems), problems
@@ -298,8 +375,9 @@ def test_the_embedding_rounded_to_bf16_is_the_target_s(exports, target, tmp_path
         e[3, 5] = torch.nextafter(e[3, 5], torch.tensor(1.0, dtype=torch.bfloat16))
         t["embed_tokens.weight"] = e
 
-    assert checkpoint_problems(edited(exports / "vllm", tmp_path / "a", None, rounded),
-                               target) == []
+    assert (
+        checkpoint_problems(edited(exports / "vllm", tmp_path / "a", None, rounded), target) == []
+    )
     problems = checkpoint_problems(edited(exports / "vllm", tmp_path / "b", None, nudged), target)
     assert any("embed_tokens differs from the target" in p for p in problems), problems
 

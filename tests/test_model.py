@@ -19,8 +19,14 @@ from eagle3kit.model import (
 
 
 def tiny_drafter(seed: int = 0, norm_before_residual: bool = False) -> Eagle3Drafter:
-    target = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2)
+    target = LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     config = DrafterConfig.from_target(target, draft_vocab_size=50)
     config.norm_before_residual = norm_before_residual
     torch.manual_seed(seed)
@@ -56,16 +62,17 @@ def test_training_time_test_equals_chain_decoding(norm_before_residual):
     hidden = model.project(aux)
     ttt_outputs = []
     for k in range(steps):
-        hidden = model.ttt_step(hidden, ids[:, k:k + t_len], positions + k, state)
+        hidden = model.ttt_step(hidden, ids[:, k : k + t_len], positions + k, state)
         ttt_outputs.append(hidden)
     for t in (0, 4, t_len - 1):
         cache = DraftCache()
-        out = model.decode(model.project(aux[:, :t + 1]), ids[:, :t + 1],
-                           positions[:, :t + 1], cache)
+        out = model.decode(
+            model.project(aux[:, : t + 1]), ids[:, : t + 1], positions[:, : t + 1], cache
+        )
         torch.testing.assert_close(out[:, t], ttt_outputs[0][:, t])
-        h = out[:, t:t + 1]
+        h = out[:, t : t + 1]
         for k in range(1, steps):
-            h = model.decode(h, ids[:, t + k:t + k + 1], torch.tensor([[t + k]]), cache)
+            h = model.decode(h, ids[:, t + k : t + k + 1], torch.tensor([[t + k]]), cache)
             torch.testing.assert_close(h[:, 0], ttt_outputs[k][:, t], rtol=1e-5, atol=1e-5)
 
 
@@ -95,8 +102,9 @@ def test_rope_matches_transformers():
     torch.testing.assert_close(apply_rope(x, pos, model.inv_freq), expected)
 
 
-@pytest.mark.parametrize("mscales", [{"mscale": 1.0, "mscale_all_dim": 1.0}, {}],
-                         ids=["kimi-k2", "plain-yarn"])
+@pytest.mark.parametrize(
+    "mscales", [{"mscale": 1.0, "mscale_all_dim": 1.0}, {}], ids=["kimi-k2", "plain-yarn"]
+)
 def test_yarn_rope_matches_transformers(mscales):
     """Kimi-K2's YaRN (beta_fast = beta_slow = 1) moves 12 of the 32 frequencies of a 64-wide
     head even at short positions: a drafter trained without it and served with it (vLLM
@@ -105,10 +113,18 @@ def test_yarn_rope_matches_transformers(mscales):
 
     from eagle3kit.model.drafter import apply_rope, rope_attention_factor
 
-    yarn = {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0, "beta_fast": 1.0,
-            "beta_slow": 1.0, "original_max_position_embeddings": 4096, **mscales}
-    target = LlamaConfig(hidden_size=256, num_attention_heads=4, max_position_embeddings=131072,
-                         rope_parameters=yarn)
+    yarn = {
+        "rope_type": "yarn",
+        "rope_theta": 50000.0,
+        "factor": 32.0,
+        "beta_fast": 1.0,
+        "beta_slow": 1.0,
+        "original_max_position_embeddings": 4096,
+        **mscales,
+    }
+    target = LlamaConfig(
+        hidden_size=256, num_attention_heads=4, max_position_embeddings=131072, rope_parameters=yarn
+    )
     config = DrafterConfig.from_target(target)
     assert config.rope_scaling["rope_type"] == "yarn"
     model = Eagle3Drafter(config)
@@ -120,8 +136,9 @@ def test_yarn_rope_matches_transformers(mscales):
     assert ((plain / model.inv_freq) > 31.9).sum() == 12  # the others kept within float
     assert ((plain / model.inv_freq - 1).abs() < 1e-5).sum() == 20
     assert rope_attention_factor(config) == pytest.approx(1.0 if mscales else 1.3466, abs=1e-4)
-    torch.testing.assert_close(apply_rope(x, pos, model.inv_freq, rope_attention_factor(config)),
-                               expected)
+    torch.testing.assert_close(
+        apply_rope(x, pos, model.inv_freq, rope_attention_factor(config)), expected
+    )
 
 
 def test_draft_vocab_keeps_the_most_frequent_sorted():

@@ -30,7 +30,7 @@ def world(seed: int = 0):
     normed = []
     for k in range(STEPS):
         # States that lean toward the target's choice: some drafts hit, some miss.
-        want = weight[probs[:, 1 + k:].argmax(-1)]
+        want = weight[probs[:, 1 + k :].argmax(-1)]
         n = T - 1 - k
         state = want[:, :n] + torch.randn(B, n, H, generator=gen) * 1.5
         normed.append(state.requires_grad_())
@@ -44,7 +44,7 @@ def reference(weight, probs, normed, masks, loss_name: str, auf: str, decay: flo
     total = torch.zeros(())
     for k in range(STEPS):
         n = normed[k].shape[1]
-        p = probs[:, 1 + k:1 + k + n]
+        p = probs[:, 1 + k : 1 + k + n]
         logits = normed[k] @ weight.T
         logq = torch.log_softmax(logits, -1)
         q = logq.exp()
@@ -62,13 +62,13 @@ def reference(weight, probs, normed, masks, loss_name: str, auf: str, decay: flo
             loss = lam * ce + (1 - lam) * tv
         mask = masks[k].float()
         weights = mask * (chain[:, :n] if auf != "off" else 1)
-        coef = decay ** k / max(1, int(masks[k].sum()))
+        coef = decay**k / max(1, int(masks[k].sum()))
         total = total + coef * (loss * weights).sum()
         if auf != "off":
             with torch.no_grad():
                 top = logq.argmax(-1)
                 if auf == "greedy":
-                    kept = (top == best[:, 1 + k:1 + k + n]).float()
+                    kept = (top == best[:, 1 + k : 1 + k + n]).float()
                 elif auf == "onehot":
                     kept = p.gather(-1, top[..., None])[..., 0]
                 else:
@@ -79,9 +79,10 @@ def reference(weight, probs, normed, masks, loss_name: str, auf: str, decay: flo
 
 def fused(weight, probs, normed, masks, loss_name: str, auf: str, decay: float = 0.8):
     best = probs.argmax(-1)
-    steps = [Step(k, normed[k], masks[k],
-                  torch.tensor(decay ** k / max(1, int(masks[k].sum()))))
-             for k in range(STEPS)]
+    steps = [
+        Step(k, normed[k], masks[k], torch.tensor(decay**k / max(1, int(masks[k].sum()))))
+        for k in range(STEPS)
+    ]
     return soft_cross_entropy(weight, probs, best, steps, STEP_LOSSES[loss_name], auf)[0]
 
 

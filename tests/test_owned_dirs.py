@@ -22,8 +22,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 120.0
-_spec = importlib.util.spec_from_file_location("make_tiny_run",
-                                               REPO / "examples" / "make_tiny_run.py")
+_spec = importlib.util.spec_from_file_location(
+    "make_tiny_run", REPO / "examples" / "make_tiny_run.py"
+)
 make_tiny_run = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(make_tiny_run)
 
@@ -39,8 +40,9 @@ def command(*args: str | Path) -> list[str]:
 
 
 def eagle3kit(*args: str | Path, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command(*args), capture_output=True, text=True, env=env(),
-                          timeout=timeout)
+    return subprocess.run(
+        command(*args), capture_output=True, text=True, env=env(), timeout=timeout
+    )
 
 
 def refused(result: subprocess.CompletedProcess[str], *named: str | Path) -> str:
@@ -56,8 +58,11 @@ def refused(result: subprocess.CompletedProcess[str], *named: str | Path) -> str
 
 
 def files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and not p.is_symlink()}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +90,20 @@ def test_export_refuses_an_out_holding_the_run_its_drafter_or_the_target(runs, t
     (holder / "target").mkdir(parents=True)
     for f in runs["target"].iterdir():
         (holder / "target" / f.name).write_bytes(f.read_bytes())
-    refused(eagle3kit("export", run, holder, "--target", holder / "target", "--quiet",
-                      "--overwrite-dir", holder), holder, "--target")
+    refused(
+        eagle3kit(
+            "export",
+            run,
+            holder,
+            "--target",
+            holder / "target",
+            "--quiet",
+            "--overwrite-dir",
+            holder,
+        ),
+        holder,
+        "--target",
+    )
     assert files(runs["runs"]) == before  # both runs, their drafters and run.json
     assert (holder / "target" / "config.json").is_file()
 
@@ -96,18 +113,24 @@ def test_overwrite_replaces_only_an_earlier_export_unless_named(runs, tmp_path):
     out = tmp_path / "out"
     (out / "checkpoints" / "step-9000").mkdir(parents=True)
     (out / "checkpoints" / "step-9000" / "model.safetensors").write_bytes(b"someone's")
-    line = refused(eagle3kit("export", run, out, "--overwrite", "--quiet"), out,
-                   "--overwrite-dir")
+    line = refused(eagle3kit("export", run, out, "--overwrite", "--quiet"), out, "--overwrite-dir")
     assert "not an earlier export" in line
     assert (out / "checkpoints" / "step-9000" / "model.safetensors").read_bytes() == b"someone's"
     # --overwrite-dir must name OUT itself, not some other folder.
-    refused(eagle3kit("export", run, out, "--overwrite-dir", tmp_path, "--quiet"),
-            "--overwrite-dir", out)
+    refused(
+        eagle3kit("export", run, out, "--overwrite-dir", tmp_path, "--quiet"),
+        "--overwrite-dir",
+        out,
+    )
     # Named, it is replaced.
     done = eagle3kit("export", run, out, "--overwrite-dir", out, "--quiet")
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out.iterdir()) == [
-        "README.md", "config.json", "eagle3kit-export.json", "model.safetensors"]
+        "README.md",
+        "config.json",
+        "eagle3kit-export.json",
+        "model.safetensors",
+    ]
     # An earlier export (of either shape) is replaced by plain --overwrite.
     for fmt in ("both", "sglang"):
         done = eagle3kit("export", run, out, "--overwrite", "--format", fmt, "--quiet")
@@ -124,9 +147,16 @@ def big_run(tmp_path_factory) -> Path:
     from transformers import LlamaConfig
 
     root = tmp_path_factory.mktemp("big")
-    LlamaConfig(vocab_size=1026, hidden_size=768, intermediate_size=4096, num_hidden_layers=8,
-                num_attention_heads=8, num_key_value_heads=4, head_dim=96,
-                tie_word_embeddings=False).save_pretrained(root / "target")
+    LlamaConfig(
+        vocab_size=1026,
+        hidden_size=768,
+        intermediate_size=4096,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=96,
+        tie_word_embeddings=False,
+    ).save_pretrained(root / "target")
     make_tiny_run.make_run(root / "run", root / "target", [2, 4, 5])
     return root / "run"
 
@@ -134,9 +164,12 @@ def big_run(tmp_path_factory) -> Path:
 def _stopped_in_the_middle(run: Path, out: Path, *flags: str) -> tuple[subprocess.Popen, Path]:
     """An export into `out` stopped (SIGSTOP) while its temp folder exists."""
     for _ in range(5):
-        proc = subprocess.Popen(command("export", run, out, "--quiet", "--format", "both",
-                                        *flags),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env())
+        proc = subprocess.Popen(
+            command("export", run, out, "--quiet", "--format", "both", *flags),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env(),
+        )
         deadline = time.monotonic() + TIMEOUT_S
         while proc.poll() is None and time.monotonic() < deadline:
             temps = list(out.parent.glob(f".{out.name}.tmp-*"))
@@ -193,15 +226,35 @@ def tokens(tmp_path_factory) -> dict[str, Path]:
 
 
 def train(tokens: dict[str, Path], out: Path, *extra: str | Path) -> list[str]:
-    return command("train", tokens["tokens"], out, "--online", "--target", tokens["target"],
-                   "--device", "cpu", "--batch-tokens", "256", "--draft-vocab", "200",
-                   "--eval-split", "4", "--warmup", "1", "--no-progress", "--quiet", *extra)
+    return command(
+        "train",
+        tokens["tokens"],
+        out,
+        "--online",
+        "--target",
+        tokens["target"],
+        "--device",
+        "cpu",
+        "--batch-tokens",
+        "256",
+        "--draft-vocab",
+        "200",
+        "--eval-split",
+        "4",
+        "--warmup",
+        "1",
+        "--no-progress",
+        "--quiet",
+        *extra,
+    )
 
 
-def run_train(tokens: dict[str, Path], out: Path, *extra: str | Path
-              ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(train(tokens, out, *extra), capture_output=True, text=True,
-                          env=env(), timeout=TIMEOUT_S)
+def run_train(
+    tokens: dict[str, Path], out: Path, *extra: str | Path
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        train(tokens, out, *extra), capture_output=True, text=True, env=env(), timeout=TIMEOUT_S
+    )
 
 
 def test_train_overwrite_refuses_a_folder_that_is_not_a_run(tokens, tmp_path):
@@ -243,8 +296,7 @@ def test_train_overwrite_never_deletes_through_a_symlink(tokens, tmp_path):
 def test_one_train_at_a_time_in_a_run_directory(tokens, tmp_path):
     run = tmp_path / "run"
     cmd = train(tokens, run, "--max-steps", "100000", "--checkpoint-every", "2")
-    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             env=env())
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env())
     try:
         deadline = time.monotonic() + TIMEOUT_S
         while not (run / "checkpoints" / "step-00000002").is_dir():

@@ -52,17 +52,25 @@ def tokenizer(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tokenizer):
-    with TimedServerProcess("sglang", tokenizer=str(tokenizer), slots=SLOTS,
-                            decode_tps=DECODE_TPS, context_length=8192, lengths=LENGTHS,
-                            default_lengths=DEFAULT_LENGTHS) as srv:
+    with TimedServerProcess(
+        "sglang",
+        tokenizer=str(tokenizer),
+        slots=SLOTS,
+        decode_tps=DECODE_TPS,
+        context_length=8192,
+        lengths=LENGTHS,
+        default_lengths=DEFAULT_LENGTHS,
+    ) as srv:
         yield srv
 
 
 def write_prompts(where: Path, trial: int, chat: int = CHAT, essay: int = ESSAY) -> list[Path]:
     where.mkdir(parents=True, exist_ok=True)
     files = []
-    for name, n, text in (("chat", chat, "What is {i} plus {t}?"),
-                          ("essay", essay, "Write an essay on topic {i} of set {t}.")):
+    for name, n, text in (
+        ("chat", chat, "What is {i} plus {t}?"),
+        ("essay", essay, "Write an essay on topic {i} of set {t}."),
+    ):
         path = where / f"{name}.jsonl"
         with open(path, "w") as f:
             for i in range(n):
@@ -73,9 +81,16 @@ def write_prompts(where: Path, trial: int, chat: int = CHAT, essay: int = ESSAY)
 
 
 def gen_config(files: list[Path], out: Path, server, tokenizer: Path, **kw) -> gen.GenConfig:
-    return gen.GenConfig(files, out, servers=[ServerSpec(server.url)], tokenizer=tokenizer,
-                         concurrency=SLOTS, max_tokens=MAX_TOKENS,
-                         output=OutputOptions(quiet=True), **kw)
+    return gen.GenConfig(
+        files,
+        out,
+        servers=[ServerSpec(server.url)],
+        tokenizer=tokenizer,
+        concurrency=SLOTS,
+        max_tokens=MAX_TOKENS,
+        output=OutputOptions(quiet=True),
+        **kw,
+    )
 
 
 def sent_prompts(server) -> list[tuple[int, ...]]:
@@ -92,26 +107,36 @@ def run_trial(trial: int, tmp_path: Path, server, tokenizer: Path):
     started = time.monotonic()
     gen.run(cfg)
     measured = time.monotonic() - started
-    after = sent_prompts(server)[len(pilot_sent):]
+    after = sent_prompts(server)[len(pilot_sent) :]
     # The gen that follows sends only what the pilot did not: no pilot prompt twice.
     assert len(pilot_sent) == PILOT and len(after) == CHAT + ESSAY - PILOT == result.remaining
     assert not set(pilot_sent) & set(after)
     return result, measured, Dataset(cfg.out).num_tokens
 
 
-def check_trials(results: list[tuple[plan.PlanResult, float, int]], tolerance: float = 0.15,
-                 need: int | None = None) -> None:
+def check_trials(
+    results: list[tuple[plan.PlanResult, float, int]],
+    tolerance: float = 0.15,
+    need: int | None = None,
+) -> None:
     """Within ±tolerance, and inside the stated ranges (time, and the hidden-state disk
     extract writes for the finished dataset), in `need` trials (default 9 of 10)."""
-    report = [f"forecast {r.wall_time_s.value:.2f}s [{r.wall_time_s.low:.2f}, "
-              f"{r.wall_time_s.high:.2f}], measured {m:.2f}s; tokens {r.total_tokens}, "
-              f"measured {t}" for r, m, t in results]
+    report = [
+        f"forecast {r.wall_time_s.value:.2f}s [{r.wall_time_s.low:.2f}, "
+        f"{r.wall_time_s.high:.2f}], measured {m:.2f}s; tokens {r.total_tokens}, "
+        f"measured {t}"
+        for r, m, t in results
+    ]
     need = len(results) - len(results) // 10 if need is None else need
     within = sum(abs(r.wall_time_s.value / m - 1) <= tolerance for r, m, _ in results)
     covered = sum(r.wall_time_s.low <= m <= r.wall_time_s.high for r, m, _ in results)
     raw = hidden_bytes_per_token(64, 3, "raw")
-    disk = sum(Estimate(**r.hidden["bytes"]["raw"]).low <= t * raw
-               <= Estimate(**r.hidden["bytes"]["raw"]).high for r, _, t in results)
+    disk = sum(
+        Estimate(**r.hidden["bytes"]["raw"]).low
+        <= t * raw
+        <= Estimate(**r.hidden["bytes"]["raw"]).high
+        for r, _, t in results
+    )
     assert min(within, covered, disk) >= need, "\n".join(report)
 
 
@@ -161,14 +186,14 @@ def test_tokens_and_dataset_size_forecasts_hold(tmp_path, server, tokenizer):
 def tiny_target(tmp_path_factory, tokenizer) -> Path:
     from eagle3kit.tiny import make_target
 
-    return make_target(tmp_path_factory.mktemp("target"), tokenizer, num_layers=8,
-                       hidden_size=64)
+    return make_target(tmp_path_factory.mktemp("target"), tokenizer, num_layers=8, hidden_size=64)
 
 
 @pytest.mark.slow  # a tiny target and extract: ~30 s
 @pytest.mark.parametrize("codec", ["raw", "fp8"])
-def test_hidden_disk_forecast_is_what_extract_writes(tmp_path, server, tokenizer, tiny_target,
-                                                     codec):
+def test_hidden_disk_forecast_is_what_extract_writes(
+    tmp_path, server, tokenizer, tiny_target, codec
+):
     """From a finished token dataset, the forecast is within 5% of what extract writes."""
     from eagle3kit import extract
 
@@ -177,9 +202,16 @@ def test_hidden_disk_forecast_is_what_extract_writes(tmp_path, server, tokenizer
     gen.run(cfg)
     forecast = plan.run(plan.PlanConfig(cfg))  # --target: its hidden size, 3 aux layers
     assert forecast.remaining == 0 and forecast.hidden["hidden_size"] == 64
-    extract.run(extract.ExtractConfig(tmp_path / "ds", tmp_path / "hidden", target=tiny_target,
-                                      codec=codec, device="cpu",
-                                      output=OutputOptions(quiet=True)))
+    extract.run(
+        extract.ExtractConfig(
+            tmp_path / "ds",
+            tmp_path / "hidden",
+            target=tiny_target,
+            codec=codec,
+            device="cpu",
+            output=OutputOptions(quiet=True),
+        )
+    )
     written = sum(f.stat().st_size for f in (tmp_path / "hidden" / "shards").iterdir())
     assert abs(forecast.hidden["bytes"][codec]["value"] / written - 1) < 0.05
 
@@ -219,8 +251,7 @@ def test_slot_model():
 def test_slot_model_predicts_the_server(tmp_path, server, tokenizer):
     """The slot count matters as the model says: half the slots, about twice the time."""
     files = write_prompts(tmp_path, 97, chat=64, essay=16)
-    wide = plan.run(plan.PlanConfig(gen_config(files, tmp_path / "a", server, tokenizer),
-                                    pilot=40))
+    wide = plan.run(plan.PlanConfig(gen_config(files, tmp_path / "a", server, tokenizer), pilot=40))
     narrow_cfg = gen_config(files, tmp_path / "b", server, tokenizer)
     narrow_cfg.concurrency = SLOTS // 2
     narrow = plan.run(plan.PlanConfig(narrow_cfg, pilot=40))
@@ -234,21 +265,31 @@ def invoke(*args: str):
     return CliRunner().invoke(app, ["plan", *args])
 
 
-@pytest.mark.parametrize(("option", "message"), [
-    (["--pilot", "0"], "--pilot 0: give a number of prompts"),
-    (["--pilot", "2.5"], "--pilot 2.5: give a number of prompts"),
-    (["--pilot", "many"], "--pilot many: give a number of prompts"),
-    (["--hidden-size", "0"], "--hidden-size must be at least 1"),
-    (["--layers", "2,x"], "--layers 2,x: expected comma-separated integers"),
-    (["--batch-tokens", "0"], "--batch-tokens must be at least 1"),
-    (["--train-tokens-per-s", "-1"], "--train-tokens-per-s must be > 0"),
-    (["--extract-tokens-per-s", "0"], "--extract-tokens-per-s must be > 0"),
-    (["--concurrency", "0"], "--concurrency must be at least 1"),
-])
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--pilot", "0"], "--pilot 0: give a number of prompts"),
+        (["--pilot", "2.5"], "--pilot 2.5: give a number of prompts"),
+        (["--pilot", "many"], "--pilot many: give a number of prompts"),
+        (["--hidden-size", "0"], "--hidden-size must be at least 1"),
+        (["--layers", "2,x"], "--layers 2,x: expected comma-separated integers"),
+        (["--batch-tokens", "0"], "--batch-tokens must be at least 1"),
+        (["--train-tokens-per-s", "-1"], "--train-tokens-per-s must be > 0"),
+        (["--extract-tokens-per-s", "0"], "--extract-tokens-per-s must be > 0"),
+        (["--concurrency", "0"], "--concurrency must be at least 1"),
+    ],
+)
 def test_bad_options_are_one_line_naming_the_flag(tmp_path, tokenizer, option, message):
     files = write_prompts(tmp_path, 0, chat=3, essay=1)
-    result = invoke(*map(str, files), str(tmp_path / "ds"), "--server", "http://127.0.0.1:9",
-                    "--tokenizer", str(tokenizer), *option)
+    result = invoke(
+        *map(str, files),
+        str(tmp_path / "ds"),
+        "--server",
+        "http://127.0.0.1:9",
+        "--tokenizer",
+        str(tokenizer),
+        *option,
+    )
     assert result.exit_code == 2, result.output
     assert f"error: {message}" in result.stderr
     assert "Traceback" not in result.stderr
@@ -257,18 +298,32 @@ def test_bad_options_are_one_line_naming_the_flag(tmp_path, tokenizer, option, m
 
 def test_a_target_without_a_config_is_named(tmp_path, tokenizer):
     files = write_prompts(tmp_path, 0, chat=3, essay=1)
-    result = invoke(*map(str, files), str(tmp_path / "ds"), "--server", "http://127.0.0.1:9",
-                    "--tokenizer", str(tokenizer), "--target", str(tmp_path))
+    result = invoke(
+        *map(str, files),
+        str(tmp_path / "ds"),
+        "--server",
+        "http://127.0.0.1:9",
+        "--tokenizer",
+        str(tokenizer),
+        "--target",
+        str(tmp_path),
+    )
     assert result.exit_code == 2
     assert f"error: --target {tmp_path}: cannot read its config.json" in result.stderr
 
 
 def test_target_shape_comes_from_its_config(tmp_path, tokenizer):
     files = write_prompts(tmp_path, 0, chat=3, essay=1)
-    (tmp_path / "config.json").write_text(json.dumps(
-        {"text_config": {"hidden_size": 7168, "num_hidden_layers": 61}}))
-    cfg = gen.GenConfig(files, tmp_path / "ds", servers=[ServerSpec("http://127.0.0.1:9")],
-                        tokenizer=tokenizer, target=tmp_path)
+    (tmp_path / "config.json").write_text(
+        json.dumps({"text_config": {"hidden_size": 7168, "num_hidden_layers": 61}})
+    )
+    cfg = gen.GenConfig(
+        files,
+        tmp_path / "ds",
+        servers=[ServerSpec("http://127.0.0.1:9")],
+        tokenizer=tokenizer,
+        target=tmp_path,
+    )
     assert plan.target_shape(plan.PlanConfig(cfg)) == (7168, 3)
     assert plan.target_shape(plan.PlanConfig(cfg, layers="2,30,58,60")) == (7168, 4)
     with pytest.raises(UserError, match=r"must lie in 0\.\.61 for this 61-layer target"):
@@ -278,11 +333,29 @@ def test_target_shape_comes_from_its_config(tmp_path, tokenizer):
 
 def test_json_and_the_table(tmp_path, server, tokenizer):
     files = write_prompts(tmp_path, 96, chat=40, essay=10)
-    result = invoke(*map(str, files), str(tmp_path / "ds"), "--server", server.url,
-                    "--tokenizer", str(tokenizer), "--concurrency", str(SLOTS),
-                    "--max-tokens", str(MAX_TOKENS), "--pilot", "0.4", "--hidden-size", "4096",
-                    "--batch-tokens", "65536", "--train-tokens-per-s", "20000",
-                    "--extract-tokens-per-s", "50000", "--json")
+    result = invoke(
+        *map(str, files),
+        str(tmp_path / "ds"),
+        "--server",
+        server.url,
+        "--tokenizer",
+        str(tokenizer),
+        "--concurrency",
+        str(SLOTS),
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--pilot",
+        "0.4",
+        "--hidden-size",
+        "4096",
+        "--batch-tokens",
+        "65536",
+        "--train-tokens-per-s",
+        "20000",
+        "--extract-tokens-per-s",
+        "50000",
+        "--json",
+    )
     assert result.exit_code == 0, result.stderr
     out = json.loads(result.stdout)  # plan's JSON alone: the pilot's own summary is not in it
     assert out["samples"] == 50 and out["done"] == 20 and out["remaining"] == 30
@@ -294,6 +367,12 @@ def test_json_and_the_table(tmp_path, server, tokenizer):
     extract_s, tokens = out["extract"]["time_s"], out["total_tokens"]
     for end in ("value", "low", "high"):  # extract reads every token once
         assert extract_s[end] == pytest.approx(tokens[end] / 50000)
-    for title in ("pilot, by partition", "forecast", "wall time, the gen that follows",
-                  "hidden states, fp8", "train steps / epoch", "extract time (50k tok/s)"):
+    for title in (
+        "pilot, by partition",
+        "forecast",
+        "wall time, the gen that follows",
+        "hidden states, fp8",
+        "train steps / epoch",
+        "extract time (50k tok/s)",
+    ):
         assert title in result.stderr

@@ -24,9 +24,20 @@ K = 3
 
 def test_quick_run_prints_both_sides(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "quality_bench.py"), "--quick", "--json",
-         "--build-venv", "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=3000, cwd=tmp_path)
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "quality_bench.py"),
+            "--quick",
+            "--json",
+            "--build-venv",
+            "--dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=3000,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     figures = json.loads(proc.stdout)
     table = proc.stderr
@@ -50,12 +61,12 @@ def test_quick_run_prints_both_sides(tmp_path):
         for run in figures["runs"][name].values():
             assert run["lossless"] is True
             # the acceptance length is 1 + the per-position rates' sum, per seed
-            assert run["acceptance_length"] == pytest.approx(1 + sum(run["per_position"]),
-                                                             abs=1e-6)
+            assert run["acceptance_length"] == pytest.approx(1 + sum(run["per_position"]), abs=1e-6)
     # matched budgets: both sides trained on as many tokens, within a batch's worth
     assert sides["ours"]["tokens"] == pytest.approx(sides["peer"]["tokens"], rel=0.1)
     assert figures["ratio"] == pytest.approx(
-        sides["ours"]["acceptance_length"] / sides["peer"]["acceptance_length"])
+        sides["ours"]["acceptance_length"] / sides["peer"]["acceptance_length"]
+    )
     assert 1.0 <= sides["ours"]["predicted"] <= K + 1
     assert abs(figures["predicted_vs_measured"]) < 0.5
     assert figures["data"]["samples"] == 40

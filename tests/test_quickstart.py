@@ -26,11 +26,24 @@ from eagle3kit.cli import app
 from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, DatasetError
 
-REDUCED = {"prompts": 12, "bench_prompts": 3, "target_steps": 40, "train_steps": 8,
-           "max_tokens": 96}
+REDUCED = {
+    "prompts": 12,
+    "bench_prompts": 3,
+    "target_steps": 40,
+    "train_steps": 8,
+    "max_tokens": 96,
+}
 REDUCED_FLAGS = [f"--{k.replace('_', '-')}={v}" for k, v in REDUCED.items()]
-KEYS = {"predicted_acceptance_length", "measured_acceptance_length", "samples",
-        "truncation_rate", "tokens", "final_loss", "paths", "commands"}
+KEYS = {
+    "predicted_acceptance_length",
+    "measured_acceptance_length",
+    "samples",
+    "truncation_rate",
+    "tokens",
+    "final_loss",
+    "paths",
+    "commands",
+}
 QUIET = _ui.OutputOptions(no_progress=True, quiet=True)
 
 
@@ -44,6 +57,7 @@ def reduced(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("qs") / "qs"
     cfg = quickstart.QuickstartConfig(out, output=QUIET, **REDUCED)
     with pytest.MonkeyPatch.context() as mp:
+
         def interrupted(*_: object) -> dict:
             raise KeyboardInterrupt
 
@@ -54,8 +68,13 @@ def reduced(tmp_path_factory: pytest.TempPathFactory) -> dict:
     first = json.loads((out / quickstart.STATE).read_text())
     start = time.perf_counter()
     second = quickstart.run(cfg)
-    return {"out": out, "cfg": cfg, "first": first, "second": second,
-            "rerun_s": time.perf_counter() - start}
+    return {
+        "out": out,
+        "cfg": cfg,
+        "first": first,
+        "second": second,
+        "rerun_s": time.perf_counter() - start,
+    }
 
 
 def test_interrupted_run_continues_where_it_stopped(reduced: dict) -> None:
@@ -97,10 +116,10 @@ def test_summary_values_are_sane(reduced: dict) -> None:
     assert r.measured_acceptance_length is not None
     assert 1.5 <= r.measured_acceptance_length <= 4
     assert r.lossless is True  # speculation at temperature 0 reproduces the target's output
-    assert set(r.commands) == {"target", "gen", "validate", "extract", "train", "export",
-                               "bench"}
+    assert set(r.commands) == {"target", "gen", "validate", "extract", "train", "export", "bench"}
     assert r.commands["bench"].startswith(
-        f"eagle3kit bench accept {r.paths['bench_prompts']} --target ")
+        f"eagle3kit bench accept {r.paths['bench_prompts']} --target "
+    )
     assert "--k 3 --temperature 0" in r.commands["bench"]
 
 
@@ -111,13 +130,19 @@ def test_rerun_skips_every_stage_and_prints_json(reduced: dict) -> None:
     summary = json.loads(result.stdout)
     assert set(summary) >= KEYS
     assert summary["skipped"] == [name for name, _, _ in quickstart.STAGES]
-    assert summary["measured_acceptance_length"] == \
-        reduced["second"].measured_acceptance_length
+    assert summary["measured_acceptance_length"] == reduced["second"].measured_acceptance_length
     assert summary["paths"]["vllm"].endswith("export/vllm")
     # the table is on stderr, with the rows the README promises
     assert "acceptance lengths: chain k = 3, temperature 0" in result.stderr
-    for row in ("predicted acceptance length", "measured acceptance length", "samples",
-                "truncation rate", "tokens", "final training loss", "by hand: train"):
+    for row in (
+        "predicted acceptance length",
+        "measured acceptance length",
+        "samples",
+        "truncation rate",
+        "tokens",
+        "final training loss",
+        "by hand: train",
+    ):
         assert row in result.stderr
     assert "done earlier, skipped" in result.stderr
     assert time.perf_counter() - start < 20  # nothing was redone
@@ -130,12 +155,15 @@ def test_other_settings_are_refused(reduced: dict) -> None:
     assert "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--prompts=2"], "--prompts must be at least 4"),
-    (["--max-tokens=3"], "--max-tokens must be at least 16"),
-    (["--threads=0"], "--threads must be at least 1"),
-    (["--prompts=400"], "--prompts 400 + --bench-prompts 24: only"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--prompts=2"], "--prompts must be at least 4"),
+        (["--max-tokens=3"], "--max-tokens must be at least 16"),
+        (["--threads=0"], "--threads must be at least 1"),
+        (["--prompts=400"], "--prompts 400 + --bench-prompts 24: only"),
+    ],
+)
 def test_bad_options_end_in_one_message(tmp_path: Path, args: list[str], message: str) -> None:
     result = cli(str(tmp_path / "qs"), *args, "--target-steps=1")
     assert result.exit_code == 2, result.output
@@ -173,9 +201,14 @@ def test_an_unreadable_record_is_refused(tmp_path: Path) -> None:
 
 def _quickstart(out: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "EAGLE3KIT_NO_PROGRESS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "eagle3kit", "quickstart", str(out), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "eagle3kit", "quickstart", str(out), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.slow
@@ -187,8 +220,10 @@ def test_full_quickstart_reaches_the_promised_acceptance_in_time(tmp_path: Path)
     elapsed = time.perf_counter() - start
     assert proc.returncode == 0, stderr[-3000:]
     summary = json.loads(stdout)
-    print(f"quickstart: {elapsed:.0f} s, predicted AL {summary['predicted_acceptance_length']}"
-          f", measured AL {summary['measured_acceptance_length']}")
+    print(
+        f"quickstart: {elapsed:.0f} s, predicted AL {summary['predicted_acceptance_length']}"
+        f", measured AL {summary['measured_acceptance_length']}"
+    )
     assert summary["measured_acceptance_length"] >= 1.5
     assert summary["predicted_acceptance_length"] >= 1.5
     assert summary["validate_passed"] and summary["truncation_rate"] <= 0.05
@@ -224,8 +259,13 @@ def _stages(out: Path) -> list[str]:
 @pytest.mark.timeout(900)
 def test_sigkill_then_rerun_continues(tmp_path: Path) -> None:
     out = tmp_path / "qs"
-    args = ["--prompts=40", "--bench-prompts=3", "--target-steps=60", "--train-steps=60",
-            "--max-tokens=96"]
+    args = [
+        "--prompts=40",
+        "--bench-prompts=3",
+        "--target-steps=60",
+        "--train-steps=60",
+        "--max-tokens=96",
+    ]
     # killed in gen, once a first commit of 16 samples is in
     proc = _quickstart(out, *args)
     _wait_for(lambda: "prompts" in _stages(out) and _committed(out / "tokens") >= 16, proc)

@@ -25,20 +25,36 @@ def _escapes(tree: ast.AST, depth: int = 1) -> list[tuple[int, str]]:
     climbing from `__file__` past the repository root, or naming the shared/ folder CI keeps
     beside the checkout. (A "../x" about a test's own temp files is no escape.) `depth`: the
     module's folders below the repository (tests/x.py: 1), so `parents[depth]` is the root."""
-    docstrings = {id(node.value) for node in ast.walk(tree)
-                  if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    docstrings = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
     found = []
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
-                and node.value.attr == "parents" and isinstance(node.slice, ast.Constant)
-                and isinstance(node.slice.value, int) and node.slice.value > depth
-                and _from_file(node.value)):
+        if (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "parents"
+            and isinstance(node.slice, ast.Constant)
+            and isinstance(node.slice.value, int)
+            and node.slice.value > depth
+            and _from_file(node.value)
+        ):
             found.append((node.lineno, f"parents[{node.slice.value}]"))
-        if (isinstance(node, ast.Attribute) and node.attr == "parent"
-                and _parents(node) > depth + 1 and _from_file(node)):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "parent"
+            and _parents(node) > depth + 1
+            and _from_file(node)
+        ):
             found.append((node.lineno, f".parent x{_parents(node)}"))
-        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
-                and id(node) not in docstrings and len(node.value) < 300):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and len(node.value) < 300
+        ):
             text = node.value
             if SHARED.search(text) or text.startswith("/work/"):
                 found.append((node.lineno, repr(text)))
@@ -65,36 +81,40 @@ def test_no_test_source_names_a_path_outside_the_repository():
         depth = len(path.relative_to(REPO).parts) - 1
         for line, what in _escapes(ast.parse(path.read_text(), str(path)), depth):
             offenders.append(f"{path.relative_to(REPO)}:{line}: {what}")
-    assert not offenders, "tests must read only what the repository holds:\n" + "\n".join(
-        offenders)
+    assert not offenders, "tests must read only what the repository holds:\n" + "\n".join(offenders)
 
 
 BESIDE = "shared"
 """The folder beside the repository, named apart so this file's own text never reads it."""
 
 
-@pytest.mark.parametrize("source", [
-    f'ROOT = Path(__file__).resolve().parents[2] / "{BESIDE}" / "testdata"',
-    'p = Path(__file__).parent.parent.parent / "x"',
-    f'open("../{BESIDE}/testdata/tokenizers/phi-3-mini/tokenizer.json")',
-    'Path("/work/shared/testdata")',
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        f'ROOT = Path(__file__).resolve().parents[2] / "{BESIDE}" / "testdata"',
+        'p = Path(__file__).parent.parent.parent / "x"',
+        f'open("../{BESIDE}/testdata/tokenizers/phi-3-mini/tokenizer.json")',
+        'Path("/work/shared/testdata")',
+    ],
+)
 def test_the_scan_finds_each_way_out(source):
     assert _escapes(ast.parse(source))
 
 
 def test_a_module_one_folder_deeper_may_climb_one_more():
-    source = 'REPO = Path(__file__).resolve().parents[2]\n'
+    source = "REPO = Path(__file__).resolve().parents[2]\n"
     assert _escapes(ast.parse(source), depth=2) == []
     assert _escapes(ast.parse(source), depth=1)
 
 
 def test_the_scan_leaves_paths_inside_alone():
-    source = (f'"""Copied from {BESIDE}/testdata/ (see ../{BESIDE}/testdata/SOURCES.md)."""\n'
-              'REPO = Path(__file__).resolve().parents[1]\n'
-              'DATA = Path(__file__).parent / "data"\n'
-              'outside = shard.parent.parent.parent / "x"\n'
-              'name = "../stolen.safetensors"\n')
+    source = (
+        f'"""Copied from {BESIDE}/testdata/ (see ../{BESIDE}/testdata/SOURCES.md)."""\n'
+        "REPO = Path(__file__).resolve().parents[1]\n"
+        'DATA = Path(__file__).parent / "data"\n'
+        'outside = shard.parent.parent.parent / "x"\n'
+        'name = "../stolen.safetensors"\n'
+    )
     assert _escapes(ast.parse(source)) == []
 
 

@@ -238,7 +238,8 @@ def test_same_run_id_joins_and_other_runs_stay_out(tmp_path: Path, holders: list
 
 
 def test_a_rank_finds_the_run_dir_empty_while_the_first_rank_writes_the_owner_file(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """CI, slow tier: under torchrun, rank 1 looked whether the new run directory was empty at
     the moment rank 0 was writing `.owner.json` through its temp file, took the temp for a
     stranger's file and refused the directory ("exists and is not a training run")."""

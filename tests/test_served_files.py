@@ -32,21 +32,59 @@ def command(stage: str, train_world: dict, out: Path, url: str, *extra: str) -> 
     if stage == "extract":
         args = ["extract", str(train_world["tokens"]), str(out), "--engine", "vllm"]
     else:
-        args = ["train", str(train_world["tokens"]), str(out), "--online", "--device", "cpu",
-                "--batch-tokens", "128", "--draft-vocab", "200", "--eval-split", "0",
-                "--max-steps", "2"]
-    return [sys.executable, "-m", "eagle3kit", *args, "--server", url, "--target",
-            str(train_world["target"]), "--concurrency", "2", "--no-progress", "-q", *extra]
+        args = [
+            "train",
+            str(train_world["tokens"]),
+            str(out),
+            "--online",
+            "--device",
+            "cpu",
+            "--batch-tokens",
+            "128",
+            "--draft-vocab",
+            "200",
+            "--eval-split",
+            "0",
+            "--max-steps",
+            "2",
+        ]
+    return [
+        sys.executable,
+        "-m",
+        "eagle3kit",
+        *args,
+        "--server",
+        url,
+        "--target",
+        str(train_world["target"]),
+        "--concurrency",
+        "2",
+        "--no-progress",
+        "-q",
+        *extra,
+    ]
 
 
-def run(stage: str, train_world: dict, tmp_path: Path, server: FakeVllmHidden, *extra: str,
-        storage: Path | None = None, out: str = "out") -> subprocess.CompletedProcess[str]:
+def run(
+    stage: str,
+    train_world: dict,
+    tmp_path: Path,
+    server: FakeVllmHidden,
+    *extra: str,
+    storage: Path | None = None,
+    out: str = "out",
+) -> subprocess.CompletedProcess[str]:
     """The command against `server`, with --hidden-states-dir `storage` (default: the
     server's own folder). One request in flight: a server that names one bad file for every
     request is otherwise refused for naming it twice as often as for the file itself."""
     flags = ["--hidden-states-dir", str(storage or server.storage), "--concurrency", "1", *extra]
-    return subprocess.run(command(stage, train_world, tmp_path / out, server.url, *flags),
-                          capture_output=True, text=True, env=env(), timeout=WITHIN_S)
+    return subprocess.run(
+        command(stage, train_world, tmp_path / out, server.url, *flags),
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=WITHIN_S,
+    )
 
 
 def one_error_line(proc: subprocess.CompletedProcess[str], url: str | None) -> str:
@@ -82,8 +120,9 @@ def untouched(victim: Path) -> None:
 
 
 @pytest.mark.parametrize("stage", STAGES)
-def test_a_file_outside_the_folder_is_neither_read_nor_deleted(stage, train_world, tmp_path, server,
-                                                               victim):
+def test_a_file_outside_the_folder_is_neither_read_nor_deleted(
+    stage, train_world, tmp_path, server, victim
+):
     server.names = lambda _path: str(victim)
     line = one_error_line(run(stage, train_world, tmp_path, server), server.url)
     assert f"names {str(victim)!r}, outside --hidden-states-dir {server.storage}" in line
@@ -97,8 +136,9 @@ def test_a_file_outside_the_folder_is_neither_read_nor_deleted(stage, train_worl
 
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("how", ["file", "folder"])
-def test_a_symlink_inside_the_folder_pointing_out_is_refused(stage, how, train_world, tmp_path,
-                                                             server, victim):
+def test_a_symlink_inside_the_folder_pointing_out_is_refused(
+    stage, how, train_world, tmp_path, server, victim
+):
     if how == "file":
         link = server.storage / "link.safetensors"
         link.symlink_to(victim)
@@ -137,8 +177,7 @@ def _huge(storage: Path) -> str:
 
 MALFORMED: list[tuple[str, Callable[[Path], object] | None, bytes | None, str]] = [
     ("directory", _directory, None, "dir.safetensors is a directory, not a regular file"),
-    ("number", lambda _storage: 42, None, "the answer's hidden_states_path is 42, not a file "
-                                          "path"),
+    ("number", lambda _storage: 42, None, "the answer's hidden_states_path is 42, not a file path"),
     ("too big", _huge, None, "bytes, more than the"),
     ("other suffix", lambda storage: str(storage / "x.txt"), None, "not a .safetensors file"),
     ("json list", None, b"[1, 2]", "HTTP 200 with a JSON list, not an object"),
@@ -147,10 +186,12 @@ MALFORMED: list[tuple[str, Callable[[Path], object] | None, bytes | None, str]] 
 
 
 @pytest.mark.parametrize("stage", STAGES)
-@pytest.mark.parametrize(("what", "names", "raw", "message"), MALFORMED,
-                         ids=[m[0] for m in MALFORMED])
-def test_a_malformed_answer_is_one_line_naming_the_server(stage, what, names, raw, message,
-                                                         train_world, tmp_path, server):
+@pytest.mark.parametrize(
+    ("what", "names", "raw", "message"), MALFORMED, ids=[m[0] for m in MALFORMED]
+)
+def test_a_malformed_answer_is_one_line_naming_the_server(
+    stage, what, names, raw, message, train_world, tmp_path, server
+):
     if names is not None:
         named = names(server.storage)
         server.names = lambda _path: named
@@ -177,10 +218,16 @@ def test_the_same_path_named_twice_is_refused_at_once(stage, train_world, tmp_pa
 
 
 @pytest.mark.parametrize("stage", STAGES)
-def test_the_folder_is_required_and_checked_against_the_servers_config(stage, train_world, tmp_path,
-                                                                       server):
-    proc = subprocess.run(command(stage, train_world, tmp_path / "out", server.url),
-                          capture_output=True, text=True, env=env(), timeout=WITHIN_S)
+def test_the_folder_is_required_and_checked_against_the_servers_config(
+    stage, train_world, tmp_path, server
+):
+    proc = subprocess.run(
+        command(stage, train_world, tmp_path / "out", server.url),
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=WITHIN_S,
+    )
     line = one_error_line(proc, None)
     needs = "--engine vllm" if stage == "extract" else "--server"
     assert f"{needs} needs --hidden-states-dir DIR" in line
@@ -188,8 +235,10 @@ def test_the_folder_is_required_and_checked_against_the_servers_config(stage, tr
     elsewhere.mkdir()
     server.reported_storage = str(server.storage)  # as vLLM with VLLM_SERVER_DEV_MODE=1
     line = one_error_line(run(stage, train_world, tmp_path, server, storage=elsewhere), server.url)
-    assert f"writes its hidden-state files to {server.storage} (its /server_info: " \
-           f"shared_storage_path), outside --hidden-states-dir {elsewhere}" in line
+    assert (
+        f"writes its hidden-state files to {server.storage} (its /server_info: "
+        f"shared_storage_path), outside --hidden-states-dir {elsewhere}" in line
+    )
     assert server.requests == []  # refused before any request
 
 

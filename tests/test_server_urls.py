@@ -25,14 +25,15 @@ BAD = {
     "http://127.0.0.1:3000o": "the port must be a number from 1 to 65535, not '3000o'",
     "http://:::bad": "no host name (an IPv6 address goes in brackets",
     "http://127.0.0.1:30000@abc": "the concurrency after @ must be a whole number like @128, "
-                                  "not 'abc'",
+    "not 'abc'",
     "http://127.0.0.1:99999": "the port must be a number from 1 to 65535, not '99999'",
 }
 
 
 def eagle3kit(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "eagle3kit", *args], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -55,8 +56,17 @@ def inputs(tmp_path: Path) -> tuple[Path, Path]:
 @pytest.mark.parametrize("url", BAD)
 def test_gen_names_the_flag_and_the_bad_url(url, inputs, tmp_path):
     prompts, tokenizer = inputs
-    line = one_error_line(eagle3kit("gen", str(prompts), str(tmp_path / "out"), "--server",
-                                    url, "--tokenizer", str(tokenizer)))
+    line = one_error_line(
+        eagle3kit(
+            "gen",
+            str(prompts),
+            str(tmp_path / "out"),
+            "--server",
+            url,
+            "--tokenizer",
+            str(tokenizer),
+        )
+    )
     assert line.startswith(f"error: --server {url}: {BAD[url]}")
     assert not (tmp_path / "out").exists()
 
@@ -65,12 +75,21 @@ def test_credentials_in_a_url_point_to_the_api_key_and_are_never_shown(inputs, t
     from eagle3kit.bench.server import ServerBenchConfig
 
     prompts, tokenizer = inputs
-    result = eagle3kit("gen", str(prompts), str(tmp_path / "out"), "--tokenizer",
-                       str(tokenizer), "--server", f"http://user:{KEY}@10.0.0.7:30000@64")
+    result = eagle3kit(
+        "gen",
+        str(prompts),
+        str(tmp_path / "out"),
+        "--tokenizer",
+        str(tokenizer),
+        "--server",
+        f"http://user:{KEY}@10.0.0.7:30000@64",
+    )
     line = one_error_line(result)
     assert KEY not in result.stderr + result.stdout
-    assert line == ("error: --server http://***@10.0.0.7:30000: a server URL cannot carry "
-                    "credentials; pass an API key with --api-key or EAGLE3KIT_API_KEY")
+    assert line == (
+        "error: --server http://***@10.0.0.7:30000: a server URL cannot carry "
+        "credentials; pass an API key with --api-key or EAGLE3KIT_API_KEY"
+    )
     with pytest.raises(UserError) as err:
         ServerBenchConfig(f"https://{KEY}@gpu-node-3:8000/v1", [prompts], tokenizer)
     assert KEY not in str(err.value) and "https://***@gpu-node-3:8000/v1" in str(err.value)
@@ -78,27 +97,47 @@ def test_credentials_in_a_url_point_to_the_api_key_and_are_never_shown(inputs, t
 
 def test_bench_server_and_extract_check_their_urls(inputs, tmp_path):
     prompts, tokenizer = inputs
-    bench = eagle3kit("bench", "server", str(prompts), "--tokenizer",
-                      str(tokenizer), "--server", "http://127.0.0.1:8000",
-                      "--baseline", "http://127.0.0.1:3000o")
+    bench = eagle3kit(
+        "bench",
+        "server",
+        str(prompts),
+        "--tokenizer",
+        str(tokenizer),
+        "--server",
+        "http://127.0.0.1:8000",
+        "--baseline",
+        "http://127.0.0.1:3000o",
+    )
     assert one_error_line(bench) == (
         "error: --baseline http://127.0.0.1:3000o: the port must be a number from 1 to 65535, "
-        "not '3000o'; expected http(s)://HOST:PORT")
-    extract = eagle3kit("extract", str(tmp_path / "tokens"), str(tmp_path / "hidden"),
-                        "--target", str(tokenizer), "--engine", "vllm", "--server",
-                        "http://:::bad")
+        "not '3000o'; expected http(s)://HOST:PORT"
+    )
+    extract = eagle3kit(
+        "extract",
+        str(tmp_path / "tokens"),
+        str(tmp_path / "hidden"),
+        "--target",
+        str(tokenizer),
+        "--engine",
+        "vllm",
+        "--server",
+        "http://:::bad",
+    )
     assert one_error_line(extract).startswith("error: --server http://:::bad: no host name")
 
 
-@pytest.mark.parametrize(("text", "why"), [
-    ("http://127.0.0.1:0", "the port must be a number from 1 to 65535, not '0'"),
-    ("ftp://127.0.0.1:30000", "the scheme must be http or https, not 'ftp'"),
-    ("http://gpu node:30000", "'gpu node' is not a host name or address"),
-    ("http://127.0.0.1:30000?x=1", "a server URL has no query or fragment"),
-    ("http://[::1:30000", "an IPv6 address goes in brackets"),
-    ("http://[fe80::zz]:30000", "'fe80::zz' is not an IPv6 address"),
-    ("http://", "no host name"),
-])
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("http://127.0.0.1:0", "the port must be a number from 1 to 65535, not '0'"),
+        ("ftp://127.0.0.1:30000", "the scheme must be http or https, not 'ftp'"),
+        ("http://gpu node:30000", "'gpu node' is not a host name or address"),
+        ("http://127.0.0.1:30000?x=1", "a server URL has no query or fragment"),
+        ("http://[::1:30000", "an IPv6 address goes in brackets"),
+        ("http://[fe80::zz]:30000", "'fe80::zz' is not an IPv6 address"),
+        ("http://", "no host name"),
+    ],
+)
 def test_other_mistakes_are_named(text, why):
     with pytest.raises(UserError) as err:
         server_url(text, "--server")

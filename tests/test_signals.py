@@ -52,13 +52,15 @@ def _sigint_as_from_a_shell() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def signal_mid_run(args: list[str], ready: Callable[[], bool],
-                   sig: signal.Signals = signal.SIGTERM) -> subprocess.CompletedProcess:
+def signal_mid_run(
+    args: list[str], ready: Callable[[], bool], sig: signal.Signals = signal.SIGTERM
+) -> subprocess.CompletedProcess:
     """Run `eagle3kit *args`; once `ready()`, send it `sig` (stopped around the signal, so it
     is handled before the run can end by itself). Returns the finished process."""
     cmd = [sys.executable, "-m", "eagle3kit", *args]
-    proc = subprocess.Popen(cmd, env=cli_env(), stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_sigint_as_from_a_shell)
+    proc = subprocess.Popen(
+        cmd, env=cli_env(), stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_from_a_shell
+    )
     deadline = time.monotonic() + 240
     while proc.poll() is None and not ready() and time.monotonic() < deadline:
         time.sleep(0.002)
@@ -75,25 +77,42 @@ def assert_stopped_by_sigterm(done: subprocess.CompletedProcess) -> list[str]:
     assert done.returncode == 143, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: stopped by SIGTERM; what was committed is safe. "
-                           "Continue with: eagle3kit "), done.stderr[-3000:]
+    assert last.startswith(
+        "error: stopped by SIGTERM; what was committed is safe. Continue with: eagle3kit "
+    ), done.stderr[-3000:]
     command = shlex.split(last.split("Continue with: ", 1)[1])
     assert command[1:] == done.args[3:]  # the same command (`eagle3kit` for `-m eagle3kit`)
     return command[1:]
 
 
 def rerun(args: list[str]) -> None:
-    done = subprocess.run([sys.executable, "-m", "eagle3kit", *args], env=cli_env(),
-                          capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *args],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
 
 
-def test_sigterm_mid_extract_commits_and_the_line_continues(tiny: Tiny,
-                                                           tmp_path: Path) -> None:
+def test_sigterm_mid_extract_commits_and_the_line_continues(tiny: Tiny, tmp_path: Path) -> None:
     tokens = write_tokens(tmp_path / "tokens", tiny.tokenizer, n=120)
     out = tmp_path / "hidden"
-    args = ["extract", str(tokens), str(out), "--target", str(tiny.llama),
-            "--batch-tokens", "1", "--commit-every", "2", "--dtype", "float32", "-q"]
+    args = [
+        "extract",
+        str(tokens),
+        str(out),
+        "--target",
+        str(tiny.llama),
+        "--batch-tokens",
+        "1",
+        "--commit-every",
+        "2",
+        "--dtype",
+        "float32",
+        "-q",
+    ]
     done = signal_mid_run(args, lambda: committed(out) >= 1)
     again = assert_stopped_by_sigterm(done)
     held = list(HiddenDataset(out).sample_ids())
@@ -106,16 +125,32 @@ def test_sigterm_mid_extract_commits_and_the_line_continues(tiny: Tiny,
 
 
 def test_sigterm_mid_server_extract_commits_what_came_and_deletes_its_files(
-        tiny: Tiny, tmp_path: Path) -> None:
+    tiny: Tiny, tmp_path: Path
+) -> None:
     """The samples received are committed and every file the server wrote is deleted: the
     answers being read when the signal came are read (then deleted) before the exit."""
     tokens = write_tokens(tmp_path / "tokens", tiny.tokenizer, n=60)
     storage, out = tmp_path / "shared", tmp_path / "served"
     server = FakeVllmHidden(tiny.llama, storage, [2, 4, 5, 8], write_delay_s=0.1).start()
     try:
-        args = ["extract", str(tokens), str(out), "--target", str(tiny.llama),
-                "--engine", "vllm", "--server", server.url, "--hidden-states-dir",
-                str(storage), "--concurrency", "2", "--commit-every", "2", "-q"]
+        args = [
+            "extract",
+            str(tokens),
+            str(out),
+            "--target",
+            str(tiny.llama),
+            "--engine",
+            "vllm",
+            "--server",
+            server.url,
+            "--hidden-states-dir",
+            str(storage),
+            "--concurrency",
+            "2",
+            "--commit-every",
+            "2",
+            "-q",
+        ]
         done = signal_mid_run(args, lambda: committed(out) >= 1)
         again = assert_stopped_by_sigterm(done)
         held = list(HiddenDataset(out).sample_ids())
@@ -136,8 +171,16 @@ def test_sigterm_mid_server_extract_commits_what_came_and_deletes_its_files(
 def jsonl(path: Path, n: int) -> Path:
     with open(path, "wb") as f:
         for i in range(n):
-            f.write(orjson.dumps({"sample_id": f"s{i:06d}", "prompt_ids": [1, 2, 3, i % 50],
-                                  "completion_ids": [4, 5, 6, 7, 8]}) + b"\n")
+            f.write(
+                orjson.dumps(
+                    {
+                        "sample_id": f"s{i:06d}",
+                        "prompt_ids": [1, 2, 3, i % 50],
+                        "completion_ids": [4, 5, 6, 7, 8],
+                    }
+                )
+                + b"\n"
+            )
     return path
 
 
@@ -156,8 +199,7 @@ def test_sigterm_mid_convert_import_commits_and_the_line_continues(tmp_path: Pat
     assert ds.verify() == [] and len(ids) == len(set(ids)) == n
 
 
-def test_sigterm_mid_validate_write_clean_commits_and_the_line_continues(
-        tmp_path: Path) -> None:
+def test_sigterm_mid_validate_write_clean_commits_and_the_line_continues(tmp_path: Path) -> None:
     n = 30_000
     tokens = tmp_path / "tokens"
     rerun(["convert", str(jsonl(tmp_path / "in.jsonl", n)), str(tokens), "-q"])
@@ -175,8 +217,14 @@ def test_sigterm_mid_validate_write_clean_commits_and_the_line_continues(
 
 def test_sigint_keeps_its_status_and_names_itself(tmp_path: Path) -> None:
     out = tmp_path / "tokens"
-    args = ["convert", str(jsonl(tmp_path / "in.jsonl", 60_000)), str(out),
-            "--commit-every", "500", "-q"]
+    args = [
+        "convert",
+        str(jsonl(tmp_path / "in.jsonl", 60_000)),
+        str(out),
+        "--commit-every",
+        "500",
+        "-q",
+    ]
     done = signal_mid_run(args, lambda: committed(out) >= 1, signal.SIGINT)
     assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "error: stopped by SIGINT; what was committed is safe. Continue with: " in done.stderr

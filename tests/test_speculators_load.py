@@ -41,23 +41,27 @@ from eagle3kit._lock import file_lock
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # the first run builds the venv
 
 REPO = Path(__file__).resolve().parent.parent
-VENV = Path(os.environ.get("EAGLE3KIT_SPECULATORS_VENV",
-                           Path.home() / ".cache" / "eagle3kit" / "speculators-0.9.0"))
+VENV = Path(
+    os.environ.get(
+        "EAGLE3KIT_SPECULATORS_VENV", Path.home() / ".cache" / "eagle3kit" / "speculators-0.9.0"
+    )
+)
 INSTALLS = [
     ["torch==2.13.0", "transformers<=5.19"],
     ["--no-deps", "speculators==0.9.0", "hs-connectors==0.9.0"],
     # what `import speculators` and the eagle3 loader import, within speculators' own pins
-    ["openai", "datasets>=4.0.0,<=5.1.0", "loguru>=0.7.2,<=0.7.3", "pydantic-settings",
-     "httpx"],
+    ["openai", "datasets>=4.0.0,<=5.1.0", "loguru>=0.7.2,<=0.7.3", "pydantic-settings", "httpx"],
 ]
-SPECFORGE_VENV = Path(os.environ.get("EAGLE3KIT_SPECFORGE_VENV",
-                                     Path.home() / ".cache" / "eagle3kit" / "specforge-0.2.0"))
+SPECFORGE_VENV = Path(
+    os.environ.get(
+        "EAGLE3KIT_SPECFORGE_VENV", Path.home() / ".cache" / "eagle3kit" / "specforge-0.2.0"
+    )
+)
 # SpecForge's own transformers pin (under 5.19 its rotary caches load as uninitialised
 # memory); its other pins (sglang, a CUDA torch) are for training on a GPU
-SPECFORGE_INSTALLS = [["torch==2.13.0", "transformers==5.8.1"],
-                      ["--no-deps", "specforge==0.2.0"]]
+SPECFORGE_INSTALLS = [["torch==2.13.0", "transformers==5.8.1"], ["--no-deps", "specforge==0.2.0"]]
 
-LOADER = r'''
+LOADER = r"""
 import json, sys
 import torch
 from safetensors.torch import load_file
@@ -103,15 +107,20 @@ for draft in sys.argv[1:]:
     report["drafts"] = [x[0].tolist() for x in tokens]
     reports[draft] = report
 print(json.dumps(reports))
-'''
+"""
 
 
 def _pip(venv: Path, *args: str) -> None:
-    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *args],
-                          capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *args],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if proc.returncode != 0:
-        pytest.skip(f"pip could not install {' '.join(args)} into {venv}: "
-                    f"{proc.stderr.strip()[-500:]}")
+        pytest.skip(
+            f"pip could not install {' '.join(args)} into {venv}: {proc.stderr.strip()[-500:]}"
+        )
 
 
 def _built(venv: Path, installs: list[list[str]]) -> Path:
@@ -140,8 +149,9 @@ def specforge_venv() -> Path:
 
 
 def _tiny_run_module():
-    spec = importlib.util.spec_from_file_location("make_tiny_run",
-                                                  REPO / "examples" / "make_tiny_run.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_tiny_run", REPO / "examples" / "make_tiny_run.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -167,11 +177,24 @@ def test_vllm_export_loads_with_speculators(venv, tmp_path):
         variants = [("fp32", False), ("bf16", False)] if not residual else [("fp32", True)]
         for dtype, with_embedding in variants:
             out = tmp_path / f"export-{residual}-{dtype}-{with_embedding}"
-            run(ExportConfig(run_dir, out, dtype=dtype, verifier=str(target),
-                             num_speculative_tokens=4, with_embedding=with_embedding))
+            run(
+                ExportConfig(
+                    run_dir,
+                    out,
+                    dtype=dtype,
+                    verifier=str(target),
+                    num_speculative_tokens=4,
+                    with_embedding=with_embedding,
+                )
+            )
             drafts[str(out)] = residual
-    proc = subprocess.run([str(venv), "-c", LOADER, *drafts], capture_output=True, text=True,
-                          timeout=900, cwd=tmp_path)
+    proc = subprocess.run(
+        [str(venv), "-c", LOADER, *drafts],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = json.loads(proc.stdout.strip().splitlines()[-1])
     embedding = target_embedding(target)
@@ -192,13 +215,13 @@ def test_vllm_export_loads_with_speculators(venv, tmp_path):
         h, state, ours = model.project(hidden), TTTState(), []
         with torch.no_grad():
             for k in range(3):
-                h = model.ttt_step(h, padded[:, k:k + t], torch.arange(t)[None] + k, state)
+                h = model.ttt_step(h, padded[:, k : k + t], torch.arange(t)[None] + k, state)
                 ours.append(model.logits(h).argmax(-1)[0].tolist())
         assert ours == report["drafts"], path
         assert len({tuple(d) for d in ours}) > 1  # the steps differ: the check has teeth
 
 
-SPECFORGE_LOADER = r'''
+SPECFORGE_LOADER = r"""
 import json, sys, warnings
 warnings.simplefilter("ignore")
 import torch
@@ -249,7 +272,7 @@ for draft in drafts:
                   drafts=drafts_out)
     reports[draft] = report
 print(json.dumps(reports))
-'''
+"""
 
 
 def test_sglang_export_loads_with_specforge(specforge_venv, tmp_path):
@@ -269,8 +292,13 @@ def test_sglang_export_loads_with_specforge(specforge_venv, tmp_path):
     tiny.make_run(run_dir, target, [2, 4, 5])
     out = tmp_path / "export-sglang"
     run(ExportConfig(run_dir, out, format="sglang", dtype="float32", verifier=str(target)))
-    proc = subprocess.run([str(specforge_venv), "-c", SPECFORGE_LOADER, str(target), str(out)],
-                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    proc = subprocess.run(
+        [str(specforge_venv), "-c", SPECFORGE_LOADER, str(target), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])[str(out)]
     assert report["class"] == "LlamaForCausalLMEagle3"
@@ -283,16 +311,17 @@ def test_sglang_export_loads_with_specforge(specforge_venv, tmp_path):
     h, state, ours = model.project(hidden), TTTState(), []
     with torch.no_grad():
         for k in range(3):
-            h = model.ttt_step(h, padded[:, k:k + t], torch.arange(t)[None] + k, state)
+            h = model.ttt_step(h, padded[:, k : k + t], torch.arange(t)[None] + k, state)
             logits = model.logits(h)[0]
-            torch.testing.assert_close(logits, torch.tensor(report["logits"][k]),
-                                       rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(
+                logits, torch.tensor(report["logits"][k]), rtol=1e-4, atol=1e-4
+            )
             ours.append(logits.argmax(-1).tolist())
     assert ours == report["drafts"]
     assert len({tuple(d) for d in ours}) > 1  # the steps differ: the check has teeth
 
 
-BUILDER = r'''
+BUILDER = r"""
 import argparse, json, sys
 import torch
 from speculators.models.eagle3 import Eagle3DraftModel
@@ -337,13 +366,18 @@ for name, flags in cases.items():
                   drafts=[x[0].tolist() for x in drafts], logits=logits)
     reports[out] = report
 print(json.dumps(reports))
-'''
+"""
 
 SPECULATORS_CASES = {
     "cli-defaults": {"draft_vocab_size": 300},
     # more layers, the per-state norms and a trained embedding, through the same builder
-    "two-layers-fc-norm": {"draft_vocab_size": 300, "num_layers": 2, "norm_before_fc": False,
-                           "fc_norm": True, "embed_requires_grad": True},
+    "two-layers-fc-norm": {
+        "draft_vocab_size": 300,
+        "num_layers": 2,
+        "norm_before_fc": False,
+        "fc_norm": True,
+        "embed_requires_grad": True,
+    },
 }
 
 
@@ -363,14 +397,22 @@ def test_a_drafter_speculators_builds_is_read_and_benched(venv, tmp_path):
 
     make_tokenizer(tmp_path / "tok")
     target = make_target(tmp_path / "target", tmp_path / "tok", hidden_size=64)
-    proc = subprocess.run([str(venv), "-c", BUILDER, str(target), str(tmp_path),
-                           json.dumps(SPECULATORS_CASES)],
-                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    proc = subprocess.run(
+        [str(venv), "-c", BUILDER, str(target), str(tmp_path), json.dumps(SPECULATORS_CASES)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = json.loads(proc.stdout.strip().splitlines()[-1])
     assert reports[str(tmp_path / "cli-defaults")]["flags"] == {
-        "norm_before_residual": True, "norm_before_fc": True, "fc_norm": False,
-        "norm_output": True, "embed_requires_grad": False}
+        "norm_before_residual": True,
+        "norm_before_fc": True,
+        "fc_norm": False,
+        "norm_output": True,
+        "embed_requires_grad": False,
+    }
     embedding = target_embedding(target)
     prompts = REPO / "tests" / "data" / "prompts" / "eagle" / "mt_bench" / "question.jsonl"
     for path, report in reports.items():
@@ -379,7 +421,8 @@ def test_a_drafter_speculators_builds_is_read_and_benched(venv, tmp_path):
         assert any("sliding-window attention (window 2048)" in w for w in info.warnings)
         assert info.variant["num_hidden_layers"] == report["layers"]
         assert {k: report["flags"][k] for k in info.variant if k in report["flags"]} == {
-            k: v for k, v in info.variant.items() if k in report["flags"]}
+            k: v for k, v in info.variant.items() if k in report["flags"]
+        }
         assert info.norm_before_residual is report["flags"]["norm_before_residual"]
         model = load_any(path, embedding=embedding)[0].eval()
         hidden, ids = torch.tensor(report["hidden"]), torch.tensor(report["ids_in"])
@@ -388,17 +431,34 @@ def test_a_drafter_speculators_builds_is_read_and_benched(venv, tmp_path):
         h, state, ours = model.project(hidden), TTTState(), []
         with torch.no_grad():
             for k in range(3):
-                h = model.ttt_step(h, padded[:, k:k + t], torch.arange(t)[None] + k, state)
+                h = model.ttt_step(h, padded[:, k : k + t], torch.arange(t)[None] + k, state)
                 logits = model.logits(h)[0]
-                torch.testing.assert_close(logits, torch.tensor(report["logits"][k]),
-                                           rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(
+                    logits, torch.tensor(report["logits"][k]), rtol=1e-4, atol=1e-4
+                )
                 ours.append(logits.argmax(-1).tolist())
         assert ours == report["drafts"], path
         assert len({tuple(d) for d in ours}) > 1  # the steps differ: the check has teeth
-        result = CliRunner().invoke(app, [
-            "bench", "accept", "--target", str(target), "--drafter", path, str(prompts),
-            "--max-samples", "2", "--max-new-tokens", "8", "--device", "cpu", "--json"])
+        result = CliRunner().invoke(
+            app,
+            [
+                "bench",
+                "accept",
+                "--target",
+                str(target),
+                "--drafter",
+                path,
+                str(prompts),
+                "--max-samples",
+                "2",
+                "--max-new-tokens",
+                "8",
+                "--device",
+                "cpu",
+                "--json",
+            ],
+        )
         assert result.exit_code == 0, result.output
-        data = json.loads(result.output[result.output.index("{"):result.output.rindex("}") + 1])
+        data = json.loads(result.output[result.output.index("{") : result.output.rindex("}") + 1])
         assert data["lossless"] is True and data["acceptance_length"] >= 1.0
         assert len(data["per_position"]) == 3

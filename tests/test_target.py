@@ -27,11 +27,25 @@ from eagle3kit.target import (
 )
 from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings
 
-OLD_EXTRACT_KEYS = ("model_type", "num_layers", "hidden_size", "vocab_size", "config_xxh3",
-                    "weights_xxh3")
+OLD_EXTRACT_KEYS = (
+    "model_type",
+    "num_layers",
+    "hidden_size",
+    "vocab_size",
+    "config_xxh3",
+    "weights_xxh3",
+)
 """What extract recorded of its target before the one identity record."""
-OLD_TRAIN_KEYS = ("path", "name_or_path", "architectures", "model_type", "num_layers",
-                  "hidden_size", "vocab_size", "fingerprint")
+OLD_TRAIN_KEYS = (
+    "path",
+    "name_or_path",
+    "architectures",
+    "model_type",
+    "num_layers",
+    "hidden_size",
+    "vocab_size",
+    "fingerprint",
+)
 """What train recorded in run.json before the one identity record."""
 
 
@@ -55,8 +69,9 @@ def test_one_record_names_the_target(targets):
     assert (key, actual) == ("num_layers", 9) and recorded != 9
 
 
-@pytest.mark.parametrize("old_keys", [OLD_EXTRACT_KEYS, OLD_TRAIN_KEYS],
-                         ids=["extract-record", "train-record"])
+@pytest.mark.parametrize(
+    "old_keys", [OLD_EXTRACT_KEYS, OLD_TRAIN_KEYS], ids=["extract-record", "train-record"]
+)
 def test_older_records_are_compared_on_the_keys_they_carry(targets, old_keys):
     target, deeper = targets
     new = TargetInfo.load(target).identity
@@ -109,8 +124,11 @@ def test_the_one_conversion_between_conventions_round_trips():
 def test_no_stage_shifts_layer_ids_by_hand():
     # export, the checkpoint layouts and bench's diagnosis convert through target/layers.py only.
     package = Path(__file__).resolve().parent.parent / "eagle3kit"
-    files = [*(package / "export").glob("*.py"), package / "bench" / "diagnose.py",
-             *(package / "checkpoints").glob("*.py")]
+    files = [
+        *(package / "export").glob("*.py"),
+        package / "bench" / "diagnose.py",
+        *(package / "checkpoints").glob("*.py"),
+    ]
     for path in files:
         text, name = path.read_text(), path.name
         assert "for i in ids]" not in text and "i - 1 for i in" not in text, name
@@ -118,51 +136,64 @@ def test_no_stage_shifts_layer_ids_by_hand():
 
 
 # The dtype vocabulary ------------------------------------------------------------------------
-@pytest.mark.parametrize(("given", "name"), [("bf16", "bfloat16"), ("fp16", "float16"),
-                                             ("fp32", "float32")])
+@pytest.mark.parametrize(
+    ("given", "name"), [("bf16", "bfloat16"), ("fp16", "float16"), ("fp32", "float32")]
+)
 def test_old_dtype_spellings_are_accepted_with_a_note(given, name):
-    assert parse_dtype(given) == (name, f"--dtype {given}: write --dtype {name} (the old "
-                                        "spelling still works)")
+    assert parse_dtype(given) == (
+        name,
+        f"--dtype {given}: write --dtype {name} (the old spelling still works)",
+    )
     assert parse_dtype(name) == (name, None)
     assert parse_dtype("auto") == ("auto", None)
 
 
 def test_precision_is_dtypes_old_name():
-    name, note = parse_dtype("bf16", allowed=("auto", "bfloat16", "float32"),
-                             given_as="--precision")
+    name, note = parse_dtype(
+        "bf16", allowed=("auto", "bfloat16", "float32"), given_as="--precision"
+    )
     assert name == "bfloat16" and note.startswith("--precision bf16: write --dtype bfloat16")
-    assert parse_dtype("auto", given_as="--precision")[1].startswith("--precision auto: write "
-                                                                      "--dtype auto")
+    assert parse_dtype("auto", given_as="--precision")[1].startswith(
+        "--precision auto: write --dtype auto"
+    )
 
 
 def test_a_dtype_outside_an_options_vocabulary_is_refused_by_name():
-    with pytest.raises(UserError, match=r"^--dtype int8: expected one of auto, bfloat16, "
-                                        r"float16, float32$"):
+    with pytest.raises(
+        UserError,
+        match=r"^--dtype int8: expected one of auto, bfloat16, "
+        r"float16, float32$",
+    ):
         parse_dtype("int8")
     with pytest.raises(UserError, match=r"^--dtype fp16: expected one of bfloat16, float32$"):
         parse_dtype("fp16", allowed=("bfloat16", "float32"))
 
 
 def _eagle3kit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "eagle3kit", *args], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_the_command_line_notes_an_old_spelling_once_on_stderr(tmp_path):
     old = _eagle3kit("export", str(tmp_path / "no-run"), str(tmp_path / "out"), "--dtype", "fp32")
-    new = _eagle3kit("export", str(tmp_path / "no-run"), str(tmp_path / "out"), "--dtype",
-                     "float32")
+    new = _eagle3kit(
+        "export", str(tmp_path / "no-run"), str(tmp_path / "out"), "--dtype", "float32"
+    )
     for done in (old, new):  # the run is missing: the note comes before that one error
         assert done.returncode == 2 and f"{tmp_path / 'no-run'}: no such run directory" in (
-            done.stderr)
+            done.stderr
+        )
         assert "Traceback" not in done.stderr and done.stdout == ""
     assert old.stderr.count("--dtype fp32: write --dtype float32") == 1
     assert "write --dtype" not in new.stderr
-    train = _eagle3kit("train", str(tmp_path / "no-data"), str(tmp_path / "run"),
-                       "--precision", "bf16")
+    train = _eagle3kit(
+        "train", str(tmp_path / "no-data"), str(tmp_path / "run"), "--precision", "bf16"
+    )
     assert train.returncode == 2
     assert "--precision bf16: write --dtype bfloat16 (the old spelling still works)" in (
-        train.stderr)
+        train.stderr
+    )
 
 
 # Devices ----------------------------------------------------------------------------------------
@@ -202,8 +233,9 @@ def test_extract_and_online_training_take_states_from_one_capture(targets):
     layers = [0, 2, 5]
     model = _hf.load_causal_lm(target, False, dtype=torch.float32).eval()
     engine = HfEngine(model, layers)
-    online = OnlineTarget(_hf.load_causal_lm(target, False, dtype=torch.float32).eval(),
-                          layers, torch.device("cpu"))
+    online = OnlineTarget(
+        _hf.load_causal_lm(target, False, dtype=torch.float32).eval(), layers, torch.device("cpu")
+    )
     assert type(engine.capture) is Capture and type(online.capture) is Capture
 
     ids = torch.tensor([[5, 17, 42, 7, 99, 3]])
@@ -227,6 +259,9 @@ def test_a_model_without_a_decoder_layer_list_is_named():
 
     from eagle3kit.target.capture import Capture
 
-    with pytest.raises(UserError, match=r"^--target: Linear has no `layers` list of decoder "
-                                        r"layers; extract knows Llama-"):
+    with pytest.raises(
+        UserError,
+        match=r"^--target: Linear has no `layers` list of decoder "
+        r"layers; extract knows Llama-",
+    ):
         Capture(torch.nn.Linear(2, 2), [1], who="extract")

@@ -35,9 +35,14 @@ def greedy(target: Path, n: int, max_new_tokens: int = 200) -> list[str]:
         text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         prompt = tok(text, add_special_tokens=False)["input_ids"]
         with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens,
-                                 do_sample=False, eos_token_id=end, pad_token_id=end)
-        texts.append(tok.decode(out[0, len(prompt):]))
+            out = model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=end,
+                pad_token_id=end,
+            )
+        texts.append(tok.decode(out[0, len(prompt) :]))
     return texts
 
 
@@ -70,8 +75,10 @@ def test_docstring_chat_is_bounded_and_rendered_with_think_tokens(tokenizer_dir:
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     [ids] = tiny.chat_token_ids(tok, [doc], 256)
     text = tok.decode(ids)
-    assert text.startswith("<|im_start|>user\nReturn the thing.<|im_end|>\n<|im_start|>assistant\n"
-                           "<think>\nLet me think about this.")
+    assert text.startswith(
+        "<|im_start|>user\nReturn the thing.<|im_end|>\n<|im_start|>assistant\n"
+        "<think>\nLet me think about this."
+    )
     assert "So the answer is short.\n</think>\n\nIn short: Return the thing.<|im_end|>" in text
 
 

@@ -39,6 +39,7 @@ from eagle3kit.train.setup import Setup
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
+
 # The acceptance formula ------------------------------------------------------------------------
 def test_predicted_acceptance_length_is_chain_counting():
     assert predicted_acceptance_length([]) == 1.0
@@ -60,8 +61,9 @@ def test_conditional_rates_from_hand_made_chains():
     rates = (accepted / tried).tolist()
     # Real chain decoding over these chains: accepted tokens 3, 1, 0, 2 (+ chain 4's 2
     # observable ones) -> the formula is the per-position product sum.
-    assert predicted_acceptance_length(rates) == pytest.approx(1 + 0.8 + 0.8 * 0.75 + 0.8 *
-                                                               0.75 * 0.5)
+    assert predicted_acceptance_length(rates) == pytest.approx(
+        1 + 0.8 + 0.8 * 0.75 + 0.8 * 0.75 * 0.5
+    )
 
 
 # Data planning -----------------------------------------------------------------------------------
@@ -109,8 +111,7 @@ def test_global_batches_split_into_equal_parts():
 def test_schedules_decay_as_named():
     from eagle3kit.train.setup import lr_lambda
 
-    cosine, linear, constant = (lr_lambda(11, 1, 0.1, s) for s in ("cosine", "linear",
-                                                                    "constant"))
+    cosine, linear, constant = (lr_lambda(11, 1, 0.1, s) for s in ("cosine", "linear", "constant"))
     assert [f(0) for f in (cosine, linear, constant)] == [1.0, 1.0, 1.0]  # the warm-up's end
     assert linear(6) == pytest.approx(0.1 + 0.9 * 0.5) == cosine(6)  # halfway
     assert linear(3) == pytest.approx(0.1 + 0.9 * 0.8) and cosine(3) > linear(3)
@@ -121,9 +122,16 @@ def test_schedules_decay_as_named():
 def test_schedule_reaches_the_optimizer(train_world, tmp_path):
     rates = {}
     for schedule in ("cosine", "constant"):
-        run(config(train_world, train_world["hidden"], tmp_path / schedule, max_steps=4,
-                   eval_split=0,
-                   schedule=schedule))
+        run(
+            config(
+                train_world,
+                train_world["hidden"],
+                tmp_path / schedule,
+                max_steps=4,
+                eval_split=0,
+                schedule=schedule,
+            )
+        )
         rates[schedule] = [m["lr"] for m in metrics(tmp_path / schedule) if "lr" in m]
     assert len(set(rates["constant"][1:])) == 1  # after the one warm-up step
     assert rates["cosine"][1:] == sorted(rates["cosine"][1:], reverse=True)
@@ -134,9 +142,16 @@ def test_the_held_out_prediction_at_a_temperature(train_world, tmp_path):
     """--eval-temperature and --eval-verify reach the prediction and the drafter's eval
     block; the default stays greedy."""
     greedy = run(config(train_world, train_world["hidden"], tmp_path / "greedy", max_steps=2))
-    hot = run(config(train_world, train_world["hidden"], tmp_path / "hot", max_steps=2,
-                     eval_temperature=1.0,
-                     eval_verify="probabilistic"))
+    hot = run(
+        config(
+            train_world,
+            train_world["hidden"],
+            tmp_path / "hot",
+            max_steps=2,
+            eval_temperature=1.0,
+            eval_verify="probabilistic",
+        )
+    )
     assert greedy.eval["temperature"] == 0.0 and "verify" not in greedy.eval
     assert hot.eval["temperature"] == 1.0 and hot.eval["verify"] == "probabilistic"
     assert hot.eval["predicted_acceptance_length"] != greedy.eval["predicted_acceptance_length"]
@@ -151,18 +166,29 @@ def test_the_objective_reaches_the_loss_and_the_record(train_world, tmp_path):
     weights start alike, so only the objective differs), and run.json records them; the
     logged per-step cross-entropy is the same figure under every objective."""
     first = {}
-    for name, kw in {"soft-ce": {}, "tv+auf": {"loss": "tv", "auf": True},
-                     "lk": {"loss": "lk"}, "hot": {"teacher_temperature": 2.0}}.items():
-        run(config(train_world, train_world["hidden"], tmp_path / name, max_steps=1,
-                   eval_split=0, **kw))
+    for name, kw in {
+        "soft-ce": {},
+        "tv+auf": {"loss": "tv", "auf": True},
+        "lk": {"loss": "lk"},
+        "hot": {"teacher_temperature": 2.0},
+    }.items():
+        run(
+            config(
+                train_world, train_world["hidden"], tmp_path / name, max_steps=1, eval_split=0, **kw
+            )
+        )
         first[name] = metrics(tmp_path / name)[0]
     assert len({round(m["loss"], 6) for m in first.values()}) == 4
     recorded = json.loads((tmp_path / "tv+auf" / "run.json").read_text())["config"]
     assert (recorded["loss"], recorded["auf"]) == ("tv", True)
     hidden, out = train_world["hidden"], tmp_path / "x"
     assert config(train_world, hidden, out, auf=True).auf_rule() == "greedy"
-    assert config(train_world, hidden, out, auf=True, eval_temperature=1.0,
-                  eval_verify="probabilistic").auf_rule() == "probabilistic"
+    assert (
+        config(
+            train_world, hidden, out, auf=True, eval_temperature=1.0, eval_verify="probabilistic"
+        ).auf_rule()
+        == "probabilistic"
+    )
     assert config(train_world, hidden, out, auf=True, eval_temperature=1.0).auf_rule() == "onehot"
 
 
@@ -172,9 +198,16 @@ def test_lm_head_from_the_target_and_frozen(train_world, tmp_path):
     target = load_file(str(train_world["target"] / "model.safetensors"))["lm_head.weight"]
     heads = {}
     for mode in ("train", "target", "frozen", None):  # None: the default, the target's rows
-        run(config(train_world, train_world["hidden"], tmp_path / str(mode), max_steps=2,
-                   eval_split=0,
-                   **({} if mode is None else {"lm_head": mode})))
+        run(
+            config(
+                train_world,
+                train_world["hidden"],
+                tmp_path / str(mode),
+                max_steps=2,
+                eval_split=0,
+                **({} if mode is None else {"lm_head": mode}),
+            )
+        )
         d2t = load_file(str(tmp_path / str(mode) / "vocab.safetensors"))["d2t"]
         rows = target[d2t + torch.arange(len(d2t))]
         heads[mode] = (weights(tmp_path / str(mode))["lm_head.weight"], rows)
@@ -191,8 +224,7 @@ def test_fixed_data_order_repeats_each_epoch(train_world):
     src = tdata.open_source(train_world["hidden"], 1.0, online=False)
     pool = tdata.build_pool([src], tdata.held_out([src], 0), None, "truncate")
     shuffled = [[it.index for it in tdata.epoch_items(pool, [1.0], 0, e)] for e in range(3)]
-    fixed = [[it.index for it in tdata.epoch_items(pool, [1.0], 0, e, True)]
-             for e in range(3)]
+    fixed = [[it.index for it in tdata.epoch_items(pool, [1.0], 0, e, True)] for e in range(3)]
     assert fixed[0] == fixed[1] == fixed[2] == shuffled[0]
     assert shuffled[1] != shuffled[0] and sorted(shuffled[1]) == sorted(shuffled[0])
 
@@ -203,8 +235,9 @@ def first_step(train_world, data, out, **kw) -> Setup:
     from eagle3kit.train.run import train
     from eagle3kit.train.setup import build
 
-    setup = build(config(train_world, data, out, max_steps=1, eval_split=0, **kw),
-                  Ranks.start("cpu"))
+    setup = build(
+        config(train_world, data, out, max_steps=1, eval_split=0, **kw), Ranks.start("cpu")
+    )
     try:
         train(setup)
     finally:
@@ -227,12 +260,13 @@ def test_online_and_offline_give_the_same_first_step_loss(train_world, tmp_path)
 
     item = on.plan.step(0)[1][0]
     ids, mask = on.sources[item.source].tokens(item.index)
-    ids, mask = ids[:item.length], mask[:item.length]
+    ids, mask = ids[: item.length], mask[: item.length]
     online = on.feed.target.batch([(ids, mask)])
     aux, last = on.feed.target.capture(torch.from_numpy(ids.astype(np.int64))[None])
     aux, last = aux[0].numpy(), last[0].numpy()
     rebuilt = OfflineTarget(off.head, "pre_norm", torch.device("cpu")).batch(
-        [(ids, mask, aux, last)])
+        [(ids, mask, aux, last)]
+    )
     torch.testing.assert_close(rebuilt.normed, online.normed, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(rebuilt.aux, online.aux)
     assert torch.equal(rebuilt.argmax, online.argmax)
@@ -265,7 +299,9 @@ def test_interrupted_run_resumes_to_the_same_weights(train_world, tmp_path, monk
     assert losses(tmp_path / "cut") == losses(tmp_path / "whole")
     # keep=2: only the last two checkpoints remain.
     assert sorted(p.name for p in (tmp_path / "cut" / "checkpoints").iterdir()) == [
-        "step-00000004", "step-00000005"]
+        "step-00000004",
+        "step-00000005",
+    ]
 
 
 def test_rerun_of_a_finished_run_changes_nothing(train_world, tmp_path):
@@ -281,15 +317,19 @@ def test_changed_settings_are_refused_unless_forced(train_world, tmp_path):
     run(config(train_world, train_world["hidden"], tmp_path / "r", max_steps=2))
     with pytest.raises(UserError, match=r"--lr: 0.003 -> 0.01.*--force"):
         run(config(train_world, train_world["hidden"], tmp_path / "r", max_steps=2, lr=1e-2))
-    forced = run(config(train_world, train_world["hidden"], tmp_path / "r", max_steps=3, lr=1e-2,
-                        force=True))
+    forced = run(
+        config(train_world, train_world["hidden"], tmp_path / "r", max_steps=3, lr=1e-2, force=True)
+    )
     assert forced.steps == 3
     # step 3 trains at the forced --lr on the forced run's schedule (warm-up 1, cosine over
     # the 2 steps after it: half way at step 3), not at the rate the restored optimizer
     # carried (the first run's schedule had reached 0 at its end)
     rates = {m["step"]: m["lr"] for m in metrics(tmp_path / "r") if "lr" in m}
-    assert rates == {1: pytest.approx(3e-3), 2: pytest.approx(3e-3),
-                     3: pytest.approx(1e-2 * 0.5 * (1 + math.cos(math.pi * 0.5)))}
+    assert rates == {
+        1: pytest.approx(3e-3),
+        2: pytest.approx(3e-3),
+        3: pytest.approx(1e-2 * 0.5 * (1 + math.cos(math.pi * 0.5))),
+    }
     history = json.loads((tmp_path / "r" / "run.json").read_text())["settings_history"]
     assert history and history[0]["settings"]["lr"] == 3e-3
     with pytest.raises(UserError, match="no run to resume"):
@@ -333,9 +373,17 @@ def test_a_planted_pickle_in_a_checkpoint_is_refused_and_never_runs(train_world,
         assert not flag.exists(), f"the payload in {name} ran"
     # The CLI, as the issue found it: `train --force` resuming over a planted rng-rank0.pt.
     proc = subprocess.run(
-        [sys.executable, "-m", "eagle3kit", *train_cmd(train_world, tmp_path / "rng-rank0.pt",
-                                                       "--max-steps", "3", "--force")],
-        capture_output=True, text=True, env=env(), timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "eagle3kit",
+            *train_cmd(train_world, tmp_path / "rng-rank0.pt", "--max-steps", "3", "--force"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -376,13 +424,15 @@ def test_run_directory_is_what_export_and_bench_read(train_world, tmp_path):
 
     # One identity record: train's is extract's, plus where the target was.
     recorded = {k: v for k, v in info["target"].items() if k not in ("path", "name_or_path")}
-    assert recorded == {k: v for k, v in HiddenDataset(train_world["hidden"]).target.items()
-                        if k != "path"}
+    assert recorded == {
+        k: v for k, v in HiddenDataset(train_world["hidden"]).target.items() if k != "path"
+    }
     ev = drafter["eval"]
     assert ev["k"] == 3 and ev["temperature"] == 0 and ev["step"] == 3
     assert len(ev["per_position"]) == 3
     assert ev["predicted_acceptance_length"] == pytest.approx(
-        predicted_acceptance_length(ev["per_position"]), abs=1e-5)
+        predicted_acceptance_length(ev["per_position"]), abs=1e-5
+    )
     assert ev == result.eval
     # Docstrings hold no think markers: every held-out chain is in the answer phase.
     assert set(ev["phases"]) == {"answer"} and ev["phases"]["answer"]["chains"] == ev["chains"]
@@ -395,8 +445,13 @@ def test_run_directory_is_what_export_and_bench_read(train_world, tmp_path):
     assert "embed_tokens.weight" not in saved
     ckpt = out / "checkpoints" / "step-00000003"
     assert {p.name for p in ckpt.iterdir()} == {
-        "config.json", "model.safetensors", "optimizer.pt", "scheduler.pt",
-        "rng-rank0.safetensors", "state.json"}
+        "config.json",
+        "model.safetensors",
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng-rank0.safetensors",
+        "state.json",
+    }
     lines = metrics(out)
     assert [m["step"] for m in lines] == [0, 1, 2, 2, 3, 3]  # eval at 0, 2 and 3
     assert all(len(m["acc_k"]) == 7 for m in lines if "loss" in m)
@@ -408,9 +463,16 @@ def test_run_directory_is_what_export_and_bench_read(train_world, tmp_path):
 
 def test_init_from_keeps_the_draft_vocabulary(train_world, tmp_path):
     run(config(train_world, train_world["hidden"], tmp_path / "a", max_steps=2))
-    warm = run(config(train_world, train_world["hidden"], tmp_path / "b", max_steps=1,
-                      draft_vocab=50,
-                      init_from=tmp_path / "a" / "drafter"))
+    warm = run(
+        config(
+            train_world,
+            train_world["hidden"],
+            tmp_path / "b",
+            max_steps=1,
+            draft_vocab=50,
+            init_from=tmp_path / "a" / "drafter",
+        )
+    )
     info = json.loads((tmp_path / "b" / "run.json").read_text())
     assert info["vocab"]["size"] == 200 and info["vocab"]["source"].startswith("init-from")
     assert warm.steps == 1
@@ -429,13 +491,22 @@ def test_both_exports_round_trip_through_init_from(train_world, tmp_path, fmt):
     from eagle3kit.export import run as export
 
     first = run(config(train_world, train_world["hidden"], tmp_path / "a", max_steps=2))
-    export(ExportConfig(tmp_path / "a", tmp_path / "out", format="both", dtype="fp32",
-                        output=QUIET))
-    run(config(train_world, train_world["hidden"], tmp_path / "b", max_steps=1,
-               init_from=tmp_path / "out" / fmt))
+    export(
+        ExportConfig(tmp_path / "a", tmp_path / "out", format="both", dtype="fp32", output=QUIET)
+    )
+    run(
+        config(
+            train_world,
+            train_world["hidden"],
+            tmp_path / "b",
+            max_steps=1,
+            init_from=tmp_path / "out" / fmt,
+        )
+    )
     before_any_step = next(m for m in metrics(tmp_path / "b") if m["step"] == 0 and "eval" in m)
     assert before_any_step["eval"]["per_position"] == pytest.approx(
-        first.eval["per_position"], abs=1e-6)
+        first.eval["per_position"], abs=1e-6
+    )
     from safetensors.torch import load_file
 
     a = load_file(str(tmp_path / "a" / "vocab.safetensors"))
@@ -444,36 +515,45 @@ def test_both_exports_round_trip_through_init_from(train_world, tmp_path, fmt):
 
 
 # Bad inputs: one message naming the flag or file --------------------------------------------------
-@pytest.mark.parametrize("options, message", [
-    ({"ttt_steps": 0}, "--ttt-steps must be >= 1"),
-    ({"long_samples": "skip"}, "--long-samples must be drop or truncate"),
-    ({"eval_split": 2.5}, "--eval-split is a share below 1 or a whole count"),
-    ({"lr": -1.0}, "--lr must be > 0"),
-    ({"min_lr": 1.0}, "--min-lr"),
-    ({"layers": [2, 4, 5]}, "--layers applies to --online"),
-    ({"online": True, "layers": [2, 4]}, "--layers 2,4: give 3 ids"),
-    ({"device": "tpu"}, "--device must be"),
-    ({"precision": "fp16"}, "--precision fp16: expected one of auto, bfloat16, float32"),
-    ({"dtype": "float16"}, "--dtype float16: expected one of auto, bfloat16, float32"),
-    ({"schedule": "step"}, "--schedule must be one of cosine, linear, constant"),
-    ({"lm_head": "copy"}, "--lm-head must be one of train, target, frozen"),
-    ({"data_order": "sorted"}, "--data-order must be one of shuffle, fixed"),
-    ({"drafter_step": "newest"}, "--drafter-step must be one of best, last"),
-    ({"loss": "hinge"}, "--loss must be one of soft-ce"),
-    ({"eval_temperature": -0.5}, "--eval-temperature must be >= 0"),
-    ({"eval_verify": "greedy"}, "--eval-verify must be one of onehot, probabilistic, sglang"),
-    ({"loss": "ce"}, "--loss must be one of soft-ce, tv, nla, lk"),
-    ({"teacher_temperature": 0.0}, "--teacher-temperature must be > 0"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"ttt_steps": 0}, "--ttt-steps must be >= 1"),
+        ({"long_samples": "skip"}, "--long-samples must be drop or truncate"),
+        ({"eval_split": 2.5}, "--eval-split is a share below 1 or a whole count"),
+        ({"lr": -1.0}, "--lr must be > 0"),
+        ({"min_lr": 1.0}, "--min-lr"),
+        ({"layers": [2, 4, 5]}, "--layers applies to --online"),
+        ({"online": True, "layers": [2, 4]}, "--layers 2,4: give 3 ids"),
+        ({"device": "tpu"}, "--device must be"),
+        ({"precision": "fp16"}, "--precision fp16: expected one of auto, bfloat16, float32"),
+        ({"dtype": "float16"}, "--dtype float16: expected one of auto, bfloat16, float32"),
+        ({"schedule": "step"}, "--schedule must be one of cosine, linear, constant"),
+        ({"lm_head": "copy"}, "--lm-head must be one of train, target, frozen"),
+        ({"data_order": "sorted"}, "--data-order must be one of shuffle, fixed"),
+        ({"drafter_step": "newest"}, "--drafter-step must be one of best, last"),
+        ({"loss": "hinge"}, "--loss must be one of soft-ce"),
+        ({"eval_temperature": -0.5}, "--eval-temperature must be >= 0"),
+        ({"eval_verify": "greedy"}, "--eval-verify must be one of onehot, probabilistic, sglang"),
+        ({"loss": "ce"}, "--loss must be one of soft-ce, tv, nla, lk"),
+        ({"teacher_temperature": 0.0}, "--teacher-temperature must be > 0"),
+    ],
+)
 def test_bad_options(train_world, tmp_path, options, message):
     with pytest.raises(UserError, match=message):
         config(train_world, train_world["hidden"], tmp_path / "r", **options)
 
 
-@pytest.mark.parametrize(("options", "recorded"), [
-    ({}, "auto"), ({"dtype": "bfloat16"}, "bf16"), ({"dtype": "bf16"}, "bf16"),
-    ({"precision": "bf16"}, "bf16"), ({"dtype": "float32"}, "fp32"),
-])
+@pytest.mark.parametrize(
+    ("options", "recorded"),
+    [
+        ({}, "auto"),
+        ({"dtype": "bfloat16"}, "bf16"),
+        ({"dtype": "bf16"}, "bf16"),
+        ({"precision": "bf16"}, "bf16"),
+        ({"dtype": "float32"}, "fp32"),
+    ],
+)
 def test_run_json_records_the_dtype_as_older_runs_did(train_world, tmp_path, options, recorded):
     # A run started with --precision bf16 continues under --dtype bfloat16 without --force.
     cfg = config(train_world, train_world["hidden"], tmp_path / "r", **options)
@@ -507,14 +587,24 @@ def test_a_dataset_recording_the_older_target_keys_still_trains(train_world, tmp
     shutil.copytree(train_world["hidden"], old)
     manifest = json.loads((old / "manifest.json").read_text())
     target = manifest["hidden"]["target"]
-    manifest["hidden"]["target"] = {k: target[k] for k in (
-        "model_type", "num_layers", "hidden_size", "vocab_size", "config_xxh3", "weights_xxh3")}
+    manifest["hidden"]["target"] = {
+        k: target[k]
+        for k in (
+            "model_type",
+            "num_layers",
+            "hidden_size",
+            "vocab_size",
+            "config_xxh3",
+            "weights_xxh3",
+        )
+    }
     (old / "manifest.json").write_text(json.dumps(manifest))
     assert run(config(train_world, old, tmp_path / "r", max_steps=1, eval_split=0)).steps == 1
     manifest["hidden"]["target"]["num_layers"] = 9
     (old / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(UserError, match="extracted from a target with num_layers 9, --target "
-                                        "has 8"):
+    with pytest.raises(
+        UserError, match="extracted from a target with num_layers 9, --target has 8"
+    ):
         run(config(train_world, old, tmp_path / "r2", max_steps=1, eval_split=0))
 
 
@@ -526,19 +616,34 @@ def test_init_from_another_target_is_refused(train_world, tmp_path):
 
     other = AutoConfig.from_pretrained(str(train_world["target"]))
     other.vocab_size += 10
-    save_drafter(Eagle3Drafter(DrafterConfig.from_target(other, aux_layer_ids=[2, 4, 5])),
-                 tmp_path / "other")
+    save_drafter(
+        Eagle3Drafter(DrafterConfig.from_target(other, aux_layer_ids=[2, 4, 5])), tmp_path / "other"
+    )
     with pytest.raises(UserError, match=r"--init-from .*vocabulary"):
-        run(config(train_world, train_world["hidden"], tmp_path / "r",
-                   init_from=tmp_path / "other"))
+        run(
+            config(train_world, train_world["hidden"], tmp_path / "r", init_from=tmp_path / "other")
+        )
 
 
 def test_cli_errors_are_one_line(train_world, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "eagle3kit", "train", str(train_world["hidden"]),
-         str(tmp_path / "r"),
-         "--target", str(train_world["target"]), "--ttt-steps", "0"],
-        capture_output=True, text=True, env=env(), timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "eagle3kit",
+            "train",
+            str(train_world["hidden"]),
+            str(tmp_path / "r"),
+            "--target",
+            str(train_world["target"]),
+            "--ttt-steps",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: --ttt-steps must be >= 1 (got 0)"
 
@@ -547,11 +652,21 @@ def test_every_problem_of_a_command_line_is_named_at_once(train_world, tmp_path)
     """TrainConfig checks everything and raises once (torchtune's config validation): the
     command-line checks that lived in cli.py included."""
     with pytest.raises(UserError) as caught:
-        TrainConfig.from_paths([str(train_world["hidden"]), str(tmp_path / "r")], target=None,
-                               lr=-1.0, keep=0, layers="2,x", online=True)
+        TrainConfig.from_paths(
+            [str(train_world["hidden"]), str(tmp_path / "r")],
+            target=None,
+            lr=-1.0,
+            keep=0,
+            layers="2,x",
+            online=True,
+        )
     message = str(caught.value)
-    for part in ("--keep must be >= 1", "--lr must be > 0", "--layers 2,x: expected",
-                 "--target is required"):
+    for part in (
+        "--keep must be >= 1",
+        "--lr must be > 0",
+        "--layers 2,x: expected",
+        "--target is required",
+    ):
         assert part in message, message
     with pytest.raises(UserError, match="give the datasets, then the run directory last"):
         TrainConfig.from_paths([str(train_world["hidden"])], target=train_world["target"])
@@ -563,13 +678,39 @@ def test_two_ranks_take_the_same_steps_as_one(train_world, tmp_path):
     """torchrun, 2 gloo processes x --grad-accum 1 vs 1 process x --grad-accum 2: the same
     global batches, so the same loss curve (tolerance 1e-5: only the reduction order of
     the gradients differs) and the same held-out figures."""
-    one = run(config(train_world, train_world["hidden"], tmp_path / "one", max_steps=4,
-                     grad_accum=2,
-                     batch_tokens=128))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_port", str(29500 + os.getpid() % 1000), "-m", "eagle3kit",
-           *train_cmd(train_world, tmp_path / "two", "--max-steps", "4", "--batch-tokens", "128",
-                      "--eval-every", "2", "--checkpoint-every", "2")]
+    one = run(
+        config(
+            train_world,
+            train_world["hidden"],
+            tmp_path / "one",
+            max_steps=4,
+            grad_accum=2,
+            batch_tokens=128,
+        )
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(29500 + os.getpid() % 1000),
+        "-m",
+        "eagle3kit",
+        *train_cmd(
+            train_world,
+            tmp_path / "two",
+            "--max-steps",
+            "4",
+            "--batch-tokens",
+            "128",
+            "--eval-every",
+            "2",
+            "--checkpoint-every",
+            "2",
+        ),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-5)
@@ -584,8 +725,7 @@ def test_sigkilled_run_resumes_to_the_same_weights(train_world, tmp_path):
     args = ["--max-steps", "8", "--checkpoint-every", "2", "--eval-every", "4"]
     run(config(train_world, train_world["hidden"], tmp_path / "whole", max_steps=8, eval_every=4))
     cmd = [sys.executable, "-m", "eagle3kit", *train_cmd(train_world, tmp_path / "cut", *args)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=env())
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env())
     ckpts = tmp_path / "cut" / "checkpoints"
     deadline = time.monotonic() + 300
     while not (ckpts / "step-00000004").is_dir():
@@ -601,13 +741,22 @@ def test_sigkilled_run_resumes_to_the_same_weights(train_world, tmp_path):
     assert losses(tmp_path / "cut") == losses(tmp_path / "whole")
 
 
-def test_status_shows_no_acceptance_length_before_the_first_evaluation(train_world, tmp_path,
-                                                                       capfd):
+def test_status_shows_no_acceptance_length_before_the_first_evaluation(
+    train_world, tmp_path, capfd
+):
     """The untrained drafter's AL is ~1, which reads like the "τ≈1 is a setup error" warning:
     the status says "AL –" until training evaluates, then the figure."""
     out = OutputOptions(no_progress=True, log_every=1e-6)
-    run(config(train_world, train_world["hidden"], tmp_path / "r", eval_every=3, max_steps=4,
-               output=out))
+    run(
+        config(
+            train_world,
+            train_world["hidden"],
+            tmp_path / "r",
+            eval_every=3,
+            max_steps=4,
+            output=out,
+        )
+    )
     lines = [x for x in capfd.readouterr().err.splitlines() if x.startswith("train ")]
     steps = [int(x.split()[1].split("/")[0]) for x in lines]
     before = [x for x, s in zip(lines, steps, strict=True) if s < 3]
@@ -625,8 +774,13 @@ def test_a_variant_trains_resumes_and_exports_as_itself(train_world, tmp_path, m
     layout = {"variant": "speculators", "num_hidden_layers": 2}
     whole = run(config(train_world, train_world["hidden"], tmp_path / "whole", **layout))
     assert whole.metrics["variant"] == {
-        "norm_before_residual": True, "norm_before_fc": True, "fc_norm": False,
-        "norm_output": True, "num_hidden_layers": 2, "embed_requires_grad": False}
+        "norm_before_residual": True,
+        "norm_before_fc": True,
+        "fc_norm": False,
+        "norm_output": True,
+        "num_hidden_layers": 2,
+        "embed_requires_grad": False,
+    }
     calls = {"n": 0}
     original = TrainLoop.step
 
@@ -654,37 +808,69 @@ def test_a_variant_trains_resumes_and_exports_as_itself(train_world, tmp_path, m
     export(ExportConfig(tmp_path / "cut", tmp_path / "out", dtype="fp32", output=QUIET))
     info = inspect(tmp_path / "out", train_world["target"])
     assert info.problems == [] and info.norm_before_residual is True
-    assert info.variant == {"norm_before_fc": True, "fc_norm": False, "norm_output": True,
-                            "num_hidden_layers": 2, "embed_requires_grad": False}
+    assert info.variant == {
+        "norm_before_fc": True,
+        "fc_norm": False,
+        "norm_output": True,
+        "num_hidden_layers": 2,
+        "embed_requires_grad": False,
+    }
 
 
 def test_init_from_a_variant_keeps_its_layout_and_starts_where_it_ended(train_world, tmp_path):
     from eagle3kit.export import ExportConfig
     from eagle3kit.export import run as export
 
-    first = run(config(train_world, train_world["hidden"], tmp_path / "a", max_steps=2,
-                       variant="eagle3.1",
-                       embed_requires_grad=True))
+    first = run(
+        config(
+            train_world,
+            train_world["hidden"],
+            tmp_path / "a",
+            max_steps=2,
+            variant="eagle3.1",
+            embed_requires_grad=True,
+        )
+    )
     export(ExportConfig(tmp_path / "a", tmp_path / "out", dtype="fp32", output=QUIET))
-    warm = run(config(train_world, train_world["hidden"], tmp_path / "b", max_steps=1,
-                      init_from=tmp_path / "out"))
+    warm = run(
+        config(
+            train_world,
+            train_world["hidden"],
+            tmp_path / "b",
+            max_steps=1,
+            init_from=tmp_path / "out",
+        )
+    )
     assert warm.metrics["variant"]["fc_norm"] and warm.metrics["variant"]["embed_requires_grad"]
     before_any_step = next(m for m in metrics(tmp_path / "b") if m["step"] == 0 and "eval" in m)
     assert before_any_step["eval"]["per_position"] == pytest.approx(
-        first.eval["per_position"], abs=1e-6)  # its own trained embedding came along
+        first.eval["per_position"], abs=1e-6
+    )  # its own trained embedding came along
     with pytest.raises(UserError, match=r"--init-from .*fc_norm True \(asked False\)"):
-        run(config(train_world, train_world["hidden"], tmp_path / "c", max_steps=1,
-                   variant="speculators",
-                   init_from=tmp_path / "out"))
+        run(
+            config(
+                train_world,
+                train_world["hidden"],
+                tmp_path / "c",
+                max_steps=1,
+                variant="speculators",
+                init_from=tmp_path / "out",
+            )
+        )
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"variant": "eagle4"}, "--variant must be one of eagle3, speculators, eagle3.1"),
-    ({"variant": "speculators", "fc_norm": True},
-     "--fc-norm and --norm-before-fc exclude each other (both normalise the aux states "
-     "before fc); --variant speculators has norm_before_fc"),
-    ({"num_hidden_layers": 0}, "--num-hidden-layers must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"variant": "eagle4"}, "--variant must be one of eagle3, speculators, eagle3.1"),
+        (
+            {"variant": "speculators", "fc_norm": True},
+            "--fc-norm and --norm-before-fc exclude each other (both normalise the aux states "
+            "before fc); --variant speculators has norm_before_fc",
+        ),
+        ({"num_hidden_layers": 0}, "--num-hidden-layers must be >= 1"),
+    ],
+)
 def test_bad_layout_options(train_world, tmp_path, options, message):
     with pytest.raises(UserError, match=re.escape(message)):
         config(train_world, train_world["hidden"], tmp_path / "r", **options)
@@ -695,17 +881,41 @@ def test_the_cli_takes_the_layout_flags(train_world, tmp_path):
 
     from eagle3kit.cli import app
 
-    result = CliRunner().invoke(app, [
-        "train", str(train_world["hidden"]), str(tmp_path / "r"),
-        "--target", str(train_world["target"]),
-        "--variant", "speculators", "--no-norm-output", "--num-hidden-layers", "2",
-        "--max-steps", "1", "--batch-tokens", "256", "--draft-vocab", "200",
-        "--eval-split", "0", "--device", "cpu", "--quiet"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            str(train_world["hidden"]),
+            str(tmp_path / "r"),
+            "--target",
+            str(train_world["target"]),
+            "--variant",
+            "speculators",
+            "--no-norm-output",
+            "--num-hidden-layers",
+            "2",
+            "--max-steps",
+            "1",
+            "--batch-tokens",
+            "256",
+            "--draft-vocab",
+            "200",
+            "--eval-split",
+            "0",
+            "--device",
+            "cpu",
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     drafter = json.loads((tmp_path / "r" / "drafter" / "config.json").read_text())
     fields = drafter["eagle3kit"]["drafter"]
-    assert (fields["norm_before_fc"], fields["norm_output"], fields["num_hidden_layers"],
-            fields["norm_before_residual"]) == (True, False, 2, True)
+    assert (
+        fields["norm_before_fc"],
+        fields["norm_output"],
+        fields["num_hidden_layers"],
+        fields["norm_before_residual"],
+    ) == (True, False, 2, True)
 
 
 def test_a_run_directory_that_is_a_file_is_one_line_before_the_target_loads(train_world, tmp_path):
@@ -713,10 +923,13 @@ def test_a_run_directory_that_is_a_file_is_one_line_before_the_target_loads(trai
 
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
-    line = refused("train", train_world["hidden"], notes, "--target", train_world["target"],
-                   "--device", "cpu")
-    assert line == (f"error: {notes}: exists and is not a directory (the run directory train "
-                    "writes); give a new directory")
+    line = refused(
+        "train", train_world["hidden"], notes, "--target", train_world["target"], "--device", "cpu"
+    )
+    assert line == (
+        f"error: {notes}: exists and is not a directory (the run directory train "
+        "writes); give a new directory"
+    )
     assert notes.read_text() == "mine"
 
 
@@ -731,9 +944,16 @@ def test_overwrite_never_deletes_through_a_linked_checkpoints_folder(train_world
     run_dir = tmp_path / "r"
     run_dir.mkdir()
     (run_dir / "checkpoints").symlink_to(elsewhere, target_is_directory=True)
-    line = refused("train", train_world["hidden"], run_dir, "--target", train_world["target"],
-                   "--device",
-                   "cpu", "--overwrite")
+    line = refused(
+        "train",
+        train_world["hidden"],
+        run_dir,
+        "--target",
+        train_world["target"],
+        "--device",
+        "cpu",
+        "--overwrite",
+    )
     assert line.startswith(f"error: {run_dir / 'checkpoints'}: a symbolic link"), line
     with pytest.raises(UserError, match="a symbolic link"):
         RunDir(run_dir).clear()
@@ -752,19 +972,45 @@ def test_a_sliding_window_trains_is_recorded_and_exported(train_world, tmp_path)
     from eagle3kit.export import run as export
 
     full = run(config(train_world, train_world["hidden"], tmp_path / "full", max_steps=2))
-    result = CliRunner().invoke(app, [
-        "train", str(train_world["hidden"]), str(tmp_path / "r"),
-        "--target", str(train_world["target"]),
-        "--sliding-window", "8", "--max-steps", "2", "--batch-tokens", "256", "--draft-vocab",
-        "200", "--eval-split", "4", "--lr", "3e-3", "--warmup", "1", "--device", "cpu",
-        "--quiet"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            str(train_world["hidden"]),
+            str(tmp_path / "r"),
+            "--target",
+            str(train_world["target"]),
+            "--sliding-window",
+            "8",
+            "--max-steps",
+            "2",
+            "--batch-tokens",
+            "256",
+            "--draft-vocab",
+            "200",
+            "--eval-split",
+            "4",
+            "--lr",
+            "3e-3",
+            "--warmup",
+            "1",
+            "--device",
+            "cpu",
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     recorded = json.loads((tmp_path / "r" / "run.json").read_text())
     assert recorded["settings"]["sliding_window"] == 8
-    assert "sliding_window" not in json.loads(
-        (tmp_path / "full" / "run.json").read_text())["settings"]  # as runs always recorded
-    assert json.loads((tmp_path / "r" / "drafter" / "config.json").read_text())[
-        "eagle3kit"]["drafter"]["sliding_window"] == 8
+    assert (
+        "sliding_window" not in json.loads((tmp_path / "full" / "run.json").read_text())["settings"]
+    )  # as runs always recorded
+    assert (
+        json.loads((tmp_path / "r" / "drafter" / "config.json").read_text())["eagle3kit"][
+            "drafter"
+        ]["sliding_window"]
+        == 8
+    )
     assert losses(tmp_path / "r")[0] != pytest.approx(losses(tmp_path / "full")[0], abs=1e-6)
     assert full.eval is not None
     with pytest.raises(UserError, match=r"--sliding-window: 8 -> None.*--force"):
@@ -774,7 +1020,11 @@ def test_a_sliding_window_trains_is_recorded_and_exported(train_world, tmp_path)
 
 
 def test_a_window_the_unroll_outgrows_is_refused(train_world, tmp_path):
-    with pytest.raises(UserError, match=re.escape(
+    with pytest.raises(
+        UserError,
+        match=re.escape(
             "--sliding-window must be >= --ttt-steps and --eval-k (7): the last step "
-            "unrolled sits that many positions past its context (got 5)")):
+            "unrolled sits that many positions past its context (got 5)"
+        ),
+    ):
         config(train_world, train_world["hidden"], tmp_path / "r", sliding_window=5)

@@ -34,15 +34,41 @@ GROWING_LR = ("--lr", "0.2", "--warmup", "100", "--schedule", "constant")
 
 
 def train(train_world: dict, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "eagle3kit", "train", str(train_world["hidden"]), str(out),
-            "--target", str(train_world["target"]), "--device", "cpu", "--batch-tokens", "256",
-            "--draft-vocab", "200", "--eval-split", "4", "--eval-every", "2",
-            "--checkpoint-every", "2", "--no-progress", *GROWING_LR, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "eagle3kit",
+        "train",
+        str(train_world["hidden"]),
+        str(out),
+        "--target",
+        str(train_world["target"]),
+        "--device",
+        "cpu",
+        "--batch-tokens",
+        "256",
+        "--draft-vocab",
+        "200",
+        "--eval-split",
+        "4",
+        "--eval-every",
+        "2",
+        "--checkpoint-every",
+        "2",
+        "--no-progress",
+        *GROWING_LR,
+        *extra,
+    ]
 
 
 def eagle3kit(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "eagle3kit", *args], capture_output=True,
-                          text=True, env=env(), timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *args],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=timeout,
+    )
 
 
 def finished(cmd: list[str]) -> subprocess.CompletedProcess:
@@ -63,9 +89,11 @@ def tensors(directory: Path) -> dict[str, torch.Tensor]:
 def same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     """Byte for byte: the same names, dtypes, shapes and bits."""
     return a.keys() == b.keys() and all(
-        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
+        a[k].dtype == b[k].dtype
+        and a[k].shape == b[k].shape
         and a[k].contiguous().view(torch.uint8).equal(b[k].contiguous().view(torch.uint8))
-        for k in a)
+        for k in a
+    )
 
 
 def drafter_block(directory: Path) -> dict:
@@ -100,8 +128,9 @@ def test_the_rule_keeps_the_highest_trained_step_and_the_earlier_on_a_tie() -> N
     assert selection.better_of(ev(2, 1.6), ev(4, 1.5)) == ev(2, 1.6)
     chosen = selection.record("best", 4, best, ev(8, 1.1), heldout=True)
     assert chosen["step"] == 4 and chosen["best"]["step"] == 4 and chosen["last"]["step"] == 8
-    assert chosen["why"] == ("the highest held-out predicted AL 1.500 at step 4; the last "
-                             "evaluation has 1.100 at step 8")
+    assert chosen["why"] == (
+        "the highest held-out predicted AL 1.500 at step 4; the last evaluation has 1.100 at step 8"
+    )
     last = selection.record("last", 8, best, ev(8, 1.1), heldout=True)
     assert last["step"] == 8 and "best evaluated step was 4 (1.500)" in last["why"]
     none = selection.record("best", 8, None, None, heldout=False)
@@ -109,11 +138,17 @@ def test_the_rule_keeps_the_highest_trained_step_and_the_earlier_on_a_tie() -> N
 
 
 def test_a_bad_drafter_step_is_one_line_naming_the_flag(train_world, tmp_path):
-    proc = subprocess.run(train(train_world, tmp_path / "run", "--drafter-step", "newest"),
-                          capture_output=True, text=True, env=env(), timeout=300)
+    proc = subprocess.run(
+        train(train_world, tmp_path / "run", "--drafter-step", "newest"),
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=300,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: --drafter-step must be one of best, last (got newest)"]
+        "error: --drafter-step must be one of best, last (got newest)"
+    ]
     assert not (tmp_path / "run").exists()
 
 
@@ -123,10 +158,10 @@ def test_drafter_is_the_best_evaluated_step_when_a_later_one_is_worse(train_worl
     assert sorted(evals) == list(range(0, STEPS + 1, 2))  # recorded at every evaluation
     assert 0 < best < STEPS and evals[STEPS] < evals[best]  # the growing lr wrecks it
     # drafter/ is step `best`, byte for byte its checkpoint's weights, not the last step's.
-    assert same_tensors(tensors(out / "drafter"), tensors(out / "checkpoints" /
-                                                          f"step-{best:08d}"))
-    assert not same_tensors(tensors(out / "drafter"), tensors(out / "checkpoints" /
-                                                              f"step-{STEPS:08d}"))
+    assert same_tensors(tensors(out / "drafter"), tensors(out / "checkpoints" / f"step-{best:08d}"))
+    assert not same_tensors(
+        tensors(out / "drafter"), tensors(out / "checkpoints" / f"step-{STEPS:08d}")
+    )
     block = drafter_block(out / "drafter")
     assert block["training"]["step"] == best and block["chosen"] == "best"
     assert block["eval"]["step"] == best and block["eval"][AL] == evals[best]
@@ -134,9 +169,11 @@ def test_drafter_is_the_best_evaluated_step_when_a_later_one_is_worse(train_worl
     assert chosen["rule"] == "best" and chosen["step"] == best
     assert chosen["best"] == {"step": best, AL: round(evals[best], 6), "k": 3}
     assert chosen["last"] == {"step": STEPS, AL: round(evals[STEPS], 6), "k": 3}
-    assert chosen["why"] == (f"the highest held-out predicted AL {evals[best]:.3f} at step "
-                             f"{best}; the last evaluation has {evals[STEPS]:.3f} at step "
-                             f"{STEPS}")
+    assert chosen["why"] == (
+        f"the highest held-out predicted AL {evals[best]:.3f} at step "
+        f"{best}; the last evaluation has {evals[STEPS]:.3f} at step "
+        f"{STEPS}"
+    )
 
 
 def test_info_says_which_step_and_why(reference):
@@ -145,8 +182,10 @@ def test_info_says_which_step_and_why(reference):
     assert shown.returncode == 0, shown.stderr
     lines = [line.strip() for line in shown.stderr.splitlines()]
     assert f"step             {best} (--drafter-step best)" in lines
-    assert (f"why              the highest held-out predicted AL {evals[best]:.3f} at step "
-            f"{best}; the last evaluation has {evals[STEPS]:.3f} at step {STEPS}") in lines
+    assert (
+        f"why              the highest held-out predicted AL {evals[best]:.3f} at step "
+        f"{best}; the last evaluation has {evals[STEPS]:.3f} at step {STEPS}"
+    ) in lines
     assert f"last evaluation  step {STEPS}, held-out AL {round(evals[STEPS], 6)}" in lines
     as_json = json.loads(eagle3kit("info", str(out), "--json").stdout)
     assert as_json["selection"]["step"] == best
@@ -172,8 +211,9 @@ def test_sigterm_mid_run_and_resume_keep_the_best(train_world, reference, tmp_pa
     checkpoint of the best step itself has been rotated away (--keep 2)."""
     out, best = tmp_path / "run", reference["best"]
     cmd = train(train_world, out, "--max-steps", str(STEPS + 8))  # the reference's steps, and more
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env=env())
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env()
+    )
     deadline = time.monotonic() + 300
     while not (out / "checkpoints" / f"step-{best + 4:08d}").is_dir():
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
@@ -186,15 +226,22 @@ def test_sigterm_mid_run_and_resume_keep_the_best(train_world, reference, tmp_pa
     assert drafter_block(out / "drafter")["training"]["step"] == best
     stopped_at = max(int(p.name[5:]) for p in (out / "checkpoints").iterdir())
     assert stopped_at >= best + 4
-    assert json.loads((out / "checkpoints" / f"step-{stopped_at:08d}" / "state.json")
-                      .read_text())["best"]["step"] == best
+    assert (
+        json.loads((out / "checkpoints" / f"step-{stopped_at:08d}" / "state.json").read_text())[
+            "best"
+        ]["step"]
+        == best
+    )
 
     finished(cmd)  # the same command resumes
     evals = evaluations(out)
     assert max(s for s in evals) == STEPS + 8 and all(
-        evals[s] <= evals[best] for s in evals if s > stopped_at)
+        evals[s] <= evals[best] for s in evals if s > stopped_at
+    )
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
-        f"step-{STEPS + 6:08d}", f"step-{STEPS + 8:08d}"]  # step `best`'s is gone
+        f"step-{STEPS + 6:08d}",
+        f"step-{STEPS + 8:08d}",
+    ]  # step `best`'s is gone
     assert same_tensors(tensors(out / "drafter"), expected)
     chosen = json.loads((out / "run.json").read_text())["selection"]
     assert chosen["step"] == best and chosen["last"]["step"] == STEPS + 8
@@ -217,12 +264,15 @@ def test_without_a_held_out_split_the_drafter_is_the_last(train_world, tmp_path)
     cmd = train(train_world, out, "--max-steps", "4")
     cmd[cmd.index("--eval-split") + 1] = "0"
     proc = finished(cmd)
-    assert same_tensors(tensors(out / "drafter"), tensors(out / "checkpoints" /
-                                                          "step-00000004"))
+    assert same_tensors(tensors(out / "drafter"), tensors(out / "checkpoints" / "step-00000004"))
     chosen = json.loads((out / "run.json").read_text())["selection"]
-    assert chosen == {"rule": "best", "step": 4, "best": None, "last": None,
-                      "why": "no held-out split (--eval-split 0): nothing to choose by, so "
-                             "the last step"}
+    assert chosen == {
+        "rule": "best",
+        "step": 4,
+        "best": None,
+        "last": None,
+        "why": "no held-out split (--eval-split 0): nothing to choose by, so the last step",
+    }
     assert "step 4: no held-out split (--eval-split 0)" in proc.stderr
 
 
@@ -251,8 +301,9 @@ def test_patience_is_counted_in_evaluation_periods_since_the_best() -> None:
     assert not selection.patience_spent(2, 2, None, ev(8, 1.4))  # no trained evaluation yet
 
 
-def test_patience_ends_training_after_evaluations_without_a_better_step(train_world, reference,
-                                                                        tmp_path):
+def test_patience_ends_training_after_evaluations_without_a_better_step(
+    train_world, reference, tmp_path
+):
     """With the growing learning rate the held-out figure peaks at the reference's best step:
     --patience 2 stops two evaluations later, keeps that best step in drafter/, and the same
     command run again trains no further."""

@@ -43,15 +43,29 @@ def tiny(tmp_path_factory):
             ids = tok(doc)["input_ids"][:48]
             if len(ids) >= 12:
                 w.add(TokenSample(f"s{i}", ids[:4], ids[4:]))
-    extract.run(extract.ExtractConfig(root / "tokens", root / "hidden", target=target,
-                                      device="cpu", output=QUIET))
+    extract.run(
+        extract.ExtractConfig(
+            root / "tokens", root / "hidden", target=target, device="cpu", output=QUIET
+        )
+    )
     return {"target": target, "hidden": root / "hidden"}
 
 
 def short_run(tiny, out: Path) -> TrainConfig:
-    return TrainConfig([tiny["hidden"]], out, tiny["target"], max_steps=6, batch_tokens=128,
-                       draft_vocab=200, eval_split=0, checkpoint_every=1000, lr=3e-3,
-                       warmup=1, device="cpu", output=QUIET)
+    return TrainConfig(
+        [tiny["hidden"]],
+        out,
+        tiny["target"],
+        max_steps=6,
+        batch_tokens=128,
+        draft_vocab=200,
+        eval_split=0,
+        checkpoint_every=1000,
+        lr=3e-3,
+        warmup=1,
+        device="cpu",
+        output=QUIET,
+    )
 
 
 def test_a_step_reads_back_from_the_device_once(tiny, tmp_path, monkeypatch) -> None:
@@ -96,8 +110,6 @@ def test_a_step_reads_back_from_the_device_once(tiny, tmp_path, monkeypatch) -> 
     assert all(c == [] for c in per_call["control"]), per_call["control"]
 
 
-
-
 def test_pinned_memory_and_non_blocking_copies_only_for_cuda(monkeypatch) -> None:
     assert wants_pinned_memory(torch.device("cuda", 0)) and wants_pinned_memory("cuda:1")
     assert not wants_pinned_memory(torch.device("cpu"))
@@ -110,8 +122,9 @@ def test_pinned_memory_and_non_blocking_copies_only_for_cuda(monkeypatch) -> Non
     assert on_meta.device.type == "meta" and not pinned
 
 
-def test_a_training_step_keeps_its_tensors_on_the_configured_device(tiny, tmp_path,
-                                                                     monkeypatch) -> None:
+def test_a_training_step_keeps_its_tensors_on_the_configured_device(
+    tiny, tmp_path, monkeypatch
+) -> None:
     """Every tensor a step makes and every tensor of its batch lives on --device: the
     factory functions are watched during the steps of a real run."""
     made: list[torch.device] = []

@@ -42,25 +42,50 @@ def served(train_world, tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
     server = FakeVllmHidden(train_world["target"], root / "storage", SERVED_IDS).start()
     hidden = root / "hidden"
-    extract.run(extract.ExtractConfig(train_world["tokens"], hidden, target=train_world["target"],
-                                      engine="vllm", server=server.url, concurrency=4,
-                                      hidden_states_dir=root / "storage", output=QUIET))
+    extract.run(
+        extract.ExtractConfig(
+            train_world["tokens"],
+            hidden,
+            target=train_world["target"],
+            engine="vllm",
+            server=server.url,
+            concurrency=4,
+            hidden_states_dir=root / "storage",
+            output=QUIET,
+        )
+    )
     server.requests.clear()
     yield {"server": server, "storage": root / "storage", "hidden": hidden}
     server.stop()
 
 
 def options(**kw) -> dict:
-    out = dict(max_steps=6, batch_tokens=128, draft_vocab=200, eval_split=4, eval_every=3,
-               checkpoint_every=3, lr=3e-3, warmup=1, device="cpu", output=QUIET)
+    out = dict(
+        max_steps=6,
+        batch_tokens=128,
+        draft_vocab=200,
+        eval_split=4,
+        eval_every=3,
+        checkpoint_every=3,
+        lr=3e-3,
+        warmup=1,
+        device="cpu",
+        output=QUIET,
+    )
     out.update(kw)
     return out
 
 
 def online(train_world, servers: list[str], out: Path, storage: Path, **kw) -> TrainConfig:
-    return TrainConfig([train_world["tokens"]], out, train_world["target"], online=True,
-                       servers=servers,
-                       hidden_states_dir=storage, **options(**kw))
+    return TrainConfig(
+        [train_world["tokens"]],
+        out,
+        train_world["target"],
+        online=True,
+        servers=servers,
+        hidden_states_dir=storage,
+        **options(**kw),
+    )
 
 
 def requested(server: FakeVllmHidden) -> Counter:
@@ -72,16 +97,17 @@ def plan_samples(train_world, parts: int = 1, **kw) -> list[list[tuple[int, ...]
     `parts` micro-batches a step (ranks x --grad-accum)."""
     cfg = online(train_world, ["http://127.0.0.1:9"], Path("unused"), Path("."), **kw)
     sources = [tdata.open_source(train_world["tokens"], 1.0, True)]
-    pool = tdata.build_pool(sources, tdata.held_out(sources, cfg.eval_split), None,
-                            cfg.long_samples)
-    plan = tdata.make_plan(pool, [1.0], cfg.seed, cfg.batch_tokens, parts, cfg.epochs,
-                           cfg.max_steps)
+    pool = tdata.build_pool(
+        sources, tdata.held_out(sources, cfg.eval_split), None, cfg.long_samples
+    )
+    plan = tdata.make_plan(
+        pool, [1.0], cfg.seed, cfg.batch_tokens, parts, cfg.epochs, cfg.max_steps
+    )
     out = []
     for step in range(plan.total_steps):
         # as the ranks take them, one after the other
         items = [it for part in tdata.split_parts(plan.step(step)[1], parts) for it in part]
-        out.append([tuple(sources[0].tokens(it.index)[0][:it.length].tolist())
-                    for it in items])
+        out.append([tuple(sources[0].tokens(it.index)[0][: it.length].tolist()) for it in items])
     return out
 
 
@@ -92,12 +118,20 @@ def test_two_servers_train_as_extract_then_train_and_leave_no_file(train_world, 
     second = served["storage"] / "second"
     other = FakeVllmHidden(train_world["target"], second, SERVED_IDS).start()
     try:
-        result = run(online(train_world, [served["server"].url, f"{other.url}@2"], tmp_path / "srv",
-                            served["storage"], prefetch=5))
+        result = run(
+            online(
+                train_world,
+                [served["server"].url, f"{other.url}@2"],
+                tmp_path / "srv",
+                served["storage"],
+                prefetch=5,
+            )
+        )
     finally:
         other.stop()
-    offline = run(TrainConfig([served["hidden"]], tmp_path / "off", train_world["target"],
-                              **options()))
+    offline = run(
+        TrainConfig([served["hidden"]], tmp_path / "off", train_world["target"], **options())
+    )
     assert list(second.iterdir()) == []
     second.rmdir()
     assert losses(tmp_path / "srv") == losses(tmp_path / "off")
@@ -115,8 +149,16 @@ def test_two_servers_train_as_extract_then_train_and_leave_no_file(train_world, 
 def test_each_training_sample_is_fetched_once_in_plan_order(train_world, served, tmp_path):
     server = served["server"]
     server.requests.clear()
-    run(online(train_world, [f"{server.url}@1"], tmp_path / "r", served["storage"], eval_split=0,
-               prefetch=1))
+    run(
+        online(
+            train_world,
+            [f"{server.url}@1"],
+            tmp_path / "r",
+            served["storage"],
+            eval_split=0,
+            prefetch=1,
+        )
+    )
     steps = plan_samples(train_world, eval_split=0)
     order = [ids for step in steps for ids in step]
     # One slot, one sample ahead: the requests are the plan's samples, each once, in the
@@ -125,11 +167,35 @@ def test_each_training_sample_is_fetched_once_in_plan_order(train_world, served,
 
 
 def cmd(train_world, out: Path, url: str, *extra: str, storage: Path) -> list[str]:
-    return [sys.executable, "-m", "eagle3kit", "train", str(train_world["tokens"]), str(out),
-            "--online", "--server", url, "--hidden-states-dir", str(storage),
-            "--target", str(train_world["target"]), "--device", "cpu",
-            "--batch-tokens", "128", "--draft-vocab", "200", "--eval-split", "0", "--lr",
-            "3e-3", "--warmup", "1", "--no-progress", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "eagle3kit",
+        "train",
+        str(train_world["tokens"]),
+        str(out),
+        "--online",
+        "--server",
+        url,
+        "--hidden-states-dir",
+        str(storage),
+        "--target",
+        str(train_world["target"]),
+        "--device",
+        "cpu",
+        "--batch-tokens",
+        "128",
+        "--draft-vocab",
+        "200",
+        "--eval-split",
+        "0",
+        "--lr",
+        "3e-3",
+        "--warmup",
+        "1",
+        "--no-progress",
+        *extra,
+    ]
 
 
 @pytest.mark.timeout(900)
@@ -138,14 +204,23 @@ def test_sigkill_then_resume_consumes_every_sample_exactly_once(train_world, tmp
     after the last checkpoint, each once; the killed run asked for those before it (and
     some prefetched ahead, thrown away with the process). The drafter equals one trained
     without the kill."""
-    server = FakeVllmHidden(train_world["target"], tmp_path / "storage", SERVED_IDS,
-                            write_delay_s=0.03).start()
+    server = FakeVllmHidden(
+        train_world["target"], tmp_path / "storage", SERVED_IDS, write_delay_s=0.03
+    ).start()
     try:
         args = ["--max-steps", "10", "--checkpoint-every", "2", "--prefetch", "4"]
-        proc = subprocess.Popen(cmd(train_world, tmp_path / "cut", f"{server.url}@1", *args,
-                                    storage=tmp_path / "storage"),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env=env())
+        proc = subprocess.Popen(
+            cmd(
+                train_world,
+                tmp_path / "cut",
+                f"{server.url}@1",
+                *args,
+                storage=tmp_path / "storage",
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env(),
+        )
         ckpts = tmp_path / "cut" / "checkpoints"
         deadline = time.monotonic() + 300
         while not (ckpts / "step-00000004").is_dir():
@@ -159,9 +234,19 @@ def test_sigkill_then_resume_consumes_every_sample_exactly_once(train_world, tmp
         assert 4 <= k < 10
         first = requested(server)
         server.requests.clear()
-        done = subprocess.run(cmd(train_world, tmp_path / "cut", f"{server.url}@1", *args,
-                                  storage=tmp_path / "storage"),
-                              capture_output=True, text=True, env=env(), timeout=600)
+        done = subprocess.run(
+            cmd(
+                train_world,
+                tmp_path / "cut",
+                f"{server.url}@1",
+                *args,
+                storage=tmp_path / "storage",
+            ),
+            capture_output=True,
+            text=True,
+            env=env(),
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         second = requested(server)
     finally:
@@ -176,9 +261,17 @@ def test_sigkill_then_resume_consumes_every_sample_exactly_once(train_world, tmp
     whole = tmp_path / "whole"
     reference = FakeVllmHidden(train_world["target"], tmp_path / "storage", SERVED_IDS).start()
     try:
-        run(online(train_world, [reference.url], whole, tmp_path / "storage", eval_split=0,
-                   max_steps=10,
-                   checkpoint_every=2))
+        run(
+            online(
+                train_world,
+                [reference.url],
+                whole,
+                tmp_path / "storage",
+                eval_split=0,
+                max_steps=10,
+                checkpoint_every=2,
+            )
+        )
     finally:
         reference.stop()
     a, b = weights(whole), weights(tmp_path / "cut")
@@ -188,8 +281,9 @@ def test_sigkill_then_resume_consumes_every_sample_exactly_once(train_world, tmp
     assert len(list((tmp_path / "storage").glob("*.safetensors"))) <= 1
 
 
-def test_a_server_restart_mid_run_pauses_training_and_it_continues(train_world, served, tmp_path,
-                                                                    capfd):
+def test_a_server_restart_mid_run_pauses_training_and_it_continues(
+    train_world, served, tmp_path, capfd
+):
     """The server goes away after some requests and comes back on its port 2 s later: the
     run waits, polls /health, resumes, and takes the steps an uninterrupted run takes."""
     storage = tmp_path / "storage"
@@ -216,8 +310,9 @@ def test_a_server_restart_mid_run_pauses_training_and_it_continues(train_world, 
     assert result.metrics["served"]["pauses"] >= 1
     err = capfd.readouterr().err
     assert "not answering" in err and "/health is polled" in err and "back; resuming" in err
-    reference = run(online(train_world, [served["server"].url], tmp_path / "ref", served["storage"],
-                           prefetch=2))
+    reference = run(
+        online(train_world, [served["server"].url], tmp_path / "ref", served["storage"], prefetch=2)
+    )
     assert losses(tmp_path / "r") == losses(tmp_path / "ref")
     assert result.eval == reference.eval
     assert list(storage.glob("*.safetensors")) == []
@@ -233,15 +328,19 @@ def test_a_server_without_the_last_layer_is_refused_at_the_first_sample(train_wo
     finally:
         server.stop()
     assert not (tmp_path / "r" / "checkpoints").exists() or not any(
-        (tmp_path / "r" / "checkpoints").iterdir())
+        (tmp_path / "r" / "checkpoints").iterdir()
+    )
 
 
-@pytest.mark.parametrize(("kw", "message"), [
-    ({"online": False}, "--server applies to --online training"),
-    ({"servers": ["http://127.0.0.1:9", "127.0.0.1:9"]}, "the same server is given twice"),
-    ({"servers": ["http://127.0.0.1:9@x"]}, "concurrency after @"),
-    ({"prefetch": 0}, "--prefetch must be >= 1"),
-])
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"online": False}, "--server applies to --online training"),
+        ({"servers": ["http://127.0.0.1:9", "127.0.0.1:9"]}, "the same server is given twice"),
+        ({"servers": ["http://127.0.0.1:9@x"]}, "concurrency after @"),
+        ({"prefetch": 0}, "--prefetch must be >= 1"),
+    ],
+)
 def test_bad_server_options_are_one_message(train_world, tmp_path, kw, message):
     settings = dict(online=True, servers=["http://127.0.0.1:9"], **options())
     settings.update(kw)
@@ -250,9 +349,13 @@ def test_bad_server_options_are_one_message(train_world, tmp_path, kw, message):
 
 
 def test_an_unreachable_server_is_one_line_from_the_cli(train_world, tmp_path):
-    proc = subprocess.run(cmd(train_world, tmp_path / "r", "http://127.0.0.1:9", storage=tmp_path),
-                          capture_output=True,
-                          text=True, env=env(), timeout=300)
+    proc = subprocess.run(
+        cmd(train_world, tmp_path / "r", "http://127.0.0.1:9", storage=tmp_path),
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "cannot list its models" in proc.stderr and "Traceback" not in proc.stderr
     assert Dataset(train_world["tokens"]).verify() == []  # the input is untouched
@@ -274,16 +377,20 @@ def test_a_stalled_server_pauses_training_and_it_continues(train_world, served, 
     thread.start()
     try:
         began = time.monotonic()
-        result = run(online(train_world, [server.url], tmp_path / "r", storage, prefetch=2,
-                            request_timeout=1.0))
+        result = run(
+            online(
+                train_world, [server.url], tmp_path / "r", storage, prefetch=2, request_timeout=1.0
+            )
+        )
         took = time.monotonic() - began
     finally:
         thread.join(timeout=30)
         server.stop()
     assert result.metrics["served"]["pauses"] >= 1 and took >= 3.0
     assert "not answering" in capfd.readouterr().err
-    run(online(train_world, [served["server"].url], tmp_path / "ref", served["storage"],
-               prefetch=2))
+    run(
+        online(train_world, [served["server"].url], tmp_path / "ref", served["storage"], prefetch=2)
+    )
     assert losses(tmp_path / "r") == losses(tmp_path / "ref")
     assert list(storage.glob("*.safetensors")) == []
 
@@ -296,10 +403,24 @@ def test_the_status_line_shows_the_server_side_and_the_trainer_side(train_world,
     server = served["server"]
     server.write_delay_s = 0.05  # a slow server: the trainer waits for it
     try:
-        proc = subprocess.run(cmd(train_world, tmp_path / "r", server.url, "--max-steps", "6",
-                                  "--log-every", "0.2", "--concurrency", "1",
-                                  storage=served["storage"]),
-                              capture_output=True, text=True, env=env(), timeout=300)
+        proc = subprocess.run(
+            cmd(
+                train_world,
+                tmp_path / "r",
+                server.url,
+                "--max-steps",
+                "6",
+                "--log-every",
+                "0.2",
+                "--concurrency",
+                "1",
+                storage=served["storage"],
+            ),
+            capture_output=True,
+            text=True,
+            env=env(),
+            timeout=300,
+        )
     finally:
         server.write_delay_s = 0.0
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -324,15 +445,35 @@ def test_under_torchrun_each_rank_fetches_its_own_share(train_world, served, tmp
     server = served["server"]
     server.requests.clear()
     port = 29500 + random.Random().randint(0, 20000)
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_port", str(port), *cmd(train_world, tmp_path / "two", server.url,
-                                             "--max-steps", "6", storage=served["storage"])[1:]]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        *cmd(
+            train_world, tmp_path / "two", server.url, "--max-steps", "6", storage=served["storage"]
+        )[1:],
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env(), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     asked = requested(server)
-    plan = Counter(ids for step in plan_samples(train_world, parts=2, eval_split=0, max_steps=6)
-                   for ids in step)
+    plan = Counter(
+        ids
+        for step in plan_samples(train_world, parts=2, eval_split=0, max_steps=6)
+        for ids in step
+    )
     assert asked == plan and max(asked.values()) == 1
-    run(online(train_world, [server.url], tmp_path / "one", served["storage"], eval_split=0,
-               grad_accum=2))
+    run(
+        online(
+            train_world,
+            [server.url],
+            tmp_path / "one",
+            served["storage"],
+            eval_split=0,
+            grad_accum=2,
+        )
+    )
     np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-5)

@@ -22,17 +22,23 @@ def batch(rows: list[list[int]], prompt: int = 3, hidden: int = 32) -> TargetBat
     ids = torch.zeros(len(rows), length, dtype=torch.long)
     mask = torch.zeros(len(rows), length, dtype=torch.bool)
     for i, row in enumerate(rows):
-        ids[i, :len(row)] = torch.tensor(row)
-        mask[i, prompt:len(row)] = True
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, prompt : len(row)] = True
     g = torch.Generator().manual_seed(0)
-    return TargetBatch(ids, mask, torch.tensor([len(r) for r in rows]),
-                       torch.randn(len(rows), length, 3 * hidden, generator=g),
-                       torch.randn(len(rows), length, hidden, generator=g),
-                       torch.randint(0, 64, (len(rows), length), generator=g))
+    return TargetBatch(
+        ids,
+        mask,
+        torch.tensor([len(r) for r in rows]),
+        torch.randn(len(rows), length, 3 * hidden, generator=g),
+        torch.randn(len(rows), length, hidden, generator=g),
+        torch.randint(0, 64, (len(rows), length), generator=g),
+    )
 
 
-ROWS = [[1, 2, THINK, 5, 6, 7, END_THINK, 8, 9, CALL, 10, 11, END_CALL, 12, 13],
-        [1, 2, 3, 4, THINK, 5, 6, END_THINK, 7, 8]]
+ROWS = [
+    [1, 2, THINK, 5, 6, 7, END_THINK, 8, 9, CALL, 10, 11, END_CALL, 12, 13],
+    [1, 2, 3, 4, THINK, 5, 6, END_THINK, 7, 8],
+]
 
 
 def test_each_chain_start_gets_the_phase_its_context_ends_in() -> None:
@@ -41,7 +47,7 @@ def test_each_chain_start_gets_the_phase_its_context_ends_in() -> None:
     expected = []
     for r, row in enumerate(ROWS):
         for t in chain_starts(b)[r].nonzero().flatten().tolist():
-            expected.append(PHASES.index(phase_after(row[:t + 2], MARKERS)))
+            expected.append(PHASES.index(phase_after(row[: t + 2], MARKERS)))
     assert got == expected
     assert {PHASES[p] for p in got} == {"think", "answer", "tool_call"}
 
@@ -51,9 +57,15 @@ def test_the_phases_split_the_held_out_counts() -> None:
 
     from eagle3kit.model import DrafterConfig, Eagle3Drafter
 
-    target = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=8, num_attention_heads=2, num_key_value_heads=2,
-                         head_dim=16)
+    target = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=8,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
     torch.manual_seed(0)
     drafter = Eagle3Drafter(DrafterConfig.from_target(target))
     b = batch(ROWS)

@@ -25,8 +25,7 @@ def test_the_walk_visits_the_rounds_a_decode_makes():
     # k=2 over one row: position 0 and 1 are prompt (no chain starts there).
     start = torch.tensor([[False, False, True, True, True, True, True, True, True, True]])
     yes, no = [True, True], [False, False]
-    accepted = torch.tensor([[no, no, yes, yes, yes, [False, True], yes, [True, False], yes,
-                              yes]])
+    accepted = torch.tensor([[no, no, yes, yes, yes, [False, True], yes, [True, False], yes, yes]])
     observable = torch.ones_like(accepted)
     rounds = decoding_rounds(start, accepted, observable)
     # t=2 accepts 2 -> t=5 accepts 0 -> t=6 accepts 2 -> t=9 (the last).
@@ -59,31 +58,63 @@ def test_the_prediction_equals_bench_accept_on_the_held_out_prompts(tmp_path):
 
     # A random target's greedy text has too little structure for a drafter to learn in a few
     # steps; a short training run gives it some.
-    target = train_target(make_target(tmp_path / "target", hidden_size=32, seed=3),
-                          steps=200, seq_len=128)
+    target = train_target(
+        make_target(tmp_path / "target", hidden_size=32, seed=3), steps=200, seq_len=128
+    )
     chats = prompts(32)
     all_prompts = tmp_path / "prompts.jsonl"
     all_prompts.write_text("".join(json.dumps({"messages": m}) + "\n" for m in chats))
     tokens, hidden = tmp_path / "tokens", tmp_path / "hidden"
-    gen_stage.run(gen_stage.GenConfig([all_prompts], tokens, engine="hf", target=target,
-                                      temperature=0.0, max_tokens=40, output=QUIET))
-    extract_stage.run(extract_stage.ExtractConfig(tokens, hidden, target=target, device="cpu",
-                                                  output=QUIET))
+    gen_stage.run(
+        gen_stage.GenConfig(
+            [all_prompts],
+            tokens,
+            engine="hf",
+            target=target,
+            temperature=0.0,
+            max_tokens=40,
+            output=QUIET,
+        )
+    )
+    extract_stage.run(
+        extract_stage.ExtractConfig(tokens, hidden, target=target, device="cpu", output=QUIET)
+    )
     held = 8
-    result = train_stage.run(train_stage.TrainConfig(
-        [hidden], tmp_path / "run", target, epochs=10, batch_tokens=512, eval_split=held,
-        eval_every=0, eval_k=3, lr=3e-3, device="cpu", output=QUIET))
+    result = train_stage.run(
+        train_stage.TrainConfig(
+            [hidden],
+            tmp_path / "run",
+            target,
+            epochs=10,
+            batch_tokens=512,
+            eval_split=held,
+            eval_every=0,
+            eval_k=3,
+            lr=3e-3,
+            device="cpu",
+            output=QUIET,
+        )
+    )
 
     source = tdata.open_source(tokens, 1.0, online=True)
     mask = tdata.held_out([source], held)[0]
     ds = Dataset(tokens)
     lines = [ds[i].source["line"] for i in range(len(ds)) if mask[i]]
     bench_prompts = tmp_path / "held.jsonl"
-    bench_prompts.write_text("".join(json.dumps({"messages": chats[line - 1]}) + "\n"
-                                     for line in lines))
-    report = accept.run(accept.AcceptConfig(target, tmp_path / "run" / "drafter",
-                                            [bench_prompts], k=3, max_new_tokens=40,
-                                            device="cpu", output=QUIET))
+    bench_prompts.write_text(
+        "".join(json.dumps({"messages": chats[line - 1]}) + "\n" for line in lines)
+    )
+    report = accept.run(
+        accept.AcceptConfig(
+            target,
+            tmp_path / "run" / "drafter",
+            [bench_prompts],
+            k=3,
+            max_new_tokens=40,
+            device="cpu",
+            output=QUIET,
+        )
+    )
     predicted = result.eval["predicted_acceptance_length"]
     measured = report.acceptance_length
     assert 1.3 < measured < 3.7, "the drafter should accept some drafts, not all"

@@ -33,8 +33,14 @@ def setting():
     from transformers import LlamaConfig
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=32,
-                         num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
     drafter = Eagle3Drafter(DrafterConfig.from_target(config, draft_vocab_size=DRAFT_VOCAB))
     vocab = build_vocab(np.random.default_rng(0).integers(1, 50, VOCAB), DRAFT_VOCAB)
     drafter.set_vocab(torch.from_numpy(vocab.d2t), torch.from_numpy(vocab.t2d))
@@ -46,8 +52,9 @@ def setting():
     ids = torch.cat([torch.randint(0, VOCAB, (b, 1)), argmax[:, :-1]], dim=1)
     mask = torch.ones(b, t, dtype=torch.bool)
     mask[:, :3] = False
-    batch = TargetBatch(ids, mask, torch.tensor([t, t - 2]), torch.randn(b, t, 3 * HIDDEN),
-                        normed, argmax)
+    batch = TargetBatch(
+        ids, mask, torch.tensor([t, t - 2]), torch.randn(b, t, 3 * HIDDEN), normed, argmax
+    )
     return drafter.eval(), batch, lm_head
 
 
@@ -56,12 +63,17 @@ def test_the_first_drafts_chance_is_the_rule_on_both_whole_distributions(setting
     drafter, batch, lm_head = setting
     temperature = 0.8
     chosen = Rule(rule, 0.3, 0.6) if rule == "sglang" else Rule(rule)
-    chances, observable = position_verdicts(drafter, batch, 2,
-                                            Sampled(chosen, temperature, lm_head))
+    chances, observable = position_verdicts(
+        drafter, batch, 2, Sampled(chosen, temperature, lm_head)
+    )
     length = batch.ids.shape[1] - 1
     with torch.no_grad():  # step 0 by hand: the drafter at t proposes token t+2
-        hidden = drafter.ttt_step(drafter.project(batch.aux[:, :length]), batch.ids[:, 1:],
-                                  torch.arange(length)[None].expand(2, -1), TTTState())
+        hidden = drafter.ttt_step(
+            drafter.project(batch.aux[:, :length]),
+            batch.ids[:, 1:],
+            torch.arange(length)[None].expand(2, -1),
+            TTTState(),
+        )
         q = torch.softmax(drafter.logits(hidden) / temperature, -1)
         p_full = torch.softmax(batch.normed[:, 1:] @ lm_head.T / temperature, -1)
     p = p_full[..., drafter.draft_to_target(torch.arange(DRAFT_VOCAB))]
@@ -80,7 +92,8 @@ def test_at_a_vanishing_temperature_the_prediction_is_the_greedy_count(setting):
     rates = (acc / tried.clamp_min(1)).tolist()
     assert sampled.per_position == pytest.approx(rates, abs=1e-4)
     assert sampled.predicted_acceptance_length == pytest.approx(
-        predicted_acceptance_length(rates), abs=1e-4)
+        predicted_acceptance_length(rates), abs=1e-4
+    )
     assert sampled.temperature == 1e-4 and sampled.extra["verify"] == "onehot"
     assert sampled.chains == int(start.sum())
 
@@ -89,7 +102,9 @@ def test_probabilistic_keeps_at_least_what_onehot_keeps_of_a_flat_target(setting
     """Σ min(p, q) >= p(argmax q) whenever q's argmax holds at least p's mass there, and a
     flat target at temperature 5 keeps little of an argmax draft."""
     drafter, batch, lm_head = setting
-    hot = {rule: evaluate(drafter, [batch], k=2, sampled=Sampled(Rule(rule), 5.0, lm_head))
-           for rule in ("onehot", "probabilistic")}
+    hot = {
+        rule: evaluate(drafter, [batch], k=2, sampled=Sampled(Rule(rule), 5.0, lm_head))
+        for rule in ("onehot", "probabilistic")
+    }
     assert hot["onehot"].per_position[0] < 0.2
     assert hot["probabilistic"].per_position[0] > hot["onehot"].per_position[0]

@@ -72,26 +72,48 @@ def test_whole_samples_by_default_and_the_summary_counts_the_cut(train_world, tm
     positions; --max-len cuts samples and the summary says by how much."""
     from eagle3kit.tiny import make_target
 
-    target = make_target(tmp_path / "target", train_world["target"], hidden_size=32, seed=2,
-                         max_positions=4096)
+    target = make_target(
+        tmp_path / "target", train_world["target"], hidden_size=32, seed=2, max_positions=4096
+    )
     rng = np.random.default_rng(0)
-    tokens = write_tokens(tmp_path / "tokens", [rng.integers(5, 300, 2100).tolist()],
-                          prompt=8)
+    tokens = write_tokens(tmp_path / "tokens", [rng.integers(5, 300, 2100).tolist()], prompt=8)
     shown = OutputOptions(no_progress=True)
-    whole = run(config({**train_world, "target": target}, tokens, tmp_path / "whole", online=True,
-                       max_steps=1, eval_split=0, batch_tokens=4096, output=shown))
+    whole = run(
+        config(
+            {**train_world, "target": target},
+            tokens,
+            tmp_path / "whole",
+            online=True,
+            max_steps=1,
+            eval_split=0,
+            batch_tokens=4096,
+            output=shown,
+        )
+    )
     assert whole.tokens == 2100
     assert whole.metrics["long_samples"]["tokens_cut"] == 0
     assert whole.metrics["long_samples"]["max_len"] == 4096
     assert "tokens cut      0 of 2,100 (0.00%; 0 samples truncated, 0 dropped; limit 4,096)" in (
-        capsys.readouterr().err)
-    cut = run(config(train_world, train_world["hidden"], tmp_path / "cut", max_steps=1, max_len=24,
-                     eval_split=0, output=shown))
+        capsys.readouterr().err
+    )
+    cut = run(
+        config(
+            train_world,
+            train_world["hidden"],
+            tmp_path / "cut",
+            max_steps=1,
+            max_len=24,
+            eval_split=0,
+            output=shown,
+        )
+    )
     long = cut.metrics["long_samples"]
     assert long["truncated"] > 0 and long["tokens_cut"] > 0
-    assert (f"{long['tokens_cut']:,} of {long['tokens']:,} "
-            f"({100 * long['tokens_cut'] / long['tokens']:.2f}%; {long['truncated']} samples "
-            f"truncated, 0 dropped; limit 24)") in capsys.readouterr().err
+    assert (
+        f"{long['tokens_cut']:,} of {long['tokens']:,} "
+        f"({100 * long['tokens_cut'] / long['tokens']:.2f}%; {long['truncated']} samples "
+        f"truncated, 0 dropped; limit 24)"
+    ) in capsys.readouterr().err
     run_json = json.loads((tmp_path / "cut" / "run.json").read_text())
     assert run_json["plan"]["long_samples"] == long
 
@@ -103,8 +125,12 @@ def _peak_rss_of(cmd: list[str], logs: Path) -> tuple[int, float, str, str]:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env())
         _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return (proc.returncode, usage.ru_maxrss / (1 << 20), (logs / "out").read_text(),
-            (logs / "err").read_text())
+    return (
+        proc.returncode,
+        usage.ru_maxrss / (1 << 20),
+        (logs / "out").read_text(),
+        (logs / "err").read_text(),
+    )
 
 
 @pytest.mark.slow
@@ -114,15 +140,34 @@ def test_a_16k_token_sample_trains_on_cpu_within_24_gb(train_world, tmp_path):
     would need ~4 GB per score matrix, several per training-time-test step."""
     from eagle3kit.tiny import make_target
 
-    target = make_target(tmp_path / "target", train_world["target"], hidden_size=32, seed=3,
-                         max_positions=32768)
+    target = make_target(
+        tmp_path / "target", train_world["target"], hidden_size=32, seed=3, max_positions=32768
+    )
     rng = np.random.default_rng(1)
-    tokens = write_tokens(tmp_path / "tokens", [rng.integers(5, 300, 16384).tolist()],
-                          prompt=256)
-    status, peak_gb, stdout, stderr = _peak_rss_of(cli(
-        "train", str(tokens), str(tmp_path / "run"), "--target", str(target), "--online",
-        "--device", "cpu", "--max-steps", "1", "--eval-split", "0", "--draft-vocab", "200",
-        "--batch-tokens", "16384", "--no-progress", "--json"), tmp_path)
+    tokens = write_tokens(tmp_path / "tokens", [rng.integers(5, 300, 16384).tolist()], prompt=256)
+    status, peak_gb, stdout, stderr = _peak_rss_of(
+        cli(
+            "train",
+            str(tokens),
+            str(tmp_path / "run"),
+            "--target",
+            str(target),
+            "--online",
+            "--device",
+            "cpu",
+            "--max-steps",
+            "1",
+            "--eval-split",
+            "0",
+            "--draft-vocab",
+            "200",
+            "--batch-tokens",
+            "16384",
+            "--no-progress",
+            "--json",
+        ),
+        tmp_path,
+    )
     assert status == 0, stderr[-3000:]
     result = json.loads(stdout)
     assert result["tokens"] == 16384 and result["metrics"]["long_samples"]["tokens_cut"] == 0
@@ -132,11 +177,22 @@ def test_a_16k_token_sample_trains_on_cpu_within_24_gb(train_world, tmp_path):
 
 # Interval checkpoints ---------------------------------------------------------------------------
 def test_checkpoint_interval_writes_checkpoints_between_step_counts(train_world, tmp_path):
-    run(config(train_world, train_world["hidden"], tmp_path / "often", checkpoint_every=1000,
-               checkpoint_interval=1e-9, keep=10))
+    run(
+        config(
+            train_world,
+            train_world["hidden"],
+            tmp_path / "often",
+            checkpoint_every=1000,
+            checkpoint_interval=1e-9,
+            keep=10,
+        )
+    )
     assert checkpoints(tmp_path / "often") == [f"step-{i:08d}" for i in range(1, 5)]
-    run(config(train_world, train_world["hidden"], tmp_path / "rarely", checkpoint_every=1000,
-               keep=10))
+    run(
+        config(
+            train_world, train_world["hidden"], tmp_path / "rarely", checkpoint_every=1000, keep=10
+        )
+    )
     assert checkpoints(tmp_path / "rarely") == ["step-00000004"]  # the last step's only
 
 
@@ -154,8 +210,9 @@ with StopRequests(lambda sig: print("first", sig.name, flush=True)) as stop:
 def test_a_repeated_signal_within_a_second_is_one_request_and_later_aborts():
     """A scheduler's signal that reaches a worker twice (directly and forwarded by torchrun)
     is one request; a second one a moment later aborts with the signal's own status."""
-    proc = subprocess.Popen([sys.executable, "-c", STOP_SCRIPT], stdout=subprocess.PIPE,
-                            text=True, env=env())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STOP_SCRIPT], stdout=subprocess.PIPE, text=True, env=env()
+    )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
@@ -169,15 +226,27 @@ def test_a_repeated_signal_within_a_second_is_one_request_and_later_aborts():
     assert proc.wait(timeout=30) == -signal.SIGUSR1
 
 
-def _stop_run(train_world, tmp_path, sig: signal.Signals, at_step: int, total: int = 24
-              ) -> tuple[subprocess.CompletedProcess, int]:
+def _stop_run(
+    train_world, tmp_path, sig: signal.Signals, at_step: int, total: int = 24
+) -> tuple[subprocess.CompletedProcess, int]:
     """The CLI training `total` steps, sent `sig` once step `at_step` is logged; returns the
     finished process and the step it stopped after."""
     out = tmp_path / "cut"
-    cmd = cli(*train_cmd(train_world, out, "--max-steps", str(total), "--eval-every", "0",
-                         "--checkpoint-every", "1000"))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env())
+    cmd = cli(
+        *train_cmd(
+            train_world,
+            out,
+            "--max-steps",
+            str(total),
+            "--eval-every",
+            "0",
+            "--checkpoint-every",
+            "1000",
+        )
+    )
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env()
+    )
     wait_for_steps(proc, out, at_step)
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=300)
@@ -194,16 +263,36 @@ def test_sigterm_finishes_the_step_checkpoints_it_and_prints_the_command(train_w
     assert "Traceback" not in stopped.stderr
     assert checkpoints(tmp_path / "cut") == [f"step-{done:08d}"]
     assert printed_command(stopped.stderr) == shlex.join(
-        ["eagle3kit", *train_cmd(train_world, tmp_path / "cut", "--max-steps", "24", "--eval-every",
-                                 "0", "--checkpoint-every", "1000")])
+        [
+            "eagle3kit",
+            *train_cmd(
+                train_world,
+                tmp_path / "cut",
+                "--max-steps",
+                "24",
+                "--eval-every",
+                "0",
+                "--checkpoint-every",
+                "1000",
+            ),
+        ]
+    )
 
 
 @pytest.mark.slow
-def test_sigterm_checkpoints_the_step_and_the_printed_command_ends_bitwise_equal(train_world,
-                                                                                 tmp_path):
-    whole = run(config(train_world, train_world["hidden"], tmp_path / "whole", max_steps=24,
-                       eval_every=0,
-                       checkpoint_every=1000))
+def test_sigterm_checkpoints_the_step_and_the_printed_command_ends_bitwise_equal(
+    train_world, tmp_path
+):
+    whole = run(
+        config(
+            train_world,
+            train_world["hidden"],
+            tmp_path / "whole",
+            max_steps=24,
+            eval_every=0,
+            checkpoint_every=1000,
+        )
+    )
     at = random.Random().randint(2, 10)
     stopped, done = _stop_run(train_world, tmp_path, signal.SIGTERM, at)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
@@ -239,17 +328,29 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one(train_world, 
     """Killed while a checkpoint is being written (its temp directory exists), the run
     still has the one before, whole; resuming ends where an uninterrupted run does."""
     whole = tmp_path / "whole"
-    run(config(train_world, train_world["hidden"], whole, max_steps=16, eval_every=0,
-               checkpoint_every=1))
+    run(
+        config(
+            train_world,
+            train_world["hidden"],
+            whole,
+            max_steps=16,
+            eval_every=0,
+            checkpoint_every=1,
+        )
+    )
     out = tmp_path / "cut"
-    cmd = cli(*train_cmd(train_world, out, "--max-steps", "16", "--eval-every", "0",
-                         "--checkpoint-every", "1"))
+    cmd = cli(
+        *train_cmd(
+            train_world, out, "--max-steps", "16", "--eval-every", "0", "--checkpoint-every", "1"
+        )
+    )
     mid_write = 0
     for _ in range(12):
         if (out / "drafter").is_dir() and len(losses(out)) >= 16:
             break
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env=env())
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env()
+        )
         # Kill inside the second checkpoint write of this run: one commits first, so every
         # trial gets further and a previous checkpoint always exists.
         start = max(checkpoints(out), default="") if (out / "checkpoints").is_dir() else ""
@@ -268,9 +369,13 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one(train_world, 
         steps = [p for p in (out / "checkpoints").iterdir() if p.name.startswith("step-")]
         newest = max(steps, key=lambda p: p.name)
         # The newest committed checkpoint is whole: every file there and readable.
-        assert {p.name for p in newest.iterdir()} >= {"model.safetensors", "optimizer.pt",
-                                                       "scheduler.pt", "state.json",
-                                                       "rng-rank0.safetensors"}
+        assert {p.name for p in newest.iterdir()} >= {
+            "model.safetensors",
+            "optimizer.pt",
+            "scheduler.pt",
+            "state.json",
+            "rng-rank0.safetensors",
+        }
         json.loads((newest / "state.json").read_text())
         torch.load(newest / "optimizer.pt", weights_only=True)
     assert mid_write >= 1, "no kill landed inside a checkpoint write"
@@ -285,8 +390,18 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one(train_world, 
 # torchrun ------------------------------------------------------------------------------------
 def torchrun(*args: str, port: int | None = None) -> list[str]:
     port = port or 29500 + random.Random().randint(0, 20000)
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_port", str(port), "-m", "eagle3kit", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        "-m",
+        "eagle3kit",
+        *args,
+    ]
 
 
 def _workers(launcher: int) -> dict[int, int]:
@@ -313,14 +428,36 @@ def _workers(launcher: int) -> dict[int, int]:
 @pytest.mark.timeout(1800)  # subprocesses and torchrun launches, on busy cores
 def test_a_signal_to_one_rank_stops_both_at_the_same_step(train_world, tmp_path):
     one = tmp_path / "one"
-    run(config(train_world, train_world["hidden"], one, max_steps=24, grad_accum=2,
-               batch_tokens=128,
-               eval_every=0, checkpoint_every=1000))
+    run(
+        config(
+            train_world,
+            train_world["hidden"],
+            one,
+            max_steps=24,
+            grad_accum=2,
+            batch_tokens=128,
+            eval_every=0,
+            checkpoint_every=1000,
+        )
+    )
     out = tmp_path / "two"
-    cmd = torchrun(*train_cmd(train_world, out, "--max-steps", "24", "--batch-tokens", "128",
-                              "--eval-every", "0", "--checkpoint-every", "1000"))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env())
+    cmd = torchrun(
+        *train_cmd(
+            train_world,
+            out,
+            "--max-steps",
+            "24",
+            "--batch-tokens",
+            "128",
+            "--eval-every",
+            "0",
+            "--checkpoint-every",
+            "1000",
+        )
+    )
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env()
+    )
     wait_for_steps(proc, out, 3)
     workers = _workers(proc.pid)
     assert sorted(workers) == [0, 1]
@@ -337,8 +474,9 @@ def test_a_signal_to_one_rank_stops_both_at_the_same_step(train_world, tmp_path)
     assert {"rng-rank0.safetensors", "rng-rank1.safetensors"} <= written
     command = printed_command(stderr)
     assert command.startswith("torchrun --nnodes 1 --nproc_per_node 2 -m eagle3kit train")
-    finished = subprocess.run(torchrun(*shlex.split(command)[7:]), capture_output=True,
-                              text=True, env=env(), timeout=600)
+    finished = subprocess.run(
+        torchrun(*shlex.split(command)[7:]), capture_output=True, text=True, env=env(), timeout=600
+    )
     assert finished.returncode == 0, finished.stderr[-3000:]
     np.testing.assert_allclose(losses(out), losses(one), rtol=1e-5)
 
@@ -358,31 +496,53 @@ def test_fsdp_takes_the_steps_of_one_process_and_resumes_across_ddp(train_world,
     checkpoint written under FSDP resumes under DDP, and one written under DDP under
     FSDP, to the same end."""
     one = tmp_path / "one"
-    run(config(train_world, train_world["hidden"], one, max_steps=4, grad_accum=2,
-               batch_tokens=128))
-    flags = ("--max-steps", "4", "--batch-tokens", "128", "--eval-every", "2",
-             "--checkpoint-every", "2")
+    run(
+        config(train_world, train_world["hidden"], one, max_steps=4, grad_accum=2, batch_tokens=128)
+    )
+    flags = (
+        "--max-steps",
+        "4",
+        "--batch-tokens",
+        "128",
+        "--eval-every",
+        "2",
+        "--checkpoint-every",
+        "2",
+    )
     launches = [("fsdp", ("--fsdp",)), ("ddp", ())]
     for name, extra in launches:
-        proc = subprocess.run(torchrun(*train_cmd(train_world, tmp_path / name, *flags, *extra)),
-                              capture_output=True, text=True, env=env(), timeout=600)
+        proc = subprocess.run(
+            torchrun(*train_cmd(train_world, tmp_path / name, *flags, *extra)),
+            capture_output=True,
+            text=True,
+            env=env(),
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert json.loads((tmp_path / name / "run.json").read_text())["parallel"] == name
         np.testing.assert_allclose(losses(tmp_path / name), losses(one), rtol=1e-5)
         _close_weights(tmp_path / name, one)
     fsdp_eval = json.loads((tmp_path / "fsdp" / "drafter" / "config.json").read_text())
-    assert fsdp_eval["eagle3kit"]["eval"]["tried"] == json.loads(
-        (one / "drafter" / "config.json").read_text())["eagle3kit"]["eval"]["tried"]
+    assert (
+        fsdp_eval["eagle3kit"]["eval"]["tried"]
+        == json.loads((one / "drafter" / "config.json").read_text())["eagle3kit"]["eval"]["tried"]
+    )
     # Each resumed from its step-2 checkpoint under the other scheme.
     for name, extra in (("fsdp", ()), ("ddp", ("--fsdp",))):
         run_dir = tmp_path / name
         shutil.rmtree(run_dir / "checkpoints" / "step-00000004")
         shutil.rmtree(run_dir / "drafter")
-        proc = subprocess.run(torchrun(*train_cmd(train_world, run_dir, *flags, *extra)),
-                              capture_output=True, text=True, env=env(), timeout=600)
+        proc = subprocess.run(
+            torchrun(*train_cmd(train_world, run_dir, *flags, *extra)),
+            capture_output=True,
+            text=True,
+            env=env(),
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "resuming after step 2" in proc.stderr
         assert json.loads((run_dir / "run.json").read_text())["parallel"] == (
-            "ddp" if name == "fsdp" else "fsdp")
+            "ddp" if name == "fsdp" else "fsdp"
+        )
         np.testing.assert_allclose(losses(run_dir), losses(one), rtol=1e-5)
         _close_weights(run_dir, one)

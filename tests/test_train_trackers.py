@@ -36,17 +36,24 @@ def evals_logged(run_dir: Path) -> list[dict]:
 
 def test_unknown_tracker_is_refused_naming_the_flag(train_world, tmp_path):
     with pytest.raises(UserError) as caught:
-        config(train_world, train_world["hidden"], tmp_path / "run",
-               report_to="tensorboard,neptune")
-    assert str(caught.value) == ("--report-to: unknown tracker neptune (known: none, "
-                                 "tensorboard, wandb, mlflow, trackio)")
-    cmd = [sys.executable, "-m", "eagle3kit",
-           *train_cmd(train_world, tmp_path / "run", "--report-to", "comet")]
+        config(
+            train_world, train_world["hidden"], tmp_path / "run", report_to="tensorboard,neptune"
+        )
+    assert str(caught.value) == (
+        "--report-to: unknown tracker neptune (known: none, tensorboard, wandb, mlflow, trackio)"
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle3kit",
+        *train_cmd(train_world, tmp_path / "run", "--report-to", "comet"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "error: --report-to: unknown tracker comet (known: none, tensorboard, wandb, mlflow, "
-        "trackio)"]
+        "trackio)"
+    ]
     assert not (tmp_path / "run").exists()
 
 
@@ -60,23 +67,23 @@ def test_tensorboard_reads_back_the_metrics_train_logged(train_world, tmp_path):
     events.Reload()
     logged = steps_logged(out)
     assert [m["step"] for m in logged] == [1, 2, 3, 4]
-    for key, name in (("train/loss", "loss"), ("train/lr", "lr"),
-                      ("train/grad_norm", "grad_norm")):
+    for key, name in (("train/loss", "loss"), ("train/lr", "lr"), ("train/grad_norm", "grad_norm")):
         read = events.Scalars(key)
         assert [e.step for e in read] == [1, 2, 3, 4]
         assert [e.value for e in read] == pytest.approx([m[name] for m in logged], rel=1e-6)
     accuracy = events.Scalars("train/accuracy_step_2")
-    assert [e.value for e in accuracy] == pytest.approx([m["acc_k"][1] for m in logged],
-                                                        rel=1e-6)
+    assert [e.value for e in accuracy] == pytest.approx([m["acc_k"][1] for m in logged], rel=1e-6)
     held_out = events.Scalars("eval/acceptance_length")
     assert [e.step for e in held_out] == [m["step"] for m in evals_logged(out)] == [0, 2, 4]
     assert [e.value for e in held_out] == pytest.approx(
-        [m["eval"]["predicted_acceptance_length"] for m in evals_logged(out)], rel=1e-6)
+        [m["eval"]["predicted_acceptance_length"] for m in evals_logged(out)], rel=1e-6
+    )
     assert events.Tags()["tensors"] == ["config/text_summary"]  # the settings, logged once
 
 
 def test_mlflow_local_store_holds_the_metrics_and_resume_continues_its_run(
-        train_world, tmp_path, monkeypatch):
+    train_world, tmp_path, monkeypatch
+):
     pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
     from mlflow.tracking import MlflowClient
 
@@ -126,10 +133,12 @@ def test_wandb_offline_writes_its_run_directory(train_world, tmp_path, monkeypat
     logged = steps_logged(out)
     losses = {h["_step"]: h["train/loss"] for h in history if "train/loss" in h}
     assert losses == {m["step"]: m["loss"] for m in logged}
-    held_out = {h["_step"]: h["eval/acceptance_length"] for h in history
-                if "eval/acceptance_length" in h}
-    assert held_out == {m["step"]: m["eval"]["predicted_acceptance_length"]
-                        for m in evals_logged(out)}
+    held_out = {
+        h["_step"]: h["eval/acceptance_length"] for h in history if "eval/acceptance_length" in h
+    }
+    assert held_out == {
+        m["step"]: m["eval"]["predicted_acceptance_length"] for m in evals_logged(out)
+    }
 
 
 def wandb_history(path: Path) -> list[dict]:
@@ -143,19 +152,23 @@ def wandb_history(path: Path) -> list[dict]:
     block, pos, pieces, rows = 32768, 7, b"", []
     while pos + 7 <= len(data):
         left = block - pos % block
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if left < 7 or (kind == 0 and length == 0):  # a block's zero padding
             pos += left
             continue
-        pieces += data[pos + 7:pos + 7 + length]
+        pieces += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL or LAST: a whole record
             record = wandb_internal_pb2.Record()
             record.ParseFromString(pieces)
             pieces = b""
             if record.WhichOneof("record_type") == "history":
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                             for item in record.history.item})
+                rows.append(
+                    {
+                        item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                        for item in record.history.item
+                    }
+                )
     return rows
 
 
@@ -178,7 +191,8 @@ class RaisingLater:
 
 @pytest.mark.parametrize("adapter", [Raising, RaisingLater])
 def test_a_failing_tracker_is_warned_once_and_changes_nothing(
-        train_world, tmp_path, monkeypatch, capsys, adapter):
+    train_world, tmp_path, monkeypatch, capsys, adapter
+):
     plain = tmp_path / "plain"
     run(config(train_world, train_world["hidden"], plain))
     capsys.readouterr()
@@ -189,35 +203,63 @@ def test_a_failing_tracker_is_warned_once_and_changes_nothing(
     assert len(warnings) == 1 and "--report-to tensorboard: ConnectionError" in warnings[0]
     a, b = weights(plain), weights(tracked)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    strip = [[{k: v for k, v in m.items() if k not in TIMING} for m in metrics(d)]
-             for d in (plain, tracked)]
+    strip = [
+        [{k: v for k, v in m.items() if k not in TIMING} for m in metrics(d)]
+        for d in (plain, tracked)
+    ]
     assert strip[0] == strip[1]
 
 
 def test_trackio_local_store_holds_the_metrics(train_world, tmp_path):
     pytest.importorskip("trackio", reason="the trackio extra is not installed")
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "eagle3kit",
-           *train_cmd(train_world, out, "--max-steps", "4", "--eval-every", "2", "--report-to",
-                      "trackio", "--json")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env={**env(), "TRACKIO_DIR": str(tmp_path / "trackio"),
-                               "TRACKIO_PROJECT": "tiny"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle3kit",
+        *train_cmd(
+            train_world,
+            out,
+            "--max-steps",
+            "4",
+            "--eval-every",
+            "2",
+            "--report-to",
+            "trackio",
+            "--json",
+        ),
+    ]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**env(), "TRACKIO_DIR": str(tmp_path / "trackio"), "TRACKIO_PROJECT": "tiny"},
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["steps"] == 4  # stdout stays the result alone
     assert json.loads((out / "run.json").read_text())["trackers"] == {"trackio": "run"}
-    probe = ("import json, sys; from trackio.sqlite_storage import SQLiteStorage as S; "
-             "print(json.dumps(S.get_logs('tiny', 'run')))")
-    read = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=300, env={**env(), "TRACKIO_DIR": str(tmp_path / "trackio")})
+    probe = (
+        "import json, sys; from trackio.sqlite_storage import SQLiteStorage as S; "
+        "print(json.dumps(S.get_logs('tiny', 'run')))"
+    )
+    read = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env(), "TRACKIO_DIR": str(tmp_path / "trackio")},
+    )
     assert read.returncode == 0, read.stderr
     rows = json.loads(read.stdout.strip().splitlines()[-1])
     losses = {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
     assert losses == {m["step"]: m["loss"] for m in steps_logged(out)}
-    held_out = {r["step"]: r["eval/acceptance_length"] for r in rows
-                if "eval/acceptance_length" in r}
-    assert held_out == {m["step"]: m["eval"]["predicted_acceptance_length"]
-                        for m in evals_logged(out)}
+    held_out = {
+        r["step"]: r["eval/acceptance_length"] for r in rows if "eval/acceptance_length" in r
+    }
+    assert held_out == {
+        m["step"]: m["eval"]["predicted_acceptance_length"] for m in evals_logged(out)
+    }
 
 
 # Whose tracker run it is (issue 38, item 9) ----------------------------------------------------
@@ -250,7 +292,8 @@ def test_the_run_identity_is_a_token_of_the_directory_and_its_place(tmp_path, ca
 
 
 def test_mlflow_continues_only_its_own_run_and_stores_in_the_run_by_default(
-        tiny, tmp_path, monkeypatch, capsys):
+    tiny, tmp_path, monkeypatch, capsys
+):
     """Without MLFLOW_TRACKING_URI the store is RUN/mlflow.db, not the working directory's.
     A run.json edited to name another run in that store (someone's on a shared server), and a
     run directory copied whole, each start a new MLflow run with a note; the other run is
@@ -269,8 +312,9 @@ def test_mlflow_continues_only_its_own_run_and_stores_in_the_run_by_default(
     assert uri == f"sqlite:///{out / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
 
-    theirs = client.create_run(client.get_run(own["id"]).info.experiment_id,
-                               run_name="someone else's").info.run_id
+    theirs = client.create_run(
+        client.get_run(own["id"]).info.experiment_id, run_name="someone else's"
+    ).info.run_id
     client.set_terminated(theirs)
     before = client.get_run(theirs)
     record = json.loads((out / "run.json").read_text())
@@ -279,9 +323,11 @@ def test_mlflow_continues_only_its_own_run_and_stores_in_the_run_by_default(
     capsys.readouterr()
     run(config(tiny, tiny["hidden"], out, report_to="mlflow", max_steps=2))
     notes = [line for line in capsys.readouterr().err.splitlines() if "--report-to" in line]
-    assert notes == [f"warning: --report-to mlflow: run.json names MLflow run {theirs}, which "
-                     "is not this run's own (its tag is not this run directory's identity); "
-                     "starting a new MLflow run"]
+    assert notes == [
+        f"warning: --report-to mlflow: run.json names MLflow run {theirs}, which "
+        "is not this run's own (its tag is not this run directory's identity); "
+        "starting a new MLflow run"
+    ]
     after = client.get_run(theirs)
     assert (after.info.status, after.info.end_time) == (before.info.status, before.info.end_time)
     assert after.data.metrics == {} and after.data.params == {}
@@ -296,8 +342,9 @@ def test_mlflow_continues_only_its_own_run_and_stores_in_the_run_by_default(
     assert "another tracking URI" in capsys.readouterr().err
 
 
-def test_wandb_resumes_no_id_run_json_names_and_writes_into_the_run(tiny, tmp_path,
-                                                                    monkeypatch, capsys):
+def test_wandb_resumes_no_id_run_json_names_and_writes_into_the_run(
+    tiny, tmp_path, monkeypatch, capsys
+):
     pytest.importorskip("wandb", reason="the wandb extra is not installed")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -314,7 +361,9 @@ def test_wandb_resumes_no_id_run_json_names_and_writes_into_the_run(tiny, tmp_pa
     (out / "run.json").write_text(json.dumps(record))
     capsys.readouterr()
     run(config(tiny, tiny["hidden"], out, report_to="wandb", max_steps=2))
-    assert ("--report-to wandb: run.json names W&B run theirs1, which is not this run's own"
-            in capsys.readouterr().err)
+    assert (
+        "--report-to wandb: run.json names W&B run theirs1, which is not this run's own"
+        in capsys.readouterr().err
+    )
     assert not list((out / "wandb").glob("*-theirs1"))
     assert json.loads((out / "run.json").read_text())["trackers"] == {"wandb": own}

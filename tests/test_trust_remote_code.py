@@ -28,22 +28,23 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 REPO = Path(__file__).resolve().parent.parent
 QUIET = OutputOptions(quiet=True)
-REFUSAL = ("ships its own code (configuration_e3k.py, modeling_e3k.py); pass "
-           "--trust-remote-code to run it")
-CONFIGURATION = '''from transformers import LlamaConfig
+REFUSAL = (
+    "ships its own code (configuration_e3k.py, modeling_e3k.py); pass --trust-remote-code to run it"
+)
+CONFIGURATION = """from transformers import LlamaConfig
 
 
 class E3kConfig(LlamaConfig):
     model_type = "e3k_llama"
-'''
-MODELING = '''from transformers import LlamaForCausalLM
+"""
+MODELING = """from transformers import LlamaForCausalLM
 
 from .configuration_e3k import E3kConfig
 
 
 class E3kForCausalLM(LlamaForCausalLM):
     config_class = E3kConfig
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +52,19 @@ def custom(tmp_path_factory) -> Path:
     from eagle3kit import tiny
 
     root = tmp_path_factory.mktemp("custom")
-    tokenizer = tiny.make_tokenizer(root / "tokenizer", vocab_size=320,
-                                    corpus=tiny.stdlib_docstrings(20_000))
+    tokenizer = tiny.make_tokenizer(
+        root / "tokenizer", vocab_size=320, corpus=tiny.stdlib_docstrings(20_000)
+    )
     target = tiny.make_target(root / "target", tokenizer, hidden_size=32)
     config = json.loads((target / "config.json").read_text())
-    config.update(model_type="e3k_llama", architectures=["E3kForCausalLM"],
-                  auto_map={"AutoConfig": "configuration_e3k.E3kConfig",
-                            "AutoModelForCausalLM": "modeling_e3k.E3kForCausalLM"})
+    config.update(
+        model_type="e3k_llama",
+        architectures=["E3kForCausalLM"],
+        auto_map={
+            "AutoConfig": "configuration_e3k.E3kConfig",
+            "AutoModelForCausalLM": "modeling_e3k.E3kForCausalLM",
+        },
+    )
     (target / "config.json").write_text(json.dumps(config, indent=2))
     (target / "configuration_e3k.py").write_text(CONFIGURATION)
     (target / "modeling_e3k.py").write_text(MODELING)
@@ -71,23 +78,71 @@ def chain(custom, tmp_path_factory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("chain")
     prompts = root / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}]}) + "\n"
-                               for q in ("What is a list?", "Explain dict.", "Why tuples?",
-                                         "Sort a list.", "Open a file.", "Read JSON.")))
-    paths = {"prompts": prompts, "tokens": root / "tokens", "hidden": root / "hidden",
-             "run": root / "run", "export": root / "export"}
+    prompts.write_text(
+        "".join(
+            json.dumps({"messages": [{"role": "user", "content": q}]}) + "\n"
+            for q in (
+                "What is a list?",
+                "Explain dict.",
+                "Why tuples?",
+                "Sort a list.",
+                "Open a file.",
+                "Read JSON.",
+            )
+        )
+    )
+    paths = {
+        "prompts": prompts,
+        "tokens": root / "tokens",
+        "hidden": root / "hidden",
+        "run": root / "run",
+        "export": root / "export",
+    }
     with pytest.raises(UserError, match=re.escape(f"--target {custom}: it {REFUSAL}")):
-        gen.run(gen.GenConfig([prompts], paths["tokens"], engine="hf", target=custom,
-                              max_tokens=8, output=QUIET))
-    gen.run(gen.GenConfig([prompts], paths["tokens"], engine="hf", target=custom, max_tokens=8,
-                          temperature=0.0, trust_remote_code=True, output=QUIET))
-    extract.run(extract.ExtractConfig(paths["tokens"], paths["hidden"], target=custom,
-                                      device="cpu", trust_remote_code=True, output=QUIET))
-    train.run(train.TrainConfig([paths["hidden"]], paths["run"], custom, max_steps=2,
-                                batch_tokens=256, draft_vocab=64, eval_split=0,
-                                device="cpu", trust_remote_code=True, output=QUIET))
-    export.run(export.ExportConfig(paths["run"], paths["export"], trust_remote_code=True,
-                                   output=QUIET))
+        gen.run(
+            gen.GenConfig(
+                [prompts], paths["tokens"], engine="hf", target=custom, max_tokens=8, output=QUIET
+            )
+        )
+    gen.run(
+        gen.GenConfig(
+            [prompts],
+            paths["tokens"],
+            engine="hf",
+            target=custom,
+            max_tokens=8,
+            temperature=0.0,
+            trust_remote_code=True,
+            output=QUIET,
+        )
+    )
+    extract.run(
+        extract.ExtractConfig(
+            paths["tokens"],
+            paths["hidden"],
+            target=custom,
+            device="cpu",
+            trust_remote_code=True,
+            output=QUIET,
+        )
+    )
+    train.run(
+        train.TrainConfig(
+            [paths["hidden"]],
+            paths["run"],
+            custom,
+            max_steps=2,
+            batch_tokens=256,
+            draft_vocab=64,
+            eval_split=0,
+            device="cpu",
+            trust_remote_code=True,
+            output=QUIET,
+        )
+    )
+    export.run(
+        export.ExportConfig(paths["run"], paths["export"], trust_remote_code=True, output=QUIET)
+    )
     return paths
 
 
@@ -106,19 +161,28 @@ def test_each_stage_told_no_refuses_by_name(custom, chain, tmp_path):
 
     # The datasets and the run record the consent their makers were given: it is not used.
     with pytest.raises(UserError, match=re.escape(f"--target {custom}: it {REFUSAL}")):
-        extract.run(extract.ExtractConfig(chain["tokens"], tmp_path / "h", target=custom,
-                                          device="cpu", output=QUIET))
+        extract.run(
+            extract.ExtractConfig(
+                chain["tokens"], tmp_path / "h", target=custom, device="cpu", output=QUIET
+            )
+        )
     with pytest.raises(UserError, match=re.escape(f"--target {custom}: it {REFUSAL}")):
-        train.run(train.TrainConfig([chain["hidden"]], tmp_path / "r", custom, max_steps=1,
-                                    device="cpu", output=QUIET))
+        train.run(
+            train.TrainConfig(
+                [chain["hidden"]], tmp_path / "r", custom, max_steps=1, device="cpu", output=QUIET
+            )
+        )
     recorded = f"the recorded target {custom}: it {REFUSAL}"
     with pytest.raises(UserError, match=re.escape(recorded)):
         export.run(export.ExportConfig(chain["run"], tmp_path / "e", output=QUIET))
     bench = {"k": 2, "max_new_tokens": 4, "max_samples": 1, "device": "cpu", "output": QUIET}
     with pytest.raises(UserError, match=re.escape(f"--target {custom}: it {REFUSAL}")):
         accept.run(accept.AcceptConfig(custom, chain["export"], [chain["prompts"]], **bench))
-    report = accept.run(accept.AcceptConfig(custom, chain["export"], [chain["prompts"]],
-                                            trust_remote_code=True, **bench))
+    report = accept.run(
+        accept.AcceptConfig(
+            custom, chain["export"], [chain["prompts"]], trust_remote_code=True, **bench
+        )
+    )
     assert report.lossless is True
 
 
@@ -137,14 +201,28 @@ def test_the_command_never_asks_even_on_a_terminal(custom, tmp_path):
     (tmp_path / "empty").mkdir()
     leader, follower = pty.openpty()
     env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")}
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
-               HF_MODULES_CACHE=str(tmp_path / "modules"))
+    env.update(
+        PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HF_MODULES_CACHE=str(tmp_path / "modules")
+    )
     began = time.monotonic()
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "eagle3kit", "train", str(tmp_path / "empty"),
-             str(tmp_path / "run"), "--target", str(custom)],
-            stdin=follower, capture_output=True, text=True, env=env, timeout=120)
+            [
+                sys.executable,
+                "-m",
+                "eagle3kit",
+                "train",
+                str(tmp_path / "empty"),
+                str(tmp_path / "run"),
+                "--target",
+                str(custom),
+            ],
+            stdin=follower,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
     finally:
         os.close(follower)
         os.close(leader)
@@ -157,7 +235,7 @@ def test_the_command_never_asks_even_on_a_terminal(custom, tmp_path):
 # Consent comes from the command line, never from a file ------------------------------------
 # A dataset or run made elsewhere records "trust_remote_code": true and carries (or names)
 # code that writes a marker file when it is imported. Without the flag no stage imports it.
-EVIL_TOKENIZER = '''import pathlib
+EVIL_TOKENIZER = """import pathlib
 
 pathlib.Path({marker!r}).open("a").write("tokenizer\\n")
 
@@ -166,8 +244,8 @@ from transformers import PreTrainedTokenizerFast
 
 class EvilTokenizerFast(PreTrainedTokenizerFast):
     pass
-'''
-EVIL_CONFIG = '''import pathlib
+"""
+EVIL_CONFIG = """import pathlib
 
 pathlib.Path({marker!r}).open("a").write("config\\n")
 
@@ -176,14 +254,15 @@ from transformers import LlamaConfig
 
 class EvilConfig(LlamaConfig):
     model_type = "evil_llama"
-'''
+"""
 
 
 def _make_tiny_run():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("make_tiny_run",
-                                                  REPO / "examples" / "make_tiny_run.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_tiny_run", REPO / "examples" / "make_tiny_run.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -199,11 +278,14 @@ def planted(tmp_path_factory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("planted")
     marker = root / "code-ran"
-    tokenizer = tiny.make_tokenizer(root / "tokenizer", vocab_size=320,
-                                    corpus=tiny.stdlib_docstrings(20_000))
+    tokenizer = tiny.make_tokenizer(
+        root / "tokenizer", vocab_size=320, corpus=tiny.stdlib_docstrings(20_000)
+    )
     config = json.loads((tokenizer / "tokenizer_config.json").read_text())
-    config.update(tokenizer_class="EvilTokenizerFast",
-                  auto_map={"AutoTokenizer": [None, "tokenization_evil.EvilTokenizerFast"]})
+    config.update(
+        tokenizer_class="EvilTokenizerFast",
+        auto_map={"AutoTokenizer": [None, "tokenization_evil.EvilTokenizerFast"]},
+    )
     (tokenizer / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     (tokenizer / "tokenization_evil.py").write_text(EVIL_TOKENIZER.format(marker=str(marker)))
     ds = root / "ds"
@@ -219,23 +301,27 @@ def planted(tmp_path_factory) -> dict[str, Path]:
     record = json.loads((run / "run.json").read_text())
     (run / "run.json").write_text(json.dumps({**record, "trust_remote_code": True}))
     config = json.loads((evil / "config.json").read_text())
-    config.update(model_type="evil_llama",
-                  auto_map={"AutoConfig": "configuration_evil.EvilConfig"})
+    config.update(model_type="evil_llama", auto_map={"AutoConfig": "configuration_evil.EvilConfig"})
     (evil / "config.json").write_text(json.dumps(config, indent=2))
     (evil / "configuration_evil.py").write_text(EVIL_CONFIG.format(marker=str(marker)))
-    return {"root": root, "marker": marker, "ds": ds, "plain": plain, "evil": evil,
-            "run": run}
+    return {"root": root, "marker": marker, "ds": ds, "plain": plain, "evil": evil, "run": run}
 
 
 def eagle3kit(planted: dict[str, Path], *args: str | Path) -> subprocess.CompletedProcess:
     """The command in a subprocess, with transformers' copy of imported code kept in tmp."""
     planted["marker"].unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")}
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
-               HF_MODULES_CACHE=str(planted["root"] / "modules"))
-    return subprocess.run([sys.executable, "-m", "eagle3kit", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=300,
-                          stdin=subprocess.DEVNULL)
+    env.update(
+        PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HF_MODULES_CACHE=str(planted["root"] / "modules")
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def refusal(proc: subprocess.CompletedProcess) -> str:
@@ -249,12 +335,22 @@ def refusal(proc: subprocess.CompletedProcess) -> str:
 
 def test_extract_dry_run_refuses_a_datasets_tokenizer_code_without_the_flag(planted, tmp_path):
     tokenizer_config = planted["ds"] / "tokenizer" / "tokenizer_config.json"
-    args = ("extract", planted["ds"], tmp_path / "hidden", "--target", planted["plain"],
-            "--dry-run", "--device", "cpu")
+    args = (
+        "extract",
+        planted["ds"],
+        tmp_path / "hidden",
+        "--target",
+        planted["plain"],
+        "--dry-run",
+        "--device",
+        "cpu",
+    )
     proc = eagle3kit(planted, *args)
     assert not planted["marker"].exists()
-    assert refusal(proc) == (f"error: {tokenizer_config}: its auto_map names code of its own "
-                             "(tokenization_evil.py); pass --trust-remote-code to run it")
+    assert refusal(proc) == (
+        f"error: {tokenizer_config}: its auto_map names code of its own "
+        "(tokenization_evil.py); pass --trust-remote-code to run it"
+    )
     told = eagle3kit(planted, *args, "--trust-remote-code")
     assert told.returncode == 0, told.stderr
     assert planted["marker"].read_text() == "tokenizer\n"
@@ -267,8 +363,10 @@ def test_validate_skips_the_tokenizer_checks_without_the_flag(planted):
     assert "Traceback" not in proc.stderr
     assert proc.returncode in (0, 1), proc.stderr
     report = json.loads(proc.stdout)
-    said = (f"{tokenizer_config}: its auto_map names code of its own (tokenization_evil.py); "
-            "pass --trust-remote-code to run it")
+    said = (
+        f"{tokenizer_config}: its auto_map names code of its own (tokenization_evil.py); "
+        "pass --trust-remote-code to run it"
+    )
     assert f"warning: {said}; the checks that need the tokenizer are skipped" in proc.stderr
     assert next(c for c in report["checks"] if c["name"] == "integrity")["status"] == "pass"
     assert next(c for c in report["checks"] if c["name"] == "vocabulary")["status"] == "skip"
@@ -280,12 +378,23 @@ def test_validate_skips_the_tokenizer_checks_without_the_flag(planted):
 
 
 def test_train_takes_no_consent_from_a_datasets_manifest(planted, tmp_path):
-    args = ("train", planted["ds"], tmp_path / "run", "--target", planted["evil"],
-            "--device", "cpu", "--max-steps", "1")
+    args = (
+        "train",
+        planted["ds"],
+        tmp_path / "run",
+        "--target",
+        planted["evil"],
+        "--device",
+        "cpu",
+        "--max-steps",
+        "1",
+    )
     proc = eagle3kit(planted, *args)
     assert not planted["marker"].exists()
-    assert refusal(proc) == (f"error: --target {planted['evil']}: it ships its own code "
-                             "(configuration_evil.py); pass --trust-remote-code to run it")
+    assert refusal(proc) == (
+        f"error: --target {planted['evil']}: it ships its own code "
+        "(configuration_evil.py); pass --trust-remote-code to run it"
+    )
     eagle3kit(planted, *args, "--trust-remote-code")  # goes as far as a token dataset goes
     assert planted["marker"].read_text().startswith("config\n")
 
@@ -294,7 +403,9 @@ def test_export_takes_no_consent_from_run_json(planted, tmp_path):
     args = ("export", planted["run"], tmp_path / "export")
     proc = eagle3kit(planted, *args)
     assert not planted["marker"].exists()
-    assert refusal(proc) == (f"error: the recorded target {planted['evil']}: it ships its own "
-                             "code (configuration_evil.py); pass --trust-remote-code to run it")
+    assert refusal(proc) == (
+        f"error: the recorded target {planted['evil']}: it ships its own "
+        "code (configuration_evil.py); pass --trust-remote-code to run it"
+    )
     eagle3kit(planted, *args, "--trust-remote-code")
     assert planted["marker"].read_text().startswith("config\n")

@@ -24,7 +24,6 @@ from eagle3kit.train.ttt import TTTLoss, step_counts
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-
 def both_losses(drafter, head, batch):
     counts = step_counts(batch, drafter.t2d, STEPS)
     params = drafter.trainable_parameters()
@@ -79,8 +78,9 @@ def test_a_step_loss_is_one_function_of_the_logits_and_the_target(kernel):
     torch.testing.assert_close(half[0], whole[0] / 2, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(half[1], whole[1] / 2, rtol=1e-5, atol=1e-6)
     assert torch.equal(half[2], whole[2])
-    for a, b in zip(torch.autograd.grad(half[0], params), torch.autograd.grad(whole[0], params),
-                    strict=True):
+    for a, b in zip(
+        torch.autograd.grad(half[0], params), torch.autograd.grad(whole[0], params), strict=True
+    ):
         assert b.abs().max() > 0
         torch.testing.assert_close(a, b / 2, rtol=1e-4, atol=1e-6)
 
@@ -153,8 +153,9 @@ def test_a_kernel_that_fails_its_check_gives_way_to_chunked(monkeypatch, capsys)
     q = torch.randn(1, 2, 5, 8)
     monkeypatch.setattr(attn, "_checked", {})
     assert attn.kernel_for(q).name == "cpu-flash"
-    wrong = attn.Kernel("cpu-flash", lambda q, k, v, s: (q, q[..., 0].float(), ()),
-                        real["cpu-flash"].backward)
+    wrong = attn.Kernel(
+        "cpu-flash", lambda q, k, v, s: (q, q[..., 0].float(), ()), real["cpu-flash"].backward
+    )
     monkeypatch.setattr(attn, "KERNELS", {**real, "cpu-flash": wrong})
     monkeypatch.setattr(attn, "_checked", {})
     assert attn.kernel_for(q).name == "chunked"

@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_mypy_finds_no_error_in_the_package() -> None:
-    done = subprocess.run([sys.executable, "-m", "mypy"], cwd=REPO, capture_output=True,
-                          text=True, timeout=280)
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy"], cwd=REPO, capture_output=True, text=True, timeout=280
+    )
     assert done.returncode == 0, f"mypy found errors:\n{done.stdout}{done.stderr}"
     assert "Success: no issues found" in done.stdout, done.stdout

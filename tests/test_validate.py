@@ -83,8 +83,15 @@ def messages(i: int) -> list[dict]:
     return [{"role": "user", "content": f"Question number {i}: what is {i} plus {i}?"}]
 
 
-def completion_text(r: Renderer, i: int, *, reasoning: str | None = None,
-                    answer: str | None = None, close: bool = True, eos: bool = True) -> str:
+def completion_text(
+    r: Renderer,
+    i: int,
+    *,
+    reasoning: str | None = None,
+    answer: str | None = None,
+    close: bool = True,
+    eos: bool = True,
+) -> str:
     """What the model emits: reasoning in its markers (the opening one only when the prompt
     did not write it), the answer, then the end-of-turn token."""
     eos_text = r.decode([r.stop_token_ids[0]]) if eos else ""
@@ -94,8 +101,9 @@ def completion_text(r: Renderer, i: int, *, reasoning: str | None = None,
         analysis = f"<|channel|>analysis<|message|>{reasoning}"
         if not close:
             return analysis
-        return (f"{analysis}<|end|><|start|>assistant<|channel|>final<|message|>{answer}"
-                + ("<|return|>" if eos else ""))
+        return f"{analysis}<|end|><|start|>assistant<|channel|>final<|message|>{answer}" + (
+            "<|return|>" if eos else ""
+        )
     if r.think is None:
         return answer + eos_text
     start, end = r.think
@@ -115,17 +123,32 @@ def sample(r: Renderer, i: int, **kw) -> TokenSample:
     prompt = kw.pop("prompt", None)
     comp = r.encode(text if text is not None else completion_text(r, i, **kw))
     meta = {"messages": messages(i)} if store_messages else {}
-    return TokenSample(f"s{i:03d}", prompt if prompt is not None else r.render(messages(i)),
-                       comp, finish_reason=finish, partition="math" if i % 2 else "chat",
-                       metadata=meta)
+    return TokenSample(
+        f"s{i:03d}",
+        prompt if prompt is not None else r.render(messages(i)),
+        comp,
+        finish_reason=finish,
+        partition="math" if i % 2 else "chat",
+        metadata=meta,
+    )
 
 
-def write(path: Path, r: Renderer, samples: list[TokenSample], *, store: bool = True,
-          commit_every: int = 8) -> Path:
+def write(
+    path: Path,
+    r: Renderer,
+    samples: list[TokenSample],
+    *,
+    store: bool = True,
+    commit_every: int = 8,
+) -> Path:
     identity = r.identity()
     where = {k: identity.pop(k) for k in ("tokenizer", "chat_template_file")}
-    with DatasetWriter(path, config={"stage": "gen", "renderer": identity},
-                       provenance=where, commit_every=commit_every) as w:
+    with DatasetWriter(
+        path,
+        config={"stage": "gen", "renderer": identity},
+        provenance=where,
+        commit_every=commit_every,
+    ) as w:
         if store:
             w.store_files("tokenizer", r.files())
         for s in samples:
@@ -133,8 +156,13 @@ def write(path: Path, r: Renderer, samples: list[TokenSample], *, store: bool = 
     return path
 
 
-def build(path: Path, r: Renderer, seed: Callable[[int], TokenSample] | None = None,
-          seeded: list[int] = SEEDED, **kw) -> Path:
+def build(
+    path: Path,
+    r: Renderer,
+    seed: Callable[[int], TokenSample] | None = None,
+    seeded: list[int] = SEEDED,
+    **kw,
+) -> Path:
     samples = [seed(i) if seed and i in seeded else sample(r, i, **kw) for i in range(N)]
     return write(path, r, samples)
 
@@ -156,8 +184,7 @@ def ids_of(indices: list[int]) -> list[str]:
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_off", "qwq", "r1", "kimi", "gpt_oss"])
-def test_clean_dataset_passes(family: str, request: pytest.FixtureRequest,
-                              tmp_path: Path) -> None:
+def test_clean_dataset_passes(family: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     r = request.getfixturevalue(family)
     report = check(build(tmp_path / "ds", r, store_messages=True))
     assert report.passed, [(c.name, c.detail, c.reasons) for c in report.checks]
@@ -174,8 +201,9 @@ def test_clean_dataset_passes(family: str, request: pytest.FixtureRequest,
     assert report.warnings == []
 
 
-def test_profile_learned_from_the_stored_template(qwq: Renderer, qwen3: Renderer,
-                                                  kimi: Renderer, tmp_path: Path) -> None:
+def test_profile_learned_from_the_stored_template(
+    qwq: Renderer, qwen3: Renderer, kimi: Renderer, tmp_path: Path
+) -> None:
     opens = check(build(tmp_path / "qwq", qwq)).profile
     assert opens["reasoning"].startswith("on, opened by the template")
     assert opens["generation_prompt"].endswith("assistant\n<think>\n")
@@ -204,20 +232,28 @@ def test_harmony_profile_learned_from_the_template(gpt_oss: Renderer, tmp_path: 
 
 
 def test_structure_think_end_missing(qwen3: Renderer, tmp_path: Path) -> None:
-    report = check(build(tmp_path / "ds", qwen3,
-                         lambda i: sample(qwen3, i, text=f"<think>\nthinking {i} and then"
-                                                         f" answering {i}<|im_end|>")))
+    report = check(
+        build(
+            tmp_path / "ds",
+            qwen3,
+            lambda i: sample(
+                qwen3, i, text=f"<think>\nthinking {i} and then answering {i}<|im_end|>"
+            ),
+        )
+    )
     assert report.check("structure").status == "fail"
     assert flagged(report, "structure") == ids_of(SEEDED)
     assert report.check("structure").reasons == {"think-end missing": 3}
     assert report.exit_code == 1
 
 
-def test_structure_think_start_repeated_when_prompt_opened_it(r1: Renderer,
-                                                              tmp_path: Path) -> None:
+def test_structure_think_start_repeated_when_prompt_opened_it(r1: Renderer, tmp_path: Path) -> None:
     # The prompt already holds <think>; a completion that opens it again has two.
-    report = check(build(tmp_path / "ds", r1, lambda i: sample(
-        r1, i, text="<think>\n" + completion_text(r1, i))))
+    report = check(
+        build(
+            tmp_path / "ds", r1, lambda i: sample(r1, i, text="<think>\n" + completion_text(r1, i))
+        )
+    )
     assert flagged(report, "structure") == ids_of(SEEDED)
     assert report.check("structure").reasons == {"think-start repeated": 3}
 
@@ -228,11 +264,13 @@ def test_structure_end_of_turn_missing(kimi: Renderer, tmp_path: Path) -> None:
     assert report.check("structure").reasons == {"no end-of-turn token last": 3}
 
 
-def test_structure_generation_prompt_missing_its_think(qwq: Renderer, qwen3: Renderer,
-                                                       tmp_path: Path) -> None:
+def test_structure_generation_prompt_missing_its_think(
+    qwq: Renderer, qwen3: Renderer, tmp_path: Path
+) -> None:
     # Rendered with the Qwen3 template instead of QwQ's: no <think> pre-filled in the prompt.
-    report = check(build(tmp_path / "ds", qwq, lambda i: sample(
-        qwq, i, prompt=qwen3.render(messages(i)))))
+    report = check(
+        build(tmp_path / "ds", qwq, lambda i: sample(qwq, i, prompt=qwen3.render(messages(i))))
+    )
     assert flagged(report, "structure") == ids_of(SEEDED)
     assert "prompt does not end with the generation prompt" in report.check("structure").reasons
 
@@ -243,10 +281,14 @@ def test_literal_markers(qwen3: Renderer, kimi: Renderer, tmp_path: Path) -> Non
 
         def literal(i: int, r: Renderer = r, start: str = start, end: str = end) -> TokenSample:
             eos = r.stop_token_ids[0]
-            ids = (plain_ids(r.tokenizer, f"{start}\nthinking about {i}\n{end}\n\n")
-                   + r.encode(f"It is {2 * i}.") + [eos])
-            return TokenSample(f"s{i:03d}", r.render(messages(i)), ids,
-                               partition="math" if i % 2 else "chat")
+            ids = (
+                plain_ids(r.tokenizer, f"{start}\nthinking about {i}\n{end}\n\n")
+                + r.encode(f"It is {2 * i}.")
+                + [eos]
+            )
+            return TokenSample(
+                f"s{i:03d}", r.render(messages(i)), ids, partition="math" if i % 2 else "chat"
+            )
 
         report = check(build(tmp_path / name, r, literal))
         assert report.check("literal_markers").status == "fail"
@@ -256,8 +298,14 @@ def test_literal_markers(qwen3: Renderer, kimi: Renderer, tmp_path: Path) -> Non
 def test_truncation(qwq: Renderer, tmp_path: Path) -> None:
     def cut(i: int) -> TokenSample:
         answer = i == SEEDED[0]  # one cut inside the answer, the others inside the reasoning
-        return sample(qwq, i, finish="length", text=completion_text(qwq, i, eos=False)
-                      if answer else f"thinking about {i} for a long time")
+        return sample(
+            qwq,
+            i,
+            finish="length",
+            text=completion_text(qwq, i, eos=False)
+            if answer
+            else f"thinking about {i} for a long time",
+        )
 
     report = check(build(tmp_path / "ds", qwq, cut))
     res = report.check("truncation")
@@ -271,8 +319,9 @@ def test_truncation(qwq: Renderer, tmp_path: Path) -> None:
 
 def test_reasoning_capture(qwen3: Renderer, tmp_path: Path) -> None:
     seeded = list(range(12))
-    report = check(build(tmp_path / "ds", qwen3, lambda i: sample(qwen3, i, reasoning=""),
-                         seeded=seeded))
+    report = check(
+        build(tmp_path / "ds", qwen3, lambda i: sample(qwen3, i, reasoning=""), seeded=seeded)
+    )
     res = report.check("reasoning")
     assert res.status == "fail" and res.rate == 0.4
     assert flagged(report, "reasoning") == ids_of(seeded)
@@ -290,7 +339,10 @@ def test_degenerate(qwen3: Renderer, tmp_path: Path) -> None:
     report = check(build(tmp_path / "ds", qwen3, bad))
     assert flagged(report, "degenerate") == ids_of(SEEDED)
     assert report.check("degenerate").reasons == {
-        "repeated n-gram loop": 1, "empty answer": 1, "all reasoning, no answer": 1}
+        "repeated n-gram loop": 1,
+        "empty answer": 1,
+        "all reasoning, no answer": 1,
+    }
 
 
 def test_round_trip(qwen3: Renderer, tmp_path: Path) -> None:
@@ -318,8 +370,11 @@ def test_coverage(kimi: Renderer, tmp_path: Path) -> None:
 def test_harmony_tokens_without_channels(gpt_oss: Renderer, tmp_path: Path) -> None:
     # gpt-oss's tokens under a template that writes no analysis channel: no reasoning profile.
     r = load_renderer(gpt_oss.tokenizer_dir, chat_template=TEMPLATES / "Qwen-Qwen3-0.6B.jinja")
-    report = check(write(tmp_path / "ds", r, [sample(r, i, text=f"It is {2 * i}.<|return|>")
-                                              for i in range(N)]))
+    report = check(
+        write(
+            tmp_path / "ds", r, [sample(r, i, text=f"It is {2 * i}.<|return|>") for i in range(N)]
+        )
+    )
     assert report.profile["reasoning"].startswith("none (harmony tokens")
     assert report.check("reasoning").status == "skip"
     assert report.check("literal_markers").status == "skip"
@@ -332,28 +387,41 @@ def test_harmony_tokens_without_channels(gpt_oss: Renderer, tmp_path: Path) -> N
 
 ANALYSIS = "<|channel|>analysis<|message|>"
 FINAL = "<|start|>assistant<|channel|>final<|message|>"
-TOOL_CALL = ("<|channel|>analysis<|message|>I need the weather.<|end|><|start|>assistant"
-             "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
-             '{"city": "Paris"}<|call|>')
+TOOL_CALL = (
+    "<|channel|>analysis<|message|>I need the weather.<|end|><|start|>assistant"
+    "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+    '{"city": "Paris"}<|call|>'
+)
 TOOL_CALLS = [0, 2]
 """Samples that end in a tool call: valid, never flagged."""
 
 
-def harmony_build(path: Path, r: Renderer, seeded: dict[int, Callable[[int], TokenSample]],
-                  **kw) -> Path:
-    samples = [seeded[i](i) if i in seeded else sample(r, i, text=TOOL_CALL)
-               if i in TOOL_CALLS else sample(r, i, **kw) for i in range(N)]
+def harmony_build(
+    path: Path, r: Renderer, seeded: dict[int, Callable[[int], TokenSample]], **kw
+) -> Path:
+    samples = [
+        seeded[i](i)
+        if i in seeded
+        else sample(r, i, text=TOOL_CALL)
+        if i in TOOL_CALLS
+        else sample(r, i, **kw)
+        for i in range(N)
+    ]
     return write(path, r, samples)
 
 
 HARMONY_STRUCTURE = {
     1: ("analysis channel missing", "<|channel|>final<|message|>It is 2.<|return|>"),
-    3: ("analysis channel repeated",
-        f"{ANALYSIS}First.<|end|><|start|>assistant{ANALYSIS}Again.<|end|>{FINAL}6<|return|>"),
+    3: (
+        "analysis channel repeated",
+        f"{ANALYSIS}First.<|end|><|start|>assistant{ANALYSIS}Again.<|end|>{FINAL}6<|return|>",
+    ),
     5: ("final channel missing", f"{ANALYSIS}Thinking about 5.<|end|><|return|>"),
     7: ("final channel repeated", f"{ANALYSIS}T.<|end|>{FINAL}14.<|end|>{FINAL}14.<|return|>"),
-    9: ("final channel before the analysis",
-        f"<|channel|>final<|message|>18<|end|><|start|>assistant{ANALYSIS}T.<|return|>"),
+    9: (
+        "final channel before the analysis",
+        f"<|channel|>final<|message|>18<|end|><|start|>assistant{ANALYSIS}T.<|return|>",
+    ),
     11: ("analysis not closed before the final channel", f"{ANALYSIS}T.{FINAL}22<|return|>"),
     13: ("no content after the final channel", f"{ANALYSIS}T.<|end|>{FINAL}<|return|>"),
     15: ("no end-of-turn token last", f"{ANALYSIS}T.<|end|>{FINAL}It is 30."),
@@ -364,16 +432,25 @@ def test_harmony_structure(gpt_oss: Renderer, tmp_path: Path) -> None:
     r = gpt_oss
     seeded: dict[int, Callable[[int], TokenSample]] = {
         i: (lambda i, text=text: sample(r, i, text=text))
-        for i, (_, text) in HARMONY_STRUCTURE.items()}
+        for i, (_, text) in HARMONY_STRUCTURE.items()
+    }
     # Rendered without the generation prompt: the model's turn was never opened.
-    seeded[17] = lambda i: sample(r, i, prompt=r.encode(r.tokenizer.apply_chat_template(
-        messages(i), tokenize=False, add_generation_prompt=False)))
+    seeded[17] = lambda i: sample(
+        r,
+        i,
+        prompt=r.encode(
+            r.tokenizer.apply_chat_template(
+                messages(i), tokenize=False, add_generation_prompt=False
+            )
+        ),
+    )
     report = check(harmony_build(tmp_path / "ds", r, seeded))
     assert report.check("structure").status == "fail"
     assert flagged(report, "structure") == ids_of(sorted(seeded))
     assert report.check("structure").reasons == {
         **{reason: 1 for reason, _ in HARMONY_STRUCTURE.values()},
-        "prompt does not end with the generation prompt": 1}
+        "prompt does not end with the generation prompt": 1,
+    }
     # Degenerate too: stopped after the analysis (5), an empty final message (13).
     assert flagged(report, "degenerate") == ids_of([5, 13])
 
@@ -392,8 +469,9 @@ def test_harmony_literal_markers(gpt_oss: Renderer, tmp_path: Path) -> None:
             ids = r.encode(f"{ANALYSIS}Adding 7.<|end|>") + plain(f"{FINAL}It is 14.") + ret
         else:  # "<|return|>" as text after the answer, then the real one
             ids = r.encode(completion_text(r, i, eos=False)) + plain("<|return|>") + ret
-        return TokenSample(f"s{i:03d}", r.render(messages(i)), ids,
-                           partition="math" if i % 2 else "chat")
+        return TokenSample(
+            f"s{i:03d}", r.render(messages(i)), ids, partition="math" if i % 2 else "chat"
+        )
 
     report = check(harmony_build(tmp_path / "ds", r, dict.fromkeys(SEEDED, literal)))
     assert report.check("literal_markers").status == "fail"
@@ -416,8 +494,7 @@ def test_harmony_truncation(gpt_oss: Renderer, tmp_path: Path) -> None:
 
 def test_harmony_reasoning_capture(gpt_oss: Renderer, tmp_path: Path) -> None:
     r = gpt_oss
-    seeded = dict.fromkeys(range(3, 15),
-                           lambda i: sample(r, i, reasoning="" if i % 2 else "\n  "))
+    seeded = dict.fromkeys(range(3, 15), lambda i: sample(r, i, reasoning="" if i % 2 else "\n  "))
     report = check(harmony_build(tmp_path / "ds", r, seeded))
     res = report.check("reasoning")
     assert flagged(report, "reasoning") == ids_of(list(range(3, 15)))
@@ -436,7 +513,10 @@ def test_harmony_degenerate(gpt_oss: Renderer, tmp_path: Path) -> None:
     report = check(harmony_build(tmp_path / "ds", r, seeded))
     assert flagged(report, "degenerate") == ids_of([3, 7, 11])
     assert report.check("degenerate").reasons == {
-        "repeated n-gram loop": 1, "empty answer": 1, "all reasoning, no answer": 1}
+        "repeated n-gram loop": 1,
+        "empty answer": 1,
+        "all reasoning, no answer": 1,
+    }
 
 
 def test_harmony_round_trip(gpt_oss: Renderer, tmp_path: Path) -> None:
@@ -482,8 +562,7 @@ def test_integrity_duplicate_ids(qwen3: Renderer, tmp_path: Path) -> None:
     assert res.failing == 3 and sorted(res.examples) == ids_of(SEEDED)
 
 
-def test_integrity_template_changed_midway(qwen3: Renderer, qwq: Renderer,
-                                           tmp_path: Path) -> None:
+def test_integrity_template_changed_midway(qwen3: Renderer, qwq: Renderer, tmp_path: Path) -> None:
     path = build(tmp_path / "ds", qwen3)
     identity = qwq.identity()
     identity.pop("tokenizer")
@@ -519,8 +598,12 @@ def test_out_of_vocabulary_ids_fail_a_check(qwen3: Renderer, tmp_path: Path) -> 
     bare = write(tmp_path / "bare", qwen3, [garbage(i) for i in SEEDED], store=False)
     assert check(bare).check("vocabulary").status == "skip"
 
-    proc = subprocess.run([sys.executable, "-m", "eagle3kit", "validate", str(path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "eagle3kit", "validate", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     assert re.search(r"✗ ids in vocabulary +3/20 flagged", proc.stderr), proc.stderr
@@ -529,9 +612,11 @@ def test_out_of_vocabulary_ids_fail_a_check(qwen3: Renderer, tmp_path: Path) -> 
 def test_recorded_violations_fail_a_check(qwen3: Renderer, tmp_path: Path) -> None:
     """What gen records in metadata.violations (stored answers that broke an invariant, and
     samples skipped after retrying such answers) is a failed check, by kind."""
-    recorded = {3: ["5 output ids but completion_tokens = 4"],
-                7: ["5 output ids but completion_tokens = 6", "no finish_reason"],
-                11: ["2 output ids outside [0, 151669), e.g. -3"]}
+    recorded = {
+        3: ["5 output ids but completion_tokens = 4"],
+        7: ["5 output ids but completion_tokens = 6", "no finish_reason"],
+        11: ["2 output ids outside [0, 151669), e.g. -3"],
+    }
 
     def violated(i: int) -> TokenSample:
         s = sample(qwen3, i)
@@ -543,8 +628,11 @@ def test_recorded_violations_fail_a_check(qwen3: Renderer, tmp_path: Path) -> No
     report = check(build(tmp_path / "ds", qwen3, violated))
     res = report.check("invariants")
     assert res.status == "fail" and flagged(report, "invariants") == ids_of(SEEDED)
-    assert res.reasons == {"N output ids but completion_tokens = N": 2, "no finish_reason": 1,
-                           "N output ids outside [N, N), e.g. N": 1}
+    assert res.reasons == {
+        "N output ids but completion_tokens = N": 2,
+        "no finish_reason": 1,
+        "N output ids outside [N, N), e.g. N": 1,
+    }
     assert check(build(tmp_path / "clean", qwen3)).check("invariants").status == "pass"
 
 
@@ -574,7 +662,9 @@ def test_think_marker_override(qwen3: Renderer, tmp_path: Path) -> None:
 def test_only_and_skip(qwen3: Renderer, tmp_path: Path) -> None:
     path = build(tmp_path / "ds", qwen3)
     assert [c.name for c in check(path, only=["truncation", "coverage"]).checks] == [
-        "truncation", "coverage"]
+        "truncation",
+        "coverage",
+    ]
     assert "structure" not in [c.name for c in check(path, skip=["structure"]).checks]
     with pytest.raises(UserError, match="--only: unknown check"):
         ValidateConfig(path, only=["nope"])

@@ -51,9 +51,17 @@ VARIANT_CASES = {
 @pytest.fixture(scope="module")
 def target(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("target")
-    config = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=64, num_hidden_layers=N,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                         max_position_embeddings=4096, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=V,
+        hidden_size=H,
+        intermediate_size=64,
+        num_hidden_layers=N,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(out)
     return out
@@ -66,8 +74,12 @@ def target_embedding(target: Path) -> torch.Tensor:
 
 
 def make_drafter(target: Path, seed: int = 1, **variant) -> Eagle3Drafter:
-    config = DrafterConfig.from_target(AutoConfig.from_pretrained(target), draft_vocab_size=VD,
-                                       aux_layer_ids=IDS, target_name_or_path=str(target))
+    config = DrafterConfig.from_target(
+        AutoConfig.from_pretrained(target),
+        draft_vocab_size=VD,
+        aux_layer_ids=IDS,
+        target_name_or_path=str(target),
+    )
     for key, value in variant.items():
         setattr(config, key, value)
     torch.manual_seed(seed)
@@ -81,9 +93,12 @@ def make_drafter(target: Path, seed: int = 1, **variant) -> Eagle3Drafter:
 
 
 def save_run(model: Eagle3Drafter, target: Path, out: Path) -> Path:
-    identity = {"path": str(target), "name_or_path": str(target),
-                "architectures": ["LlamaForCausalLM"],
-                "fingerprint": config_fingerprint(AutoConfig.from_pretrained(target))}
+    identity = {
+        "path": str(target),
+        "name_or_path": str(target),
+        "architectures": ["LlamaForCausalLM"],
+        "fingerprint": config_fingerprint(AutoConfig.from_pretrained(target)),
+    }
     save_drafter(model, out / "drafter", extra={"target": identity, "layer_ids": IDS})
     (out / "run.json").write_text(json.dumps({"target": identity, "layer_ids": IDS}))
     return out
@@ -96,38 +111,52 @@ def hf_style(model: Eagle3Drafter, out: Path, *, midlayer: bool) -> Path:
     out.mkdir()
     tensors = {n: t for n, t in model.state_dict().items() if n != "embed_tokens.weight"}
     if midlayer:
-        tensors = {("midlayer." + n[len("layers.0."):] if n.startswith("layers.0.") else n): t
-                   for n, t in tensors.items()}
+        tensors = {
+            ("midlayer." + n[len("layers.0.") :] if n.startswith("layers.0.") else n): t
+            for n, t in tensors.items()
+        }
     save_file(tensors, str(out / "model.safetensors"))
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-              "hidden_size": H, "intermediate_size": c.intermediate_size,
-              "num_attention_heads": c.num_attention_heads,
-              "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim,
-              "num_hidden_layers": c.num_hidden_layers, "rms_norm_eps": c.rms_norm_eps,
-              "rope_theta": c.rope_theta, "max_position_embeddings": 4096, "vocab_size": V,
-              "draft_vocab_size": VD, "norm_before_residual": c.norm_before_residual,
-              "fc_norm": c.fc_norm, "norm_output": c.norm_output,
-              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in IDS],
-                               "norm_before_fc": c.norm_before_fc}}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": H,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "num_hidden_layers": c.num_hidden_layers,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "max_position_embeddings": 4096,
+        "vocab_size": V,
+        "draft_vocab_size": VD,
+        "norm_before_residual": c.norm_before_residual,
+        "fc_norm": c.fc_norm,
+        "norm_output": c.norm_output,
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in IDS],
+            "norm_before_fc": c.norm_before_fc,
+        },
+    }
     (out / "config.json").write_text(json.dumps(config))
     return out
 
 
-def drafts(model: Eagle3Drafter, aux: torch.Tensor, ids: torch.Tensor, steps: int = 3
-           ) -> list[torch.Tensor]:
+def drafts(
+    model: Eagle3Drafter, aux: torch.Tensor, ids: torch.Tensor, steps: int = 3
+) -> list[torch.Tensor]:
     t = ids.shape[1] - steps
     hidden, state, out = model.project(aux), TTTState(), []
     with torch.no_grad():
         for k in range(steps):
-            hidden = model.ttt_step(hidden, ids[:, k:k + t], torch.arange(t)[None] + k, state)
+            hidden = model.ttt_step(hidden, ids[:, k : k + t], torch.arange(t)[None] + k, state)
             out.append(model.logits(hidden))
     return out
 
 
 def inputs(seed: int = 5, t: int = 7, steps: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(1, t, 3 * H, generator=g),
-            torch.randint(0, V, (1, t + steps), generator=g))
+    return (torch.randn(1, t, 3 * H, generator=g), torch.randint(0, V, (1, t + steps), generator=g))
 
 
 # The reference: vLLM's llama_eagle3.py, in its own terms ------------------------------------
@@ -135,8 +164,9 @@ def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def add_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+def add_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's RMSNorm(x, residual): (norm(x + residual), x + residual)."""
     summed = x if residual is None else x + residual
     return rms(summed, weight, eps), summed
@@ -148,7 +178,7 @@ def rope(x: torch.Tensor, position: torch.Tensor, theta: float) -> torch.Tensor:
     inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
     ang = position.double()[:, None] * inv  # [T, D/2]
     cos, sin = ang.cos().float()[:, None], ang.sin().float()[:, None]
-    x1, x2 = x[..., :d // 2], x[..., d // 2:]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
 
@@ -159,16 +189,21 @@ class VllmStyle:
     def __init__(self, w: dict, c: DrafterConfig) -> None:
         self.w, self.c = w, c
         self.kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = [
-            [] for _ in range(c.num_hidden_layers)]
+            [] for _ in range(c.num_hidden_layers)
+        ]
 
     def combine(self, aux: torch.Tensor) -> torch.Tensor:
         w, c = self.w, self.c
         if c.norm_before_fc:
             aux = rms(aux, w["input_norm.weight"], c.rms_norm_eps)
         if c.fc_norm:
-            aux = torch.cat([rms(chunk, w[f"fc_norm.{i}.weight"], c.rms_norm_eps)
-                             for i, chunk in enumerate(aux.chunk(len(c.aux_layer_ids), -1))],
-                            -1)
+            aux = torch.cat(
+                [
+                    rms(chunk, w[f"fc_norm.{i}.weight"], c.rms_norm_eps)
+                    for i, chunk in enumerate(aux.chunk(len(c.aux_layer_ids), -1))
+                ],
+                -1,
+            )
         return aux @ w["fc.weight"].T
 
     def attention(self, i: int, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -193,8 +228,9 @@ class VllmStyle:
         gate, up = x @ self.w[p + "gate_proj.weight"].T, x @ self.w[p + "up_proj.weight"].T
         return (F.silu(gate) * up) @ self.w[p + "down_proj.weight"].T
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(normed hidden states for compute_logits, aux output for the next step)."""
         w, c, eps = self.w, self.c, self.c.rms_norm_eps
         embeds = w["embed_tokens.weight"][ids]
@@ -218,15 +254,16 @@ class VllmStyle:
         return normed @ self.w["lm_head.weight"].T
 
 
-def reference_chain(model: Eagle3Drafter, aux: torch.Tensor, ids: torch.Tensor, t: int,
-                    steps: int) -> list[torch.Tensor]:
+def reference_chain(
+    model: Eagle3Drafter, aux: torch.Tensor, ids: torch.Tensor, t: int, steps: int
+) -> list[torch.Tensor]:
     """The draft logits vLLM computes after a context ending at t, feeding ids[t+1..]."""
     ref = VllmStyle({n: x.float() for n, x in model.state_dict().items()}, model.config)
-    normed, out = ref.forward(ids[0, :t + 1], torch.arange(t + 1), ref.combine(aux[0, :t + 1]))
+    normed, out = ref.forward(ids[0, : t + 1], torch.arange(t + 1), ref.combine(aux[0, : t + 1]))
     logits = [ref.logits(normed[-1])]
     hidden = out[-1:]
     for k in range(1, steps):
-        normed, hidden = ref.forward(ids[0, t + k:t + k + 1], torch.tensor([t + k]), hidden)
+        normed, hidden = ref.forward(ids[0, t + k : t + k + 1], torch.tensor([t + k]), hidden)
         logits.append(ref.logits(normed[-1]))
     return logits
 
@@ -244,15 +281,16 @@ def test_forward_is_vllms(case, target):
         expected = reference_chain(model, aux, ids, t, steps)
         cache = DraftCache()
         with torch.no_grad():
-            h = model.decode(model.project(aux[:, :t + 1]), ids[:, :t + 1],
-                             torch.arange(t + 1)[None], cache)[:, -1:]
+            h = model.decode(
+                model.project(aux[:, : t + 1]), ids[:, : t + 1], torch.arange(t + 1)[None], cache
+            )[:, -1:]
             for k in range(steps):
                 torch.testing.assert_close(ttt[k][0, t], expected[k], rtol=1e-4, atol=1e-4)
-                torch.testing.assert_close(model.logits(h)[0, 0], expected[k], rtol=1e-4,
-                                           atol=1e-4)
+                torch.testing.assert_close(model.logits(h)[0, 0], expected[k], rtol=1e-4, atol=1e-4)
                 if k < steps - 1:
-                    h = model.decode(h, ids[:, t + k + 1:t + k + 2],
-                                     torch.tensor([[t + k + 1]]), cache)
+                    h = model.decode(
+                        h, ids[:, t + k + 1 : t + k + 2], torch.tensor([[t + k + 1]]), cache
+                    )
     if case != "plain":  # the variant changes the function: the check has teeth
         plain = make_drafter(target)
         plain.load_state_dict(model.state_dict(), strict=False)
@@ -262,14 +300,29 @@ def test_forward_is_vllms(case, target):
 def test_plain_drafter_state_is_unchanged(target):
     """The default drafter has exactly the tensors it always had (exports stay identical)."""
     names = list(make_drafter(target).state_dict())
-    assert names == ["d2t", "t2d", "embed_tokens.weight", "fc.weight",
-                     *[f"layers.0.{n}" for n in (
-                         "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                         "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                         "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-                         "input_layernorm.weight", "hidden_norm.weight",
-                         "post_attention_layernorm.weight")],
-                     "norm.weight", "lm_head.weight"]
+    assert names == [
+        "d2t",
+        "t2d",
+        "embed_tokens.weight",
+        "fc.weight",
+        *[
+            f"layers.0.{n}"
+            for n in (
+                "self_attn.q_proj.weight",
+                "self_attn.k_proj.weight",
+                "self_attn.v_proj.weight",
+                "self_attn.o_proj.weight",
+                "mlp.gate_proj.weight",
+                "mlp.up_proj.weight",
+                "mlp.down_proj.weight",
+                "input_layernorm.weight",
+                "hidden_norm.weight",
+                "post_attention_layernorm.weight",
+            )
+        ],
+        "norm.weight",
+        "lm_head.weight",
+    ]
 
 
 @pytest.mark.parametrize("case", list(VARIANT_CASES))
@@ -281,8 +334,13 @@ def test_every_layout_loads_the_variant(case, target, tmp_path):
     run(ExportConfig(run_dir, out, format="vllm", dtype="fp32"))
     exported = json.loads((out / "config.json").read_text())
     full = {**VARIANTS["eagle3"], **variant}
-    for key in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
-                "embed_requires_grad"):
+    for key in (
+        "norm_before_residual",
+        "norm_before_fc",
+        "fc_norm",
+        "norm_output",
+        "embed_requires_grad",
+    ):
         assert exported[key] is full[key], key
     assert exported["transformer_layer_config"]["num_hidden_layers"] == full["num_hidden_layers"]
     paths = {"eagle3kit": run_dir / "drafter", "speculators": out}
@@ -332,8 +390,9 @@ def test_sglang_export_of_a_variant_is_refused(target, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def edit_export(model: Eagle3Drafter, target: Path, tmp: Path, config_edit=None,
-                tensor_edit=None) -> Path:
+def edit_export(
+    model: Eagle3Drafter, target: Path, tmp: Path, config_edit=None, tensor_edit=None
+) -> Path:
     run_dir = save_run(model, target, tmp / "run")
     out = tmp / "export"
     run(ExportConfig(run_dir, out, dtype="fp32"))
@@ -350,21 +409,39 @@ def edit_export(model: Eagle3Drafter, target: Path, tmp: Path, config_edit=None,
     return out
 
 
-@pytest.mark.parametrize("variant, config_edit, tensor_edit, found", [
-    ({"norm_before_fc": True}, lambda c: c.update(norm_before_fc=False), None,
-     "input_norm.weight present but norm_before_fc is not set"),
-    ({"fc_norm": True}, lambda c: c.update(fc_norm=False), None,
-     "fc_norm.* tensors present but fc_norm is not set"),
-    ({"num_hidden_layers": 2},
-     lambda c: c["transformer_layer_config"].update(num_hidden_layers=1), None,
-     "num_hidden_layers is 1 but the weights hold 2 decoder layers"),
-    ({"embed_requires_grad": True}, None, lambda t: t.pop("embed_tokens.weight"),
-     "embed_requires_grad is true but the checkpoint has no embed_tokens.weight"),
-])
+@pytest.mark.parametrize(
+    "variant, config_edit, tensor_edit, found",
+    [
+        (
+            {"norm_before_fc": True},
+            lambda c: c.update(norm_before_fc=False),
+            None,
+            "input_norm.weight present but norm_before_fc is not set",
+        ),
+        (
+            {"fc_norm": True},
+            lambda c: c.update(fc_norm=False),
+            None,
+            "fc_norm.* tensors present but fc_norm is not set",
+        ),
+        (
+            {"num_hidden_layers": 2},
+            lambda c: c["transformer_layer_config"].update(num_hidden_layers=1),
+            None,
+            "num_hidden_layers is 1 but the weights hold 2 decoder layers",
+        ),
+        (
+            {"embed_requires_grad": True},
+            None,
+            lambda t: t.pop("embed_tokens.weight"),
+            "embed_requires_grad is true but the checkpoint has no embed_tokens.weight",
+        ),
+    ],
+)
 def test_a_config_that_hides_the_variant_is_reported_and_not_loaded(
-        target, tmp_path, variant, config_edit, tensor_edit, found):
-    path = edit_export(make_drafter(target, **variant), target, tmp_path, config_edit,
-                       tensor_edit)
+    target, tmp_path, variant, config_edit, tensor_edit, found
+):
+    path = edit_export(make_drafter(target, **variant), target, tmp_path, config_edit, tensor_edit)
     assert any(p.startswith(found) for p in inspect(path, target).problems)
     with pytest.raises(UserError, match="cannot load"):
         load_any(path, embedding=target_embedding(target))
@@ -373,8 +450,7 @@ def test_a_config_that_hides_the_variant_is_reported_and_not_loaded(
 def test_norm_before_fc_without_its_tensor_uses_weight_one(target, tmp_path):
     """speculators and vLLM leave a missing input_norm at its initial weight 1."""
     model = make_drafter(target, norm_before_fc=True)
-    path = edit_export(model, target, tmp_path,
-                       tensor_edit=lambda t: t.pop("input_norm.weight"))
+    path = edit_export(model, target, tmp_path, tensor_edit=lambda t: t.pop("input_norm.weight"))
     info = inspect(path, target)
     assert info.problems == [] and any("no input_norm.weight" in w for w in info.warnings)
     loaded, _ = load_any(path, embedding=target_embedding(target))
@@ -384,9 +460,15 @@ def test_norm_before_fc_without_its_tensor_uses_weight_one(target, tmp_path):
 def test_bad_variant_combinations_are_refused(target, tmp_path):
     with pytest.raises(ValueError, match="exclude each other"):
         make_drafter(target, norm_before_fc=True, fc_norm=True).config.__post_init__()
-    path = edit_export(make_drafter(target), target, tmp_path,
-                       config_edit=lambda c: c.update(norm_before_fc=True, fc_norm=True))
-    assert any(p.startswith("norm_before_fc and fc_norm are both set")
-               for p in inspect(path, target).problems)
+    path = edit_export(
+        make_drafter(target),
+        target,
+        tmp_path,
+        config_edit=lambda c: c.update(norm_before_fc=True, fc_norm=True),
+    )
+    assert any(
+        p.startswith("norm_before_fc and fc_norm are both set")
+        for p in inspect(path, target).problems
+    )
     with pytest.raises(UserError, match=r"config\.json: norm_before_fc and fc_norm exclude"):
         load_any(path, embedding=target_embedding(target))

@@ -15,12 +15,12 @@ from eagle3kit.bench.stats import length_interval
 from eagle3kit.errors import UserError
 from eagle3kit.model.verification import Rule, target_probs
 
-P = torch.tensor([[0.5, 0.3, 0.1, 0.1, 0.0],
-                  [0.1, 0.1, 0.2, 0.3, 0.3],
-                  [0.2, 0.2, 0.2, 0.2, 0.2]], dtype=torch.float64)
+P = torch.tensor(
+    [[0.5, 0.3, 0.1, 0.1, 0.0], [0.1, 0.1, 0.2, 0.3, 0.3], [0.2, 0.2, 0.2, 0.2, 0.2]],
+    dtype=torch.float64,
+)
 """The target's distribution at draft positions 1 and 2, and after them (the bonus)."""
-Q = torch.tensor([[0.1, 0.2, 0.4, 0.2, 0.1],
-                  [0.05, 0.05, 0.1, 0.7, 0.1]], dtype=torch.float64)
+Q = torch.tensor([[0.1, 0.2, 0.4, 0.2, 0.1], [0.05, 0.05, 0.1, 0.7, 0.1]], dtype=torch.float64)
 """The drafter's at positions 1 and 2: its argmax is 2, then 3."""
 EXACT = {
     # p(argmax q): p1(2), p2(3)
@@ -70,7 +70,7 @@ def test_sampled_rounds_converge_to_the_closed_form_within_their_interval(name: 
     expected_length = 1 + a1 + a1 * a2  # the positions' distributions are fixed: independent
     # 40 "generations" of 100 rounds: the interval's by-generation form has something to use
     rounds = sampled_rounds(rule_of(name), 4000)
-    interval = length_interval([rounds[i:i + 100] for i in range(0, 4000, 100)])
+    interval = length_interval([rounds[i : i + 100] for i in range(0, 4000, 100)])
     assert interval is not None and interval.rounds == 4000 and interval.generations == 40
     assert interval.low <= expected_length <= interval.high, (interval, expected_length)
     # ... and the interval is narrow enough to tell the rules apart here
@@ -82,9 +82,11 @@ def test_the_rules_keep_the_target_distribution_after_a_rejection() -> None:
     draft removed, and max(0, p - q) renormalised."""
     p, q = P[0].float(), Q[0].float()
     assert Rule("onehot").residual(p, None, 2).tolist() == pytest.approx(
-        [0.5 / 0.9, 0.3 / 0.9, 0.0, 0.1 / 0.9, 0.0])
+        [0.5 / 0.9, 0.3 / 0.9, 0.0, 0.1 / 0.9, 0.0]
+    )
     assert Rule("probabilistic").residual(p, q, 2).tolist() == pytest.approx(
-        [0.4 / 0.5, 0.1 / 0.5, 0.0, 0.0, 0.0])
+        [0.4 / 0.5, 0.1 / 0.5, 0.0, 0.0, 0.0]
+    )
     for name in ("onehot", "probabilistic"):
         counts = torch.zeros(5)
         rule = Rule(name)
@@ -92,9 +94,9 @@ def test_the_rules_keep_the_target_distribution_after_a_rejection() -> None:
         logits = P.float().clamp_min(1e-30).log()
         for _ in range(4000):
             draft = sampler.draw(q) if rule.samples_drafts else int(q.argmax())
-            accepted, bonus = decode.verify_sampled(logits[:1].repeat(2, 1), [draft],
-                                                    [q if rule.samples_drafts else None],
-                                                    sampler)
+            accepted, bonus = decode.verify_sampled(
+                logits[:1].repeat(2, 1), [draft], [q if rule.samples_drafts else None], sampler
+            )
             counts[draft if accepted else bonus] += 1
         freq = counts / counts.sum()
         assert freq.tolist() == pytest.approx(p.tolist(), abs=0.03), name
@@ -108,12 +110,13 @@ def test_the_target_distribution_is_tempered_then_top_k_then_top_p() -> None:
     assert target_probs(logits, 0.5, top_p=0.6).tolist() == pytest.approx([1.0, 0.0, 0.0])
     # top-k 2 first leaves [0.625, 0.375], whose top-p 0.6 is the first alone (top-p first
     # would keep two)
-    assert target_probs(logits, 1.0, top_k=2, top_p=0.6).tolist() == pytest.approx(
-        [1.0, 0.0, 0.0])
+    assert target_probs(logits, 1.0, top_k=2, top_p=0.6).tolist() == pytest.approx([1.0, 0.0, 0.0])
     assert target_probs(logits, 1.0, top_k=2).tolist() == pytest.approx([0.625, 0.375, 0.0])
     assert target_probs(logits, 2.0).tolist() == pytest.approx(
-        (torch.tensor([0.5, 0.3, 0.2]) ** 0.5 / (torch.tensor([0.5, 0.3, 0.2]) ** 0.5).sum())
-        .tolist())
+        (
+            torch.tensor([0.5, 0.3, 0.2]) ** 0.5 / (torch.tensor([0.5, 0.3, 0.2]) ** 0.5).sum()
+        ).tolist()
+    )
 
 
 def test_the_interval_rests_on_the_generations_when_their_rounds_are_alike() -> None:
@@ -127,23 +130,42 @@ def test_the_interval_rests_on_the_generations_when_their_rounds_are_alike() -> 
     assert length_interval([[], []]) is None
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"verify": "greedy"}, "--verify must be one of onehot, probabilistic, sglang (got greedy)"),
-    ({"top_p": 0.0}, "--top-p must be in (0, 1] (got 0.0)"),
-    ({"top_k": 0}, "--top-k must be -1 (off) or at least 1 (got 0)"),
-    ({"speculative_accept_threshold_acc": 0.5},
-     "--speculative-accept-threshold-acc is SGLang's: give it with --verify sglang"),
-    ({"verify": "sglang", "speculative_accept_threshold_single": 1.5},
-     "--speculative-accept-threshold-single must be in (0, 1] (got 1.5)"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"verify": "greedy"},
+            "--verify must be one of onehot, probabilistic, sglang (got greedy)",
+        ),
+        ({"top_p": 0.0}, "--top-p must be in (0, 1] (got 0.0)"),
+        ({"top_k": 0}, "--top-k must be -1 (off) or at least 1 (got 0)"),
+        (
+            {"speculative_accept_threshold_acc": 0.5},
+            "--speculative-accept-threshold-acc is SGLang's: give it with --verify sglang",
+        ),
+        (
+            {"verify": "sglang", "speculative_accept_threshold_single": 1.5},
+            "--speculative-accept-threshold-single must be in (0, 1] (got 1.5)",
+        ),
+    ],
+)
 def test_bad_sampling_options_name_their_flag(options: dict, message: str) -> None:
     from types import SimpleNamespace
 
     from eagle3kit.bench.accept import check_sampling
 
-    cfg = SimpleNamespace(**({"verify": "onehot", "top_p": 1.0, "top_k": -1,
-                              "speculative_accept_threshold_single": 1.0,
-                              "speculative_accept_threshold_acc": 1.0} | options))
+    cfg = SimpleNamespace(
+        **(
+            {
+                "verify": "onehot",
+                "top_p": 1.0,
+                "top_k": -1,
+                "speculative_accept_threshold_single": 1.0,
+                "speculative_accept_threshold_acc": 1.0,
+            }
+            | options
+        )
+    )
     with pytest.raises(UserError) as caught:
         check_sampling(cfg)
     assert str(caught.value) == message

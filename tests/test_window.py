@@ -29,8 +29,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 WINDOW = 9
 
 
-def masked_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                     window: int | None) -> torch.Tensor:
+def masked_attention(
+    q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], window: int | None
+) -> torch.Tensor:
     """Step len(keys)-1 (k) of the training-time test, as one softmax over an explicit mask:
     the query at index t sits at position t+k and sees the step-0 key at index s when
     s <= t and t+k-s < window; the step-j key at index t (position t+j) when t+k-(t+j) <
@@ -49,7 +50,7 @@ def masked_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[tor
     weights = torch.softmax(torch.cat([scores, *diagonal], -1).float(), -1).to(q.dtype)
     out = weights[..., :t] @ values[0]
     for j, value in enumerate(values[1:]):
-        out = out + weights[..., t + j:t + j + 1] * value
+        out = out + weights[..., t + j : t + j + 1] * value
     return out
 
 
@@ -129,15 +130,22 @@ def test_held_out_verdicts_equal_the_masked_reference(kernel, reference):
 def test_a_window_no_wider_than_the_unroll_is_refused():
     drafter, head = windowed(STEPS - 1)
     batch = make_batch(head, [12])
-    with pytest.raises(ValueError, match="sliding window of 3 keys leaves training-time-test "
-                                         "step 3 no context"):
+    with pytest.raises(
+        ValueError, match="sliding window of 3 keys leaves training-time-test step 3 no context"
+    ):
         TTTLoss(drafter, head, STEPS, DECAY)(batch, step_counts(batch, drafter.t2d, STEPS))
 
 
 # Decoding ---------------------------------------------------------------------------------
 def tiny_drafter(window: int | None) -> Eagle3Drafter:
-    target = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2)
+    target = LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     config = DrafterConfig.from_target(target, draft_vocab_size=50)
     config.sliding_window = window
     config.num_hidden_layers = 2  # the window applies to every draft layer
@@ -150,11 +158,20 @@ def tiny_drafter(window: int | None) -> Eagle3Drafter:
 
 def plain_forward(model: Eagle3Drafter, hidden, ids, positions, window: int) -> torch.Tensor:
     """The drafter's layers over a whole context with the window as an explicit mask."""
+
     def attend(index, q, k, v):
         p = positions[0]
         seen = (p[None] <= p[:, None]) & (p[:, None] - p[None] < window)
-        return torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]))
-                             .masked_fill(~seen, float("-inf")), -1) @ v
+        return (
+            torch.softmax(
+                (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(
+                    ~seen, float("-inf")
+                ),
+                -1,
+            )
+            @ v
+        )
+
     return model.layer(hidden, ids, positions, attend)
 
 
@@ -174,20 +191,24 @@ def test_decoding_equals_the_masked_reference_and_the_training_time_test():
         expected = plain_forward(model, model.project(aux), ids[:, :t_len], positions, WINDOW)
         torch.testing.assert_close(decoded, expected, rtol=1e-5, atol=1e-5)
         full = tiny_drafter(None)
-        assert not torch.allclose(full.decode(full.project(aux), ids[:, :t_len], positions,
-                                              DraftCache()), decoded, atol=1e-3)
+        assert not torch.allclose(
+            full.decode(full.project(aux), ids[:, :t_len], positions, DraftCache()),
+            decoded,
+            atol=1e-3,
+        )
         state, hidden, ttt = TTTState(), model.project(aux), []
         for k in range(steps):
-            hidden = model.ttt_step(hidden, ids[:, k:k + t_len], positions + k, state)
+            hidden = model.ttt_step(hidden, ids[:, k : k + t_len], positions + k, state)
             ttt.append(hidden)
         for t in (3, 15, t_len - 1):
             cache = DraftCache()
-            out = model.decode(model.project(aux[:, :t + 1]), ids[:, :t + 1],
-                               positions[:, :t + 1], cache)
+            out = model.decode(
+                model.project(aux[:, : t + 1]), ids[:, : t + 1], positions[:, : t + 1], cache
+            )
             torch.testing.assert_close(out[:, t], ttt[0][:, t], rtol=1e-5, atol=1e-5)
-            h = out[:, t:t + 1]
+            h = out[:, t : t + 1]
             for k in range(1, steps):
-                h = model.decode(h, ids[:, t + k:t + k + 1], torch.tensor([[t + k]]), cache)
+                h = model.decode(h, ids[:, t + k : t + k + 1], torch.tensor([[t + k]]), cache)
                 torch.testing.assert_close(h[:, 0], ttt[k][:, t], rtol=1e-5, atol=1e-5)
 
 
@@ -200,8 +221,9 @@ def test_a_cropped_cache_keeps_its_positions():
         cache = DraftCache()
         model.decode(model.project(aux[:, :6]), ids[:, :6], torch.arange(6)[None], cache)
         cache.crop(5)
-        again = model.decode(model.project(aux[:, 5:8]), ids[:, 5:8],
-                             torch.arange(5, 8)[None], cache)
+        again = model.decode(
+            model.project(aux[:, 5:8]), ids[:, 5:8], torch.arange(5, 8)[None], cache
+        )
         whole = model.decode(model.project(aux), ids, torch.arange(8)[None], DraftCache())
     assert cache.positions is not None and cache.positions.tolist() == [list(range(8))]
     torch.testing.assert_close(again, whole[:, 5:], rtol=1e-5, atol=1e-5)
@@ -215,15 +237,19 @@ def test_yarn_rope_matches_transformers():
 
     from eagle3kit.model.drafter import apply_rope
 
-    target = LlamaConfig(hidden_size=256, num_attention_heads=4, rope_theta=10000.0,
-                         max_position_embeddings=32768,
-                         rope_scaling={"rope_type": "yarn", "factor": 4.0,
-                                       "original_max_position_embeddings": 8192})
+    target = LlamaConfig(
+        hidden_size=256,
+        num_attention_heads=4,
+        rope_theta=10000.0,
+        max_position_embeddings=32768,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192},
+    )
     model = Eagle3Drafter(DrafterConfig.from_target(target))
     assert model.rope_factor == pytest.approx(0.1 * math.log(4.0) + 1)
     x = torch.randn(1, 4, 5, 64)
     pos = torch.tensor([[0, 7, 4000, 12000, 30000]])
     cos, sin = LlamaRotaryEmbedding(target)(x, pos)
     expected, _ = apply_rotary_pos_emb(x, x, cos, sin)
-    torch.testing.assert_close(apply_rope(x, pos, model.inv_freq, model.rope_factor), expected,
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        apply_rope(x, pos, model.inv_freq, model.rope_factor), expected, rtol=1e-4, atol=1e-4
+    )

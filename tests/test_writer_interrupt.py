@@ -37,12 +37,18 @@ FORMAT_DIR = str(Path(__file__).resolve().parents[1] / "eagle3kit" / "format")
 def hidden_samples(n: int) -> list[HiddenSample]:
     rng = np.random.default_rng(0)
     h, a = HIDDEN_LAYOUT["hidden_size"], len(HIDDEN_LAYOUT["layer_ids"])
-    return [HiddenSample(f"h{i}", np.arange(2 + i % 3, dtype=np.int32) + i,
-                         np.ones(2 + i % 3, np.uint8),
-                         rng.standard_normal((2 + i % 3, a * h), np.float32),
-                         rng.standard_normal((2 + i % 3, h), np.float32), prompt_len=1,
-                         partition="a" if i % 2 else "b")
-            for i in range(n)]
+    return [
+        HiddenSample(
+            f"h{i}",
+            np.arange(2 + i % 3, dtype=np.int32) + i,
+            np.ones(2 + i % 3, np.uint8),
+            rng.standard_normal((2 + i % 3, a * h), np.float32),
+            rng.standard_normal((2 + i % 3, h), np.float32),
+            prompt_len=1,
+            partition="a" if i % 2 else "b",
+        )
+        for i in range(n)
+    ]
 
 
 def interrupt_at_line(k: int, body: Callable[[], None]) -> bool:
@@ -80,16 +86,22 @@ def hidden_writer(path: Path) -> DatasetWriter:
 
 
 def token_same(got: TokenSample, want: TokenSample) -> bool:
-    return (list(got.prompt_ids), list(got.completion_ids), got.partition,
-            got.finish_reason) == (list(want.prompt_ids), list(want.completion_ids),
-                                   want.partition, want.finish_reason)
+    return (list(got.prompt_ids), list(got.completion_ids), got.partition, got.finish_reason) == (
+        list(want.prompt_ids),
+        list(want.completion_ids),
+        want.partition,
+        want.finish_reason,
+    )
 
 
 def hidden_same(got: HiddenSample, want: HiddenSample) -> bool:
     bf16 = np.float32  # stored as bf16: compare at that precision
-    return (list(got.input_ids) == list(want.input_ids) and got.partition == want.partition
-            and np.allclose(np.asarray(got.aux, bf16), want.aux, rtol=1e-2, atol=1e-2)
-            and np.allclose(np.asarray(got.last, bf16), want.last, rtol=1e-2, atol=1e-2))
+    return (
+        list(got.input_ids) == list(want.input_ids)
+        and got.partition == want.partition
+        and np.allclose(np.asarray(got.aux, bf16), want.aux, rtol=1e-2, atol=1e-2)
+        and np.allclose(np.asarray(got.last, bf16), want.last, rtol=1e-2, atol=1e-2)
+    )
 
 
 KINDS = {
@@ -100,7 +112,8 @@ KINDS = {
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_an_interrupt_at_any_line_of_the_writer_leaves_a_whole_dataset(
-        tmp_path: Path, kind: str) -> None:
+    tmp_path: Path, kind: str
+) -> None:
     make_writer, make_samples, reader, same = KINDS[kind]
     samples = make_samples(8)
     by_id = {s.sample_id: s for s in samples}

@@ -37,15 +37,23 @@ def write_tokens(path: Path, sequences: list[list[int]], prompt: int = 4) -> Pat
 def extract(tokens: Path, out: Path, target: Path) -> Path:
     from eagle3kit import extract as stage
 
-    stage.run(stage.ExtractConfig(tokens, out, target=target, device="cpu",
-                                  output=QUIET))
+    stage.run(stage.ExtractConfig(tokens, out, target=target, device="cpu", output=QUIET))
     return out
 
 
 def config(world, data, out, **kw) -> TrainConfig:
-    options = dict(max_steps=4, batch_tokens=256, draft_vocab=200, eval_split=4,
-                   eval_every=2, checkpoint_every=2, lr=3e-3, warmup=1, device="cpu",
-                   output=QUIET)
+    options = dict(
+        max_steps=4,
+        batch_tokens=256,
+        draft_vocab=200,
+        eval_split=4,
+        eval_every=2,
+        checkpoint_every=2,
+        lr=3e-3,
+        warmup=1,
+        device="cpu",
+        output=QUIET,
+    )
     options.update(kw)
     options["write"] = WriteOptions(**{k: options.pop(k) for k in WRITE_KEYS if k in options})
     return TrainConfig([data], out, world["target"], **options)
@@ -85,6 +93,24 @@ def build_train_world(root: Path) -> dict[str, Path]:
 
 
 def train_cmd(world, out: Path, *extra: str) -> list[str]:
-    return ["train", str(world["hidden"]), str(out), "--target", str(world["target"]),
-            "--device", "cpu", "--batch-tokens", "256", "--draft-vocab", "200",
-            "--eval-split", "4", "--lr", "3e-3", "--warmup", "1", "--no-progress", *extra]
+    return [
+        "train",
+        str(world["hidden"]),
+        str(out),
+        "--target",
+        str(world["target"]),
+        "--device",
+        "cpu",
+        "--batch-tokens",
+        "256",
+        "--draft-vocab",
+        "200",
+        "--eval-split",
+        "4",
+        "--lr",
+        "3e-3",
+        "--warmup",
+        "1",
+        "--no-progress",
+        *extra,
+    ]

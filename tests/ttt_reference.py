@@ -16,8 +16,9 @@ from eagle3kit.train.target import TargetBatch, TargetHead
 from eagle3kit.train.ttt import loss_masks, shifted
 
 
-def quadratic_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: TTTState,
-                        valid: torch.Tensor | None) -> torch.Tensor:
+def quadratic_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: TTTState, valid: torch.Tensor | None
+) -> torch.Tensor:
     state.keys.append(k)
     state.values.append(v)
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -31,28 +32,40 @@ def quadratic_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state
     weights = torch.softmax(torch.cat([scores, *diagonal], dim=-1).float(), dim=-1).to(q.dtype)
     out = torch.matmul(weights[..., :t], state.values[0])
     for j, value in enumerate(state.values[1:]):
-        out = out + weights[..., t + j:t + j + 1] * value
+        out = out + weights[..., t + j : t + j + 1] * value
     return out
 
 
-def quadratic_step(drafter: Eagle3Drafter, hidden: torch.Tensor, ids: torch.Tensor,
-                   positions: torch.Tensor, state: TTTState,
-                   valid: torch.Tensor | None = None) -> torch.Tensor:
-    return drafter.layer(hidden, ids, positions,
-                         lambda index, q, k, v: quadratic_attention(q, k, v, state.layer(index),
-                                                                    valid))
+def quadratic_step(
+    drafter: Eagle3Drafter,
+    hidden: torch.Tensor,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    state: TTTState,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
+    return drafter.layer(
+        hidden,
+        ids,
+        positions,
+        lambda index, q, k, v: quadratic_attention(q, k, v, state.layer(index), valid),
+    )
 
 
-def quadratic_loss(drafter: Eagle3Drafter, head: TargetHead, batch: TargetBatch,
-                   counts: torch.Tensor, steps: int, decay: float,
-                   autocast: torch.dtype | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quadratic_loss(
+    drafter: Eagle3Drafter,
+    head: TargetHead,
+    batch: TargetBatch,
+    counts: torch.Tensor,
+    steps: int,
+    decay: float,
+    autocast: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """TTTLoss.forward as it was: (loss, per-step CE sums, per-step correct counts)."""
     draft_ids = drafter.d2t + torch.arange(len(drafter.d2t), device=drafter.d2t.device)
     masks = loss_masks(batch, drafter.t2d, steps)
     length = batch.ids.shape[1] - 1
-    positions = torch.arange(length, device=batch.ids.device)[None].expand(
-        batch.ids.shape[0], -1)
+    positions = torch.arange(length, device=batch.ids.device)[None].expand(batch.ids.shape[0], -1)
     valid = positions < (batch.lengths[:, None] - 1)
     logits = torch.matmul(batch.normed.to(head.lm_head.dtype), head.lm_head[draft_ids].T)
     probs = torch.softmax(logits.float(), dim=-1)
@@ -60,8 +73,9 @@ def quadratic_loss(drafter: Eagle3Drafter, head: TargetHead, batch: TargetBatch,
     state = TTTState()
     total = torch.zeros((), device=batch.ids.device)
     sums, correct = [], []
-    with torch.autocast(batch.ids.device.type, dtype=autocast or torch.bfloat16,
-                        enabled=autocast is not None):
+    with torch.autocast(
+        batch.ids.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None
+    ):
         hidden = drafter.project(batch.aux[:, :length])
         for k in range(steps):
             ids = shifted(batch.ids, k, length)
@@ -72,19 +86,20 @@ def quadratic_loss(drafter: Eagle3Drafter, head: TargetHead, batch: TargetBatch,
                 correct.append(total.new_zeros((), dtype=torch.float64))
                 continue
             logq = torch.log_softmax(drafter.logits(hidden[:, :n]).float(), dim=-1)
-            p = probs[:, 1 + k:1 + k + n]
+            p = probs[:, 1 + k : 1 + k + n]
             mask = masks[k][:, :n]
             ce = -(p * logq).sum(-1) * mask
-            total = total + (decay ** k) * ce.sum() / counts[k].clamp_min(1).float()
+            total = total + (decay**k) * ce.sum() / counts[k].clamp_min(1).float()
             sums.append(ce.sum().detach().double())
-            hit = (logq.argmax(-1) == best[:, 1 + k:1 + k + n]) & mask
+            hit = (logq.argmax(-1) == best[:, 1 + k : 1 + k + n]) & mask
             correct.append(hit.sum().double())
     return total, torch.stack(sums), torch.stack(correct)
 
 
 @torch.no_grad()
-def quadratic_verdicts(drafter: Eagle3Drafter, batch: TargetBatch, k: int
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def quadratic_verdicts(
+    drafter: Eagle3Drafter, batch: TargetBatch, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """ttt.chain_verdicts as it was."""
     length = batch.ids.shape[1] - 1
     b = batch.ids.shape[0]
@@ -98,7 +113,7 @@ def quadratic_verdicts(drafter: Eagle3Drafter, batch: TargetBatch, k: int
     accepted, observable = [], []
     seen = start.clone()
     for j in range(k):
-        ids = batch.ids[:, 1:1 + length] if j == 0 else shifted(greedy, j, length)
+        ids = batch.ids[:, 1 : 1 + length] if j == 0 else shifted(greedy, j, length)
         hidden = quadratic_step(drafter, hidden, ids, positions + j, state, valid)
         draft = drafter.draft_to_target(drafter.logits(hidden).argmax(-1))
         if j > 0:
@@ -107,5 +122,7 @@ def quadratic_verdicts(drafter: Eagle3Drafter, batch: TargetBatch, k: int
         observable.append(seen & inside)
         accepted.append(draft == shifted(batch.argmax, j, length, -1))
     keep = start.reshape(-1)
-    return (torch.stack(accepted, -1).reshape(-1, k)[keep],
-            torch.stack(observable, -1).reshape(-1, k)[keep])
+    return (
+        torch.stack(accepted, -1).reshape(-1, k)[keep],
+        torch.stack(observable, -1).reshape(-1, k)[keep],
+    )

@@ -15,8 +15,14 @@ DECAY = 0.8
 
 
 def drafter_and_head(seed: int = 0) -> tuple[Eagle3Drafter, TargetHead]:
-    target = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64,
-                         num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2)
+    target = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     gen = torch.Generator().manual_seed(seed)
     counts = torch.randint(0, 50, (VOCAB,), generator=gen).numpy()
     vocab = build_vocab(counts, DRAFT)
@@ -25,8 +31,11 @@ def drafter_and_head(seed: int = 0) -> tuple[Eagle3Drafter, TargetHead]:
         for p in drafter.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
     drafter.set_vocab(torch.from_numpy(vocab.d2t), torch.from_numpy(vocab.t2d))
-    head = TargetHead(drafter.embed_tokens.weight.detach().clone(), torch.nn.Identity(),
-                      torch.randn(VOCAB, HIDDEN, generator=gen))
+    head = TargetHead(
+        drafter.embed_tokens.weight.detach().clone(),
+        torch.nn.Identity(),
+        torch.randn(VOCAB, HIDDEN, generator=gen),
+    )
     return drafter, head
 
 
@@ -40,8 +49,9 @@ def make_batch(head: TargetHead, lengths: list[int], seed: int = 1) -> TargetBat
     normed = torch.randn(len(lengths), t, HIDDEN, generator=gen) * real[..., None]
     argmax = head.argmax(normed)
     ids = torch.randint(0, VOCAB, (len(lengths), t), generator=gen)
-    ids[:, 1:] = torch.where(torch.rand(len(lengths), t - 1, generator=gen) < 0.7,
-                             argmax[:, :-1], ids[:, 1:])
+    ids[:, 1:] = torch.where(
+        torch.rand(len(lengths), t - 1, generator=gen) < 0.7, argmax[:, :-1], ids[:, 1:]
+    )
     ids = ids * real
     mask = (torch.rand(len(lengths), t, generator=gen) < 0.8) & real
     mask[:, :3] = False  # a prompt

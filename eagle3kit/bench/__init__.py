@@ -20,8 +20,14 @@ from eagle3kit.bench.stats import Acceptance, predicted_length
 
 _HOMES = {"AcceptConfig": "accept", "AcceptReport": "result", "parse_tree": "accept"}
 
-__all__ = ["AcceptConfig", "AcceptReport", "Acceptance", "parse_tree", "predicted_length",
-           "run_accept"]
+__all__ = [
+    "AcceptConfig",
+    "AcceptReport",
+    "Acceptance",
+    "parse_tree",
+    "predicted_length",
+    "run_accept",
+]
 
 if TYPE_CHECKING:
     from eagle3kit.bench.accept import AcceptConfig, parse_tree

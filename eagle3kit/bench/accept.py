@@ -56,10 +56,16 @@ def check_sampling(cfg: Any, rules: tuple[str, ...] | None = None) -> None:
         raise UserError(f"--top-p must be in (0, 1] (got {cfg.top_p})")
     if cfg.top_k == 0 or cfg.top_k < -1:
         raise UserError(f"--top-k must be -1 (off) or at least 1 (got {cfg.top_k})")
-    for flag, value in (("--speculative-accept-threshold-single",
-                         getattr(cfg, "speculative_accept_threshold_single", 1.0)),
-                        ("--speculative-accept-threshold-acc",
-                         getattr(cfg, "speculative_accept_threshold_acc", 1.0))):
+    for flag, value in (
+        (
+            "--speculative-accept-threshold-single",
+            getattr(cfg, "speculative_accept_threshold_single", 1.0),
+        ),
+        (
+            "--speculative-accept-threshold-acc",
+            getattr(cfg, "speculative_accept_threshold_acc", 1.0),
+        ),
+    ):
         if not (0 < value <= 1):
             raise UserError(f"{flag} must be in (0, 1] (got {value})")
         if value != 1 and cfg.verify != "sglang":
@@ -80,8 +86,9 @@ class AcceptConfig:
     """Prompt files, as gen takes them (JSONL, JSON, parquet); EAGLE/MT-bench question.jsonl."""
     k: int = field(default=_DefaultK(3), metadata=opt("--k"))
     """Draft tokens per round (a chain)."""
-    tree: tuple[int, int] | str | None = field(default=None, metadata=opt(
-        metavar="TOPK,DEPTH", type=str))
+    tree: tuple[int, int] | str | None = field(
+        default=None, metadata=opt(metavar="TOPK,DEPTH", type=str)
+    )
     """Draft a tree instead of a chain: TOPK candidates per level, DEPTH levels."""
     temperature: float = 0.0
     """Sampling temperature; 0 is greedy (and checks losslessness)."""
@@ -130,17 +137,21 @@ class AcceptConfig:
     depth: DepthOptions = field(default_factory=DepthOptions, metadata=embed())
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
     prompts_alias: InitVar[list[Path] | None] = field(
-        default=None, metadata=bench_prompts.PROMPTS_ALIAS)
+        default=None, metadata=bench_prompts.PROMPTS_ALIAS
+    )
     """Deprecated: give the prompt files positionally."""
 
     def __post_init__(self, prompts_alias: list[Path] | None) -> None:
         bench_prompts.required(target=self.target, drafter=self.drafter)
         self.prompts = bench_prompts.prompt_files(
-            self.prompts, prompts_alias, optional=self.depth.context_from is not None)
+            self.prompts, prompts_alias, optional=self.depth.context_from is not None
+        )
         if isinstance(self.tree, str):
             if type(self.k) is not _DefaultK:
-                raise UserError("--k and --tree exclude each other: a tree's depth is its "
-                                "second number (--tree TOPK,DEPTH)")
+                raise UserError(
+                    "--k and --tree exclude each other: a tree's depth is its "
+                    "second number (--tree TOPK,DEPTH)"
+                )
             self.tree = parse_tree(self.tree)
         self.target, self.drafter = Path(self.target), Path(self.drafter)
         for path in self.prompts:
@@ -150,20 +161,26 @@ class AcceptConfig:
             raise UserError(f"--target {self.target}: no such model directory")
         if not self.drafter.is_dir():
             raise UserError(f"--drafter {self.drafter}: no such checkpoint directory")
-        for flag, value in (("--k", self.k), ("--max-new-tokens", self.max_new_tokens),
-                            ("--max-samples", self.max_samples), ("--max-turns", self.max_turns)):
+        for flag, value in (
+            ("--k", self.k),
+            ("--max-new-tokens", self.max_new_tokens),
+            ("--max-samples", self.max_samples),
+            ("--max-turns", self.max_turns),
+        ):
             if value is not None and value < 1:
                 raise UserError(f"{flag} must be at least 1 (got {value})")
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise UserError(f"--temperature must be >= 0 (got {self.temperature})")
-        if self.tie_epsilon is not None and not (self.tie_epsilon >= 0
-                                                 and math.isfinite(self.tie_epsilon)):
-            raise UserError(f"--tie-epsilon must be a finite number >= 0 (got "
-                            f"{self.tie_epsilon})")
+        if self.tie_epsilon is not None and not (
+            self.tie_epsilon >= 0 and math.isfinite(self.tie_epsilon)
+        ):
+            raise UserError(f"--tie-epsilon must be a finite number >= 0 (got {self.tie_epsilon})")
         check_sampling(self)
         if self.tree is not None and self.temperature > 0:
-            raise UserError("--tree verifies greedily: use it with --temperature 0, or draft "
-                            "a chain (--k N) to sample")
+            raise UserError(
+                "--tree verifies greedily: use it with --temperature 0, or draft "
+                "a chain (--k N) to sample"
+            )
         self.dtype, note = parse_dtype(self.dtype)
         if note:
             _ui.warn(note)
@@ -177,8 +194,11 @@ class AcceptConfig:
         """The verification rule (eagle3kit.model.verification.Rule) --verify names."""
         from eagle3kit.model.verification import Rule
 
-        return Rule(self.verify, self.speculative_accept_threshold_single,
-                    self.speculative_accept_threshold_acc)
+        return Rule(
+            self.verify,
+            self.speculative_accept_threshold_single,
+            self.speculative_accept_threshold_acc,
+        )
 
     @property
     def tree_shape(self) -> tuple[int, int] | None:
@@ -232,18 +252,26 @@ def check_pair(drafter: Any, model: Any, cfg: AcceptConfig) -> None:
     n = target.num_hidden_layers
     where = f"--drafter {cfg.drafter} and --target {cfg.target}"
     if config.hidden_size != target.hidden_size:
-        raise UserError(f"{where}: the drafter is {config.hidden_size} wide, the target "
-                        f"{target.hidden_size}: it was trained for another target")
+        raise UserError(
+            f"{where}: the drafter is {config.hidden_size} wide, the target "
+            f"{target.hidden_size}: it was trained for another target"
+        )
     bad = [i for i in config.aux_layer_ids if not 0 <= i <= n]
     if bad:
-        raise UserError(f"{where}: the drafter reads layers {config.aux_layer_ids} "
-                        f"(boundary ids) but the target has {n} layers (ids 0..{n})")
+        raise UserError(
+            f"{where}: the drafter reads layers {config.aux_layer_ids} "
+            f"(boundary ids) but the target has {n} layers (ids 0..{n})"
+        )
     if config.aux_width != len(config.aux_layer_ids) * target.hidden_size:
-        raise UserError(f"{where}: the drafter fuses {config.aux_width} features, the target "
-                        f"gives {len(config.aux_layer_ids)} x {target.hidden_size}")
+        raise UserError(
+            f"{where}: the drafter fuses {config.aux_width} features, the target "
+            f"gives {len(config.aux_layer_ids)} x {target.hidden_size}"
+        )
     if config.vocab_size != target.vocab_size:
-        raise UserError(f"{where}: the drafter was built for a vocabulary of "
-                        f"{config.vocab_size}, the target has {target.vocab_size}")
+        raise UserError(
+            f"{where}: the drafter was built for a vocabulary of "
+            f"{config.vocab_size}, the target has {target.vocab_size}"
+        )
 
 
 def training_prediction(drafter_dir: Path) -> dict[str, Any] | None:
@@ -274,8 +302,7 @@ def _warm_up(target: Any, drafter: Any, cfg: AcceptConfig, sampler_cls: Any) -> 
 
     prompt = [0, 1, 2, 3]
     decode.plain(target, prompt, 4, set(), sampler_cls(0.0))
-    decode.speculate(target, drafter, prompt, 4, set(), sampler_cls(0.0), cfg.k,
-                     cfg.tree_shape)
+    decode.speculate(target, drafter, prompt, 4, set(), sampler_cls(0.0), cfg.k, cfg.tree_shape)
 
 
 def run(cfg: AcceptConfig) -> AcceptReport:
@@ -289,10 +316,17 @@ def run(cfg: AcceptConfig) -> AcceptReport:
     dtype_name = str(dtype).removeprefix("torch.")
     epsilon = cfg.tie_epsilon if cfg.tie_epsilon is not None else TIE_EPSILON[dtype_name]
     tokenizer_flag = "--tokenizer" if cfg.tokenizer else "--target"
-    renderer = bench_prompts.load_renderer(cfg.tokenizer or cfg.target, tokenizer_flag,
-                                           cfg.chat_template, cfg.trust_remote_code)
-    convs = bench_prompts.sources(cfg.prompts, cfg.format, cfg.max_samples,
-                                  cfg.depth.context_from, cfg.depth.cuts, renderer.vocab_size)
+    renderer = bench_prompts.load_renderer(
+        cfg.tokenizer or cfg.target, tokenizer_flag, cfg.chat_template, cfg.trust_remote_code
+    )
+    convs = bench_prompts.sources(
+        cfg.prompts,
+        cfg.format,
+        cfg.max_samples,
+        cfg.depth.context_from,
+        cfg.depth.cuts,
+        renderer.vocab_size,
+    )
     model = load_target(cfg.target, device, dtype, cfg.trust_remote_code)
     # The embedding goes in after the pair check, so a drafter for another target gets that
     # message rather than a shape error.
@@ -305,9 +339,12 @@ def run(cfg: AcceptConfig) -> AcceptReport:
     markers = phases.Markers.of(renderer.tokenizer)
     from eagle3kit.bench.report import sampling_label
 
-    _ui.info(f"bench accept: {cfg.shape}, {sampling_label(cfg)}, "
-             f"max {cfg.max_new_tokens} new tokens, {device} {dtype_name}, "
-             f"{len(convs)} conversations", cfg.output)
+    _ui.info(
+        f"bench accept: {cfg.shape}, {sampling_label(cfg)}, "
+        f"max {cfg.max_new_tokens} new tokens, {device} {dtype_name}, "
+        f"{len(convs)} conversations",
+        cfg.output,
+    )
     _warm_up(target, drafter, cfg, decode.Sampler)
     from eagle3kit.model import attention
 
@@ -322,19 +359,34 @@ def run(cfg: AcceptConfig) -> AcceptReport:
 
                 def sampler(offset: int, seed: int = seed) -> decode.Sampler:
                     gen = torch.Generator().manual_seed(seed * 2 + offset)
-                    return decode.Sampler(cfg.temperature, gen, cfg.rule, cfg.top_k,
-                                          cfg.top_p)
+                    return decode.Sampler(cfg.temperature, gen, cfg.rule, cfg.top_k, cfg.top_p)
 
                 ref = decode.plain(target, prompt, cfg.max_new_tokens, stops, sampler(0))
                 spec = run_one(target, drafter, prompt, cfg, stops, sampler(1))
-                status, where, margin = (compare(spec.tokens, ref, epsilon)
-                                         if cfg.temperature == 0 else ("sampled", None, None))
-                results.append(PromptResult(
-                    conv.label, turn + 1, conv.category,
-                    len(prompt), len(spec.tokens), spec.rounds, spec.seconds, ref.seconds,
-                    status, where, margin,
-                    phases.round_phases(prompt, spec.tokens, spec.rounds, markers)
-                    if markers.known else [], round_depths(len(prompt), spec.rounds)))
+                status, where, margin = (
+                    compare(spec.tokens, ref, epsilon)
+                    if cfg.temperature == 0
+                    else ("sampled", None, None)
+                )
+                results.append(
+                    PromptResult(
+                        conv.label,
+                        turn + 1,
+                        conv.category,
+                        len(prompt),
+                        len(spec.tokens),
+                        spec.rounds,
+                        spec.seconds,
+                        ref.seconds,
+                        status,
+                        where,
+                        margin,
+                        phases.round_phases(prompt, spec.tokens, spec.rounds, markers)
+                        if markers.known
+                        else [],
+                        round_depths(len(prompt), spec.rounds),
+                    )
+                )
                 answered(spec.tokens)
                 made += len(spec.tokens)
             progress.add(1, tokens=made)
@@ -346,12 +398,14 @@ def run(cfg: AcceptConfig) -> AcceptReport:
     return report
 
 
-def run_one(target: Any, drafter: Any, prompt: list[int], cfg: AcceptConfig,
-            stops: set[int], sampler: Any) -> Any:
+def run_one(
+    target: Any, drafter: Any, prompt: list[int], cfg: AcceptConfig, stops: set[int], sampler: Any
+) -> Any:
     import eagle3kit.bench.decode as decode
 
-    return decode.speculate(target, drafter, prompt, cfg.max_new_tokens, stops, sampler, cfg.k,
-                            cfg.tree_shape)
+    return decode.speculate(
+        target, drafter, prompt, cfg.max_new_tokens, stops, sampler, cfg.k, cfg.tree_shape
+    )
 
 
 # Summarizing --------------------------------------------------------------------------------
@@ -367,8 +421,11 @@ def _speed(results: list[PromptResult]) -> _Speed:
     plain = sum(r.plain_seconds for r in results)
     spec_rate = tokens / spec if spec > 0 else None
     plain_rate = tokens / plain if plain > 0 else None
-    return {"spec_tokens_per_s": spec_rate, "plain_tokens_per_s": plain_rate,
-            "speedup": spec_rate / plain_rate if spec_rate and plain_rate else None}
+    return {
+        "spec_tokens_per_s": spec_rate,
+        "plain_tokens_per_s": plain_rate,
+        "speedup": spec_rate / plain_rate if spec_rate and plain_rate else None,
+    }
 
 
 def _positions(cfg: AcceptConfig) -> int:
@@ -381,13 +438,19 @@ def _category_figures(results: list[PromptResult], positions: int) -> dict[str, 
     acc = Acceptance(positions)
     for r in results:
         acc.add_all(r.rounds)
-    return {"prompts": len(results), "rounds": acc.rounds,
-            "tokens": sum(r.tokens for r in results), "acceptance_length": acc.length,
-            "per_position": acc.per_position, **_speed(results)}
+    return {
+        "prompts": len(results),
+        "rounds": acc.rounds,
+        "tokens": sum(r.tokens for r in results),
+        "acceptance_length": acc.length,
+        "per_position": acc.per_position,
+        **_speed(results),
+    }
 
 
-def summarize(results: list[PromptResult], cfg: AcceptConfig, *, device: str, dtype: str,
-              epsilon: float) -> AcceptReport:
+def summarize(
+    results: list[PromptResult], cfg: AcceptConfig, *, device: str, dtype: str, epsilon: float
+) -> AcceptReport:
     from eagle3kit.chat.phases import by_phase
     from eagle3kit.model.depth import by_depth
 
@@ -402,23 +465,36 @@ def summarize(results: list[PromptResult], cfg: AcceptConfig, *, device: str, dt
     mismatches = sum(r.status == "mismatch" for r in results)
     predicted = training_prediction(cfg.drafter)
     report = AcceptReport(
-        target=str(cfg.target), drafter=str(cfg.drafter), device=device, dtype=dtype,
-        shape=cfg.shape, k=positions, temperature=cfg.temperature,
-        max_new_tokens=cfg.max_new_tokens, tie_epsilon=epsilon,
-        acceptance_length=acc.length, per_position=acc.per_position,
-        per_position_conditional=acc.conditional, rounds=acc.rounds,
-        tokens=sum(r.tokens for r in results), **_speed(results),
+        target=str(cfg.target),
+        drafter=str(cfg.drafter),
+        device=device,
+        dtype=dtype,
+        shape=cfg.shape,
+        k=positions,
+        temperature=cfg.temperature,
+        max_new_tokens=cfg.max_new_tokens,
+        tie_epsilon=epsilon,
+        acceptance_length=acc.length,
+        per_position=acc.per_position,
+        per_position_conditional=acc.conditional,
+        rounds=acc.rounds,
+        tokens=sum(r.tokens for r in results),
+        **_speed(results),
         lossless=(mismatches == 0) if greedy else None,
-        near_ties=sum(r.status == "near-tie" for r in results), mismatches=mismatches,
+        near_ties=sum(r.status == "near-tie" for r in results),
+        mismatches=mismatches,
         categories={name: _category_figures(rs, positions) for name, rs in by_category.items()},
         phases=by_phase([(r.phases, r.rounds) for r in results if r.phases], positions),
         depth_edges=list(cfg.depth.edges),
-        depths=by_depth([(r.prompt_tokens, r.rounds) for r in results], positions,
-                        cfg.depth.edges),
-        verify=None if greedy else cfg.verify, top_p=cfg.top_p, top_k=cfg.top_k,
+        depths=by_depth([(r.prompt_tokens, r.rounds) for r in results], positions, cfg.depth.edges),
+        verify=None if greedy else cfg.verify,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
         interval=None if greedy else _interval(results),
-        predicted_acceptance_length=_predicted_length(predicted), predicted=predicted,
-        prompts=results)
+        predicted_acceptance_length=_predicted_length(predicted),
+        predicted=predicted,
+        prompts=results,
+    )
     report.warnings = _warnings(report, predicted)
     return report
 
@@ -442,25 +518,39 @@ def _warnings(report: AcceptReport, predicted: dict[str, Any] | None) -> list[st
             f"acceptance length {report.acceptance_length:.3f}: the drafter almost never "
             "agrees with the target; with a trained drafter this is a configuration error "
             "(wrong aux layer ids or convention, a drafter for another target, a d2t mapping "
-            "that does not fit), not a training result")
+            "that does not fit), not a training result"
+        )
     if predicted:
         k, temp = predicted.get("k"), predicted.get("temperature")
         if report.shape.startswith("tree"):
-            notes.append("training predicted for a chain; a tree of the same depth usually "
-                         "accepts more")
+            notes.append(
+                "training predicted for a chain; a tree of the same depth usually accepts more"
+            )
         elif k is not None and k != report.k:
-            notes.append(f"training predicted for k={k}, this run drafts {report.k}: "
-                         "compare per-position rates, not the lengths")
+            notes.append(
+                f"training predicted for k={k}, this run drafts {report.k}: "
+                "compare per-position rates, not the lengths"
+            )
         if temp is not None and temp != report.temperature:
-            notes.append(f"training predicted at temperature {temp}, this run uses "
-                         f"{report.temperature:g}")
+            notes.append(
+                f"training predicted at temperature {temp}, this run uses {report.temperature:g}"
+            )
         elif report.verify and predicted.get("verify") not in (None, report.verify):
-            notes.append(f"training predicted for --verify {predicted['verify']}, this run "
-                         f"verifies as {report.verify}")
+            notes.append(
+                f"training predicted for --verify {predicted['verify']}, this run "
+                f"verifies as {report.verify}"
+            )
         expected = predicted.get("per_position")
         first = report.per_position[0] if report.per_position else None
-        if (isinstance(expected, list) and expected and isinstance(expected[0], int | float)
-                and first is not None and first < 0.5 * expected[0]):
-            notes.append(f"position-1 acceptance {first:.2f} is far below training's "
-                         f"{expected[0]:.2f}: check the layer ids and the target")
+        if (
+            isinstance(expected, list)
+            and expected
+            and isinstance(expected[0], int | float)
+            and first is not None
+            and first < 0.5 * expected[0]
+        ):
+            notes.append(
+                f"position-1 acceptance {first:.2f} is far below training's "
+                f"{expected[0]:.2f}: check the layer ids and the target"
+            )
     return notes

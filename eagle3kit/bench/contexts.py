@@ -35,8 +35,10 @@ def parse_lengths(text: str, flag: str = "--context-tokens") -> tuple[int | str,
         try:
             value = int(part)
         except ValueError:
-            raise UserError(f"{flag} {text}: expected token counts or {LAST_TURN}, separated "
-                            f"by commas (e.g. {flag} 1024,8192)") from None
+            raise UserError(
+                f"{flag} {text}: expected token counts or {LAST_TURN}, separated "
+                f"by commas (e.g. {flag} 1024,8192)"
+            ) from None
         if value < 1:
             raise UserError(f"{flag} {text}: a context is at least 1 token")
         out.append(value)
@@ -48,15 +50,13 @@ class DepthOptions:
     """Where in the sequence bench measures: the depth buckets of its reports, and deep
     contexts cut from recorded samples (accept, server and parity embed these)."""
 
-    depth_buckets: str = field(default=DEPTH_EDGES_TEXT, metadata=opt(metavar="EDGES",
-                                                                          ints=True))
+    depth_buckets: str = field(default=DEPTH_EDGES_TEXT, metadata=opt(metavar="EDGES", ints=True))
     """Context-depth bucket edges in tokens: acceptance is also reported per bucket of where
     each verification round happens (the default: < 1K, 1K-4K, 4K-16K, >= 16K)."""
     context_from: Path | None = field(default=None, metadata=opt(metavar="DATASET"))
     """Also measure on contexts cut from this token dataset's recorded samples (prompt +
     completion; give one the drafter did not train on): see --context-tokens."""
-    context_tokens: str | None = field(default=None, metadata=opt(metavar="N[,N...]",
-                                                                     ints=True))
+    context_tokens: str | None = field(default=None, metadata=opt(metavar="N[,N...]", ints=True))
     """With --context-from: the first N tokens of each sample longer than N are a prompt the
     target continues (several N: one prompt each); last-turn: each sample up to its last
     answer (a multi-turn sample's whole history)."""
@@ -66,13 +66,16 @@ class DepthOptions:
         if self.context_from is not None:
             object.__setattr__(self, "context_from", Path(self.context_from))
             if self.context_tokens is None:
-                raise UserError(f"--context-from {self.context_from} needs --context-tokens "
-                                f"(e.g. --context-tokens 8192, or {LAST_TURN})")
+                raise UserError(
+                    f"--context-from {self.context_from} needs --context-tokens "
+                    f"(e.g. --context-tokens 8192, or {LAST_TURN})"
+                )
             if not self.context_from.is_dir():
                 raise UserError(f"--context-from {self.context_from}: no such dataset directory")
         elif self.context_tokens is not None:
-            raise UserError("--context-tokens cuts the samples of --context-from DATASET: "
-                            "give the dataset")
+            raise UserError(
+                "--context-tokens cuts the samples of --context-from DATASET: give the dataset"
+            )
         self.cuts  # noqa: B018
 
     @property
@@ -115,8 +118,13 @@ def cut(ids: np.ndarray, mask: np.ndarray, length: int | str) -> np.ndarray | No
     return ids[:length] if len(ids) > length else None
 
 
-def from_dataset(path: Path, lengths: tuple[int | str, ...], max_samples: int | None,
-                 vocab_size: int | None, flag: str = "--context-from") -> list[Context]:
+def from_dataset(
+    path: Path,
+    lengths: tuple[int | str, ...],
+    max_samples: int | None,
+    vocab_size: int | None,
+    flag: str = "--context-from",
+) -> list[Context]:
     """The contexts of every sample of the token dataset at `path` (at most `max_samples`
     samples that give one), in the dataset's order, each cut in turn."""
     from eagle3kit.format import Dataset, DatasetError
@@ -133,11 +141,14 @@ def from_dataset(path: Path, lengths: tuple[int | str, ...], max_samples: int | 
         view = dataset.token_view(index)
         ids = np.asarray(view.input_ids)
         if vocab_size is not None and len(ids) and int(ids.max()) >= vocab_size:
-            raise UserError(f"{flag} {path}: sample {index} holds token id {int(ids.max())}, "
-                            f"outside the tokenizer's vocabulary of {vocab_size}: the dataset "
-                            "was made with another tokenizer")
-        made = [(n, c) for n in lengths
-                if (c := cut(ids, np.asarray(view.loss_mask), n)) is not None]
+            raise UserError(
+                f"{flag} {path}: sample {index} holds token id {int(ids.max())}, "
+                f"outside the tokenizer's vocabulary of {vocab_size}: the dataset "
+                "was made with another tokenizer"
+            )
+        made = [
+            (n, c) for n in lengths if (c := cut(ids, np.asarray(view.loss_mask), n)) is not None
+        ]
         if not made:
             continue
         used += 1
@@ -147,8 +158,10 @@ def from_dataset(path: Path, lengths: tuple[int | str, ...], max_samples: int | 
             out.append(Context(f"{path}:{sample_id}@{n}", name, [int(t) for t in context]))
     if not out:
         wanted = ", ".join(map(str, lengths))
-        raise UserError(f"{flag} {path}: no sample is long enough for --context-tokens "
-                        f"{wanted} (the longest holds {_longest(dataset)} tokens)")
+        raise UserError(
+            f"{flag} {path}: no sample is long enough for --context-tokens "
+            f"{wanted} (the longest holds {_longest(dataset)} tokens)"
+        )
     return out
 
 

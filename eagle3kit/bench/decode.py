@@ -85,28 +85,34 @@ class Target:
             cache.crop(-extra)
 
     @torch.no_grad()
-    def forward(self, ids: Sequence[int], cache: Any, *, aux: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, ids: Sequence[int], cache: Any, *, aux: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [T, V] (float32) for `ids` appended to `cache`, and the aux states [T, 3H]."""
         logits, states = self.forward_rows([list(ids)], cache, aux=aux)
         return logits[0], None if states is None else states[0]
 
     @torch.no_grad()
-    def forward_rows(self, rows: list[list[int]], cache: Any, *, aux: bool = False
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward_rows(
+        self, rows: list[list[int]], cache: Any, *, aux: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`forward` for B rows of equal length, each appended to its own copy of the
         cache (which holds B copies): logits [B, T, V] and aux states [B, T, 3H]."""
         device = self.model.device
-        kwargs: dict[str, Any] = {self._cache_arg: cache, "use_cache": True,
-                                  "output_hidden_states": aux}
+        kwargs: dict[str, Any] = {
+            self._cache_arg: cache,
+            "use_cache": True,
+            "output_hidden_states": aux,
+        }
         out = self.model(torch.tensor(rows, device=device), **kwargs)
         logits = out.logits.float()
         if not aux:
             return logits, None
         # (cast: the hook set _last during this forward, as num_layers is among the ids)
-        states = [cast(torch.Tensor, self._last) if k == self.num_layers
-                  else out.hidden_states[k]
-                  for k in self.layer_ids]
+        states = [
+            cast(torch.Tensor, self._last) if k == self.num_layers else out.hidden_states[k]
+            for k in self.layer_ids
+        ]
         return logits, torch.cat(states, dim=-1)
 
 
@@ -154,7 +160,7 @@ def _cut(tokens: list[int], max_new: int, stops: set[int]) -> list[int]:
     """Up to and including the first stop token, at most max_new tokens."""
     for i, tok in enumerate(tokens[:max_new]):
         if tok in stops:
-            return tokens[:i + 1]
+            return tokens[: i + 1]
     return tokens[:max_new]
 
 
@@ -163,8 +169,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def plain(target: Target, prompt: Sequence[int], max_new: int, stops: set[int],
-          sampler: Sampler) -> Decoded:
+def plain(
+    target: Target, prompt: Sequence[int], max_new: int, stops: set[int], sampler: Sampler
+) -> Decoded:
     """The target alone, one token per forward, through its KV cache."""
     device = target.model.device
     _sync(device)
@@ -206,8 +213,11 @@ class DraftTree:
     def branches(self) -> list[list[int]]:
         """The token ids along every path from the top to a leaf."""
         inner = set(self.parents)
-        return [[self.tokens[n] for n in self.ancestors(leaf)]
-                for leaf in range(len(self.tokens)) if leaf not in inner]
+        return [
+            [self.tokens[n] for n in self.ancestors(leaf)]
+            for leaf in range(len(self.tokens))
+            if leaf not in inner
+        ]
 
 
 class Drafting:
@@ -238,8 +248,9 @@ class Drafting:
         assert self._aux is not None
         g = self.drafter.project(self._aux.to(self.device, self.dtype)[None])
         start = len(self.cache)
-        out = self.drafter.decode(g, self._ids(self._tokens),
-                                  self._positions(start, len(self._tokens)), self.cache)
+        out = self.drafter.decode(
+            g, self._ids(self._tokens), self._positions(start, len(self._tokens)), self.cache
+        )
         return out[:, -1:]
 
     @torch.no_grad()
@@ -261,8 +272,9 @@ class Drafting:
             drafts.append(self._target_id(draft_id))
             dists.append(dist)
             if i < k - 1:  # the last draft is never fed: its successor is not needed
-                hidden = self.drafter.decode(hidden, self._ids(drafts[-1:]),
-                                             self._positions(context_len + i, 1), self.cache)
+                hidden = self.drafter.decode(
+                    hidden, self._ids(drafts[-1:]), self._positions(context_len + i, 1), self.cache
+                )
         return drafts, dists
 
     @torch.no_grad()
@@ -281,8 +293,12 @@ class Drafting:
         parent_of_row = [-1]
         in_cache: list[int] = []  # the tree node at each cached position past the context
         for level in range(depth):
-            totals = logp + torch.tensor([scores[n] if n >= 0 else 0.0 for n in parent_of_row],
-                                         device=logp.device)[:, None]
+            totals = (
+                logp
+                + torch.tensor(
+                    [scores[n] if n >= 0 else 0.0 for n in parent_of_row], device=logp.device
+                )[:, None]
+            )
             best = torch.topk(totals.flatten(), min(topk, totals.numel()))
             frontier, rows = [], []
             for flat, score in zip(best.indices.tolist(), best.values.tolist(), strict=True):
@@ -297,9 +313,12 @@ class Drafting:
             fed = inputs[:, rows]
             mask = self._tree_mask(tree, frontier, in_cache, context_len)
             out = self.drafter.decode(
-                fed, self._ids([tree.tokens[n] for n in frontier]),
+                fed,
+                self._ids([tree.tokens[n] for n in frontier]),
                 torch.full((1, len(frontier)), context_len + level, device=self.device),
-                self.cache, mask)
+                self.cache,
+                mask,
+            )
             in_cache += frontier
             logp = torch.log_softmax(self.drafter.logits(out)[0].float(), dim=-1)
             inputs, parent_of_row = out, frontier
@@ -308,12 +327,14 @@ class Drafting:
     def _target_id(self, draft_id: int) -> int:
         return int(self.drafter.draft_to_target(torch.tensor(draft_id, device=self.device)))
 
-    def _tree_mask(self, tree: DraftTree, new: list[int], in_cache: list[int],
-                   context_len: int) -> torch.Tensor:
+    def _tree_mask(
+        self, tree: DraftTree, new: list[int], in_cache: list[int], context_len: int
+    ) -> torch.Tensor:
         """[new, cache + new]: the context, each new node's ancestors among the cached tree
         nodes, and itself."""
-        mask = torch.zeros(len(new), context_len + len(in_cache) + len(new), dtype=torch.bool,
-                           device=self.device)
+        mask = torch.zeros(
+            len(new), context_len + len(in_cache) + len(new), dtype=torch.bool, device=self.device
+        )
         mask[:, :context_len] = True
         where = {node: context_len + i for i, node in enumerate(in_cache)}
         for row, node in enumerate(new):
@@ -342,8 +363,9 @@ def verify_greedy(logits: torch.Tensor, drafts: list[int]) -> tuple[int, int]:
     return accepted, choice[accepted]
 
 
-def verify_sampled(logits: torch.Tensor, drafts: list[int], dists: list[torch.Tensor | None],
-                   sampler: Sampler) -> tuple[int, int]:
+def verify_sampled(
+    logits: torch.Tensor, drafts: list[int], dists: list[torch.Tensor | None], sampler: Sampler
+) -> tuple[int, int]:
     """Verification at temperature > 0 by the sampler's rule: draft i is kept with the rule's
     probability (p(x) for an argmax draft, min(1, p(x)/q(x)) for one drawn from q); at the
     first rejection the token is drawn from the rule's residual, and after k acceptances
@@ -357,26 +379,29 @@ def verify_sampled(logits: torch.Tensor, drafts: list[int], dists: list[torch.Te
     return len(drafts), sampler.draw(sampler.probs(logits[len(drafts)]))
 
 
-def verify_tree(target: Target, cache: Any, newest: int, tree: DraftTree
-                ) -> tuple[list[int], torch.Tensor]:
+def verify_tree(
+    target: Target, cache: Any, newest: int, tree: DraftTree
+) -> tuple[list[int], torch.Tensor]:
     """Greedy verification of a drafted tree in one target forward, its branches as a batch:
     the accepted drafts of the branch that keeps most, then the target's own next token;
     and the aux states of those positions. `cache` is left holding that branch alone."""
     rows = [[newest, *branch] for branch in tree.branches()]
     width = max(len(r) for r in rows)
     cache.batch_repeat_interleave(len(rows))
-    logits, aux = target.forward_rows([r + [r[-1]] * (width - len(r)) for r in rows], cache,
-                                      aux=True)
+    logits, aux = target.forward_rows(
+        [r + [r[-1]] * (width - len(r)) for r in rows], cache, aux=True
+    )
     assert aux is not None
-    verdicts = [verify_greedy(logits[b, :len(r)], r[1:]) for b, r in enumerate(rows)]
+    verdicts = [verify_greedy(logits[b, : len(r)], r[1:]) for b, r in enumerate(rows)]
     best = max(range(len(rows)), key=lambda b: verdicts[b][0])  # the first of the longest
     accepted, bonus = verdicts[best]
     cache.batch_select_indices(torch.tensor([best], device=logits.device))
-    return [*rows[best][1:accepted + 1], bonus], aux[best, :accepted + 1]
+    return [*rows[best][1 : accepted + 1], bonus], aux[best, : accepted + 1]
 
 
-def verify_chain(target: Target, cache: Any, newest: int, drafting: Drafting, k: int,
-                 sampler: Sampler) -> tuple[list[int], torch.Tensor]:
+def verify_chain(
+    target: Target, cache: Any, newest: int, drafting: Drafting, k: int, sampler: Sampler
+) -> tuple[list[int], torch.Tensor]:
     """A chain of k drafts checked in one target forward: the accepted drafts, then the
     target's own next token; and the aux states of those positions."""
     drafts, dists = drafting.chain(k)
@@ -386,12 +411,19 @@ def verify_chain(target: Target, cache: Any, newest: int, drafting: Drafting, k:
         accepted, bonus = verify_greedy(logits, drafts)
     else:
         accepted, bonus = verify_sampled(logits, drafts, dists, sampler)
-    return [*drafts[:accepted], bonus], aux[:accepted + 1]
+    return [*drafts[:accepted], bonus], aux[: accepted + 1]
 
 
-def speculate(target: Target, drafter: Eagle3Drafter, prompt: Sequence[int], max_new: int,
-              stops: set[int], sampler: Sampler, k: int,
-              tree: tuple[int, int] | None = None) -> Decoded:
+def speculate(
+    target: Target,
+    drafter: Eagle3Drafter,
+    prompt: Sequence[int],
+    max_new: int,
+    stops: set[int],
+    sampler: Sampler,
+    k: int,
+    tree: tuple[int, int] | None = None,
+) -> Decoded:
     """EAGLE-3 with a chain of k drafts per round, or with `tree` (top-k, depth) a tree of
     them (greedy only), each round verified by one target forward."""
     if tree is not None and not sampler.greedy:

@@ -44,8 +44,9 @@ class ParityConfig:
     """The target model directory."""
     drafter: Path
     """The drafter directory the server serves (an `eagle3kit export` output)."""
-    speculative_config: dict[str, Any] | str | None = field(default=None, metadata=opt(
-        metavar="JSON", type=str))
+    speculative_config: dict[str, Any] | str | None = field(
+        default=None, metadata=opt(metavar="JSON", type=str)
+    )
     """The --speculative-config the vLLM server was started with, for servers that do not
     expose it."""
     tolerance: float = TOLERANCE
@@ -81,8 +82,9 @@ class ParityConfig:
     """bench accept's device: auto, cpu, cuda, cuda:N."""
     dtype: str = "auto"
     """bench accept's dtype: auto, bfloat16, float16, float32."""
-    api_key: str | None = field(default=None, repr=False, metadata=opt(
-        envvar="EAGLE3KIT_API_KEY", cli_only="secret"))
+    api_key: str | None = field(
+        default=None, repr=False, metadata=opt(envvar="EAGLE3KIT_API_KEY", cli_only="secret")
+    )
     """Bearer token for the servers (never stored)."""
     request_timeout: float | None = field(default=None, metadata=opt(metavar="SECONDS"))
     """Limit on one request (default none)."""
@@ -96,7 +98,8 @@ class ParityConfig:
 
         bench_prompts.required(server=self.server)
         self.prompts = bench_prompts.prompt_files(
-            self.prompts, optional=self.depth.context_from is not None)
+            self.prompts, optional=self.depth.context_from is not None
+        )
         bench_prompts.required(target=self.target, drafter=self.drafter)
         self.target, self.drafter = Path(self.target), Path(self.drafter)
         if not self.drafter.is_dir():
@@ -115,20 +118,32 @@ class ParityConfig:
         if not (0 <= self.tolerance < 1 and math.isfinite(self.tolerance)):
             raise UserError(f"--tolerance must be in [0, 1) (got {self.tolerance})")
         if isinstance(self.speculative_config, str):
-            self.speculative_config = json_object(self.speculative_config,
-                                                  "--speculative-config")
+            self.speculative_config = json_object(self.speculative_config, "--speculative-config")
 
     def server_config(self) -> Any:
         from eagle3kit.bench.server import ServerBenchConfig
 
         return ServerBenchConfig(
-            self.server, self.prompts, self.target, api=self.api,
-            chat_template=self.chat_template, max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-            seed=self.seed, max_samples=self.max_samples, max_turns=self.max_turns,
-            format=self.format, k=self.k, api_key=self.api_key,
-            request_timeout=self.request_timeout, trust_remote_code=self.trust_remote_code,
-            depth=self.depth, output=_inner(self.output))
+            self.server,
+            self.prompts,
+            self.target,
+            api=self.api,
+            chat_template=self.chat_template,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            max_samples=self.max_samples,
+            max_turns=self.max_turns,
+            format=self.format,
+            k=self.k,
+            api_key=self.api_key,
+            request_timeout=self.request_timeout,
+            trust_remote_code=self.trust_remote_code,
+            depth=self.depth,
+            output=_inner(self.output),
+        )
 
     def accept_config(self, k: int, rule: Any = None) -> Any:
         """bench accept's config: the server's k, and at temperature > 0 `rule`
@@ -138,20 +153,35 @@ class ParityConfig:
 
         rule = rule or Rule()
         return AcceptConfig(
-            self.target, self.drafter, self.prompts, k=k, temperature=self.temperature,
-            verify=rule.name, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
+            self.target,
+            self.drafter,
+            self.prompts,
+            k=k,
+            temperature=self.temperature,
+            verify=rule.name,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
             speculative_accept_threshold_single=rule.threshold_single,
             speculative_accept_threshold_acc=rule.threshold_acc,
-            max_new_tokens=self.max_new_tokens, max_samples=self.max_samples,
-            max_turns=self.max_turns, format=self.format, chat_template=self.chat_template,
-            device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code,
-            depth=self.depth, output=_inner(self.output))
+            max_new_tokens=self.max_new_tokens,
+            max_samples=self.max_samples,
+            max_turns=self.max_turns,
+            format=self.format,
+            chat_template=self.chat_template,
+            device=self.device,
+            dtype=self.dtype,
+            trust_remote_code=self.trust_remote_code,
+            depth=self.depth,
+            output=_inner(self.output),
+        )
 
 
 def _inner(opts: _ui.OutputOptions) -> _ui.OutputOptions:
     """The measurements' own output: their progress, not their reports (the gate's is one)."""
-    return _ui.OutputOptions(quiet=True, no_progress=opts.no_progress or opts.quiet,
-                             log_every=opts.log_every)
+    return _ui.OutputOptions(
+        quiet=True, no_progress=opts.no_progress or opts.quiet, log_every=opts.log_every
+    )
 
 
 # The run the drafter came from ---------------------------------------------------------------
@@ -189,16 +219,25 @@ def run(cfg: ParityConfig) -> ParityReport:
     k = online.k or cfg.k or 3
 
     convs = prompts.load(cfg.prompts, cfg.format, cfg.max_samples) if cfg.prompts else []
-    renderer = prompts.load_renderer(cfg.target, "--target", cfg.chat_template,
-                                     cfg.trust_remote_code)
+    renderer = prompts.load_renderer(
+        cfg.target, "--target", cfg.chat_template, cfg.trust_remote_code
+    )
     # The template is checked on the first prompt file's record (contexts cut from a
     # dataset are ids already).
     first = renderer.history(convs[0], 0, []) if convs else None
     # (cast: ParityConfig parsed --speculative-config to a dict)
-    served = inspect_server(cfg.server, cfg.api_key, online.api, first,
-                            cast(dict[str, Any] | None, cfg.speculative_config))
-    ours = (renderer.render(first, convs[0].tools)
-            if first is not None and served.template_ids is not None else None)
+    served = inspect_server(
+        cfg.server,
+        cfg.api_key,
+        online.api,
+        first,
+        cast(dict[str, Any] | None, cfg.speculative_config),
+    )
+    ours = (
+        renderer.render(first, convs[0].tools)
+        if first is not None and served.template_ids is not None
+        else None
+    )
     rule = verification_rule(cfg, served)
 
     offline, refused = None, None
@@ -208,87 +247,147 @@ def run(cfg: ParityConfig) -> ParityReport:
         refused = str(exc)
 
     provenance, run_info = run_checkpoint(cfg.drafter)
-    findings = [*([diagnose.Finding("checkpoint", f"bench accept refused the drafter: {refused}")]
-                  if refused else []),
-                *diagnose.drafter_findings(info),
-                *diagnose.rope_findings(info, target_config),
-                *diagnose.run_findings(info, provenance, run_info),
-                *diagnose.served_findings(served, cfg.drafter, cfg.target, info, target_config,
-                                          ours, renderer.tokenizer.bos_token_id),
-                *diagnose.verification_findings(served, rule.name, cfg.temperature)]
-    engine_length = (online.acceptance_length_without_prefill if online.api == "sglang"
-                     else online.acceptance_length)
+    findings = [
+        *(
+            [diagnose.Finding("checkpoint", f"bench accept refused the drafter: {refused}")]
+            if refused
+            else []
+        ),
+        *diagnose.drafter_findings(info),
+        *diagnose.rope_findings(info, target_config),
+        *diagnose.run_findings(info, provenance, run_info),
+        *diagnose.served_findings(
+            served,
+            cfg.drafter,
+            cfg.target,
+            info,
+            target_config,
+            ours,
+            renderer.tokenizer.bos_token_id,
+        ),
+        *diagnose.verification_findings(served, rule.name, cfg.temperature),
+    ]
+    engine_length = (
+        online.acceptance_length_without_prefill
+        if online.api == "sglang"
+        else online.acceptance_length
+    )
     offline_figures: dict[str, Any] = {
         "acceptance_length": offline.acceptance_length if offline else None,
         "per_position": offline.per_position if offline else [],
         "lossless": offline.lossless if offline else None,
         "predicted_acceptance_length": offline.predicted_acceptance_length if offline else None,
         "rounds": offline.rounds if offline else 0,
-        "interval": offline.interval if offline else None}
+        "interval": offline.interval if offline else None,
+    }
     sampled = cfg.temperature > 0
     if sampled:
         differences, agree, interval = compare_sampled(
-            engine_length, online.rounds, offline_figures["acceptance_length"],
-            offline_figures["interval"])
+            engine_length,
+            online.rounds,
+            offline_figures["acceptance_length"],
+            offline_figures["interval"],
+        )
         differences["per_position"] = [
             None if a is None or b is None else a - b
-            for a, b in zip(online.per_position, offline_figures["per_position"], strict=False)]
+            for a, b in zip(online.per_position, offline_figures["per_position"], strict=False)
+        ]
     else:
-        differences, agree = compare(engine_length, online.per_position,
-                                     offline_figures["acceptance_length"],
-                                     offline_figures["per_position"], cfg.tolerance)
+        differences, agree = compare(
+            engine_length,
+            online.per_position,
+            offline_figures["acceptance_length"],
+            offline_figures["per_position"],
+            cfg.tolerance,
+        )
         interval = None
     near_one = engine_length is not None and likely_misconfigured(engine_length)
     from eagle3kit.bench.probe import sampling_probe  # T > 0, the engine keeping ~nothing
 
     findings += sampling_probe(cfg, k, online, offline, agree)
     if (not agree or near_one) and not findings:
-        findings.append(diagnose.unexplained(engine_length, offline_figures["acceptance_length"],
-                                             near_one, served, rule.name if sampled else None))
+        findings.append(
+            diagnose.unexplained(
+                engine_length,
+                offline_figures["acceptance_length"],
+                near_one,
+                served,
+                rule.name if sampled else None,
+            )
+        )
     warnings = []
     if served.source is None:
-        warnings.append("the server does not say which drafter and method it speculates with "
-                        "(vLLM: start it with VLLM_SERVER_DEV_MODE=1, or pass "
-                        "--speculative-config): those were not checked")
+        warnings.append(
+            "the server does not say which drafter and method it speculates with "
+            "(vLLM: start it with VLLM_SERVER_DEV_MODE=1, or pass "
+            "--speculative-config): those were not checked"
+        )
     if sampled and served.verify is None and cfg.verify == "auto":
-        warnings.append(f"the server does not say how it verifies drafts: bench accept "
-                        f"verified them as vLLM's default, '{rule.name}'")
+        warnings.append(
+            f"the server does not say how it verifies drafts: bench accept "
+            f"verified them as vLLM's default, '{rule.name}'"
+        )
     if offline_figures["lossless"] is False:
-        warnings.append("bench accept's output differed from the target's own: see bench "
-                        "accept's mismatches")
+        warnings.append(
+            "bench accept's output differed from the target's own: see bench accept's mismatches"
+        )
     report = ParityReport(
-        server=cfg.server, api=online.api, version=online.version, drafter=str(cfg.drafter),
-        target=str(cfg.target), shape=f"chain k={k}", k=k, temperature=cfg.temperature,
-        tolerance=cfg.tolerance, passed=agree and not near_one and not findings, agree=agree,
-        engine={"acceptance_length": engine_length, "per_position": online.per_position,
-                "source": online.source, "requests": online.requests, "errors": online.errors,
-                "rounds": online.rounds},
-        offline=offline_figures, differences=differences,
+        server=cfg.server,
+        api=online.api,
+        version=online.version,
+        drafter=str(cfg.drafter),
+        target=str(cfg.target),
+        shape=f"chain k={k}",
+        k=k,
+        temperature=cfg.temperature,
+        tolerance=cfg.tolerance,
+        passed=agree and not near_one and not findings,
+        agree=agree,
+        engine={
+            "acceptance_length": engine_length,
+            "per_position": online.per_position,
+            "source": online.source,
+            "requests": online.requests,
+            "errors": online.errors,
+            "rounds": online.rounds,
+        },
+        offline=offline_figures,
+        differences=differences,
         phases=offline.phases if offline else {},
         served={k_: v for k_, v in asdict(served).items() if k_ not in ("template_ids", "extra")}
         | {"template_checked": served.template_ids is not None},
-        findings=[f.to_dict() for f in findings], warnings=warnings,
+        findings=[f.to_dict() for f in findings],
+        warnings=warnings,
         depths=depth_sides(online.depths, offline.depths if offline else {}),
-        verify=rule.name if sampled else None, top_p=cfg.top_p, top_k=cfg.top_k,
-        interval=interval)
+        verify=rule.name if sampled else None,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        interval=interval,
+    )
     if online.depths:
-        far = [name for name, d in report.depths.items() if d["difference"] is not None
-               and abs(d["difference"]) > cfg.tolerance + 1e-9]
+        far = [
+            name
+            for name, d in report.depths.items()
+            if d["difference"] is not None and abs(d["difference"]) > cfg.tolerance + 1e-9
+        ]
         if far:
             report.warnings.append(
                 f"the engine and bench accept differ by more than {cfg.tolerance:g} at context "
-                f"depth {', '.join(far)}: see the table per context depth")
+                f"depth {', '.join(far)}: see the table per context depth"
+            )
     elif any(d["from"] > 0 for d in report.depths.values()):  # deep rounds, unchecked
         report.warnings.append(
             "the server does not report its rounds per request: the engine's side of the "
             "depth buckets is missing (start vLLM with --per-request-spec-decode-metrics "
-            "detailed)")
+            "detailed)"
+        )
     show_parity(report, cfg.output)
     return report
 
 
-def depth_sides(engine: dict[str, dict[str, Any]], offline: dict[str, dict[str, Any]]
-                ) -> dict[str, dict[str, Any]]:
+def depth_sides(
+    engine: dict[str, dict[str, Any]], offline: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
     """Per depth bucket either side had rounds in: both sides' figures and engine minus
     offline (None where one side had none)."""
     out = {}
@@ -296,16 +395,24 @@ def depth_sides(engine: dict[str, dict[str, Any]], offline: dict[str, dict[str, 
         eng, off = engine.get(name), offline.get(name)
         either = eng or off
         assert either is not None
-        out[name] = {"from": either["from"], "to": either["to"],
-                     "engine": _side(eng), "offline": _side(off),
-                     "difference": (eng["acceptance_length"] - off["acceptance_length"]
-                                    if eng and off else None)}
+        out[name] = {
+            "from": either["from"],
+            "to": either["to"],
+            "engine": _side(eng),
+            "offline": _side(off),
+            "difference": (
+                eng["acceptance_length"] - off["acceptance_length"] if eng and off else None
+            ),
+        }
     return out
 
 
 def _side(figures: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if figures is None else {key: figures[key] for key in
-                                         ("rounds", "acceptance_length", "per_position")}
+    return (
+        None
+        if figures is None
+        else {key: figures[key] for key in ("rounds", "acceptance_length", "per_position")}
+    )
 
 
 def verification_rule(cfg: ParityConfig, served: diagnose.Served) -> Any:
@@ -318,9 +425,12 @@ def verification_rule(cfg: ParityConfig, served: diagnose.Served) -> Any:
     return Rule(name, *thresholds)
 
 
-def compare_sampled(engine: float | None, engine_rounds: int | None, offline: float | None,
-                    offline_interval: dict[str, Any] | None
-                    ) -> tuple[dict[str, Any], bool, dict[str, Any] | None]:
+def compare_sampled(
+    engine: float | None,
+    engine_rounds: int | None,
+    offline: float | None,
+    offline_interval: dict[str, Any] | None,
+) -> tuple[dict[str, Any], bool, dict[str, Any] | None]:
     """(engine minus offline; whether the engine's acceptance length is inside the interval;
     that interval) at temperature > 0, where both figures are random.
 
@@ -337,26 +447,41 @@ def compare_sampled(engine: float | None, engine_rounds: int | None, offline: fl
     se = offline_interval["standard_error"]
     rounds = offline_interval["rounds"]
     engine_se = se * math.sqrt(rounds / engine_rounds) if engine_rounds else se
-    half = z_score(offline_interval["confidence"]) * math.sqrt(se ** 2 + engine_se ** 2)
-    interval = {"low": offline - half, "high": offline + half, "half_width": half,
-                "confidence": offline_interval["confidence"], "offline_rounds": rounds,
-                "engine_rounds": engine_rounds}
-    return ({"acceptance_length": overall, "per_position": []}, abs(overall) <= half + 1e-9,
-            interval)
+    half = z_score(offline_interval["confidence"]) * math.sqrt(se**2 + engine_se**2)
+    interval = {
+        "low": offline - half,
+        "high": offline + half,
+        "half_width": half,
+        "confidence": offline_interval["confidence"],
+        "offline_rounds": rounds,
+        "engine_rounds": engine_rounds,
+    }
+    return (
+        {"acceptance_length": overall, "per_position": []},
+        abs(overall) <= half + 1e-9,
+        interval,
+    )
 
 
-def compare(engine: float | None, engine_positions: list[float | None],
-            offline: float | None, offline_positions: list[float | None], tolerance: float
-            ) -> tuple[dict[str, Any], bool]:
+def compare(
+    engine: float | None,
+    engine_positions: list[float | None],
+    offline: float | None,
+    offline_positions: list[float | None],
+    tolerance: float,
+) -> tuple[dict[str, Any], bool]:
     """(engine minus offline, overall and per position; whether all are within tolerance).
     Positions are compared where the engine reports them (vLLM); a missing figure disagrees."""
     overall = None if engine is None or offline is None else engine - offline
-    positions = [None if a is None or b is None else a - b
-                 for a, b in zip(engine_positions, offline_positions, strict=False)]
-    agree = overall is not None and abs(overall) <= tolerance + 1e-9 and all(
-        d is not None and abs(d) <= tolerance + 1e-9 for d in positions)
+    positions = [
+        None if a is None or b is None else a - b
+        for a, b in zip(engine_positions, offline_positions, strict=False)
+    ]
+    agree = (
+        overall is not None
+        and abs(overall) <= tolerance + 1e-9
+        and all(d is not None and abs(d) <= tolerance + 1e-9 for d in positions)
+    )
     if engine_positions and len(engine_positions) != len(offline_positions):
         agree = False
     return {"acceptance_length": overall, "per_position": positions}, agree
-
-

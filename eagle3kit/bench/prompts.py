@@ -18,8 +18,9 @@ from eagle3kit.errors import UserError
 from eagle3kit.gen import load_conversations, select
 
 
-def load(paths: list[Path], fmt: str = "auto", max_samples: int | None = None
-         ) -> list[Conversation]:
+def load(
+    paths: list[Path], fmt: str = "auto", max_samples: int | None = None
+) -> list[Conversation]:
     convs, _ = load_conversations(paths, fmt=fmt)
     convs = select(convs, max_samples=max_samples)
     if not convs:
@@ -27,12 +28,14 @@ def load(paths: list[Path], fmt: str = "auto", max_samples: int | None = None
     return convs
 
 
-def load_renderer(tokenizer: Path, flag: str, chat_template: Path | None = None,
-                  trust_remote_code: bool = False) -> Renderer:
+def load_renderer(
+    tokenizer: Path, flag: str, chat_template: Path | None = None, trust_remote_code: bool = False
+) -> Renderer:
     """The tokenizer and template; errors name `flag` (--target when it is the target's)."""
     try:
-        return Renderer.load(tokenizer, chat_template=chat_template,
-                             trust_remote_code=trust_remote_code)
+        return Renderer.load(
+            tokenizer, chat_template=chat_template, trust_remote_code=trust_remote_code
+        )
     except UserError as exc:
         raise UserError(str(exc).replace("--tokenizer", flag, 1)) from None
 
@@ -47,8 +50,9 @@ def label(conv: Conversation) -> str:
     return f"{conv.source}:{conv.line}"
 
 
-def turns(renderer: Renderer, conv: Conversation, max_turns: int | None = None
-          ) -> Iterator[tuple[int, Callable[[list[int]], None], list[int]]]:
+def turns(
+    renderer: Renderer, conv: Conversation, max_turns: int | None = None
+) -> Iterator[tuple[int, Callable[[list[int]], None], list[int]]]:
     """(turn index, a callback taking that turn's answer ids, the turn's prompt ids) per turn.
 
     Call the callback with the generated ids before asking for the next turn: its history
@@ -60,8 +64,9 @@ def turns(renderer: Renderer, conv: Conversation, max_turns: int | None = None
         try:
             ids = renderer.render(renderer.history(conv, turn, answers), conv.tools)
         except (RenderError, ValueError) as exc:
-            raise UserError(f"{label(conv)}: the chat template fails on turn {turn + 1}: "
-                            f"{exc}") from None
+            raise UserError(
+                f"{label(conv)}: the chat template fails on turn {turn + 1}: {exc}"
+            ) from None
         yield turn, lambda out: answers.append(renderer.answer_message(out)), ids
 
 
@@ -75,8 +80,9 @@ class PromptSource:
     conversation: Conversation | None = None
     ids: tuple[int, ...] | None = None
 
-    def turns(self, renderer: Renderer, max_turns: int | None = None
-              ) -> Iterator[tuple[int, Callable[[list[int]], None], list[int]]]:
+    def turns(
+        self, renderer: Renderer, max_turns: int | None = None
+    ) -> Iterator[tuple[int, Callable[[list[int]], None], list[int]]]:
         """As `turns` for a conversation; a ready context is one turn and takes no answer."""
         if self.conversation is not None:
             yield from turns(renderer, self.conversation, max_turns)
@@ -85,16 +91,26 @@ class PromptSource:
             yield 0, lambda out: None, list(self.ids)
 
 
-def sources(paths: list[Path], fmt: str, max_samples: int | None, context_from: Path | None,
-            context_tokens: tuple[int | str, ...], vocab_size: int | None) -> list[PromptSource]:
+def sources(
+    paths: list[Path],
+    fmt: str,
+    max_samples: int | None,
+    context_from: Path | None,
+    context_tokens: tuple[int | str, ...],
+    vocab_size: int | None,
+) -> list[PromptSource]:
     """The prompt files' conversations, then the contexts cut from --context-from."""
-    out = [PromptSource(label(c), category(c), conversation=c)
-           for c in (load(paths, fmt, max_samples) if paths else [])]
+    out = [
+        PromptSource(label(c), category(c), conversation=c)
+        for c in (load(paths, fmt, max_samples) if paths else [])
+    ]
     if context_from is not None:
         from eagle3kit.bench.contexts import from_dataset
 
-        out += [PromptSource(c.label, c.category, ids=tuple(c.ids)) for c in from_dataset(
-            context_from, context_tokens, max_samples, vocab_size)]
+        out += [
+            PromptSource(c.label, c.category, ids=tuple(c.ids))
+            for c in from_dataset(context_from, context_tokens, max_samples, vocab_size)
+        ]
     return out
 
 
@@ -112,8 +128,9 @@ def required(**values: object) -> None:
             raise UserError(f"--{name.replace('_', '-')} is required")
 
 
-def prompt_files(given: list[Path] | None, alias: list[Path] | None = None,
-                 optional: bool = False) -> list[Path]:
+def prompt_files(
+    given: list[Path] | None, alias: list[Path] | None = None, optional: bool = False
+) -> list[Path]:
     """The prompt files: positional, as gen takes them; `--prompts FILE` (`alias`, the old
     spelling) still works, with a note. `optional`: none is fine (--context-from gives the
     prompts)."""
@@ -121,6 +138,7 @@ def prompt_files(given: list[Path] | None, alias: list[Path] | None = None,
         _ui.warn("--prompts is deprecated: give the prompt files positionally, as gen takes them")
     files = [Path(p) for p in [*(given or []), *(alias or [])]]
     if not files and not optional:
-        raise UserError("give the prompt files (e.g. tests/data/prompts/eagle/mt_bench/"
-                        "question.jsonl)")
+        raise UserError(
+            "give the prompt files (e.g. tests/data/prompts/eagle/mt_bench/question.jsonl)"
+        )
     return files

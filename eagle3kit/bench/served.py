@@ -24,8 +24,13 @@ def _get_json(client: Any, url: str, api_key: str | None) -> Any:
         return None
 
 
-def inspect_server(url: str, api_key: str | None, api: str, first_messages: list[dict] | None,
-                   speculative_config: dict[str, Any] | None = None) -> diagnose.Served:
+def inspect_server(
+    url: str,
+    api_key: str | None,
+    api: str,
+    first_messages: list[dict] | None,
+    speculative_config: dict[str, Any] | None = None,
+) -> diagnose.Served:
     """What the server at `url` says it serves (drafter, method, k, verification, its
     template's ids for `first_messages` on vLLM); `speculative_config` (--speculative-config)
     where it says nothing."""
@@ -42,8 +47,7 @@ def inspect_server(url: str, api_key: str | None, api: str, first_messages: list
     return served
 
 
-def _sglang_served(served: diagnose.Served, client: Any, url: str, api_key: str | None
-                   ) -> None:
+def _sglang_served(served: diagnose.Served, client: Any, url: str, api_key: str | None) -> None:
     info = None
     for path in ("/server_info", "/get_server_info"):
         info = _get_json(client, url + path, api_key)
@@ -59,12 +63,19 @@ def _sglang_served(served: diagnose.Served, client: Any, url: str, api_key: str 
         served.k = _int(info.get("speculative_num_steps"))
         served.source = "SGLang /server_info"
         served.verify = "sglang"
-        served.thresholds = (_float(info.get("speculative_accept_threshold_single")),
-                             _float(info.get("speculative_accept_threshold_acc")))
+        served.thresholds = (
+            _float(info.get("speculative_accept_threshold_single")),
+            _float(info.get("speculative_accept_threshold_acc")),
+        )
 
 
-def _vllm_served(served: diagnose.Served, client: Any, url: str, api_key: str | None,
-                 first_messages: list[dict] | None) -> None:
+def _vllm_served(
+    served: diagnose.Served,
+    client: Any,
+    url: str,
+    api_key: str | None,
+    first_messages: list[dict] | None,
+) -> None:
     models = _get_json(client, url + "/v1/models", api_key)
     cards = models.get("data") if isinstance(models, dict) else None
     card = cards[0] if isinstance(cards, list) and cards and isinstance(cards[0], dict) else {}
@@ -88,8 +99,7 @@ def _vllm_served(served: diagnose.Served, client: Any, url: str, api_key: str | 
             served.template_ids = [int(t) for t in tokens]
 
 
-def _from_speculative_config(served: diagnose.Served, spec: dict[str, Any], source: str
-                             ) -> None:
+def _from_speculative_config(served: diagnose.Served, spec: dict[str, Any], source: str) -> None:
     if spec.get("method") is not None:
         served.method = str(spec["method"]).lower()
     if spec.get("model") is not None:
@@ -99,7 +109,7 @@ def _from_speculative_config(served: diagnose.Served, spec: dict[str, Any], sour
     # vLLM's defaults where the JSON leaves them out (vllm/config/speculative.py)
     method = spec.get("draft_sample_method", "greedy")
     rejection = spec.get("rejection_sample_method", "standard")
-    served.verify = (VLLM_RULES.get(str(method)) if rejection == "standard" else None)
+    served.verify = VLLM_RULES.get(str(method)) if rejection == "standard" else None
     if rejection != "standard":
         served.extra["rejection_sample_method"] = rejection
 
@@ -114,5 +124,4 @@ def _int(value: Any) -> int | None:
 
 def _float(value: Any) -> float:
     """An SGLang accept threshold, 1 (its default) where the server does not say."""
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
-        else 1.0
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 1.0

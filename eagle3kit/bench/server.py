@@ -52,8 +52,7 @@ class ServerBenchConfig:
     """Prompt files, as gen takes them (JSONL, JSON, parquet); EAGLE/MT-bench question.jsonl."""
     tokenizer: Path
     """The target's tokenizer directory (prompts are rendered client-side and sent as ids)."""
-    baseline: str | None = field(default=None, metadata=opt(metavar="URL",
-                                                             cli_only="destination"))
+    baseline: str | None = field(default=None, metadata=opt(metavar="URL", cli_only="destination"))
     """The same model served without speculation: the speedup."""
     api: str = "auto"
     """auto, sglang or vllm."""
@@ -77,8 +76,9 @@ class ServerBenchConfig:
     """Prompt file shape (as gen's --format)."""
     k: int | None = field(default=None, metadata=opt("--k"))
     """Draft tokens per round, when the server does not say (shown beside the figures)."""
-    api_key: str | None = field(default=None, repr=False, metadata=opt(
-        envvar="EAGLE3KIT_API_KEY", cli_only="secret"))
+    api_key: str | None = field(
+        default=None, repr=False, metadata=opt(envvar="EAGLE3KIT_API_KEY", cli_only="secret")
+    )
     """Bearer token for the servers (never stored)."""
     request_timeout: float | None = field(default=None, metadata=opt(metavar="SECONDS"))
     """Limit on one request (default none)."""
@@ -92,7 +92,8 @@ class ServerBenchConfig:
     depth: DepthOptions = field(default_factory=DepthOptions, metadata=embed())
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
     prompts_alias: InitVar[list[Path] | None] = field(
-        default=None, metadata=bench_prompts.PROMPTS_ALIAS)
+        default=None, metadata=bench_prompts.PROMPTS_ALIAS
+    )
     """Deprecated: give the prompt files positionally."""
 
     def __post_init__(self, prompts_alias: list[Path] | None) -> None:
@@ -101,7 +102,8 @@ class ServerBenchConfig:
 
         bench_prompts.required(server=self.server)
         self.prompts = bench_prompts.prompt_files(
-            self.prompts, prompts_alias, optional=self.depth.context_from is not None)
+            self.prompts, prompts_alias, optional=self.depth.context_from is not None
+        )
         bench_prompts.required(tokenizer=self.tokenizer)
         for path in self.prompts:
             if not path.is_file():
@@ -110,9 +112,13 @@ class ServerBenchConfig:
             raise UserError(f"--api must be auto, sglang or vllm (got {self.api})")
         self.server = server_url(self.server, "--server")
         self.baseline = server_url(self.baseline, "--baseline") if self.baseline else None
-        for flag, value in (("--max-new-tokens", self.max_new_tokens),
-                            ("--concurrency", self.concurrency), ("--k", self.k),
-                            ("--max-samples", self.max_samples), ("--max-turns", self.max_turns)):
+        for flag, value in (
+            ("--max-new-tokens", self.max_new_tokens),
+            ("--concurrency", self.concurrency),
+            ("--k", self.k),
+            ("--max-samples", self.max_samples),
+            ("--max-turns", self.max_turns),
+        ):
             if value is not None and value < 1:
                 raise UserError(f"{flag} must be at least 1 (got {value})")
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -121,10 +127,13 @@ class ServerBenchConfig:
             raise UserError(f"--top-p must be in (0, 1] (got {self.top_p})")
         if self.top_k == 0 or self.top_k < -1:
             raise UserError(f"--top-k must be -1 (off) or at least 1 (got {self.top_k})")
-        if self.request_timeout is not None and not (self.request_timeout > 0
-                                                     and math.isfinite(self.request_timeout)):
-            raise UserError(f"--request-timeout must be a finite number > 0 of seconds (got "
-                            f"{self.request_timeout})")
+        if self.request_timeout is not None and not (
+            self.request_timeout > 0 and math.isfinite(self.request_timeout)
+        ):
+            raise UserError(
+                f"--request-timeout must be a finite number > 0 of seconds (got "
+                f"{self.request_timeout})"
+            )
         if self.plot is not None:
             from eagle3kit._plot import check_plotting
 
@@ -141,7 +150,7 @@ def parse_metrics(text: str) -> dict[str, Any]:
         match = _SAMPLE.match(line.strip())
         if not match or not match[1].startswith(VLLM_PREFIX):
             continue
-        name = match[1][len(VLLM_PREFIX):].removesuffix("_total")
+        name = match[1][len(VLLM_PREFIX) :].removesuffix("_total")
         try:
             value = float(match[3])
         except ValueError:
@@ -161,8 +170,10 @@ def parse_metrics(text: str) -> dict[str, Any]:
 def metrics_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     delta = {n: after.get(n, 0.0) - before.get(n, 0.0) for n in VLLM_COUNTERS}
     positions = sorted(set(before.get("per_pos", {})) | set(after.get("per_pos", {})))
-    delta["per_pos"] = {p: after.get("per_pos", {}).get(p, 0.0)
-                        - before.get("per_pos", {}).get(p, 0.0) for p in positions}
+    delta["per_pos"] = {
+        p: after.get("per_pos", {}).get(p, 0.0) - before.get("per_pos", {}).get(p, 0.0)
+        for p in positions
+    }
     return delta
 
 
@@ -170,16 +181,25 @@ def vllm_acceptance(delta: dict[str, Any]) -> dict[str, Any]:
     """Acceptance length, per-position and draft acceptance rates from counter deltas."""
     drafts, accepted = delta["num_drafts"], delta["num_accepted_tokens"]
     if drafts <= 0:
-        return {"acceptance_length": None, "per_position": [], "conditional": [],
-                "draft_acceptance_rate": None, "drafts": 0}
+        return {
+            "acceptance_length": None,
+            "per_position": [],
+            "conditional": [],
+            "draft_acceptance_rate": None,
+            "drafts": 0,
+        }
     counts = [delta["per_pos"][p] for p in sorted(delta["per_pos"])]
     rates = [c / drafts for c in counts]
     before = [drafts, *counts[:-1]]
-    return {"acceptance_length": 1 + accepted / drafts, "per_position": rates,
-            "conditional": [c / b if b else None for c, b in zip(counts, before, strict=True)],
-            "draft_acceptance_rate": (accepted / delta["num_draft_tokens"]
-                                      if delta["num_draft_tokens"] > 0 else None),
-            "drafts": drafts}
+    return {
+        "acceptance_length": 1 + accepted / drafts,
+        "per_position": rates,
+        "conditional": [c / b if b else None for c, b in zip(counts, before, strict=True)],
+        "draft_acceptance_rate": (
+            accepted / delta["num_draft_tokens"] if delta["num_draft_tokens"] > 0 else None
+        ),
+        "drafts": drafts,
+    }
 
 
 # Running ----------------------------------------------------------------------------------
@@ -209,8 +229,10 @@ async def _get(client: Any, url: str, paths: tuple[str, ...], api_key: str | Non
 async def scrape(client: Any, url: str, api_key: str | None) -> dict[str, Any]:
     resp = await _get(client, url, ("/metrics",), api_key)
     if resp is None:
-        raise UserError(f"--server {url}: GET /metrics did not answer 200: vLLM's acceptance "
-                        "figures come from its Prometheus counters (is --disable-log-stats set?)")
+        raise UserError(
+            f"--server {url}: GET /metrics did not answer 200: vLLM's acceptance "
+            "figures come from its Prometheus counters (is --disable-log-stats set?)"
+        )
     return parse_metrics(resp.text)
 
 
@@ -234,8 +256,14 @@ def _shape_sglang(info: dict[str, Any], k: int | None) -> tuple[str, int | None]
     return (f"chain k={steps}" if steps else "chain (k unknown: pass --k)"), steps
 
 
-async def _generate_all(cfg: ServerBenchConfig, url: str, renderer: Any, convs: list[Any],
-                        progress: _ui.Progress, role: str) -> tuple[Any, dict[str, Any]]:
+async def _generate_all(
+    cfg: ServerBenchConfig,
+    url: str,
+    renderer: Any,
+    convs: list[Any],
+    progress: _ui.Progress,
+    role: str,
+) -> tuple[Any, dict[str, Any]]:
     """Probe `url`, run every category in turn; (server info, per-category results)."""
     from eagle3kit.gen.servers import make_client, probe
 
@@ -262,27 +290,51 @@ async def _generate_all(cfg: ServerBenchConfig, url: str, renderer: Any, convs: 
         await client.aclose()
 
 
-async def _run_group(cfg: ServerBenchConfig, client: Any, info: Any, renderer: Any,
-                     convs: list[Any], category: str, progress: _ui.Progress, role: str
-                     ) -> list[_Result | None]:
+async def _run_group(
+    cfg: ServerBenchConfig,
+    client: Any,
+    info: Any,
+    renderer: Any,
+    convs: list[Any],
+    category: str,
+    progress: _ui.Progress,
+    role: str,
+) -> list[_Result | None]:
     slots = asyncio.Semaphore(cfg.concurrency)
 
     async def conversation(number: int, conv: Any) -> list[_Result | None]:
         async with slots:
             done: list[_Result | None] = []
             for turn, answered, ids in conv.turns(renderer, cfg.max_turns):
-                completion = await _one(cfg, client, info, renderer, ids,
-                                        request_seed(cfg.seed, number, turn),
-                                        f"bench-{role}-{number}-{turn}")
+                completion = await _one(
+                    cfg,
+                    client,
+                    info,
+                    renderer,
+                    ids,
+                    request_seed(cfg.seed, number, turn),
+                    f"bench-{role}-{number}-{turn}",
+                )
                 if completion is None:
                     done.append(None)
                     break
-                done.append(_Result(category, completion.completion_tokens,
-                                    completion.latency, completion.counts.get("spec_verify_ct"),
-                                    len(ids), completion.spec_steps))
+                done.append(
+                    _Result(
+                        category,
+                        completion.completion_tokens,
+                        completion.latency,
+                        completion.counts.get("spec_verify_ct"),
+                        len(ids),
+                        completion.spec_steps,
+                    )
+                )
                 answered(completion.output_ids)
-            progress.add(1, rows=f"server:{role}", tokens=sum(r.tokens for r in done if r),
-                         errors=sum(r is None for r in done))
+            progress.add(
+                1,
+                rows=f"server:{role}",
+                tokens=sum(r.tokens for r in done if r),
+                errors=sum(r is None for r in done),
+            )
             return done
 
     groups = await asyncio.gather(*(conversation(i, c) for i, c in enumerate(convs)))
@@ -297,19 +349,34 @@ def request_seed(seed: int, number: int, turn: int) -> int:
     return seed * 1_000_003 + number * 101 + turn
 
 
-async def _one(cfg: ServerBenchConfig, client: Any, info: Any, renderer: Any, ids: list[int],
-               seed: int, sample_id: str) -> Any:
+async def _one(
+    cfg: ServerBenchConfig,
+    client: Any,
+    info: Any,
+    renderer: Any,
+    ids: list[int],
+    seed: int,
+    sample_id: str,
+) -> Any:
     """One generation, retried on transient failures; None when it never succeeded."""
     from eagle3kit.gen import GenRequest
     from eagle3kit.gen.servers import RequestRejected, RetryableError, ServerFatal, generate
 
-    req = GenRequest(sample_id, ids, cfg.max_new_tokens, renderer.stop_token_ids,
-                     temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                     seed=seed)
+    req = GenRequest(
+        sample_id,
+        ids,
+        cfg.max_new_tokens,
+        renderer.stop_token_ids,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        seed=seed,
+    )
     for attempt in range(ATTEMPTS):
         try:
-            return await generate(client, info, req, api_key=cfg.api_key,
-                                  timeout=cfg.request_timeout, attempt=attempt)
+            return await generate(
+                client, info, req, api_key=cfg.api_key, timeout=cfg.request_timeout, attempt=attempt
+            )
         except ServerFatal as exc:
             raise UserError(str(exc)) from None
         except RequestRejected as exc:
@@ -319,7 +386,7 @@ async def _one(cfg: ServerBenchConfig, client: Any, info: Any, renderer: Any, id
             if attempt == ATTEMPTS - 1:
                 _ui.warn(f"{sample_id}: {exc}")
                 return None
-            await asyncio.sleep(0.5 * 2 ** attempt)
+            await asyncio.sleep(0.5 * 2**attempt)
     return None
 
 
@@ -329,10 +396,15 @@ def _timing(out: dict[str, Any]) -> dict[str, Any]:
     latencies = [r.latency for r in results]
     tokens = sum(r.tokens for r in results)
     seconds = out["seconds"]
-    return {"requests": len(results), "tokens": tokens, "seconds": seconds,
-            "tokens_per_s": tokens / seconds if seconds > 0 else None,
-            "latency_p50": percentile(latencies, 50), "latency_p90": percentile(latencies, 90),
-            "latency_p99": percentile(latencies, 99)}
+    return {
+        "requests": len(results),
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds if seconds > 0 else None,
+        "latency_p50": percentile(latencies, 50),
+        "latency_p90": percentile(latencies, 90),
+        "latency_p99": percentile(latencies, 99),
+    }
 
 
 def _sglang_length(results: list[_Result], prefill: bool = True) -> float | None:
@@ -355,24 +427,35 @@ def _figures(info: Any, out: dict[str, Any]) -> dict[str, Any]:
             for p, v in delta["per_pos"].items():
                 total["per_pos"][p] = total["per_pos"].get(p, 0.0) + v
             figures = vllm_acceptance(delta)
-            categories[name] = {"requests": sum(r is not None for r in c["results"]),
-                                "acceptance_length": figures["acceptance_length"],
-                                "per_position": figures["per_position"]}
+            categories[name] = {
+                "requests": sum(r is not None for r in c["results"]),
+                "acceptance_length": figures["acceptance_length"],
+                "per_position": figures["per_position"],
+            }
         overall = vllm_acceptance(total)
-        return {"source": "vLLM /metrics counter deltas (vllm:spec_decode_*), summed over engines",
-                **overall, "categories": categories, "found": bool(overall["drafts"])}
+        return {
+            "source": "vLLM /metrics counter deltas (vllm:spec_decode_*), summed over engines",
+            **overall,
+            "categories": categories,
+            "found": bool(overall["drafts"]),
+        }
     results: list[_Result] = []
     for name, c in out["categories"].items():
         done = [r for r in c["results"] if r is not None]
         results += done
         categories[name] = {"requests": len(done), "acceptance_length": _sglang_length(done)}
     length = _sglang_length(results)
-    return {"source": "SGLang meta_info.spec_verify_ct (Σ completion_tokens / Σ spec_verify_ct)",
-            "acceptance_length": length, "per_position": [], "conditional": [],
-            "without_prefill": _sglang_length(results, prefill=False),
-            "drafts": sum(r.verify or 0 for r in results),
-            "draft_acceptance_rate": None, "categories": categories,
-            "found": any(r.verify for r in results)}
+    return {
+        "source": "SGLang meta_info.spec_verify_ct (Σ completion_tokens / Σ spec_verify_ct)",
+        "acceptance_length": length,
+        "per_position": [],
+        "conditional": [],
+        "without_prefill": _sglang_length(results, prefill=False),
+        "drafts": sum(r.verify or 0 for r in results),
+        "draft_acceptance_rate": None,
+        "categories": categories,
+        "found": any(r.verify for r in results),
+    }
 
 
 def run(cfg: ServerBenchConfig) -> ServerReport:
@@ -382,7 +465,8 @@ def run(cfg: ServerBenchConfig) -> ServerReport:
         report.warnings.append(
             f"acceptance length {length:.3f}: drafts are almost never "
             "accepted; check the aux layer ids and their convention, the algorithm (EAGLE3, "
-            "not EAGLE) and that the drafter was trained for this target")
+            "not EAGLE) and that the drafter was trained for this target"
+        )
     from eagle3kit.bench.report import show_server
 
     show_server(report, cfg.output, cfg.plot)
@@ -401,12 +485,19 @@ def sampling_probe(cfg: ServerBenchConfig, report: ServerReport) -> bool:
     length = report.acceptance_length_without_prefill or report.acceptance_length
     if cfg.temperature == 0 or not diagnose.keeps_almost_nothing(length, report.per_position):
         return False
-    _ui.info("the engine keeps almost no drafts: measuring it at temperature 0 on "
-             f"{diagnose.PROBE_SAMPLES} conversations", cfg.output)
-    zero = replace(cfg, temperature=0.0, baseline=None, plot=None,
-                   max_samples=min(cfg.max_samples or diagnose.PROBE_SAMPLES,
-                                   diagnose.PROBE_SAMPLES),
-                   output=_ui.OutputOptions(quiet=True, no_progress=True))
+    _ui.info(
+        "the engine keeps almost no drafts: measuring it at temperature 0 on "
+        f"{diagnose.PROBE_SAMPLES} conversations",
+        cfg.output,
+    )
+    zero = replace(
+        cfg,
+        temperature=0.0,
+        baseline=None,
+        plot=None,
+        max_samples=min(cfg.max_samples or diagnose.PROBE_SAMPLES, diagnose.PROBE_SAMPLES),
+        output=_ui.OutputOptions(quiet=True, no_progress=True),
+    )
     try:
         at_zero = measure(zero)
     except UserError:  # the probe is a diagnosis: a failure of its own changes nothing
@@ -416,37 +507,49 @@ def sampling_probe(cfg: ServerBenchConfig, report: ServerReport) -> bool:
         return False
     finding = diagnose.engine_sampling(report.api, cfg.temperature, length, kept)
     report.findings.append(finding.to_dict())
-    report.warnings.append(f"{diagnose.CAUSES[finding.cause]} [{finding.cause}]: "
-                           f"{finding.message}")
+    report.warnings.append(f"{diagnose.CAUSES[finding.cause]} [{finding.cause}]: {finding.message}")
     return True
 
 
 def measure(cfg: ServerBenchConfig) -> ServerReport:
     """The run's figures, not shown."""
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    renderer = bench_prompts.load_renderer(cfg.tokenizer, "--tokenizer", cfg.chat_template,
-                                           cfg.trust_remote_code)
-    convs = bench_prompts.sources(cfg.prompts, cfg.format, cfg.max_samples,
-                                  cfg.depth.context_from, cfg.depth.cuts, renderer.vocab_size)
+    renderer = bench_prompts.load_renderer(
+        cfg.tokenizer, "--tokenizer", cfg.chat_template, cfg.trust_remote_code
+    )
+    convs = bench_prompts.sources(
+        cfg.prompts,
+        cfg.format,
+        cfg.max_samples,
+        cfg.depth.context_from,
+        cfg.depth.cuts,
+        renderer.vocab_size,
+    )
     roles = [("speculative", cfg.server)] + ([("baseline", cfg.baseline)] if cfg.baseline else [])
     outcomes: dict[str, tuple[Any, dict[str, Any]]] = {}
-    with _ui.Progress("bench server", len(convs) * len(roles), cfg.output,
-                      unit="conversations") as progress:
+    with _ui.Progress(
+        "bench server", len(convs) * len(roles), cfg.output, unit="conversations"
+    ) as progress:
         for role, url in roles:
-            outcomes[role] = asyncio.run(_generate_all(cfg, url, renderer, convs, progress,
-                                                       role))
+            outcomes[role] = asyncio.run(_generate_all(cfg, url, renderer, convs, progress, role))
     return _summarize(cfg, outcomes)
 
 
-def _summarize(cfg: ServerBenchConfig, outcomes: dict[str, tuple[Any, dict[str, Any]]]
-               ) -> ServerReport:
+def _summarize(
+    cfg: ServerBenchConfig, outcomes: dict[str, tuple[Any, dict[str, Any]]]
+) -> ServerReport:
     info, out = outcomes["speculative"]
     figures = _figures(info, out)
     if not figures["found"]:
-        where = ("no vllm:spec_decode_* counters moved at /metrics" if info.api == "vllm"
-                 else "no spec_verify_ct in the answers' meta_info")
-        raise UserError(f"--server {cfg.server}: {where}: is speculative decoding on? "
-                        "(--baseline takes the server without it)")
+        where = (
+            "no vllm:spec_decode_* counters moved at /metrics"
+            if info.api == "vllm"
+            else "no spec_verify_ct in the answers' meta_info"
+        )
+        raise UserError(
+            f"--server {cfg.server}: {where}: is speculative decoding on? "
+            "(--baseline takes the server without it)"
+        )
     if info.api == "sglang":
         shape, k = _shape_sglang(out.get("server_info", {}), cfg.k)
     else:
@@ -455,16 +558,27 @@ def _summarize(cfg: ServerBenchConfig, outcomes: dict[str, tuple[Any, dict[str, 
     run_timing = _timing(out)
     requests = sum(len(c["results"]) for c in out["categories"].values())
     report = ServerReport(
-        server=cfg.server, api=info.api, version=info.version, model=info.model, shape=shape,
-        k=k, temperature=cfg.temperature, source=figures["source"], requests=requests,
+        server=cfg.server,
+        api=info.api,
+        version=info.version,
+        model=info.model,
+        shape=shape,
+        k=k,
+        temperature=cfg.temperature,
+        source=figures["source"],
+        requests=requests,
         errors=requests - run_timing["requests"],
-        acceptance_length=figures["acceptance_length"], per_position=figures["per_position"],
+        acceptance_length=figures["acceptance_length"],
+        per_position=figures["per_position"],
         per_position_conditional=figures["conditional"],
-        draft_acceptance_rate=figures["draft_acceptance_rate"], run=run_timing,
+        draft_acceptance_rate=figures["draft_acceptance_rate"],
+        run=run_timing,
         categories=figures["categories"],
         rounds=int(figures["drafts"]) if figures.get("drafts") else None,
         acceptance_length_without_prefill=figures.get("without_prefill"),
-        depth_edges=list(cfg.depth.edges), depths=_depths(out, k, cfg.depth.edges))
+        depth_edges=list(cfg.depth.edges),
+        depths=_depths(out, k, cfg.depth.edges),
+    )
     if "baseline" in outcomes:
         base_info, base_out = outcomes["baseline"]
         report.baseline = _timing(base_out)
@@ -473,19 +587,26 @@ def _summarize(cfg: ServerBenchConfig, outcomes: dict[str, tuple[Any, dict[str, 
         spec_p50, base_p50 = run_timing["latency_p50"], report.baseline["latency_p50"]
         report.latency_speedup = base_p50 / spec_p50 if spec_p50 and base_p50 else None
         if _speculates(base_info, base_out):
-            report.warnings.append(f"--baseline {cfg.baseline} speculates too: the speedup "
-                                   "compares two speculating servers")
+            report.warnings.append(
+                f"--baseline {cfg.baseline} speculates too: the speedup "
+                "compares two speculating servers"
+            )
     return report
 
 
-def _depths(out: dict[str, Any], k: int | None, edges: tuple[int, ...]
-            ) -> dict[str, dict[str, Any]]:
+def _depths(
+    out: dict[str, Any], k: int | None, edges: tuple[int, ...]
+) -> dict[str, dict[str, Any]]:
     """Acceptance per context-depth bucket over the rounds the engine reported per request
     (eagle3kit.model.depth, as bench accept counts its own); empty without them."""
     from eagle3kit.model.depth import by_depth
 
-    decodes = [(r.prompt_tokens, r.steps) for c in out["categories"].values()
-               for r in c["results"] if r is not None and r.steps is not None]
+    decodes = [
+        (r.prompt_tokens, r.steps)
+        for c in out["categories"].values()
+        for r in c["results"]
+        if r is not None and r.steps is not None
+    ]
     if not decodes:
         return {}
     return by_depth(decodes, k or max(max(s, default=0) for _, s in decodes), edges)

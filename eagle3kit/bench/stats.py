@@ -84,9 +84,14 @@ class Interval:
     confidence: float = CONFIDENCE
 
     def to_dict(self) -> dict[str, float | int]:
-        return {"low": self.low, "high": self.high, "standard_error": self.standard_error,
-                "rounds": self.rounds, "generations": self.generations,
-                "confidence": self.confidence}
+        return {
+            "low": self.low,
+            "high": self.high,
+            "standard_error": self.standard_error,
+            "rounds": self.rounds,
+            "generations": self.generations,
+            "confidence": self.confidence,
+        }
 
 
 def z_score(confidence: float = CONFIDENCE) -> float:
@@ -96,8 +101,9 @@ def z_score(confidence: float = CONFIDENCE) -> float:
     return NormalDist().inv_cdf(0.5 + confidence / 2)
 
 
-def length_interval(generations: Sequence[Sequence[int]], confidence: float = CONFIDENCE
-                    ) -> Interval | None:
+def length_interval(
+    generations: Sequence[Sequence[int]], confidence: float = CONFIDENCE
+) -> Interval | None:
     """The interval around τ = 1 + Σ accepted / Σ rounds over generations (each a list of
     accepted drafts per round); None without rounds.
 
@@ -116,8 +122,9 @@ def length_interval(generations: Sequence[Sequence[int]], confidence: float = CO
     count = len(kept)
     by_generation = 0.0
     if count > 1:
-        by_generation = (count / (count - 1) * sum((sum(g) - mean * len(g)) ** 2 for g in kept)
-                         / n ** 2)
+        by_generation = (
+            count / (count - 1) * sum((sum(g) - mean * len(g)) ** 2 for g in kept) / n**2
+        )
     se = math.sqrt(max(per_round, by_generation))
     half = z_score(confidence) * se
     return Interval(1 + mean - half, 1 + mean + half, se, n, count, confidence)

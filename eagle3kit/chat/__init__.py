@@ -18,8 +18,11 @@ from typing import TYPE_CHECKING
 from eagle3kit._lazy import attribute_loader
 
 _HOMES = {
-    "Conversation": "conversation", "Renderer": "render", "Profile": "reasoning",
-    "learn_profile": "reasoning", "load_renderer": "reasoning",
+    "Conversation": "conversation",
+    "Renderer": "render",
+    "Profile": "reasoning",
+    "learn_profile": "reasoning",
+    "load_renderer": "reasoning",
 }
 
 __all__ = ["Conversation", "Profile", "Renderer", "learn_profile", "load_renderer"]

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Container
 
 THINK_MARKER_PAIRS: tuple[tuple[str, str], ...] = (
-    ("<think>", "</think>"),            # Qwen3, QwQ, DeepSeek-R1 and most others
+    ("<think>", "</think>"),  # Qwen3, QwQ, DeepSeek-R1 and most others
     ("<seed:think>", "</seed:think>"),  # ByteDance Seed-OSS
-    ("◁think▷", "◁/think▷"),            # Kimi-K1.5 / Kimi-VL thinking
+    ("◁think▷", "◁/think▷"),  # Kimi-K1.5 / Kimi-VL thinking
 )
 """(start, end) of a reasoning block, in order of preference; models emit each marker as one
 token."""
@@ -25,5 +25,6 @@ HARMONY_TOKENS: tuple[str, ...] = ("<|start|>", "<|channel|>", "<|message|>", "<
 def think_pair(vocab: Container[str]) -> tuple[str, str] | None:
     """The think markers a vocabulary has, both as single tokens (the first in table order
     when it has several), or None."""
-    return next((pair for pair in THINK_MARKER_PAIRS if pair[0] in vocab and pair[1] in vocab),
-                None)
+    return next(
+        (pair for pair in THINK_MARKER_PAIRS if pair[0] in vocab and pair[1] in vocab), None
+    )

@@ -56,26 +56,31 @@ def phase_after(ids: Sequence[int], markers: Markers, phase: str = "answer") -> 
     return phase
 
 
-def round_phases(prompt: Sequence[int], tokens: Sequence[int], rounds: Sequence[int],
-                 markers: Markers) -> list[str]:
+def round_phases(
+    prompt: Sequence[int], tokens: Sequence[int], rounds: Sequence[int], markers: Markers
+) -> list[str]:
     """The phase of each verification round of one speculative decode.
 
     tokens[0] comes from the prefill; round r verifies the drafts that follow the first
     sum(rounds[:r] + 1) + 1 tokens, so its phase is the one after them.
     """
-    phase = markers.step(phase_after(prompt, markers), int(tokens[0])) if tokens else \
-        phase_after(prompt, markers)
+    phase = (
+        markers.step(phase_after(prompt, markers), int(tokens[0]))
+        if tokens
+        else phase_after(prompt, markers)
+    )
     out, done = [], 1
     for accepted in rounds:
         out.append(phase)
-        for token in tokens[done:done + accepted + 1]:
+        for token in tokens[done : done + accepted + 1]:
             phase = markers.step(phase, int(token))
         done += accepted + 1
     return out
 
 
-def by_phase(per_prompt: Sequence[tuple[list[str], Sequence[int]]], k: int
-             ) -> dict[str, dict[str, Any]]:
+def by_phase(
+    per_prompt: Sequence[tuple[list[str], Sequence[int]]], k: int
+) -> dict[str, dict[str, Any]]:
     """phase -> rounds, acceptance length and unconditional per-position rates, over
     (round phases, accepted per round) of each decode; phases without rounds are left out."""
     counts: dict[str, list[int]] = {}
@@ -88,7 +93,9 @@ def by_phase(per_prompt: Sequence[tuple[list[str], Sequence[int]]], k: int
         if not per_round:
             continue
         n = len(per_round)
-        out[phase] = {"rounds": n, "acceptance_length": 1 + sum(per_round) / n,
-                      "per_position": [sum(a >= i for a in per_round) / n
-                                       for i in range(1, k + 1)]}
+        out[phase] = {
+            "rounds": n,
+            "acceptance_length": 1 + sum(per_round) / n,
+            "per_position": [sum(a >= i for a in per_round) / n for i in range(1, k + 1)],
+        }
     return out

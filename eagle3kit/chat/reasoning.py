@@ -82,32 +82,50 @@ class Profile:
     def describe(self) -> dict[str, Any]:
         if self.renderer is None:
             return {"tokenizer": None, "why": self.why_none}
-        mode = ("harmony channels: analysis, then final" if self.analysis is not None else
-                "none (harmony tokens, but the template shows no analysis channel)"
-                if self.harmony else
-                "none" if not self.markers else
-                "off (the template closes the reasoning in the prompt)" if self.thinking_off else
-                "on, opened by the template in the prompt" if self.opens_think else
-                "on, opened by the model")
+        mode = (
+            "harmony channels: analysis, then final"
+            if self.analysis is not None
+            else "none (harmony tokens, but the template shows no analysis channel)"
+            if self.harmony
+            else "none"
+            if not self.markers
+            else "off (the template closes the reasoning in the prompt)"
+            if self.thinking_off
+            else "on, opened by the template in the prompt"
+            if self.opens_think
+            else "on, opened by the model"
+        )
         decode = self.renderer.decode
-        channels = ({"analysis_channel": decode(self.analysis.tolist()),
-                     "analysis_end": decode(self.analysis_end.tolist()),
-                     "final_channel": decode(self.final.tolist()) if self.final is not None
-                     else None,
-                     "tool_call_end": decode(self.call_end.tolist()) or None}
-                    if self.analysis is not None else {})
-        return {"think_start": self.start_text, "think_start_id": self.start,
-                "think_end": self.end_text, "think_end_id": self.end, "reasoning": mode,
-                **channels, "generation_prompt": decode(self.tail.tolist()),
-                "stop_token_ids": self.stop_ids.tolist()}
+        channels = (
+            {
+                "analysis_channel": decode(self.analysis.tolist()),
+                "analysis_end": decode(self.analysis_end.tolist()),
+                "final_channel": decode(self.final.tolist()) if self.final is not None else None,
+                "tool_call_end": decode(self.call_end.tolist()) or None,
+            }
+            if self.analysis is not None
+            else {}
+        )
+        return {
+            "think_start": self.start_text,
+            "think_start_id": self.start,
+            "think_end": self.end_text,
+            "think_end_id": self.end,
+            "reasoning": mode,
+            **channels,
+            "generation_prompt": decode(self.tail.tolist()),
+            "stop_token_ids": self.stop_ids.tolist(),
+        }
+
 
 def learn_profile(renderer: Renderer, think: tuple[str, str] | None = None) -> Profile:
     """The profile of `renderer`'s template. `think` (start, end) overrides the markers the
     tokenizer suggests (and harmony): the user says what to look for."""
     tok = renderer.tokenizer
     harmony = renderer.harmony and think is None
-    prof = Profile(renderer=renderer, harmony=harmony,
-                   stop_ids=np.asarray(renderer.stop_token_ids, np.int32))
+    prof = Profile(
+        renderer=renderer, harmony=harmony, stop_ids=np.asarray(renderer.stop_token_ids, np.int32)
+    )
     vocab = _vocab(tok)
     prof.blank = vocab.blank
     prof.vocab_size = len(vocab.blank)
@@ -138,15 +156,23 @@ def _learn_channels(prof: Profile, renderer: Renderer, vocab: _Vocab) -> None:
     Leaves `prof.analysis` None when the template shows no such turn."""
     user = {"role": "user", "content": PROBE_QUESTION}
     turn = {"role": "assistant", "thinking": PROBE_REASONING, "content": PROBE_ANSWER}
-    call = {"role": "assistant", "content": "", "tool_calls": [{
-        "id": "call_0", "type": "function",
-        "function": {"name": "probe", "arguments": {"text": PROBE_ARGUMENT}}}]}
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call_0",
+                "type": "function",
+                "function": {"name": "probe", "arguments": {"text": PROBE_ARGUMENT}},
+            }
+        ],
+    }
     try:
         prompt = _apply(renderer, [user], True)
         full = _apply(renderer, [user, turn], False)
     except RenderError:
         return
-    completion = full[len(prompt):] if full.startswith(prompt) else ""
+    completion = full[len(prompt) :] if full.startswith(prompt) else ""
     head, found, rest = completion.partition(PROBE_REASONING)
     mid, answered, _ = rest.partition(PROBE_ANSWER)
     if not (found and answered and head):
@@ -157,7 +183,8 @@ def _learn_channels(prof: Profile, renderer: Renderer, vocab: _Vocab) -> None:
     at = mid.rfind(gen_prompt) if gen_prompt else -1
     close, final = (mid[:at], mid[at:]) if at > 0 else ("", mid)
     special = set(renderer.tokenizer.all_special_ids) | {
-        i for i, t in renderer.tokenizer.added_tokens_decoder.items() if t.special}
+        i for i, t in renderer.tokenizer.added_tokens_decoder.items() if t.special
+    }
     if not (special & set(encode(head)) and special & set(encode(final))):
         return  # the template writes the reasoning some other way (as text): no channels
     prof.analysis = np.asarray(encode(head), np.int32)
@@ -171,20 +198,31 @@ def _learn_channels(prof: Profile, renderer: Renderer, vocab: _Vocab) -> None:
     if ends and ends[-1] in prof.stop_ids:
         prof.call_end = np.asarray(ends[-1:], np.int32)
     # Literal markers: every special token of the channel sequences, written as text.
-    used = [*prof.analysis.tolist(), *prof.analysis_end.tolist(),
-            *prof.final.tolist(), *prof.stop_ids.tolist()]
-    names = list(dict.fromkeys(vocab.texts[i] for i in used
-                               if i in special and len(vocab.texts[i]) > 1))
+    used = [
+        *prof.analysis.tolist(),
+        *prof.analysis_end.tolist(),
+        *prof.final.tolist(),
+        *prof.stop_ids.tolist(),
+    ]
+    names = list(
+        dict.fromkeys(vocab.texts[i] for i in used if i in special and len(vocab.texts[i]) > 1)
+    )
     prof.literal = [p for m in names for p in _inner_patterns(renderer.tokenizer, m, vocab)]
     prof.literal_names = names
+
 
 _TOKENIZERS: dict[tuple, Any] = {}
 _VOCABS: dict[int, _Vocab] = {}
 
 
-def load_renderer(tokenizer: Path, *, chat_template: Path | None = None,
-                  chat_template_kwargs: dict[str, Any] | None = None,
-                  system: str | None = None, trust_remote_code: bool = False) -> Renderer:
+def load_renderer(
+    tokenizer: Path,
+    *,
+    chat_template: Path | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    system: str | None = None,
+    trust_remote_code: bool = False,
+) -> Renderer:
     """`Renderer.load`, with the tokenizer itself loaded once per process for each content.
 
     Loading a large tokenizer takes seconds; a process that validates several datasets made
@@ -198,11 +236,17 @@ def load_renderer(tokenizer: Path, *, chat_template: Path | None = None,
     tok = _TOKENIZERS[key]
     template = read_template(chat_template) if chat_template is not None else None
     if template is None and not tok.chat_template:
-        raise UserError(f"--tokenizer {tokenizer}: it has no chat template; "
-                        "pass --chat-template FILE")
+        raise UserError(
+            f"--tokenizer {tokenizer}: it has no chat template; pass --chat-template FILE"
+        )
     try:
-        return Renderer(tok, template, template_file=chat_template,
-                        chat_template_kwargs=chat_template_kwargs, system=system)
+        return Renderer(
+            tok,
+            template,
+            template_file=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
+            system=system,
+        )
     except RenderError as exc:
         flag = f"--chat-template {chat_template}" if chat_template else f"--tokenizer {tokenizer}"
         raise UserError(f"{flag}: the chat template fails: {exc}") from None
@@ -216,9 +260,15 @@ def _dir_digest(path: Path) -> tuple[tuple[str, str], ...]:
 
     if not path.is_dir():
         return ((str(path), ""),)
-    files = [p for p in sorted(path.iterdir()) if p.is_file() and (
-        p.name in TOKENIZER_FILE_NAMES
-        or any(fnmatch.fnmatch(p.name, g) for g in TOKENIZER_FILE_GLOBS))]
+    files = [
+        p
+        for p in sorted(path.iterdir())
+        if p.is_file()
+        and (
+            p.name in TOKENIZER_FILE_NAMES
+            or any(fnmatch.fnmatch(p.name, g) for g in TOKENIZER_FILE_GLOBS)
+        )
+    ]
     return tuple((p.name, xxhash.xxh3_128_hexdigest(p.read_bytes())) for p in files)
 
 
@@ -236,15 +286,17 @@ class _Vocab:
     def starting(self, text: str) -> np.ndarray:
         """The ids whose text starts with `text`."""
         if ("start", text) not in self.affixes:
-            self.affixes["start", text] = np.flatnonzero(np.fromiter(
-                (t.startswith(text) for t in self.texts), bool, len(self.texts)))
+            self.affixes["start", text] = np.flatnonzero(
+                np.fromiter((t.startswith(text) for t in self.texts), bool, len(self.texts))
+            )
         return self.affixes["start", text]
 
     def ending(self, text: str) -> np.ndarray:
         """The ids whose text ends with `text`."""
         if ("end", text) not in self.affixes:
-            self.affixes["end", text] = np.flatnonzero(np.fromiter(
-                (t.endswith(text) for t in self.texts), bool, len(self.texts)))
+            self.affixes["end", text] = np.flatnonzero(
+                np.fromiter((t.endswith(text) for t in self.texts), bool, len(self.texts))
+            )
         return self.affixes["end", text]
 
 
@@ -254,16 +306,20 @@ def _vocab(tok: Any) -> _Vocab:
     if cached is None or cached.tok is not tok:
         if len(_VOCABS) >= 4:
             _VOCABS.pop(next(iter(_VOCABS)))
-        texts = [str(t) for t in tok.batch_decode(
-            [[i] for i in range(len(tok))], skip_special_tokens=False,
-            clean_up_tokenization_spaces=False)]
+        texts = [
+            str(t)
+            for t in tok.batch_decode(
+                [[i] for i in range(len(tok))],
+                skip_special_tokens=False,
+                clean_up_tokenization_spaces=False,
+            )
+        ]
         blank = np.fromiter((not t.strip() for t in texts), bool, len(texts))
         cached = _VOCABS[id(tok)] = _Vocab(tok, texts, blank)
     return cached
 
 
-def _apply(renderer: Renderer, messages: list[dict[str, Any]],
-           add_generation_prompt: bool) -> str:
+def _apply(renderer: Renderer, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
     """The template's text for `messages` with the renderer's kwargs (no --system added)."""
     return renderer._apply(messages, None, add_generation_prompt=add_generation_prompt)
 
@@ -283,8 +339,10 @@ def _generation_prompt(renderer: Renderer) -> list[int]:
 def _single_id(tok: Any, text: str, flag: str) -> int:
     ids = tok.encode(text, add_special_tokens=False)
     if len(ids) != 1:
-        raise UserError(f"{flag} {text!r}: not a single token of this tokenizer "
-                        f"(it encodes to {len(ids)} tokens)")
+        raise UserError(
+            f"{flag} {text!r}: not a single token of this tokenizer "
+            f"(it encodes to {len(ids)} tokens)"
+        )
     return int(ids[0])
 
 
@@ -315,7 +373,7 @@ def _literal_pattern(tok: Any, marker: str, vocab: _Vocab) -> list[LiteralPatter
     for before in ("", " ", "\n", "a"):
         ids = plain_ids(tok, before + marker) or []
         lead = plain_ids(tok, before) or []
-        core = ids[len(lead):-1] if ids[:len(lead)] == lead else ids[:-1]
+        core = ids[len(lead) : -1] if ids[: len(lead)] == lead else ids[:-1]
         if core:
             cores.add(tuple(core))
     follow = vocab.starting(last)
@@ -339,8 +397,12 @@ def _inner_patterns(tok: Any, marker: str, vocab: _Vocab) -> list[LiteralPattern
             if len(inside) < 2 or ends[-1] != hi + len(after):  # not plain ASCII: skip
                 continue
             k0, k1 = int(inside[0]), int(inside[-1])
-            found.add((tuple(ids[k0:k1 + 1]), marker[: starts[k0] - lo], marker[ends[k1] - lo:]))
-    return [LiteralPattern(np.asarray(core, np.int64), vocab.ending(head) if head else None,
-                    vocab.starting(rest) if rest else None)
-            for core, head, rest in sorted(found)]
-
+            found.add((tuple(ids[k0 : k1 + 1]), marker[: starts[k0] - lo], marker[ends[k1] - lo :]))
+    return [
+        LiteralPattern(
+            np.asarray(core, np.int64),
+            vocab.ending(head) if head else None,
+            vocab.starting(rest) if rest else None,
+        )
+        for core, head, rest in sorted(found)
+    ]

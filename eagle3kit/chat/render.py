@@ -29,9 +29,19 @@ if TYPE_CHECKING:
 # and other machines load the very same one. config.json is included because AutoTokenizer
 # falls back on it to pick the tokenizer class; tokenization_*.py for trust_remote_code ones.
 TOKENIZER_FILE_NAMES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model",
-    "tiktoken.model", "chat_template.jinja", "chat_template.json", "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "tiktoken.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
     "config.json",
 )
 TOKENIZER_FILE_GLOBS = ("*.tiktoken", "tokenization_*.py", "additional_chat_templates/*.jinja")
@@ -44,8 +54,13 @@ PROBE_REASONING = "eagle3kit probe reasoning"
 
 # What a template can raise on messages it cannot render: jinja's own errors (raise_exception
 # included) and the Python errors of expressions like `None + "text"`.
-TEMPLATE_ERRORS: tuple[type[Exception], ...] = (TypeError, KeyError, IndexError, AttributeError,
-                                                ValueError)
+TEMPLATE_ERRORS: tuple[type[Exception], ...] = (
+    TypeError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    ValueError,
+)
 
 
 class RenderError(ValueError):
@@ -55,10 +70,15 @@ class RenderError(ValueError):
 class Renderer:
     """A tokenizer and chat template, applied exactly as the target's server would."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, template: str | None = None, *,
-                 template_file: Path | None = None,
-                 chat_template_kwargs: dict[str, Any] | None = None,
-                 system: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        template: str | None = None,
+        *,
+        template_file: Path | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        system: str | None = None,
+    ) -> None:
         """Wrap a loaded tokenizer; `template` (text) overrides the tokenizer's own template.
         `Renderer.load` is the entry point that checks paths and flags."""
         self.tokenizer = tokenizer
@@ -71,14 +91,21 @@ class Renderer:
         self.harmony = set(HARMONY_TOKENS) <= tokenizer.get_added_vocab().keys()
         # Rendering a one-question prompt also checks that the template works at all.
         prompt = self.render_text([{"role": "user", "content": PROBE_QUESTION}])
-        self.prompt_opens_think = self._opens_think(prompt[prompt.rfind(PROBE_QUESTION):])
+        self.prompt_opens_think = self._opens_think(prompt[prompt.rfind(PROBE_QUESTION) :])
         self.stop_token_ids = _unique(_eos_ids(tokenizer) + self._end_of_turn_ids())
         self.parses_answers = self._parses_answers()
 
     @classmethod
-    def load(cls, tokenizer: Path, *, chat_template: Path | None = None,
-             chat_template_kwargs: dict[str, Any] | None = None, system: str | None = None,
-             trust_remote_code: bool = False, flag: str = "--tokenizer") -> Renderer:
+    def load(
+        cls,
+        tokenizer: Path,
+        *,
+        chat_template: Path | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        system: str | None = None,
+        trust_remote_code: bool = False,
+        flag: str = "--tokenizer",
+    ) -> Renderer:
         """Load `--tokenizer` (a local directory) and `--chat-template`; every problem is a
         UserError naming its flag (`flag`: the one that named the tokenizer, gen's --target
         under --engine hf)."""
@@ -86,24 +113,32 @@ class Renderer:
         template = read_template(chat_template) if chat_template is not None else None
         tok = load_tokenizer(Path(tokenizer), trust_remote_code, flag)
         if template is None and not tok.chat_template:
-            raise UserError(f"--tokenizer {tokenizer}: it has no chat template; "
-                            "pass --chat-template FILE")
+            raise UserError(
+                f"--tokenizer {tokenizer}: it has no chat template; pass --chat-template FILE"
+            )
         flag = f"--chat-template {chat_template}" if chat_template else f"--tokenizer {tokenizer}"
         try:
-            return cls(tok, template, template_file=chat_template, chat_template_kwargs=kwargs,
-                       system=system)
+            return cls(
+                tok,
+                template,
+                template_file=chat_template,
+                chat_template_kwargs=kwargs,
+                system=system,
+            )
         except RenderError as exc:  # the template breaks on the plainest conversation
             raise UserError(f"{flag}: the chat template fails: {exc}") from None
 
     # -- rendering -------------------------------------------------------------------------
 
-    def render(self, messages: list[dict[str, Any]],
-               tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         """The prompt ids: the template with the generation prompt, tokenized as is."""
         return self.encode(self.render_text(messages, tools))
 
-    def render_text(self, messages: list[dict[str, Any]],
-                    tools: list[dict[str, Any]] | None = None) -> str:
+    def render_text(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
         """The prompt as text; `--system` goes first when the conversation has none."""
         if self.system is not None and not any(_is_system(m) for m in messages):
             messages = [{"role": "system", "content": self.system}, *messages]
@@ -115,19 +150,30 @@ class Renderer:
 
     def decode(self, ids: list[int]) -> str:
         """Ids to text with every special token kept, so the text encodes back to the ids."""
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False,
-                                         clean_up_tokenization_spaces=False))
+        return str(
+            self.tokenizer.decode(
+                list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+        )
 
-    def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               add_generation_prompt: bool) -> str:
+    def _apply(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+    ) -> str:
         from jinja2 import TemplateError, TemplateSyntaxError
 
         refused: tuple[type[Exception], ...] = (TemplateError, *TEMPLATE_ERRORS)
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, tools=tools,  # type: ignore[arg-type]  # transformers: list[dict | Callable], invariant, so a list[dict] is refused
-                chat_template=self.template, tokenize=False,
-                add_generation_prompt=add_generation_prompt, **self.chat_template_kwargs)
+                messages,
+                tools=tools,  # type: ignore[arg-type]  # transformers: list[dict | Callable], invariant, so a list[dict] is refused
+                chat_template=self.template,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **self.chat_template_kwargs,
+            )
         except TemplateSyntaxError as exc:
             raise RenderError(f"line {exc.lineno}: {exc.message}") from None
         except refused as exc:
@@ -136,24 +182,30 @@ class Renderer:
 
     # -- multi-turn ------------------------------------------------------------------------
 
-    def history(self, conv: Conversation, turn: int,
-                own_answers: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    def history(
+        self, conv: Conversation, turn: int, own_answers: list[dict[str, Any]] | None
+    ) -> list[dict[str, Any]]:
         """The messages before generation point `turn`, earlier assistant turns replaced by
         the model's own answers when given (else the dataset's)."""
         points = generation_points(conv)
         if not 0 <= turn < len(points):
-            raise IndexError(f"{conv.source}:{conv.line}: no turn {turn} "
-                             f"(the conversation has {len(points)})")
+            raise IndexError(
+                f"{conv.source}:{conv.line}: no turn {turn} (the conversation has {len(points)})"
+            )
         if own_answers is not None and len(own_answers) < turn:
-            raise ValueError(f"{conv.source}:{conv.line}: turn {turn} needs {turn} own "
-                             f"answers, got {len(own_answers)}")
-        messages = [dict(m) for m in conv.messages[:points[turn]]]
+            raise ValueError(
+                f"{conv.source}:{conv.line}: turn {turn} needs {turn} own "
+                f"answers, got {len(own_answers)}"
+            )
+        messages = [dict(m) for m in conv.messages[: points[turn]]]
         for i, point in enumerate(points[:turn]):
             if own_answers is not None:
                 messages[point] = dict(own_answers[i])
             elif is_placeholder(messages[point]):
-                raise ValueError(f"{conv.source}:{conv.line}: turn {i} has no reference answer "
-                                 "(content null), so a later turn needs the model's own")
+                raise ValueError(
+                    f"{conv.source}:{conv.line}: turn {i} has no reference answer "
+                    "(content null), so a later turn needs the model's own"
+                )
         return messages
 
     def answer_message(self, completion_ids: list[int]) -> dict[str, Any]:
@@ -200,9 +252,17 @@ class Renderer:
         template: render each as the last message and look at the tokens after its text."""
         user = {"role": "user", "content": PROBE_QUESTION}
         answer = {"role": "assistant", "content": PROBE_ANSWER}
-        call = {"role": "assistant", "content": "", "tool_calls": [{
-            "id": "call_0", "type": "function",
-            "function": {"name": "probe", "arguments": {"text": PROBE_ARGUMENT}}}]}
+        call = {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": "probe", "arguments": {"text": PROBE_ARGUMENT}},
+                }
+            ],
+        }
         # An answer's end-of-turn comes right after its text; a template may add EOS after
         # it (Phi-3), so take the first special token. A tool call's text is followed by the
         # call's own closing tokens (Kimi's <|tool_call_end|>) and the turn ends at the last.
@@ -221,7 +281,7 @@ class Renderer:
         if at < 0:
             return []
         special = _special_ids(self.tokenizer)
-        return [i for i in self.encode(text[at + len(marker):]) if i in special]
+        return [i for i in self.encode(text[at + len(marker) :]) if i in special]
 
     def _opens_think(self, prompt_tail: str) -> bool:
         """Whether the generation prompt ends inside a reasoning block (QwQ, R1), so that a
@@ -239,9 +299,11 @@ class Renderer:
         start, end = self.think
         opening = "" if self.prompt_opens_think else f"{start}\n"
         raw = f"{opening}{PROBE_REASONING}\n{end}\n\n{PROBE_ANSWER}"
-        messages = [{"role": "user", "content": PROBE_QUESTION},
-                    {"role": "assistant", "content": raw},
-                    {"role": "user", "content": PROBE_QUESTION}]
+        messages = [
+            {"role": "user", "content": PROBE_QUESTION},
+            {"role": "assistant", "content": raw},
+            {"role": "user", "content": PROBE_QUESTION},
+        ]
         try:
             text = self._apply(messages, None, add_generation_prompt=True)
         except RenderError:
@@ -268,8 +330,11 @@ class Renderer:
         """What decides the prompt ids, for the manifest and for refusing a changed resume."""
         return {
             "tokenizer": str(self.tokenizer.name_or_path),
-            "tokenizer_files": {str(p.relative_to(self.tokenizer_dir)): _file_xxh3(p)
-                                for p in self.files() if p != self.template_file},
+            "tokenizer_files": {
+                str(p.relative_to(self.tokenizer_dir)): _file_xxh3(p)
+                for p in self.files()
+                if p != self.template_file
+            },
             "chat_template_file": str(self.template_file) if self.template_file else None,
             "chat_template_xxh3": xxhash.xxh3_128_hexdigest(self._template_text().encode()),
             "chat_template_kwargs": self.chat_template_kwargs,
@@ -297,8 +362,12 @@ def harmony_message(text: str) -> dict[str, Any]:
         channel = header.partition("<|channel|>")[2].split(" ")[0]
         recipient = _harmony_recipient(header)
         if recipient is not None:
-            calls.append({"type": "function",
-                          "function": {"name": recipient, "arguments": _json_or_text(body)}})
+            calls.append(
+                {
+                    "type": "function",
+                    "function": {"name": recipient, "arguments": _json_or_text(body)},
+                }
+            )
         elif channel == "analysis":
             thinking.append(body)
         else:
@@ -349,8 +418,9 @@ def _check_kwargs(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise UserError("--chat-template-kwargs: not a JSON object (e.g. "
-                        "'{\"enable_thinking\": false}')")
+        raise UserError(
+            "--chat-template-kwargs: not a JSON object (e.g. '{\"enable_thinking\": false}')"
+        )
     return value
 
 
@@ -368,8 +438,14 @@ def read_template(path: Path) -> str:
 # Tokenizer classes that add nothing to their tokenizer.json for what gen does (encode
 # without special tokens, decode, apply the chat template); tests/test_gen_render.py checks
 # each against AutoTokenizer.
-PLAIN_FAST_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend", "Qwen2Tokenizer",
-                      "Qwen2TokenizerFast", "GPT2Tokenizer", "GPT2TokenizerFast"}
+PLAIN_FAST_CLASSES = {
+    "PreTrainedTokenizerFast",
+    "TokenizersBackend",
+    "Qwen2Tokenizer",
+    "Qwen2TokenizerFast",
+    "GPT2Tokenizer",
+    "GPT2TokenizerFast",
+}
 
 
 def _plain_fast_tokenizer(path: Path) -> bool:
@@ -385,17 +461,22 @@ def _plain_fast_tokenizer(path: Path) -> bool:
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return (isinstance(config, dict) and "auto_map" not in config
-            and config.get("tokenizer_class") in PLAIN_FAST_CLASSES)
+    return (
+        isinstance(config, dict)
+        and "auto_map" not in config
+        and config.get("tokenizer_class") in PLAIN_FAST_CLASSES
+    )
 
 
-def load_tokenizer(path: Path, trust_remote_code: bool,
-                   flag: str = "--tokenizer") -> PreTrainedTokenizerBase:
+def load_tokenizer(
+    path: Path, trust_remote_code: bool, flag: str = "--tokenizer"
+) -> PreTrainedTokenizerBase:
     if not path.exists():
         raise UserError(f"--tokenizer {path}: no such directory")
     if not path.is_dir():
-        raise UserError(f"--tokenizer {path}: not a directory (give the model or tokenizer "
-                        "directory)")
+        raise UserError(
+            f"--tokenizer {path}: not a directory (give the model or tokenizer directory)"
+        )
     if not _plain_fast_tokenizer(path):
         from eagle3kit import _hf
 

@@ -15,8 +15,11 @@ from typing import TYPE_CHECKING
 from eagle3kit._lazy import attribute_loader
 
 _HOMES = {
-    "RunDir": "rundir", "save_drafter": "native", "load_drafter": "native",
-    "inspect": "detect", "load_any": "load",
+    "RunDir": "rundir",
+    "save_drafter": "native",
+    "load_drafter": "native",
+    "inspect": "detect",
+    "load_any": "load",
 }
 
 __all__ = ["RunDir", "inspect", "load_any", "load_drafter", "save_drafter"]

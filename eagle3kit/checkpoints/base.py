@@ -89,12 +89,31 @@ class CheckpointInfo:
         return self.layout not in ("eagle1", "speculators-other")
 
     def to_dict(self) -> dict:
-        keys = ("path", "layout", "description", "weights_files", "aux_layer_ids",
-                "layer_ids_source", "num_aux", "hidden_size", "target_hidden_size",
-                "vocab_size", "draft_vocab_size", "coverage", "norm_before_residual",
-                "variant", "max_position_embeddings", "sliding_window", "target_layers",
-                "verifier", "has_embedding",
-                "dtype", "tensors", "problems", "warnings")
+        keys = (
+            "path",
+            "layout",
+            "description",
+            "weights_files",
+            "aux_layer_ids",
+            "layer_ids_source",
+            "num_aux",
+            "hidden_size",
+            "target_hidden_size",
+            "vocab_size",
+            "draft_vocab_size",
+            "coverage",
+            "norm_before_residual",
+            "variant",
+            "max_position_embeddings",
+            "sliding_window",
+            "target_layers",
+            "verifier",
+            "has_embedding",
+            "dtype",
+            "tensors",
+            "problems",
+            "warnings",
+        )
         out = {k: getattr(self, k) for k in keys}
         out["aux_layer_ids_output"] = self.aux_layer_ids_output
         return out
@@ -103,14 +122,27 @@ class CheckpointInfo:
 def _base(directory: Path, layout: str, weights: Weights, shapes: dict) -> CheckpointInfo:
     fc = shapes.get("fc.weight")
     return CheckpointInfo(
-        path=str(directory), layout=layout, description=LAYOUTS[layout],
-        weights_files=[f.name for f in weights.files], aux_layer_ids=None,
-        layer_ids_source="none", num_aux=None, hidden_size=fc[0] if fc else None,
-        target_hidden_size=None, vocab_size=None, draft_vocab_size=None, coverage=None,
-        norm_before_residual=None, variant=dict(_PLAIN), max_position_embeddings=None,
+        path=str(directory),
+        layout=layout,
+        description=LAYOUTS[layout],
+        weights_files=[f.name for f in weights.files],
+        aux_layer_ids=None,
+        layer_ids_source="none",
+        num_aux=None,
+        hidden_size=fc[0] if fc else None,
+        target_hidden_size=None,
+        vocab_size=None,
+        draft_vocab_size=None,
+        coverage=None,
+        norm_before_residual=None,
+        variant=dict(_PLAIN),
+        max_position_embeddings=None,
         target_layers=None,
-        verifier=None, has_embedding="embed_tokens.weight" in shapes,
-        dtype=weights.meta["fc.weight"][1] if fc else None, weights=weights)
+        verifier=None,
+        has_embedding="embed_tokens.weight" in shapes,
+        dtype=weights.meta["fc.weight"][1] if fc else None,
+        weights=weights,
+    )
 
 
 def _decoder_layers(info: CheckpointInfo) -> int:
@@ -181,16 +213,22 @@ def target_dict(target: Any) -> tuple[dict | None, Path | None]:
 
 def target_rope(raw: dict) -> tuple[float, dict | None]:
     """(rope_theta, rope_scaling) of a raw target config, transformers 4.x or 5.x style."""
-    return rope_of(SimpleNamespace(**{k: raw.get(k) for k in
-                                      ("rope_parameters", "rope_theta", "rope_scaling")}))
+    return rope_of(
+        SimpleNamespace(
+            **{k: raw.get(k) for k in ("rope_parameters", "rope_theta", "rope_scaling")}
+        )
+    )
 
 
 # Writing: the draft layer's decoder config -------------------------------------------------------
 def _rope_fields(drafter: Any, target: dict | None, warnings: list[str]) -> dict:
     """max_position_embeddings and RoPE as the target has them (CHECKPOINTS.md §6)."""
     if target is None:
-        theta, scaling, max_pos = (drafter.rope_theta, drafter.rope_scaling,
-                                   drafter.max_position_embeddings)
+        theta, scaling, max_pos = (
+            drafter.rope_theta,
+            drafter.rope_scaling,
+            drafter.max_position_embeddings,
+        )
         params = None
     else:
         theta, scaling = target_rope(target)
@@ -198,21 +236,36 @@ def _rope_fields(drafter: Any, target: dict | None, warnings: list[str]) -> dict
         params = target.get("rope_parameters")
         trained = named_rope_kind(drafter.rope_scaling) if drafter.rope_scaling else None
         if theta != drafter.rope_theta or (scaling or None) != trained:
-            warnings.append(f"the drafter was trained with rope_theta {drafter.rope_theta}, "
-                            f"scaling {drafter.rope_scaling}; the export has the target's "
-                            f"({theta}, {scaling})")
+            warnings.append(
+                f"the drafter was trained with rope_theta {drafter.rope_theta}, "
+                f"scaling {drafter.rope_scaling}; the export has the target's "
+                f"({theta}, {scaling})"
+            )
     if not isinstance(params, dict):
         kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-        params = {**{k: v for k, v in (scaling or {}).items() if k != "type"},
-                  "rope_type": kind, "rope_theta": theta}
-    return {"max_position_embeddings": max_pos, "rope_theta": theta, "rope_scaling": scaling,
-            "rope_parameters": params}
+        params = {
+            **{k: v for k, v in (scaling or {}).items() if k != "type"},
+            "rope_type": kind,
+            "rope_theta": theta,
+        }
+    return {
+        "max_position_embeddings": max_pos,
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        "rope_parameters": params,
+    }
 
 
 def _token_ids(drafter: Any, target: dict | None) -> dict:
-    source = target if target is not None else {
-        "bos_token_id": drafter.bos_token_id, "eos_token_id": drafter.eos_token_id,
-        "pad_token_id": drafter.pad_token_id}
+    source = (
+        target
+        if target is not None
+        else {
+            "bos_token_id": drafter.bos_token_id,
+            "eos_token_id": drafter.eos_token_id,
+            "pad_token_id": drafter.pad_token_id,
+        }
+    )
     return {k: source.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
 
 
@@ -224,8 +277,10 @@ def window_fields(drafter: Any) -> dict:
     attention: the configs stay as they were."""
     if not drafter.sliding_window:
         return {}
-    return {"sliding_window": drafter.sliding_window,
-            "layer_types": ["sliding_attention"] * drafter.num_hidden_layers}
+    return {
+        "sliding_window": drafter.sliding_window,
+        "layer_types": ["sliding_attention"] * drafter.num_hidden_layers,
+    }
 
 
 def window_of(layer: dict, warnings: list[str]) -> int | None:
@@ -234,8 +289,10 @@ def window_of(layer: dict, warnings: list[str]) -> int | None:
     if not isinstance(types, list) or "sliding_attention" not in types or not window:
         return None
     if any(t != "sliding_attention" for t in types):
-        warnings.append(f"layer_types {types}: only some draft layers use the sliding window "
-                        f"of {window}; eagle3kit applies it to every draft layer")
+        warnings.append(
+            f"layer_types {types}: only some draft layers use the sliding window "
+            f"of {window}; eagle3kit applies it to every draft layer"
+        )
     return window
 
 

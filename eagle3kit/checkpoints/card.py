@@ -95,8 +95,13 @@ def _open(path: str) -> Any:
         return None
 
 
-def trace(path: str, kind: str = UNKNOWN, samples: int | None = None,
-          tokens: int | None = None, weight: float | None = None) -> DataSource:
+def trace(
+    path: str,
+    kind: str = UNKNOWN,
+    samples: int | None = None,
+    tokens: int | None = None,
+    weight: float | None = None,
+) -> DataSource:
     """The dataset at `path` and, for hidden states, the token dataset behind it; the counts
     given (what train recorded) stand where the dataset cannot be read now."""
     ds = _open(path)
@@ -115,10 +120,15 @@ def training_data(run: dict) -> list[DataSource]:
     for entry in entries if isinstance(entries, list) else []:
         if isinstance(entry, dict) and isinstance(entry.get("path"), str):
             weight = entry.get("weight")
-            out.append(trace(entry["path"], str(entry.get("kind") or UNKNOWN),
-                             _count_or_none(entry.get("samples")),
-                             _count_or_none(entry.get("tokens")),
-                             float(weight) if _is_finite(weight) else None))
+            out.append(
+                trace(
+                    entry["path"],
+                    str(entry.get("kind") or UNKNOWN),
+                    _count_or_none(entry.get("samples")),
+                    _count_or_none(entry.get("tokens")),
+                    float(weight) if _is_finite(weight) else None,
+                )
+            )
     return out
 
 
@@ -137,19 +147,31 @@ def checked_prediction(prediction: object) -> dict | None:
     if not isinstance(prediction, dict):
         return None
     rates, length = prediction.get("per_position"), prediction.get("predicted_acceptance_length")
-    if not (isinstance(rates, list) and 0 < len(rates) <= 64 and _is_finite(length)
-            and all(_is_finite(r) and 0 <= r <= 1 for r in rates)):
+    if not (
+        isinstance(rates, list)
+        and 0 < len(rates) <= 64
+        and _is_finite(length)
+        and all(_is_finite(r) and 0 <= r <= 1 for r in rates)
+    ):
         return None
     if abs(predicted_acceptance_length(rates) - length) > 1e-4:
         return None
-    return {"predicted_acceptance_length": float(length), "k": len(rates),
-            "per_position": [float(r) for r in rates]}
+    return {
+        "predicted_acceptance_length": float(length),
+        "k": len(rates),
+        "per_position": [float(r) for r in rates],
+    }
 
 
 # Launch lines --------------------------------------------------------------------------------
-def launch_lines(fmt: str, where: str, base_model: str, k: int,
-                 sglang_dir: str | None = None,
-                 window: int | None = None) -> list[tuple[str, str]]:
+def launch_lines(
+    fmt: str,
+    where: str,
+    base_model: str,
+    k: int,
+    sglang_dir: str | None = None,
+    window: int | None = None,
+) -> list[tuple[str, str]]:
     """(what, command line) that serve the export at `where` for `base_model`, drafting `k`
     tokens per step: vLLM's short form (the speculators layout), vLLM's long form (either
     layout), and SGLang's for its layout (`sglang_dir`: the SGLang export of a
@@ -161,20 +183,31 @@ def launch_lines(fmt: str, where: str, base_model: str, k: int,
     spec = json.dumps({"method": "eagle3", "model": where, "num_speculative_tokens": k})
     lines = []
     if fmt == "vllm":
-        lines.append(("vLLM, the draft directory alone (it names the target)",
-                      f"vllm serve {shlex.quote(where)}"))
-    lines.append(("vLLM, the target with the draft named",
-                  f"vllm serve {shlex.quote(base_model)} --speculative-config "
-                  f"{shlex.quote(spec)}"))
+        lines.append(
+            (
+                "vLLM, the draft directory alone (it names the target)",
+                f"vllm serve {shlex.quote(where)}",
+            )
+        )
+    lines.append(
+        (
+            "vLLM, the target with the draft named",
+            f"vllm serve {shlex.quote(base_model)} --speculative-config {shlex.quote(spec)}",
+        )
+    )
     sglang_dir = where if fmt == "sglang" else sglang_dir
     if sglang_dir is not None:
-        lines.append(("SGLang", f"python -m sglang.launch_server --model-path "
-                                f"{shlex.quote(base_model)} --speculative-algorithm EAGLE3 "
-                                f"--speculative-draft-model-path {shlex.quote(sglang_dir)} "
-                                f"--speculative-num-steps {k} --speculative-eagle-topk 1 "
-                                f"--speculative-num-draft-tokens {k + 1}"
-                                + (f" --speculative-draft-window-size {window - 1}"
-                                   if window else "")))
+        lines.append(
+            (
+                "SGLang",
+                f"python -m sglang.launch_server --model-path "
+                f"{shlex.quote(base_model)} --speculative-algorithm EAGLE3 "
+                f"--speculative-draft-model-path {shlex.quote(sglang_dir)} "
+                f"--speculative-num-steps {k} --speculative-eagle-topk 1 "
+                f"--speculative-num-draft-tokens {k + 1}"
+                + (f" --speculative-draft-window-size {window - 1}" if window else ""),
+            )
+        )
     return lines
 
 
@@ -201,8 +234,10 @@ def _codes(texts: object) -> str:
 
 def front_matter(facts: CardFacts) -> str:
     tags = "".join(f"- {t}\n" for t in TAGS)
-    return (f"---\nbase_model: {_yaml_str(facts.base_model)}\n"
-            f"library_name: {LIBRARY[facts.fmt]}\ntags:\n{tags}---\n")
+    return (
+        f"---\nbase_model: {_yaml_str(facts.base_model)}\n"
+        f"library_name: {LIBRARY[facts.fmt]}\ntags:\n{tags}---\n"
+    )
 
 
 def _count(n: int | None) -> str:
@@ -211,8 +246,10 @@ def _count(n: int | None) -> str:
 
 def _data_lines(facts: CardFacts) -> list[str]:
     if facts.data is None:
-        return ["Unknown: exported from a checkpoint, not a training run, so no record of "
-                "the training data was at hand."]
+        return [
+            "Unknown: exported from a checkpoint, not a training run, so no record of "
+            "the training data was at hand."
+        ]
     if not facts.data:
         return ["Unknown: the run records no datasets (run.json has no `data`)."]
     out = []
@@ -225,29 +262,38 @@ def _dataset_lines(ds: DataSource, bullet: str) -> list[str]:
     pad = " " * len(bullet)
     weight = f", weight {ds.weight:g}" if ds.weight not in (None, 1, 1.0) else ""
     kind = ds.kind if ds.kind in ("tokens", "hidden") else f"{code(ds.kind)}"
-    head = (f"{bullet}{code(ds.path)}: {kind} dataset, {_count(ds.samples)} samples, "
-            f"{_count(ds.tokens)} tokens{weight}")
+    head = (
+        f"{bullet}{code(ds.path)}: {kind} dataset, {_count(ds.samples)} samples, "
+        f"{_count(ds.tokens)} tokens{weight}"
+    )
     if ds.counted_by != "manifest":
-        return [head + f" ({ds.counted_by} counts; the dataset is not reachable here, so "
-                       f"its prompts, server and sampling are unknown)"]
+        return [
+            head + f" ({ds.counted_by} counts; the dataset is not reachable here, so "
+            f"its prompts, server and sampling are unknown)"
+        ]
     lines = [head]
     origin = ds.origin
     if ds.kind == "hidden":
-        lines.append(f"{pad}hidden states by {code(origin.engine) if origin.engine else UNKNOWN}"
-                     + (f" from {_codes(origin.servers)}" if origin.servers else ""))
+        lines.append(
+            f"{pad}hidden states by {code(origin.engine) if origin.engine else UNKNOWN}"
+            + (f" from {_codes(origin.servers)}" if origin.servers else "")
+        )
         if ds.source is not None:
             lines += _dataset_lines(ds.source, pad + "- extracted from ")
         else:
             lines.append(f"{pad}- extracted from: {UNKNOWN} (not recorded)")
         return lines
     prompts = [code(p) for p in origin.prompts] + (
-        [f"dataset {code(origin.prompt_dataset)}"] if origin.prompt_dataset else [])
+        [f"dataset {code(origin.prompt_dataset)}"] if origin.prompt_dataset else []
+    )
     sampling = ", ".join(code(f"{k}={v}") for k, v in origin.sampling.items())
-    lines += [f"{pad}prompts: {', '.join(prompts) or UNKNOWN}",
-              f"{pad}generated by: {_codes(origin.servers) or UNKNOWN}"
-              + (f" ({code(origin.engine)})" if origin.engine else "")
-              + (f", serving {code(origin.served_model)}" if origin.served_model else ""),
-              f"{pad}sampling: {sampling or UNKNOWN}"]
+    lines += [
+        f"{pad}prompts: {', '.join(prompts) or UNKNOWN}",
+        f"{pad}generated by: {_codes(origin.servers) or UNKNOWN}"
+        + (f" ({code(origin.engine)})" if origin.engine else "")
+        + (f", serving {code(origin.served_model)}" if origin.served_model else ""),
+        f"{pad}sampling: {sampling or UNKNOWN}",
+    ]
     return lines
 
 
@@ -268,8 +314,10 @@ def _prediction_lines(prediction: dict | None) -> list[str]:
     if checked is None:
         return [NO_PREDICTION]
     rates = checked["per_position"]
-    return [f"- predicted acceptance length: {prediction_line(checked)}",
-            f"- per-position acceptance: {', '.join(f'{r:.3f}' for r in rates)}"]
+    return [
+        f"- predicted acceptance length: {prediction_line(checked)}",
+        f"- per-position acceptance: {', '.join(f'{r:.3f}' for r in rates)}",
+    ]
 
 
 def _fence(block: str) -> str:
@@ -282,16 +330,25 @@ def _fence(block: str) -> str:
 def card_text(facts: CardFacts) -> str:
     d = facts.drafter
     ids = list(d.aux_layer_ids)
-    coverage = ("" if facts.coverage is None
-                else f", covering {facts.coverage:.1%} of the training tokens")
-    launches = "\n".join(f"{what}:\n\n{_fence(line)}bash\n{line}\n{_fence(line)}\n"
-                         for what, line in launch_lines(facts.fmt, facts.where,
-                                                        facts.base_model,
-                                                        facts.speculative_tokens,
-                                                        facts.sibling, d.sliding_window))
-    other = ("" if facts.fmt == "sglang" or facts.sibling else
-             "\nSGLang reads its own layout: `eagle3kit export` with `--format sglang` "
-             "writes it.\n")
+    coverage = (
+        "" if facts.coverage is None else f", covering {facts.coverage:.1%} of the training tokens"
+    )
+    launches = "\n".join(
+        f"{what}:\n\n{_fence(line)}bash\n{line}\n{_fence(line)}\n"
+        for what, line in launch_lines(
+            facts.fmt,
+            facts.where,
+            facts.base_model,
+            facts.speculative_tokens,
+            facts.sibling,
+            d.sliding_window,
+        )
+    )
+    other = (
+        ""
+        if facts.fmt == "sglang" or facts.sibling
+        else "\nSGLang reads its own layout: `eagle3kit export` with `--format sglang` writes it.\n"
+    )
     lines = [
         front_matter(facts),
         f"# EAGLE-3 drafter for {code(facts.base_model)}",
@@ -308,8 +365,12 @@ def card_text(facts: CardFacts) -> str:
         f"- aux layer ids: {ids} (boundary, vLLM's) / {to_layer_output(ids)} (layer-output, "
         f"SGLang's)",
         f"- draft vocabulary: {d.draft_vocab_size:,} of {d.vocab_size:,} target ids{coverage}",
-        "- attention: " + (f"a sliding window of {d.sliding_window:,} positions"
-                            if d.sliding_window else "every earlier position"),
+        "- attention: "
+        + (
+            f"a sliding window of {d.sliding_window:,} positions"
+            if d.sliding_window
+            else "every earlier position"
+        ),
         f"- drafts per step: {facts.speculative_tokens}",
         "",
         "## Training data",

@@ -41,20 +41,29 @@ def detect_layout(config: dict, names: list[str], shapes: dict) -> str:
     if isinstance(config.get("eagle3kit"), dict):
         return "eagle3kit"
     if "speculators_model_type" in config or "speculators_config" in config:
-        return "speculators" if config.get("speculators_model_type") == "eagle3" \
+        return (
+            "speculators"
+            if config.get("speculators_model_type") == "eagle3"
             else "speculators-other"
+        )
     fc = shapes.get("fc.weight")
     hidden = shapes.get("norm.weight", shapes.get("midlayer.input_layernorm.weight"))
-    if "fc.bias" in names or (fc and hidden and fc[1] == 2 * hidden[0]
-                              and "d2t" not in names and "t2d" not in names):
+    if "fc.bias" in names or (
+        fc and hidden and fc[1] == 2 * hidden[0] and "d2t" not in names and "t2d" not in names
+    ):
         return "eagle1"
     if any(n.startswith("midlayer.") for n in names):
-        return "sglang" if _nested_ids(config) or config.get(
-            "eagle_aux_hidden_state_layer_ids") else "eagle3"
+        return (
+            "sglang"
+            if _nested_ids(config) or config.get("eagle_aux_hidden_state_layer_ids")
+            else "eagle3"
+        )
     if "LlamaForCausalLMEagle3" in (config.get("architectures") or []) or "eagle_config" in config:
         return "modelopt"
-    raise UserError("not a checkpoint layout eagle3kit knows (eagle3kit, speculators, SGLang/"
-                    "SpecForge, original EAGLE-3, ModelOpt, EAGLE-1/2)")
+    raise UserError(
+        "not a checkpoint layout eagle3kit knows (eagle3kit, speculators, SGLang/"
+        "SpecForge, original EAGLE-3, ModelOpt, EAGLE-1/2)"
+    )
 
 
 def inspect(path: str | Path, target_config: Any = None) -> CheckpointInfo:
@@ -88,18 +97,22 @@ def checkpoint_problems(path: str | Path, target_config: Any = None) -> list[str
 
 
 # The readers --------------------------------------------------------------------------------
-def _read_unsupported(directory: Path, layout: str, config: dict, weights: Weights,
-                      shapes: dict) -> CheckpointInfo:
+def _read_unsupported(
+    directory: Path, layout: str, config: dict, weights: Weights, shapes: dict
+) -> CheckpointInfo:
     info = _base(directory, layout, weights, shapes)
     info.config = config
     kind = config.get("speculators_model_type", "EAGLE-1/2")
-    info.problems.append(f"not an EAGLE-3 checkpoint ({kind}): EAGLE-3 engines cannot serve it "
-                         f"and eagle3kit cannot load it")
+    info.problems.append(
+        f"not an EAGLE-3 checkpoint ({kind}): EAGLE-3 engines cannot serve it "
+        f"and eagle3kit cannot load it"
+    )
     return info
 
 
-def _read_third_party(directory: Path, layout: str, config: dict, weights: Weights,
-                      shapes: dict) -> CheckpointInfo:
+def _read_third_party(
+    directory: Path, layout: str, config: dict, weights: Weights, shapes: dict
+) -> CheckpointInfo:
     """speculators, SGLang/SpecForge, original EAGLE-3 and ModelOpt: one mapping, per-layout
     names for the ids, the residual convention and the weights."""
     layer = layer_config(layout, config)
@@ -111,7 +124,8 @@ def _read_third_party(directory: Path, layout: str, config: dict, weights: Weigh
     fc = shapes.get("fc.weight")
     info.hidden_size = hidden
     info.target_hidden_size = _int(config.get("target_hidden_size")) or (
-        _int(layer.get("target_hidden_size")))
+        _int(layer.get("target_hidden_size"))
+    )
     aux_width = info.target_hidden_size or hidden
     info.num_aux = fc[1] // aux_width if fc and aux_width else None
     t2d, lm_head = shapes.get("t2d"), shapes.get("lm_head.weight")
@@ -119,7 +133,8 @@ def _read_third_party(directory: Path, layout: str, config: dict, weights: Weigh
     if t2d:  # the mask's length is V whatever the config says (see the vocab_size check)
         info.vocab_size = t2d[0]
     info.draft_vocab_size = _int(config.get("draft_vocab_size")) or (
-        lm_head[0] if lm_head else info.vocab_size)
+        lm_head[0] if lm_head else info.vocab_size
+    )
     info.max_position_embeddings = _int(layer.get("max_position_embeddings"))
     info.sliding_window = window_of(layer, info.warnings)
     # vLLM assumes true when a speculators config omits it; everything else means false.
@@ -151,12 +166,15 @@ def _variant_of(layout: str, config: dict, layer: dict, info: CheckpointInfo) ->
 
     stated = _int(layer.get("num_hidden_layers"))
     held = _decoder_layers(info)
-    return {"norm_before_fc": flag("norm_before_fc"), "fc_norm": flag("fc_norm"),
-            "norm_output": flag("norm_output"),
-            # a layout other than speculators may state the target's count (or none): the
-            # weights decide there, and _check_variant compares them with a speculators config
-            "num_hidden_layers": (stated or 1) if layout == "speculators" else max(held, 1),
-            "embed_requires_grad": layout == "speculators" and flag("embed_requires_grad")}
+    return {
+        "norm_before_fc": flag("norm_before_fc"),
+        "fc_norm": flag("fc_norm"),
+        "norm_output": flag("norm_output"),
+        # a layout other than speculators may state the target's count (or none): the
+        # weights decide there, and _check_variant compares them with a speculators config
+        "num_hidden_layers": (stated or 1) if layout == "speculators" else max(held, 1),
+        "embed_requires_grad": layout == "speculators" and flag("embed_requires_grad"),
+    }
 
 
 def _ids_of(layout: str, config: dict) -> tuple[list[int] | None, str]:
@@ -171,6 +189,10 @@ def _ids_of(layout: str, config: dict) -> tuple[list[int] | None, str]:
     return None, "none"
 
 
-_READERS = {"eagle3kit": read_eagle3kit, "speculators": _read_third_party,
-            "sglang": _read_third_party, "eagle3": _read_third_party,
-            "modelopt": _read_third_party}
+_READERS = {
+    "eagle3kit": read_eagle3kit,
+    "speculators": _read_third_party,
+    "sglang": _read_third_party,
+    "eagle3": _read_third_party,
+    "modelopt": _read_third_party,
+}

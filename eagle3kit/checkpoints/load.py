@@ -21,13 +21,16 @@ def drafter_config_of(info: CheckpointInfo) -> DrafterConfig:
     if not info.supported:
         raise UserError(f"{info.path}: {info.problems[0]}")
     if info.aux_layer_ids is None:
-        raise UserError(f"{info.path}: no aux layer ids and no target to take the engines' "
-                        f"default (2, N//2, N-3) from; give the target")
+        raise UserError(
+            f"{info.path}: no aux layer ids and no target to take the engines' "
+            f"default (2, N//2, N-3) from; give the target"
+        )
     layer = layer_config(info.layout, info.config)
     hidden, heads = info.hidden_size, _int(layer.get("num_attention_heads"))
     if not hidden or not heads or not info.vocab_size or not info.draft_vocab_size:
-        raise UserError(f"{info.path}/config.json: missing hidden_size, num_attention_heads or "
-                        f"vocab_size")
+        raise UserError(
+            f"{info.path}/config.json: missing hidden_size, num_attention_heads or vocab_size"
+        )
     theta, scaling = target_rope(layer)
     verifier = (info.config.get("speculators_config") or {}).get("verifier") or {}
     try:
@@ -36,8 +39,15 @@ def drafter_config_of(info: CheckpointInfo) -> DrafterConfig:
         raise UserError(f"{info.path}/config.json: {exc}") from None
 
 
-def _drafter_config(info: CheckpointInfo, layer: dict, hidden: int, heads: int, theta: float,
-                    scaling: dict | None, verifier: dict) -> DrafterConfig:
+def _drafter_config(
+    info: CheckpointInfo,
+    layer: dict,
+    hidden: int,
+    heads: int,
+    theta: float,
+    scaling: dict | None,
+    verifier: dict,
+) -> DrafterConfig:
     # drafter_config_of refused a checkpoint without these
     assert info.vocab_size and info.draft_vocab_size and info.aux_layer_ids is not None
     return DrafterConfig(
@@ -46,9 +56,12 @@ def _drafter_config(info: CheckpointInfo, layer: dict, hidden: int, heads: int, 
         num_attention_heads=heads,
         num_key_value_heads=_int(layer.get("num_key_value_heads")) or heads,
         head_dim=_int(layer.get("head_dim")) or hidden // heads,
-        vocab_size=info.vocab_size, draft_vocab_size=info.draft_vocab_size,
-        aux_layer_ids=list(info.aux_layer_ids), target_hidden_size=info.target_hidden_size,
-        rms_norm_eps=float(layer.get("rms_norm_eps") or 1e-6), rope_theta=theta,
+        vocab_size=info.vocab_size,
+        draft_vocab_size=info.draft_vocab_size,
+        aux_layer_ids=list(info.aux_layer_ids),
+        target_hidden_size=info.target_hidden_size,
+        rms_norm_eps=float(layer.get("rms_norm_eps") or 1e-6),
+        rope_theta=theta,
         rope_scaling=scaling,
         max_position_embeddings=info.max_position_embeddings or 2048,
         sliding_window=info.sliding_window,
@@ -57,7 +70,8 @@ def _drafter_config(info: CheckpointInfo, layer: dict, hidden: int, heads: int, 
         hidden_act=layer.get("hidden_act") or "silu",
         target_architectures=list(verifier.get("architectures") or []),
         target_name_or_path=info.verifier or "",
-        bos_token_id=layer.get("bos_token_id"), eos_token_id=layer.get("eos_token_id"),
+        bos_token_id=layer.get("bos_token_id"),
+        eos_token_id=layer.get("eos_token_id"),
         pad_token_id=layer.get("pad_token_id"),
     )
 
@@ -86,26 +100,40 @@ def load_inspected(info: CheckpointInfo, embedding: Any = None):
         weights["embed_tokens.weight"] = torch.as_tensor(embedding)
     model = Eagle3Drafter(config)
     expected = model.state_dict()
-    wrong = [f"{n} {list(t.shape)} (expected {list(expected[n].shape)})"
-             for n, t in weights.items() if n in expected and t.shape != expected[n].shape]
+    wrong = [
+        f"{n} {list(t.shape)} (expected {list(expected[n].shape)})"
+        for n, t in weights.items()
+        if n in expected and t.shape != expected[n].shape
+    ]
     if wrong:
         raise UserError(f"{info.path}: tensors do not fit the config: {', '.join(wrong[:4])}")
     missing, unexpected = model.load_state_dict(weights, strict=False)
     # a norm the weights leave out keeps weight 1, as the engines build it
     missing = [m for m in missing if m not in ("embed_tokens.weight", "input_norm.weight")]
     if missing or unexpected:
-        raise UserError(f"{info.path}: weights do not fit the {info.layout} layout "
-                        f"(missing {missing}, unexpected {unexpected})")
+        raise UserError(
+            f"{info.path}: weights do not fit the {info.layout} layout "
+            f"(missing {missing}, unexpected {unexpected})"
+        )
     return model
 
 
 def _unloadable(problem: str) -> bool:
     """Problems that make the tensors mean something else, as opposed to serving hazards."""
-    return problem.startswith(("d2t", "t2d", "lm_head has", "no d2t", "not an EAGLE-3",
-                               "input_norm.weight present", "fc_norm", "num_hidden_layers is",
-                               "embed_requires_grad is true",
-                               "norm_before_fc and fc_norm")) or (
-        "aux layer ids but fc takes" in problem)
+    return problem.startswith(
+        (
+            "d2t",
+            "t2d",
+            "lm_head has",
+            "no d2t",
+            "not an EAGLE-3",
+            "input_norm.weight present",
+            "fc_norm",
+            "num_hidden_layers is",
+            "embed_requires_grad is true",
+            "norm_before_fc and fc_norm",
+        )
+    ) or ("aux layer ids but fc takes" in problem)
 
 
 def _complete_vocab(weights: dict, config: DrafterConfig) -> None:

@@ -32,9 +32,12 @@ WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 
 
-def drafter_weights(model: Eagle3Drafter, with_embedding: bool = False,
-                    dtype: torch.dtype | None = None,
-                    state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def drafter_weights(
+    model: Eagle3Drafter,
+    with_embedding: bool = False,
+    dtype: torch.dtype | None = None,
+    state: dict[str, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
     """The tensors a checkpoint stores: floats in `dtype`, d2t int64, t2d bool. `state`:
     the model's full state dict when its own holds shards (FSDP)."""
     with_embedding = with_embedding or model.config.embed_requires_grad
@@ -48,9 +51,14 @@ def drafter_weights(model: Eagle3Drafter, with_embedding: bool = False,
     return weights
 
 
-def save_drafter(model: Eagle3Drafter, out_dir: str | Path, *, extra: dict | None = None,
-                 dtype: torch.dtype | None = None,
-                 state: dict[str, torch.Tensor] | None = None) -> Path:
+def save_drafter(
+    model: Eagle3Drafter,
+    out_dir: str | Path,
+    *,
+    extra: dict | None = None,
+    dtype: torch.dtype | None = None,
+    state: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """Write `model` (or its full `state`) to `out_dir` atomically per file (temp name,
     fsync, rename)."""
     from safetensors.torch import save_file
@@ -58,8 +66,7 @@ def save_drafter(model: Eagle3Drafter, out_dir: str | Path, *, extra: dict | Non
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / (WEIGHTS + ".tmp")
-    save_file(drafter_weights(model, dtype=dtype, state=state), str(tmp),
-              metadata={"format": "pt"})
+    save_file(drafter_weights(model, dtype=dtype, state=state), str(tmp), metadata={"format": "pt"})
     replace_durably(tmp, out / WEIGHTS)
     config = {"eagle3kit": {"drafter": model.config.to_dict(), **(extra or {})}}
     write_text_atomic(out / CONFIG, json.dumps(config, indent=2) + "\n")
@@ -73,8 +80,9 @@ def load_drafter(path: str | Path, embedding: torch.Tensor | None = None) -> Eag
     from eagle3kit.model.drafter import Eagle3Drafter
 
     path = Path(path)
-    config = DrafterConfig.from_dict(json.loads((path / CONFIG).read_text())["eagle3kit"]
-                                     ["drafter"])
+    config = DrafterConfig.from_dict(
+        json.loads((path / CONFIG).read_text())["eagle3kit"]["drafter"]
+    )
     model = Eagle3Drafter(config)
     weights = load_file(str(path / WEIGHTS))
     if embedding is not None and not config.embed_requires_grad:
@@ -82,20 +90,23 @@ def load_drafter(path: str | Path, embedding: torch.Tensor | None = None) -> Eag
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [m for m in missing if m != "embed_tokens.weight" or embedding is not None]
     if missing or unexpected:
-        raise ValueError(f"{path}: weights do not fit the config "
-                         f"(missing {missing}, unexpected {unexpected})")
+        raise ValueError(
+            f"{path}: weights do not fit the config (missing {missing}, unexpected {unexpected})"
+        )
     return model
 
 
 # Reading (without torch), for `inspect` ----------------------------------------------------------
-def read_eagle3kit(directory: Path, layout: str, config: dict, weights: Weights,
-                   shapes: dict) -> CheckpointInfo:
+def read_eagle3kit(
+    directory: Path, layout: str, config: dict, weights: Weights, shapes: dict
+) -> CheckpointInfo:
     block = config["eagle3kit"]
     try:
         drafter = DrafterConfig.from_dict(block["drafter"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"{directory}/config.json: eagle3kit block without a valid drafter "
-                        f"config ({exc})") from None
+        raise UserError(
+            f"{directory}/config.json: eagle3kit block without a valid drafter config ({exc})"
+        ) from None
     info = _from_drafter_config(directory, "eagle3kit", weights, shapes, drafter)
     info.layer_ids_source = "eagle3kit.drafter.aux_layer_ids"
     target = block.get("target") or {}
@@ -107,8 +118,9 @@ def read_eagle3kit(directory: Path, layout: str, config: dict, weights: Weights,
     return info
 
 
-def _from_drafter_config(directory: Path, layout: str, weights: Weights, shapes: dict,
-                         drafter: DrafterConfig) -> CheckpointInfo:
+def _from_drafter_config(
+    directory: Path, layout: str, weights: Weights, shapes: dict, drafter: DrafterConfig
+) -> CheckpointInfo:
     info = _base(directory, layout, weights, shapes)
     info.drafter_config = drafter
     info.aux_layer_ids = list(drafter.aux_layer_ids)

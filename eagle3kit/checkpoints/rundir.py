@@ -104,6 +104,8 @@ def training_prediction(checkpoint: Path) -> dict | None:
         if isinstance(evaluation, dict):
             return evaluation
     return None
+
+
 def _exported_here(directory: Path) -> bool:
     provenance = read_provenance(directory) or {}
     return str(provenance.get("written_by", "")).startswith("eagle3kit ")
@@ -117,7 +119,8 @@ def is_export(directory: Path) -> bool:
         return True
     entries = list(directory.iterdir())
     return bool(entries) and all(
-        p.is_dir() and not p.is_symlink() and _exported_here(p) for p in entries)
+        p.is_dir() and not p.is_symlink() and _exported_here(p) for p in entries
+    )
 
 
 class RunDir:
@@ -168,8 +171,10 @@ class RunDir:
         if data.get("format") != RUN_FORMAT:
             raise UserError(f"{self.run_json}: not an eagle3kit run")
         if data.get("version", 0) > RUN_VERSION:
-            raise UserError(f"{self.run_json}: run format {data.get('version')} is newer than "
-                            f"this eagle3kit ({__version__}) reads; upgrade eagle3kit")
+            raise UserError(
+                f"{self.run_json}: run format {data.get('version')} is newer than "
+                f"this eagle3kit ({__version__}) reads; upgrade eagle3kit"
+            )
         return data
 
     def is_ours(self) -> bool:
@@ -193,11 +198,13 @@ class RunDir:
         if self.exists():
             return True
         if mode == "resume":
-            raise UserError(f"{self.path}: no run to resume (no run.json); drop --resume to "
-                            "start one")
+            raise UserError(
+                f"{self.path}: no run to resume (no run.json); drop --resume to start one"
+            )
         if not self.is_empty():
-            raise UserError(f"{self.path}: exists and is not a training run (no run.json); "
-                            "give a new directory")
+            raise UserError(
+                f"{self.path}: exists and is not a training run (no run.json); give a new directory"
+            )
         return False
 
     def _check_overwritable(self) -> None:
@@ -206,11 +213,15 @@ class RunDir:
         if self.is_empty() or self.is_ours():
             return
         if self.exists():
-            raise UserError(f"{self.run_json}: not a run record eagle3kit wrote; --overwrite "
-                            "starts afresh only in a run directory or an empty one: give a "
-                            "new directory")
-        raise UserError(f"{self.path}: not a training run (no run.json); --overwrite starts "
-                        "afresh only in a run directory or an empty one: give a new directory")
+            raise UserError(
+                f"{self.run_json}: not a run record eagle3kit wrote; --overwrite "
+                "starts afresh only in a run directory or an empty one: give a "
+                "new directory"
+            )
+        raise UserError(
+            f"{self.path}: not a training run (no run.json); --overwrite starts "
+            "afresh only in a run directory or an empty one: give a new directory"
+        )
 
     def own_paths(self) -> list[Path]:
         """Every path the run keeps its own things at that is there now: its files and
@@ -233,16 +244,23 @@ class RunDir:
             odd = odd_file(path)
             if odd not in (None, "a directory"):
                 target = f" (to {os.readlink(path)})" if odd == "a symbolic link" else ""
-                raise UserError(f"{path}: {odd}{target} where a run keeps its own files; "
-                                "eagle3kit reads and writes a run only inside its directory: "
-                                "remove it, or give a new directory")
+                raise UserError(
+                    f"{path}: {odd}{target} where a run keeps its own files; "
+                    "eagle3kit reads and writes a run only inside its directory: "
+                    "remove it, or give a new directory"
+                )
         for name in LOCK_FILES:  # looked at again as they are opened (eagle3kit/_lock.py)
             odd = odd_file(self.path / name)
             if odd is not None:
-                what = ("the file naming a directory's owner" if name == ".owner.json"
-                        else "a lock file of its own")
-                raise UserError(f"{self.path / name}: {odd} where eagle3kit keeps {what}; "
-                                "refused (remove it: eagle3kit makes it again)")
+                what = (
+                    "the file naming a directory's owner"
+                    if name == ".owner.json"
+                    else "a lock file of its own"
+                )
+                raise UserError(
+                    f"{self.path / name}: {odd} where eagle3kit keeps {what}; "
+                    "refused (remove it: eagle3kit makes it again)"
+                )
 
     def clear(self) -> None:
         """--overwrite: remove what a run wrote (and nothing else), refusing links first.
@@ -333,8 +351,11 @@ class RunDir:
     # Metrics -----------------------------------------------------------------------------------
     def log(self, record: dict) -> None:
         # Never through a link planted at that name since the run directory was checked.
-        fd = os.open(self.metrics, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                     | os.O_CLOEXEC, 0o644)
+        fd = os.open(
+            self.metrics,
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o644,
+        )
         with os.fdopen(fd, "a") as f:
             f.write(json.dumps(record, default=float) + "\n")
 
@@ -343,12 +364,21 @@ class RunDir:
         counting settings a forced resume changed; MAX_TTT_STEPS where it records none."""
         record = self.record() or {}
         history = record.get("settings_history")
-        settings = [record.get("config"), record.get("settings"),
-                    *(entry.get("settings") for entry in
-                      (history if isinstance(history, list) else []) if isinstance(entry, dict))]
+        settings = [
+            record.get("config"),
+            record.get("settings"),
+            *(
+                entry.get("settings")
+                for entry in (history if isinstance(history, list) else [])
+                if isinstance(entry, dict)
+            ),
+        ]
         found = [s.get("ttt_steps") for s in settings if isinstance(s, dict)]
-        counts = [n for n in found if isinstance(n, int) and not isinstance(n, bool)
-                  and 0 < n <= MAX_RECORDED_TTT_STEPS]
+        counts = [
+            n
+            for n in found
+            if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_RECORDED_TTT_STEPS
+        ]
         return max(counts, default=MAX_TTT_STEPS)
 
     def metric_records(self) -> Iterator[tuple[str, dict]]:
@@ -375,8 +405,11 @@ class RunDir:
         them again. Lines train did not write go too."""
         if not self.metrics.is_file():
             return
-        kept = [line for line, record in self.metric_records()
-                if 0 < record["step"] <= step or (step and record["step"] == 0)]
+        kept = [
+            line
+            for line, record in self.metric_records()
+            if 0 < record["step"] <= step or (step and record["step"] == 0)
+        ]
         write_text_atomic(self.metrics, "".join(line + "\n" for line in kept))
 
     def sync_metrics(self) -> None:
@@ -412,15 +445,19 @@ def _is_metrics_record(record: object, ttt_steps: int) -> bool:
     if any(key in record and not _is_figure(record[key]) for key in METRIC_FIGURES):
         return False
     accuracies = record.get("acc_k", [])
-    if not (isinstance(accuracies, list) and len(accuracies) <= ttt_steps
-            and all(_is_figure(a) for a in accuracies)):
+    if not (
+        isinstance(accuracies, list)
+        and len(accuracies) <= ttt_steps
+        and all(_is_figure(a) for a in accuracies)
+    ):
         return False
     evaluation = record.get("eval")
     if evaluation is None:
         return True
     return isinstance(evaluation, dict) and (
         evaluation.get("predicted_acceptance_length") is None
-        or _is_figure(evaluation["predicted_acceptance_length"]))
+        or _is_figure(evaluation["predicted_acceptance_length"])
+    )
 
 
 def save_rng_state(path: Path) -> None:
@@ -433,16 +470,25 @@ def save_rng_state(path: Path) -> None:
 
     _, keys, pos, has_gauss, cached = np.random.get_state()
     version, mt, gauss_next = random.getstate()
-    tensors = {"torch": torch.get_rng_state(),
-               "numpy_keys": torch.from_numpy(np.asarray(keys, np.int64)),
-               "python_mt": torch.tensor(mt, dtype=torch.int64)}
+    tensors = {
+        "torch": torch.get_rng_state(),
+        "numpy_keys": torch.from_numpy(np.asarray(keys, np.int64)),
+        "python_mt": torch.tensor(mt, dtype=torch.int64),
+    }
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
     tensors.update({f"cuda_{i}": t for i, t in enumerate(cuda)})
-    save_file(tensors, str(path), metadata={
-        "numpy_pos": str(pos), "numpy_has_gauss": str(has_gauss),
-        "numpy_cached_gaussian": float(cached).hex(), "python_version": str(version),
-        "python_gauss_next": "none" if gauss_next is None else float(gauss_next).hex(),
-        "cuda_devices": str(len(cuda))})
+    save_file(
+        tensors,
+        str(path),
+        metadata={
+            "numpy_pos": str(pos),
+            "numpy_has_gauss": str(has_gauss),
+            "numpy_cached_gaussian": float(cached).hex(),
+            "python_version": str(version),
+            "python_gauss_next": "none" if gauss_next is None else float(gauss_next).hex(),
+            "cuda_devices": str(len(cuda)),
+        },
+    )
 
 
 def load_rng_state(path: Path) -> None:
@@ -456,22 +502,29 @@ def load_rng_state(path: Path) -> None:
             meta = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
         gauss = meta["python_gauss_next"]
-        numpy_state = ("MT19937", tensors["numpy_keys"].numpy().astype(np.uint32),
-                       int(meta["numpy_pos"]), int(meta["numpy_has_gauss"]),
-                       float.fromhex(meta["numpy_cached_gaussian"]))
-        python_state = (int(meta["python_version"]),
-                        tuple(int(v) for v in tensors["python_mt"].tolist()),
-                        None if gauss == "none" else float.fromhex(gauss))
+        numpy_state = (
+            "MT19937",
+            tensors["numpy_keys"].numpy().astype(np.uint32),
+            int(meta["numpy_pos"]),
+            int(meta["numpy_has_gauss"]),
+            float.fromhex(meta["numpy_cached_gaussian"]),
+        )
+        python_state = (
+            int(meta["python_version"]),
+            tuple(int(v) for v in tensors["python_mt"].tolist()),
+            None if gauss == "none" else float.fromhex(gauss),
+        )
         cuda = [tensors[f"cuda_{i}"] for i in range(int(meta["cuda_devices"]))]
         torch.set_rng_state(tensors["torch"])
         np.random.set_state(numpy_state)
         random.setstate(python_state)
     except Exception as exc:  # safetensors, a missing key, a bad number: the file is damaged
         first = str(exc).strip().splitlines()
-        raise UserError(f"{path}: not a readable random-state file "
-                        f"({first[0] if first else type(exc).__name__}); delete the "
-                        f"checkpoint folder {path.parent.name} to resume from the one before"
-                        ) from None
+        raise UserError(
+            f"{path}: not a readable random-state file "
+            f"({first[0] if first else type(exc).__name__}); delete the "
+            f"checkpoint folder {path.parent.name} to resume from the one before"
+        ) from None
     if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda)
 
@@ -484,8 +537,10 @@ def load_tensors(path: Path) -> Any:
     try:
         return load_tensor_file(path)
     except BadFile as exc:
-        raise UserError(f"{exc}. Delete the checkpoint folder {path.parent.name} to resume "
-                        "from the one before, or start afresh with --overwrite") from None
+        raise UserError(
+            f"{exc}. Delete the checkpoint folder {path.parent.name} to resume "
+            "from the one before, or start afresh with --overwrite"
+        ) from None
 
 
 def settings_diff(before: dict, now: dict) -> list[str]:

@@ -25,14 +25,18 @@ def sglang_config(drafter: Any, dtype: str, target: dict | None, warnings: list[
     nested ids.
     """
     ids = list(drafter.aux_layer_ids)
-    config = {"architectures": ["LlamaForCausalLMEagle3"],
-              **decoder_fields(drafter, target, warnings),
-              "draft_vocab_size": drafter.draft_vocab_size,
-              "torch_dtype": dtype,
-              "norm_before_residual": drafter.norm_before_residual,
-              "eagle_config": {"eagle_aux_hidden_state_layer_ids": to_layer_output(ids),
-                               "use_aux_hidden_state": True},
-              "eagle_aux_hidden_state_layer_ids": ids}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        **decoder_fields(drafter, target, warnings),
+        "draft_vocab_size": drafter.draft_vocab_size,
+        "torch_dtype": dtype,
+        "norm_before_residual": drafter.norm_before_residual,
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": to_layer_output(ids),
+            "use_aux_hidden_state": True,
+        },
+        "eagle_aux_hidden_state_layer_ids": ids,
+    }
     if drafter.target_hidden_size is not None:
         config["target_hidden_size"] = drafter.target_hidden_size
     return config
@@ -41,8 +45,10 @@ def sglang_config(drafter: Any, dtype: str, target: dict | None, warnings: list[
 def sglang_weights(model: Any, dtype: str) -> dict:
     """The tensors of the SGLang layout: the draft layer's under `midlayer.*`, no embedding
     (SGLang always uses the target's)."""
-    return {("midlayer." + n.removeprefix("layers.0.") if n.startswith("layers.0.") else n): t
-            for n, t in export_tensors(model, dtype).items()}
+    return {
+        ("midlayer." + n.removeprefix("layers.0.") if n.startswith("layers.0.") else n): t
+        for n, t in export_tensors(model, dtype).items()
+    }
 
 
 def sglang_to_ours(name: str) -> str:
@@ -54,23 +60,33 @@ def sglang_warnings(drafter: Any) -> list[str]:
 
     plain = VARIANTS["eagle3"]
     if any(getattr(drafter, k) != plain[k] for k in drafter.variant):
-        raise UserError(f"--format sglang: SGLang's LlamaForCausalLMEagle3 builds one plain "
-                        f"decoder layer over the target's embedding, and this drafter is "
-                        f"{describe_variant(drafter.variant)}; use --format vllm")
+        raise UserError(
+            f"--format sglang: SGLang's LlamaForCausalLMEagle3 builds one plain "
+            f"decoder layer over the target's embedding, and this drafter is "
+            f"{describe_variant(drafter.variant)}; use --format vllm"
+        )
     if min(drafter.aux_layer_ids) < 1:
-        raise UserError(f"layer id 0 (the embedding output) has no layer-output id: the SGLang "
-                        f"layout cannot name it ({drafter.aux_layer_ids}); use --format vllm")
+        raise UserError(
+            f"layer id 0 (the embedding output) has no layer-output id: the SGLang "
+            f"layout cannot name it ({drafter.aux_layer_ids}); use --format vllm"
+        )
     out = []
     if drafter.sliding_window:
-        out.append(f"sliding window of {drafter.sliding_window}: SGLang takes a draft's window "
-                   f"from its launch flag, not from config.json; serve with "
-                   f"--speculative-draft-window-size {drafter.sliding_window - 1} (the card's "
-                   f"launch line has it), or the drafter attends to every position")
+        out.append(
+            f"sliding window of {drafter.sliding_window}: SGLang takes a draft's window "
+            f"from its launch flag, not from config.json; serve with "
+            f"--speculative-draft-window-size {drafter.sliding_window - 1} (the card's "
+            f"launch line has it), or the drafter attends to every position"
+        )
     if drafter.norm_before_residual:
-        out.append("norm_before_residual is true: SGLang builds that do not read it take the "
-                   "residual from the raw hidden input (false) and serve this drafter wrongly")
+        out.append(
+            "norm_before_residual is true: SGLang builds that do not read it take the "
+            "residual from the raw hidden input (false) and serve this drafter wrongly"
+        )
     if drafter.aux_layer_ids[0] != 2:
-        out.append(f"SGLang layer-output ids {to_layer_output(drafter.aux_layer_ids)} do not "
-                   f"start at 1: SGLang before PR #25454 adds 1, newer SGLang reads them as "
-                   f"boundary ids; check per-position acceptance after serving")
+        out.append(
+            f"SGLang layer-output ids {to_layer_output(drafter.aux_layer_ids)} do not "
+            f"start at 1: SGLang before PR #25454 adds 1, newer SGLang reads them as "
+            f"boundary ids; check per-position acceptance after serving"
+        )
     return out

@@ -14,8 +14,15 @@ SPECULATORS_FORMAT = "0.9.0"
 """The speculators release whose config format the vLLM export follows (and is tested with)."""
 
 
-def vllm_config(drafter: Any, verifier: str, architectures: list[str], tokens: int,
-                dtype: str, target: dict | None, warnings: list[str]) -> dict:
+def vllm_config(
+    drafter: Any,
+    verifier: str,
+    architectures: list[str],
+    tokens: int,
+    dtype: str,
+    target: dict | None,
+    warnings: list[str],
+) -> dict:
     """The speculators config (CHECKPOINTS.md §1), every field explicit."""
     import transformers
 
@@ -41,8 +48,14 @@ def vllm_config(drafter: Any, verifier: str, architectures: list[str], tokens: i
         "speculators_config": {
             "algorithm": "eagle3",
             "default_proposal_method": "greedy",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": tokens,
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": tokens,
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }
+            ],
             "verifier": {"name_or_path": verifier, "architectures": architectures},
         },
     }
@@ -62,24 +75,33 @@ def check_speculators(info: CheckpointInfo, config: dict) -> None:
     tlc = config["transformer_layer_config"]
     vd, tlc_vocab = info.draft_vocab_size, _int(tlc.get("vocab_size"))
     if tlc_vocab is not None and vd is not None and tlc_vocab == vd and info.vocab_size != vd:
-        info.problems.append(f"transformer_layer_config.vocab_size is {tlc_vocab}, the draft "
-                             f"vocabulary; vLLM needs the target's ({info.vocab_size})")
+        info.problems.append(
+            f"transformer_layer_config.vocab_size is {tlc_vocab}, the draft "
+            f"vocabulary; vLLM needs the target's ({info.vocab_size})"
+        )
     if "norm_before_residual" not in config:
-        info.problems.append("norm_before_residual missing: vLLM assumes true; weights trained "
-                             "the reference way (SpecForge, EAGLE) need false")
+        info.problems.append(
+            "norm_before_residual missing: vLLM assumes true; weights trained "
+            "the reference way (SpecForge, EAGLE) need false"
+        )
     if tlc.get("model_type") not in ("llama", "qwen3"):
-        info.problems.append(f"transformer_layer_config.model_type "
-                             f"{tlc.get('model_type')!r}: vLLM accepts llama (qwen3 in newer "
-                             f"builds)")
+        info.problems.append(
+            f"transformer_layer_config.model_type "
+            f"{tlc.get('model_type')!r}: vLLM accepts llama (qwen3 in newer "
+            f"builds)"
+        )
     spec = config.get("speculators_config") or {}
     verifier = spec.get("verifier") or {}
     if not verifier.get("name_or_path"):
-        info.problems.append("speculators_config.verifier.name_or_path missing: `vllm serve` "
-                             "on the draft does not know which model to load")
+        info.problems.append(
+            "speculators_config.verifier.name_or_path missing: `vllm serve` "
+            "on the draft does not know which model to load"
+        )
     methods = spec.get("proposal_methods") or []
     if not methods or "speculative_tokens" not in methods[0]:
-        info.problems.append("speculators_config.proposal_methods[0].speculative_tokens "
-                             "missing: vLLM requires it")
+        info.problems.append(
+            "speculators_config.proposal_methods[0].speculative_tokens missing: vLLM requires it"
+        )
 
 
 def embedding_warning(info: CheckpointInfo) -> str | None:
@@ -87,7 +109,9 @@ def embedding_warning(info: CheckpointInfo) -> str | None:
     the target's embedding) but does not load as the same drafter in speculators itself."""
     if info.layout != "speculators" or info.has_embedding:
         return None
-    return ("no embed_tokens: vLLM takes the target's embedding, but speculators' own "
-            "Eagle3DraftModel.from_pretrained then starts from a random one, so the drafter "
-            "evaluated or trained further with speculators is not this one; `eagle3kit export "
-            "--with-embedding` adds the target's embedding")
+    return (
+        "no embed_tokens: vLLM takes the target's embedding, but speculators' own "
+        "Eagle3DraftModel.from_pretrained then starts from a random one, so the drafter "
+        "evaluated or trained further with speculators is not this one; `eagle3kit export "
+        "--with-embedding` adds the target's embedding"
+    )

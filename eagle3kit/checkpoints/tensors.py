@@ -35,13 +35,16 @@ def load_tensor_file(path: Path) -> Any:
         # the weights-only unpickler stops there, before calling anything.
         found = re.search(r"[Uu]nsupported (?:global: )?GLOBAL ([\w.]+)", str(exc))
         if found:
-            raise BadFile(f"{path}: refused: it asks to run {found.group(1)}, which "
-                          "torch.load(weights_only=True) does not allow; eagle3kit never "
-                          "unpickles more than tensors and plain containers") from None
+            raise BadFile(
+                f"{path}: refused: it asks to run {found.group(1)}, which "
+                "torch.load(weights_only=True) does not allow; eagle3kit never "
+                "unpickles more than tensors and plain containers"
+            ) from None
         stop = re.search(r"Unsupported operand \d+", str(exc))
-        raise BadFile(f"{path}: not a readable torch file (weights_only loading stopped: "
-                      f"{stop.group(0) if stop else 'not a tensor pickle'})") from None
+        raise BadFile(
+            f"{path}: not a readable torch file (weights_only loading stopped: "
+            f"{stop.group(0) if stop else 'not a tensor pickle'})"
+        ) from None
     except (OSError, EOFError, RuntimeError, ValueError, gzip.BadGzipFile) as exc:
         first = str(exc).strip().splitlines()
-        raise BadFile(f"{path}: not a readable torch file ({first[0] if first else exc})"
-                      ) from None
+        raise BadFile(f"{path}: not a readable torch file ({first[0] if first else exc})") from None

@@ -13,8 +13,12 @@ from typing import Any
 
 from eagle3kit.errors import UserError
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 class Weights:
@@ -48,9 +52,13 @@ class Weights:
 
             try:
                 with safe_open(str(f), framework="pt") as handle:
-                    return {n: (tuple(handle.get_slice(n).get_shape()),
-                                _dtype_name(handle.get_slice(n).get_dtype()))
-                            for n in handle.keys()}  # noqa: SIM118 (not a dict)
+                    return {
+                        n: (
+                            tuple(handle.get_slice(n).get_shape()),
+                            _dtype_name(handle.get_slice(n).get_dtype()),
+                        )
+                        for n in handle.keys()  # noqa: SIM118 (not a dict)
+                    }
             except Exception as exc:  # safetensors raises its own error types
                 raise UserError(f"{f}: not a readable safetensors file ({exc})") from None
         return {n: (tuple(t.shape), _dtype_name(t.dtype)) for n, t in self._bin(f).items()}
@@ -65,13 +73,16 @@ class Weights:
                 except RuntimeError:  # the legacy (non-zip) format cannot be memory-mapped
                     data = torch.load(f, map_location="cpu", weights_only=True)
             except pickle.UnpicklingError as exc:
-                raise UserError(f"{f}: holds more than tensors; eagle3kit reads .bin weights "
-                                f"only with torch.load(weights_only=True) "
-                                f"({str(exc).splitlines()[0]})") from None
+                raise UserError(
+                    f"{f}: holds more than tensors; eagle3kit reads .bin weights "
+                    f"only with torch.load(weights_only=True) "
+                    f"({str(exc).splitlines()[0]})"
+                ) from None
             except (OSError, EOFError, RuntimeError) as exc:
                 raise UserError(f"{f}: not a readable PyTorch weights file ({exc})") from None
-            if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor)
-                                                     for v in data.values()):
+            if not isinstance(data, dict) or not all(
+                isinstance(v, torch.Tensor) for v in data.values()
+            ):
                 raise UserError(f"{f}: expected a dict of tensors")
             self._bins[f] = data
         return self._bins[f]
@@ -92,9 +103,18 @@ class Weights:
 def _dtype_name(dtype: Any) -> str:
     """'bfloat16', 'int64', 'bool'... for both torch dtypes and safetensors' 'BF16' codes."""
     text = str(dtype).removeprefix("torch.")
-    return {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
-            "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
-            "BOOL": "bool"}.get(text, text)
+    return {
+        "BF16": "bfloat16",
+        "F16": "float16",
+        "F32": "float32",
+        "F64": "float64",
+        "I64": "int64",
+        "I32": "int32",
+        "I16": "int16",
+        "I8": "int8",
+        "U8": "uint8",
+        "BOOL": "bool",
+    }.get(text, text)
 
 
 def _weight_files(directory: Path) -> list[Path]:
@@ -125,8 +145,12 @@ def target_embedding(target_dir: Path):
         weights = Weights(target_dir)
     except UserError:
         return None
-    for name in ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
-                 "embed_tokens.weight", "transformer.wte.weight"):
+    for name in (
+        "model.embed_tokens.weight",
+        "model.language_model.embed_tokens.weight",
+        "embed_tokens.weight",
+        "transformer.wte.weight",
+    ):
         if name in weights.meta:
             return weights.get(name)
     return None

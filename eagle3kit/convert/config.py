@@ -42,11 +42,11 @@ class ConvertConfig:
     target: Path | None = None
     """Hidden states: the target model (its final norm for --to specforge; identity and
     default layers for an import)."""
-    layers: list[int] | str | None = field(default=None, metadata=opt(
-        metavar="2,18,33", type=str))
+    layers: list[int] | str | None = field(default=None, metadata=opt(metavar="2,18,33", type=str))
     """Hidden-state import: the aux layer ids, boundary convention."""
-    trust_remote_code: bool = field(default=False, metadata=opt("--trust-remote-code",
-                                                                  cli_only="code"))
+    trust_remote_code: bool = field(
+        default=False, metadata=opt("--trust-remote-code", cli_only="code")
+    )
     """Run the Python code a model or tokenizer directory ships (auto_map in its config), here
     the --tokenizer's on export. Only this flag allows it: what a dataset or run records
     never does."""
@@ -70,11 +70,13 @@ class ConvertConfig:
             check_pyarrow()
         if self.exporting:
             if self.skip_bad_lines or self.write.mode != "auto" or self.write.force:
-                raise UserError("--skip-bad-lines, --resume, --overwrite and --force apply to "
-                                "import only")
+                raise UserError(
+                    "--skip-bad-lines, --resume, --overwrite and --force apply to import only"
+                )
             if str(self.dst) == "-" and self.output.json:
-                raise UserError("--json and '-' (samples to stdout) both write to stdout; "
-                                "choose one")
+                raise UserError(
+                    "--json and '-' (samples to stdout) both write to stdout; choose one"
+                )
         elif self.tokenizer or self.partition:
             raise UserError("--tokenizer and --partition apply to export (a dataset to JSONL) only")
         elif self.src.is_dir():
@@ -92,7 +94,7 @@ class ConvertConfig:
 
 # Hidden states: which conversion, if any ---------------------------------------------------
 def detect(src: Path) -> str | None:
-    """"eagle3kit" (a hidden-state dataset), "speculators", "specforge", or None (not ours)."""
+    """ "eagle3kit" (a hidden-state dataset), "speculators", "specforge", or None (not ours)."""
     if is_dataset(src):
         kind = Dataset(src, kind=None, verify_shards=False, warn_stray=False).kind
         return "eagle3kit" if kind == "hidden" else None
@@ -100,21 +102,26 @@ def detect(src: Path) -> str | None:
         return None
     if (src / "state.json").is_file():
         if not (src / HS_DIR).is_dir():
-            raise UserError(f"{src}: a Hugging Face dataset without a {HS_DIR}/ folder: no "
-                            "speculators hidden states to import (speculators' "
-                            "data_generation_offline.py writes them there)")
+            raise UserError(
+                f"{src}: a Hugging Face dataset without a {HS_DIR}/ folder: no "
+                "speculators hidden states to import (speculators' "
+                "data_generation_offline.py writes them there)"
+            )
         return "speculators"
     if any(HS_FILE.match(p.name) for p in src.iterdir()):
-        raise UserError(f"{src}: speculators' {HS_DIR} folder; give its parent, the token data "
-                        "(what speculators' train reads as --data-path)")
-    if any((p.is_dir() and p.name.startswith("rows_")) or SF_FILE.match(p.name)
-           for p in src.iterdir()):
+        raise UserError(
+            f"{src}: speculators' {HS_DIR} folder; give its parent, the token data "
+            "(what speculators' train reads as --data-path)"
+        )
+    if any(
+        (p.is_dir() and p.name.startswith("rows_")) or SF_FILE.match(p.name) for p in src.iterdir()
+    ):
         return "specforge"
     return None
 
 
 def check_hidden(cfg: ConvertConfig) -> str | None:
-    """"export" or "import" for a hidden-state conversion, None for a token one; a flag that
+    """ "export" or "import" for a hidden-state conversion, None for a token one; a flag that
     does not fit is refused here, before anything is read or written."""
     if cfg.to is not None and cfg.to not in TOOLS:
         raise UserError(f"--to must be one of {', '.join(TOOLS)} (got {cfg.to!r})")
@@ -123,26 +130,36 @@ def check_hidden(cfg: ConvertConfig) -> str | None:
     source = detect(cfg.src)
     if source is None:
         if cfg.to and is_dataset(cfg.src):
-            raise UserError(f"--to {cfg.to}: {cfg.src} is a token dataset; --to converts a "
-                            "hidden-state dataset (from extract). A token dataset exports to "
-                            "JSONL without --to")
+            raise UserError(
+                f"--to {cfg.to}: {cfg.src} is a token dataset; --to converts a "
+                "hidden-state dataset (from extract). A token dataset exports to "
+                "JSONL without --to"
+            )
         if cfg.to or cfg.target or cfg.layers:
-            raise UserError("--to, --target and --layers apply to hidden-state conversions "
-                            "(a hidden-state dataset, or speculators' or SpecForge's files)")
+            raise UserError(
+                "--to, --target and --layers apply to hidden-state conversions "
+                "(a hidden-state dataset, or speculators' or SpecForge's files)"
+            )
         return None
     if cfg.tokenizer or cfg.partition:
         raise UserError("--tokenizer and --partition apply to token datasets exported to JSONL")
     if source != "eagle3kit":
         if cfg.to:
-            raise UserError(f"--to {cfg.to}: {cfg.src} holds {NAMES[source]} files, which are "
-                            "imported into a hidden-state dataset: leave out --to")
+            raise UserError(
+                f"--to {cfg.to}: {cfg.src} holds {NAMES[source]} files, which are "
+                "imported into a hidden-state dataset: leave out --to"
+            )
         return "import"
     if cfg.to is None:
-        raise UserError(f"{cfg.src} is a hidden-state dataset: give --to speculators or "
-                        "--to specforge to export it")
+        raise UserError(
+            f"{cfg.src} is a hidden-state dataset: give --to speculators or "
+            "--to specforge to export it"
+        )
     if cfg.skip_bad_lines or cfg.write.mode != "auto" or cfg.write.force:
-        raise UserError("--skip-bad-lines, --resume, --overwrite and --force apply to import "
-                        "only (rerunning an export continues it)")
+        raise UserError(
+            "--skip-bad-lines, --resume, --overwrite and --force apply to import "
+            "only (rerunning an export continues it)"
+        )
     if cfg.layers:
         raise UserError("--layers applies to import: the dataset records its layers")
     if str(cfg.dst) == "-":
@@ -150,18 +167,23 @@ def check_hidden(cfg: ConvertConfig) -> str | None:
     last = HiddenDataset(cfg.src, verify_shards=False, warn_stray=False).last_state
     if cfg.to == "speculators":
         if last == "post_norm":
-            raise UserError(f"{cfg.src} holds the last state after the final norm (imported "
-                            "from SpecForge); speculators needs it before the norm, which "
-                            "cannot be recovered: extract the states again with eagle3kit")
+            raise UserError(
+                f"{cfg.src} holds the last state after the final norm (imported "
+                "from SpecForge); speculators needs it before the norm, which "
+                "cannot be recovered: extract the states again with eagle3kit"
+            )
         if cfg.target is not None:
-            raise UserError("--target is needed only with --to specforge (speculators keeps "
-                            "the last state before the norm, as the dataset does)")
+            raise UserError(
+                "--target is needed only with --to specforge (speculators keeps "
+                "the last state before the norm, as the dataset does)"
+            )
     elif last == "pre_norm" and cfg.target is None:
-        raise UserError("--to specforge needs --target (the target model directory): SpecForge "
-                        "stores the last state after the final norm, so export applies the "
-                        "target's norm weights")
+        raise UserError(
+            "--to specforge needs --target (the target model directory): SpecForge "
+            "stores the last state after the final norm, so export applies the "
+            "target's norm weights"
+        )
     return "export"
-
 
 
 PARQUET_EXTRA = "pip install 'eagle3kit[hf]'"
@@ -173,13 +195,17 @@ def check_pyarrow() -> None:
         import pyarrow
         import pyarrow.parquet  # noqa: F401
     except ImportError:
-        raise UserError(f"Parquet needs pyarrow, which is not installed: {PARQUET_EXTRA}"
-                        ) from None
+        raise UserError(f"Parquet needs pyarrow, which is not installed: {PARQUET_EXTRA}") from None
 
 
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"))
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISDIR, "a directory"),
+)
 
 
 def check_dst_kind(dst: Path, file: bool) -> None:
@@ -197,6 +223,8 @@ def check_dst_kind(dst: Path, file: bool) -> None:
         return
     kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
     if file:
-        raise UserError(f"{dst}: {kind}, not a regular file; convert replaces OUT with the "
-                        "JSONL or Parquet file, so give a file path (or '-' for stdout)")
+        raise UserError(
+            f"{dst}: {kind}, not a regular file; convert replaces OUT with the "
+            "JSONL or Parquet file, so give a file path (or '-' for stdout)"
+        )
     raise UserError(f"{dst}: {kind}, not a dataset directory; give a directory path")

@@ -50,10 +50,10 @@ SF_GROUP = 2000
 SF_KEYS = ("input_ids", "loss_mask", "aux_hidden_state", "hidden_state")
 
 
-def hidden_result(direction: str, dst: Path, written: int, skipped: int = 0, bad: int = 0
-            ) -> ConvertResult:
-    return ConvertResult(direction, written, skipped_existing=skipped, bad_lines=bad,
-                         dst=str(dst))
+def hidden_result(
+    direction: str, dst: Path, written: int, skipped: int = 0, bad: int = 0
+) -> ConvertResult:
+    return ConvertResult(direction, written, skipped_existing=skipped, bad_lines=bad, dst=str(dst))
 
 
 def bf16(x: np.ndarray) -> Any:
@@ -68,8 +68,10 @@ def check_target(ds: HiddenDataset, target: Path) -> dict:
     mismatch = identity_mismatch(ds.target, ours)
     if mismatch:
         key, theirs, actual = mismatch
-        raise UserError(f"--target {target}: not the model {ds.path} was extracted from "
-                        f"({key} {actual!r}, the dataset records {theirs!r})")
+        raise UserError(
+            f"--target {target}: not the model {ds.path} was extracted from "
+            f"({key} {actual!r}, the dataset records {theirs!r})"
+        )
     return ours
 
 
@@ -82,8 +84,7 @@ def read_sidecar(where: Path) -> dict | None:
     except (OSError, orjson.JSONDecodeError) as exc:
         raise UserError(f"{path}: unreadable ({exc}); remove it to import without it") from None
     if not isinstance(body, dict) or not isinstance(body.get("layout"), dict):
-        raise UserError(f"{path}: not an eagle3kit export record; remove it to import "
-                        "without it")
+        raise UserError(f"{path}: not an eagle3kit export record; remove it to import without it")
     return body
 
 
@@ -91,8 +92,10 @@ def import_datasets() -> Any:
     try:
         import datasets
     except ImportError:
-        raise UserError("--to speculators and speculators imports need the `datasets` package "
-                        "(pip install 'eagle3kit[hf]'): speculators keeps its token data as a "
-                        "Hugging Face dataset") from None
+        raise UserError(
+            "--to speculators and speculators imports need the `datasets` package "
+            "(pip install 'eagle3kit[hf]'): speculators keeps its token data as a "
+            "Hugging Face dataset"
+        ) from None
     datasets.disable_progress_bars()
     return datasets

@@ -41,22 +41,32 @@ class _Export:
 
     def __init__(self, cfg: ConvertConfig, ds: HiddenDataset, last_state: str) -> None:
         self.dst, self.tool = cfg.dst, str(cfg.to)
-        self.header = {"written_by": "eagle3kit convert", "format": self.tool,
-                       "source": str(cfg.src.resolve()), "last_state": last_state,
-                       "layout": {**ds.layout, "last_state": last_state}}
+        self.header = {
+            "written_by": "eagle3kit convert",
+            "format": self.tool,
+            "source": str(cfg.src.resolve()),
+            "last_state": last_state,
+            "layout": {**ds.layout, "last_state": last_state},
+        }
         sidecar = self.dst / SIDECAR
         if self.dst.exists() and (not self.dst.is_dir() or any(self.dst.iterdir())):
             old = read_sidecar(self.dst) if sidecar.is_file() else None
             if old is None or {k: old.get(k) for k in ("format", "source")} != {
-                    "format": self.tool, "source": self.header["source"]}:
-                raise UserError(f"{self.dst}: exists and is not an export of {cfg.src} to "
-                                f"{self.tool}; choose a new directory or remove it")
+                "format": self.tool,
+                "source": self.header["source"],
+            }:
+                raise UserError(
+                    f"{self.dst}: exists and is not an export of {cfg.src} to "
+                    f"{self.tool}; choose a new directory or remove it"
+                )
         self.dst.mkdir(parents=True, exist_ok=True)
         self._save({**self.header, "complete": False})
 
     def _save(self, body: dict) -> None:
-        write_atomic(self.dst / SIDECAR, lambda tmp: tmp.write_bytes(
-            orjson.dumps(body, option=orjson.OPT_INDENT_2)))
+        write_atomic(
+            self.dst / SIDECAR,
+            lambda tmp: tmp.write_bytes(orjson.dumps(body, option=orjson.OPT_INDENT_2)),
+        )
 
     def finish(self, samples: list[dict]) -> None:
         self._save({**self.header, "complete": True, "samples": samples})
@@ -71,9 +81,11 @@ def _export_samples(cfg: ConvertConfig, ds: HiddenDataset) -> Iterator[tuple[int
 
 
 def _record(sample: HiddenSample) -> dict:
-    return {"sample_id": sample.sample_id, "partition": sample.partition,
-            "prompt_len": int(sample.prompt_len)}
-
+    return {
+        "sample_id": sample.sample_id,
+        "partition": sample.partition,
+        "prompt_len": int(sample.prompt_len),
+    }
 
 
 def export_speculators(cfg: ConvertConfig) -> ConvertResult:
@@ -102,19 +114,25 @@ def export_speculators(cfg: ConvertConfig) -> ConvertResult:
         n, h = s.num_tokens, ds.hidden_size
         # [T, L, H]: the aux layers in order, then the last layer's pre-norm output.
         states = np.concatenate([s.aux.reshape(n, -1, h), s.last.reshape(n, 1, h)], axis=1)
-        tensors = {"hidden_states": bf16(states),
-                   "token_ids": torch.from_numpy(np.asarray(s.input_ids, np.int64))}
+        tensors = {
+            "hidden_states": bf16(states),
+            "token_ids": torch.from_numpy(np.asarray(s.input_ids, np.int64)),
+        }
         write_atomic(path, partial(save_file, tensors))  # save_file(tensors, tmp)
         written += 1
     _save_token_data(datasets, cfg.dst, ids, masks)
     out.finish(records)
-    _ui.info(f"{cfg.dst}: {len(ds):,} samples for speculators ({written:,} written, {kept:,} "
-             f"already there); train with --data-path {cfg.dst}", cfg.output)
+    _ui.info(
+        f"{cfg.dst}: {len(ds):,} samples for speculators ({written:,} written, {kept:,} "
+        f"already there); train with --data-path {cfg.dst}",
+        cfg.output,
+    )
     return hidden_result("export", cfg.dst, written, kept)
 
 
-def _save_token_data(datasets: Any, dst: Path, ids: list[np.ndarray],
-                     masks: list[np.ndarray]) -> None:
+def _save_token_data(
+    datasets: Any, dst: Path, ids: list[np.ndarray], masks: list[np.ndarray]
+) -> None:
     """The columns speculators' prepare_data.py saves (torch format), built straight from
     arrays: no Python list per token."""
     import pyarrow as pa
@@ -126,8 +144,9 @@ def _save_token_data(datasets: Any, dst: Path, ids: list[np.ndarray],
         flat = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         return pa.LargeListArray.from_arrays(offsets, pa.array(flat)).cast(pa.list_(pa.int64()))
 
-    table = pa.table({"input_ids": column(ids), "loss_mask": column(masks),
-                      "seq_len": pa.array(lengths)})
+    table = pa.table(
+        {"input_ids": column(ids), "loss_mask": column(masks), "seq_len": pa.array(lengths)}
+    )
     datasets.Dataset(table).with_format("torch").save_to_disk(str(dst))
 
 
@@ -166,8 +185,11 @@ def export_specforge(cfg: ConvertConfig) -> ConvertResult:
         write_atomic(path, partial(torch.save, record))  # torch.save(record, tmp)
         written += 1
     out.finish(records)
-    _ui.info(f"{cfg.dst}: {len(ds):,} samples for SpecForge ({written:,} written, {kept:,} "
-             f"already there); train with --hidden-states-path {cfg.dst}", cfg.output)
+    _ui.info(
+        f"{cfg.dst}: {len(ds):,} samples for SpecForge ({written:,} written, {kept:,} "
+        f"already there); train with --hidden-states-path {cfg.dst}",
+        cfg.output,
+    )
     return hidden_result("export", cfg.dst, written, kept)
 
 
@@ -179,5 +201,3 @@ def _final_norm(target: Path) -> Any:
 
     head = TargetHead.load(target, read_config(target))
     return head.norm.to(torch.float32).eval()
-
-

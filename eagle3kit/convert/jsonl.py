@@ -30,8 +30,16 @@ from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, DatasetWriter, TokenSample
 
 REQUIRED = ("sample_id", "prompt_ids", "completion_ids")
-OPTIONAL = ("finish_reason", "partition", "metadata", "loss_mask", "source", "server",
-            "latency", "counts")
+OPTIONAL = (
+    "finish_reason",
+    "partition",
+    "metadata",
+    "loss_mask",
+    "source",
+    "server",
+    "latency",
+    "counts",
+)
 TEXT_KEYS = ("prompt_text", "completion_text")
 
 
@@ -55,16 +63,20 @@ def sample_to_record(sample: TokenSample) -> dict:
 
 def export_error(dst: Path, exc: OSError) -> UserError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        return UserError(f"{dst}: no space left to write ({exc.strerror}); the partial file was "
-                         "removed and the dataset is untouched: free some space and rerun the "
-                         "same command")
+        return UserError(
+            f"{dst}: no space left to write ({exc.strerror}); the partial file was "
+            "removed and the dataset is untouched: free some space and rerun the "
+            "same command"
+        )
     return UserError(f"{dst}: cannot write: {exc.strerror or exc}")
 
 
 def check_partition(cfg: ConvertConfig, ds: Dataset) -> None:
     if cfg.partition is not None and cfg.partition not in ds.partitions:
-        raise UserError(f"--partition {cfg.partition}: not in {cfg.src} "
-                        f"(partitions: {', '.join(ds.partitions) or 'none'})")
+        raise UserError(
+            f"--partition {cfg.partition}: not in {cfg.src} "
+            f"(partitions: {', '.join(ds.partitions) or 'none'})"
+        )
 
 
 def load_export_tokenizer(cfg: ConvertConfig) -> Any:
@@ -151,8 +163,14 @@ def record_to_sample(record: object) -> TokenSample:
     sample_id = record["sample_id"]
     if not isinstance(sample_id, str) or not sample_id or "\n" in sample_id:
         raise ValueError("sample_id must be a non-empty string without newlines")
-    for key, kind in (("finish_reason", str), ("partition", str), ("metadata", dict),
-                      ("source", dict), ("server", dict), ("counts", dict)):
+    for key, kind in (
+        ("finish_reason", str),
+        ("partition", str),
+        ("metadata", dict),
+        ("source", dict),
+        ("server", dict),
+        ("counts", dict),
+    ):
         if key in record and record[key] is not None and not isinstance(record[key], kind):
             raise ValueError(f"{key} must be a {'string' if kind is str else 'JSON object'}")
     _refuse_controls(record)
@@ -169,8 +187,11 @@ def record_to_sample(record: object) -> TokenSample:
         finish_reason=_default(record.get("finish_reason"), "stop"),
         partition=_default(record.get("partition"), "default"),
         loss_mask=None if mask is None else _int_list(mask, "loss_mask"),
-        source=record.get("source"), server=record.get("server"), latency=latency,
-        counts=record.get("counts"), metadata=record.get("metadata") or {},
+        source=record.get("source"),
+        server=record.get("server"),
+        latency=latency,
+        counts=record.get("counts"),
+        metadata=record.get("metadata") or {},
     )
 
 
@@ -194,8 +215,14 @@ class SourceMark:
     xxh3: str = ""
 
     def to_json(self) -> dict:
-        return {"source": self.source, "bytes": self.nbytes, "line": self.line,
-                "samples": self.samples, "bad_lines": self.bad_lines, "xxh3": self.xxh3}
+        return {
+            "source": self.source,
+            "bytes": self.nbytes,
+            "line": self.line,
+            "samples": self.samples,
+            "bad_lines": self.bad_lines,
+            "xxh3": self.xxh3,
+        }
 
     @classmethod
     def from_json(cls, source: str, saved: object) -> SourceMark | None:
@@ -203,10 +230,17 @@ class SourceMark:
             return None
         counts = [saved.get(k) for k in ("bytes", "line", "samples", "bad_lines")]
         if not all(type(v) is int and v >= 0 for v in counts) or not isinstance(
-                saved.get("xxh3"), str):
+            saved.get("xxh3"), str
+        ):
             return None
-        return cls(source, saved["bytes"], saved["line"], saved["samples"], saved["bad_lines"],
-                   xxh3=saved["xxh3"])
+        return cls(
+            source,
+            saved["bytes"],
+            saved["line"],
+            saved["samples"],
+            saved["bad_lines"],
+            xxh3=saved["xxh3"],
+        )
 
 
 def _resume_point(f, saved: SourceMark | None, hasher) -> SourceMark | None:
@@ -239,7 +273,8 @@ def import_jsonl(cfg: ConvertConfig) -> ConvertResult:
     total = _count_lines(cfg.src)
     result = ConvertResult("import", 0, dst=str(cfg.dst))
     writer = DatasetWriter(
-        cfg.dst, **cfg.write.writer_options(),
+        cfg.dst,
+        **cfg.write.writer_options(),
         # The file name, not its path: the same file moved or copied continues the import.
         config={"stage": "convert", "source": cfg.src.name},
         provenance={"source": str(cfg.src.resolve())},
@@ -248,13 +283,15 @@ def import_jsonl(cfg: ConvertConfig) -> ConvertResult:
     first_commit = min(cfg.write.commit_every, FIRST_COMMIT)
     with writer, open(cfg.src, "rb") as f:
         hasher = xxhash.xxh3_128()
-        start = _resume_point(f, SourceMark.from_json(cfg.src.name, writer.progress_at_open),
-                              hasher)
+        start = _resume_point(
+            f, SourceMark.from_json(cfg.src.name, writer.progress_at_open), hasher
+        )
         mark = start or SourceMark(cfg.src.name)
         result.skipped_existing = mark.samples
         earlier_bad = mark.bad_lines
-        with _ui.Progress("convert", total, cfg.output, unit="lines",
-                          initial=mark.line) as progress:
+        with _ui.Progress(
+            "convert", total, cfg.output, unit="lines", initial=mark.line
+        ) as progress:
             for line in f:
                 mark.line += 1
                 mark.nbytes += len(line)
@@ -269,19 +306,28 @@ def import_jsonl(cfg: ConvertConfig) -> ConvertResult:
     return result
 
 
-def report_import(cfg: ConvertConfig, result: ConvertResult, writer: DatasetWriter,
-                  earlier_bad: int, unit: str) -> None:
+def report_import(
+    cfg: ConvertConfig, result: ConvertResult, writer: DatasetWriter, earlier_bad: int, unit: str
+) -> None:
     """The import's closing lines (JSONL and Parquet alike): what was skipped, and added."""
     if result.bad_lines or earlier_bad:
         earlier = f" ({earlier_bad:,} of them by an earlier run)" if earlier_bad else ""
-        _ui.warn(f"{cfg.src}: skipped {result.bad_lines + earlier_bad:,} malformed {unit}"
-                 f"{earlier}")
-    _ui.info(f"{cfg.dst}: {result.written:,} samples added, {result.skipped_existing:,} already "
-             f"there, {writer.committed_samples:,} in the dataset", cfg.output)
+        _ui.warn(f"{cfg.src}: skipped {result.bad_lines + earlier_bad:,} malformed {unit}{earlier}")
+    _ui.info(
+        f"{cfg.dst}: {result.written:,} samples added, {result.skipped_existing:,} already "
+        f"there, {writer.committed_samples:,} in the dataset",
+        cfg.output,
+    )
 
 
-def _import_line(cfg: ConvertConfig, line: bytes, mark: SourceMark, writer: DatasetWriter,
-                 result: ConvertResult, progress: _ui.Progress) -> None:
+def _import_line(
+    cfg: ConvertConfig,
+    line: bytes,
+    mark: SourceMark,
+    writer: DatasetWriter,
+    result: ConvertResult,
+    progress: _ui.Progress,
+) -> None:
     try:
         # Without its newline: orjson counts lines within what it is given, and a "line 2"
         # of a one-line string would read as a second line of the file.
@@ -291,8 +337,10 @@ def _import_line(cfg: ConvertConfig, line: bytes, mark: SourceMark, writer: Data
         if isinstance(exc, orjson.JSONDecodeError):
             exc = ValueError(f"invalid JSON ({exc.msg} at column {exc.colno})")
         if not cfg.skip_bad_lines:
-            raise UserError(f"{cfg.src}:{mark.line}: {exc} (use --skip-bad-lines to skip such "
-                            "lines; samples before it are committed)") from None
+            raise UserError(
+                f"{cfg.src}:{mark.line}: {exc} (use --skip-bad-lines to skip such "
+                "lines; samples before it are committed)"
+            ) from None
         count_bad(mark, result, progress)
         return
     count_added(sample, added, mark, result, progress)
@@ -305,8 +353,13 @@ def count_bad(mark: SourceMark, result: ConvertResult, progress: _ui.Progress) -
     progress.add(1, errors=1)
 
 
-def count_added(sample: TokenSample, added: bool, mark: SourceMark, result: ConvertResult,
-                progress: _ui.Progress) -> None:
+def count_added(
+    sample: TokenSample,
+    added: bool,
+    mark: SourceMark,
+    result: ConvertResult,
+    progress: _ui.Progress,
+) -> None:
     """A record read: added, or already in the dataset."""
     mark.samples += 1
     if added:

@@ -52,10 +52,19 @@ def _schema(with_text: bool) -> Any:
     import pyarrow as pa
 
     ids = pa.list_(pa.int64())
-    columns = [("sample_id", pa.string()), ("prompt_ids", ids), ("completion_ids", ids),
-               ("finish_reason", pa.string()), ("partition", pa.string()),
-               ("metadata", pa.string()), ("loss_mask", ids), ("source", pa.string()),
-               ("server", pa.string()), ("latency", pa.float64()), ("counts", pa.string())]
+    columns = [
+        ("sample_id", pa.string()),
+        ("prompt_ids", ids),
+        ("completion_ids", ids),
+        ("finish_reason", pa.string()),
+        ("partition", pa.string()),
+        ("metadata", pa.string()),
+        ("loss_mask", ids),
+        ("source", pa.string()),
+        ("server", pa.string()),
+        ("latency", pa.float64()),
+        ("counts", pa.string()),
+    ]
     if with_text:
         columns += [("prompt_text", pa.string()), ("completion_text", pa.string())]
     return pa.schema(columns)
@@ -116,14 +125,20 @@ def _open(src: Path) -> Any:
 
     try:
         schema = pq.read_schema(src)
-        strings = [f.name for f in schema if pa.types.is_string(f.type)
-                   or pa.types.is_large_string(f.type) or pa.types.is_binary(f.type)
-                   or pa.types.is_large_binary(f.type)]
+        strings = [
+            f.name
+            for f in schema
+            if pa.types.is_string(f.type)
+            or pa.types.is_large_string(f.type)
+            or pa.types.is_binary(f.type)
+            or pa.types.is_large_binary(f.type)
+        ]
         return pq.ParquetFile(src, read_dictionary=strings)
     except (OSError, pa.ArrowException) as exc:
         # Arrow's messages may run over lines (thrift's end with one): one line here.
-        raise UserError(f"{src}: not a readable Parquet file ({' '.join(str(exc).split())})"
-                        ) from None
+        raise UserError(
+            f"{src}: not a readable Parquet file ({' '.join(str(exc).split())})"
+        ) from None
 
 
 def _file_hash(src: Path) -> str:
@@ -165,19 +180,22 @@ def _group_refusal(group: Any) -> str | None:
         column = group.column(i)
         if column.num_values > rows * MAX_SAMPLE_TOKENS:
             name = column.path_in_schema.split(".")[0]
-            return (f"its row group declares {column.num_values:,} values in {name}, {most} "
-                    f"({MAX_SAMPLE_TOKENS:,} tokens each)")
+            return (
+                f"its row group declares {column.num_values:,} values in {name}, {most} "
+                f"({MAX_SAMPLE_TOKENS:,} tokens each)"
+            )
         declared += column.total_uncompressed_size
     if declared > rows * MAX_ROW_BYTES:
-        return (f"its row group declares {declared:,} bytes, {most} ({MAX_ROW_BYTES:,} bytes "
-                "each)")
+        return f"its row group declares {declared:,} bytes, {most} ({MAX_ROW_BYTES:,} bytes each)"
     return None
 
 
 def _batch_rows(group: Any) -> int:
     """Rows per batch for this row group: about BATCH_VALUES values decoded at a time."""
-    values = sum(max(group.column(i).num_values, group.column(i).total_uncompressed_size // 8)
-                 for i in range(group.num_columns))
+    values = sum(
+        max(group.column(i).num_values, group.column(i).total_uncompressed_size // 8)
+        for i in range(group.num_columns)
+    )
     return max(1, min(ROWS_PER_GROUP, BATCH_VALUES * group.num_rows // max(values, 1)))
 
 
@@ -194,13 +212,17 @@ def _entry_bytes(array: Any) -> Any:
         sizes = _entry_bytes(array.dictionary)
         indices = array.indices.fill_null(0).to_numpy(zero_copy_only=False)
         return sizes[indices] if len(sizes) else np.zeros(n, np.int64)
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(
-            kind) or pa.types.is_large_binary(kind):
-        return pc.binary_length(array).fill_null(0).to_numpy(zero_copy_only=False).astype(
-            np.int64)
+    if (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+    ):
+        return pc.binary_length(array).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        lengths = pc.list_value_length(array).fill_null(0).to_numpy(
-            zero_copy_only=False).astype(np.int64)
+        lengths = (
+            pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        )
         inner = array.flatten()
         if pa.types.is_primitive(inner.type):
             return lengths * max(1, inner.type.bit_width // 8)
@@ -220,19 +242,25 @@ def _row_problems(batch: Any) -> list[str | None]:
     import numpy as np
 
     names = batch.schema.names
-    tokens = sum((_lengths(batch, name) for name in IDS_COLUMNS if name in names),
-                 np.zeros(batch.num_rows, np.int64))
+    tokens = sum(
+        (_lengths(batch, name) for name in IDS_COLUMNS if name in names),
+        np.zeros(batch.num_rows, np.int64),
+    )
     mask = _lengths(batch, "loss_mask") if "loss_mask" in names else np.zeros_like(tokens)
-    nbytes = sum((_entry_bytes(column) for column in batch.columns),
-                 np.zeros(batch.num_rows, np.int64))
+    nbytes = sum(
+        (_entry_bytes(column) for column in batch.columns), np.zeros(batch.num_rows, np.int64)
+    )
     problems: list[str | None] = []
     for n, m, size in zip(tokens.tolist(), mask.tolist(), nbytes.tolist(), strict=True):
         if max(n, m) > MAX_SAMPLE_TOKENS:
-            problems.append(f"{max(n, m):,} tokens, more than a sample may hold "
-                            f"({MAX_SAMPLE_TOKENS:,})")
+            problems.append(
+                f"{max(n, m):,} tokens, more than a sample may hold ({MAX_SAMPLE_TOKENS:,})"
+            )
         elif size > row_bytes_bound(n):
-            problems.append(f"it decodes to {size:,} bytes, more than a sample of {n:,} tokens "
-                            f"may hold ({row_bytes_bound(n):,})")
+            problems.append(
+                f"it decodes to {size:,} bytes, more than a sample of {n:,} tokens "
+                f"may hold ({row_bytes_bound(n):,})"
+            )
         else:
             problems.append(None)
     return problems
@@ -248,8 +276,7 @@ def _lengths(batch: Any, name: str) -> Any:
     column = batch.column(name)
     if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
         return np.zeros(batch.num_rows, np.int64)
-    return pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(
-        np.int64)
+    return pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def _decoded(batch: Any) -> list[dict | ValueError]:
@@ -283,8 +310,9 @@ def _batches(pf: Any, src: Path, skip: int) -> Iterator[list[dict | ValueError]]
                 yield [ValueError(refusal)] * (size - skip)
                 skip = 0
                 continue
-            for batch in pf.iter_batches(batch_size=_batch_rows(meta), row_groups=[group],
-                                         columns=columns):
+            for batch in pf.iter_batches(
+                batch_size=_batch_rows(meta), row_groups=[group], columns=columns
+            ):
                 if skip >= batch.num_rows:
                     skip -= batch.num_rows
                     continue
@@ -292,8 +320,9 @@ def _batches(pf: Any, src: Path, skip: int) -> Iterator[list[dict | ValueError]]
                 skip = 0
                 yield rows
     except (OSError, pa.ArrowException) as exc:
-        raise UserError(f"{src}: cannot read the Parquet data ({' '.join(str(exc).split())})"
-                        ) from None
+        raise UserError(
+            f"{src}: cannot read the Parquet data ({' '.join(str(exc).split())})"
+        ) from None
 
 
 def _record(row: dict) -> dict:
@@ -319,7 +348,8 @@ def import_parquet(cfg: ConvertConfig) -> ConvertResult:
     whole = SourceMark(cfg.src.name, nbytes=cfg.src.stat().st_size, xxh3=_file_hash(cfg.src))
     result = ConvertResult("import", 0, dst=str(cfg.dst))
     writer = DatasetWriter(
-        cfg.dst, **cfg.write.writer_options(),
+        cfg.dst,
+        **cfg.write.writer_options(),
         config={"stage": "convert", "source": cfg.src.name},
         provenance={"source": str(cfg.src.resolve())},
     )
@@ -331,8 +361,9 @@ def import_parquet(cfg: ConvertConfig) -> ConvertResult:
         mark = saved if saved is not None and same else whole
         result.skipped_existing = mark.samples
         earlier_bad = mark.bad_lines
-        with _ui.Progress("convert", pf.metadata.num_rows, cfg.output, unit="rows",
-                          initial=mark.line) as progress:
+        with _ui.Progress(
+            "convert", pf.metadata.num_rows, cfg.output, unit="rows", initial=mark.line
+        ) as progress:
             for rows in _batches(pf, cfg.src, mark.line):
                 for row in rows:
                     _import_row(cfg, row, mark, writer, result, progress)
@@ -344,8 +375,14 @@ def import_parquet(cfg: ConvertConfig) -> ConvertResult:
     return result
 
 
-def _import_row(cfg: ConvertConfig, row: dict | ValueError, mark: SourceMark,
-                writer: DatasetWriter, result: ConvertResult, progress: _ui.Progress) -> None:
+def _import_row(
+    cfg: ConvertConfig,
+    row: dict | ValueError,
+    mark: SourceMark,
+    writer: DatasetWriter,
+    result: ConvertResult,
+    progress: _ui.Progress,
+) -> None:
     try:
         if isinstance(row, ValueError):  # too large to decode: refused as it stands
             raise row
@@ -353,9 +390,11 @@ def _import_row(cfg: ConvertConfig, row: dict | ValueError, mark: SourceMark,
         added = writer.add(sample)
     except (ValueError, OverflowError, TypeError) as exc:
         if not cfg.skip_bad_lines:
-            raise UserError(f"{cfg.src}: row {mark.line} (counting from 0): {exc} (use "
-                            "--skip-bad-lines to skip such rows; samples before it are "
-                            "committed)") from None
+            raise UserError(
+                f"{cfg.src}: row {mark.line} (counting from 0): {exc} (use "
+                "--skip-bad-lines to skip such rows; samples before it are "
+                "committed)"
+            ) from None
         count_bad(mark, result, progress)
         return
     count_added(sample, added, mark, result, progress)

@@ -12,4 +12,3 @@ class ConvertResult:
     skipped_existing: int = 0
     bad_lines: int = 0
     dst: str = ""
-

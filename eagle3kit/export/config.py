@@ -37,14 +37,16 @@ class ExportConfig:
     """vLLM export: add a bit-exact copy of the target's input embedding."""
     layers: list[int] | str | None = field(default=None, metadata=opt(metavar="A,B,C", type=str))
     """Boundary aux layer ids, only for a source checkpoint that records none."""
-    trust_remote_code: bool = field(default=False, metadata=opt("--trust-remote-code",
-                                                                  cli_only="code"))
+    trust_remote_code: bool = field(
+        default=False, metadata=opt("--trust-remote-code", cli_only="code")
+    )
     """Run code the target directory ships (auto_map); only ever from the flag, never from
     run.json."""
     overwrite: bool = field(default=False, metadata=opt("--overwrite", cli_only="deletion"))
     """Replace an OUT that holds an earlier export."""
-    overwrite_dir: Path | None = field(default=None, metadata=opt(metavar="OUT",
-                                                                  cli_only="deletion"))
+    overwrite_dir: Path | None = field(
+        default=None, metadata=opt(metavar="OUT", cli_only="deletion")
+    )
     """Replace OUT even when it is not an earlier export, deleting what it holds: name OUT
     again here, so that no folder is emptied by a mistyped OUT."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
@@ -58,11 +60,14 @@ class ExportConfig:
         if note:
             _ui.warn(note)
         if self.num_speculative_tokens < 1:
-            raise UserError(f"--num-speculative-tokens must be >= 1 "
-                            f"(got {self.num_speculative_tokens})")
+            raise UserError(
+                f"--num-speculative-tokens must be >= 1 (got {self.num_speculative_tokens})"
+            )
         if self.with_embedding and self.format == "sglang":
-            raise UserError("--with-embedding: the SGLang layout never has an embedding "
-                            "(SGLang always uses the target's)")
+            raise UserError(
+                "--with-embedding: the SGLang layout never has an embedding "
+                "(SGLang always uses the target's)"
+            )
         self.layers = parse_layer_ids(self.layers)
         if self.layers is not None:
             check_layer_ids(self.layers)
@@ -71,8 +76,10 @@ class ExportConfig:
         if self.overwrite_dir is not None:
             self.overwrite_dir = Path(self.overwrite_dir)
             if self.overwrite_dir.resolve() != self.out.resolve():
-                raise UserError(f"--overwrite-dir {self.overwrite_dir}: not OUT ({self.out}); "
-                                "name the output directory itself to replace it")
+                raise UserError(
+                    f"--overwrite-dir {self.overwrite_dir}: not OUT ({self.out}); "
+                    "name the output directory itself to replace it"
+                )
         run = RunDir(self.run)
         check_out_spares(self.out, "the run directory", self.run)
         if run.exists():
@@ -92,5 +99,7 @@ def check_out_spares(out: Path, what: str, path: Path) -> None:
     out_real, real = out.resolve(), Path(path).resolve()
     if out_real == real or out_real in real.parents:
         verb = "is" if out_real == real else "contains"
-        raise UserError(f"{out}: {verb} {what} {path}; export replaces OUT whole, so write it "
-                        "to another directory")
+        raise UserError(
+            f"{out}: {verb} {what} {path}; export replaces OUT whole, so write it "
+            "to another directory"
+        )

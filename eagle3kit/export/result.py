@@ -35,5 +35,10 @@ class ExportResult:
     warnings: list[str]
 
     def to_dict(self) -> dict:
-        return {"source": self.source, "source_layout": self.source_layout, "out": self.out,
-                "exports": [e.__dict__ for e in self.exports], "warnings": self.warnings}
+        return {
+            "source": self.source,
+            "source_layout": self.source_layout,
+            "out": self.out,
+            "exports": [e.__dict__ for e in self.exports],
+            "warnings": self.warnings,
+        }

@@ -77,27 +77,42 @@ def load_source(cfg: ExportConfig) -> ExportSource:
     elif (run_dir / "config.json").is_file():
         checkpoint = run_dir
     else:
-        raise UserError(f"{run_dir}: neither a run directory (no run.json) nor a checkpoint "
-                        f"(no config.json)")
+        raise UserError(
+            f"{run_dir}: neither a run directory (no run.json) nor a checkpoint (no config.json)"
+        )
     info = inspect(checkpoint)
     identity = _identity(run, info)
     target_dir = cfg.target or _existing_dir(identity.get("path"))
-    target_raw = _checked_target(target_dir, identity, explicit=cfg.target is not None,
-                                 trust_remote_code=cfg.trust_remote_code)
+    target_raw = _checked_target(
+        target_dir,
+        identity,
+        explicit=cfg.target is not None,
+        trust_remote_code=cfg.trust_remote_code,
+    )
     if target_raw is not None and info.target_layers is None:
         info.target_layers = target_raw.get("num_hidden_layers")
     _settle_layer_ids(cfg, info, run)
     model = load_inspected(info)
     warnings = list(info.warnings)
     if target_raw is None:
-        warnings.append("target config not found"
-                        + (f" at {identity['path']}" if identity.get("path") else "")
-                        + ": max_position_embeddings, RoPE and token ids are the values the "
-                          "drafter recorded from it; give --target to copy them from the target")
-    return ExportSource(model=model, layout=info.layout, checkpoint=checkpoint, identity=identity,
-                  coverage=info.coverage, target_raw=target_raw,
-                  target_dir=target_dir if target_raw is not None else None, warnings=warnings,
-                  run=run if rd.exists() else None, run_dir=run_dir if rd.exists() else None)
+        warnings.append(
+            "target config not found"
+            + (f" at {identity['path']}" if identity.get("path") else "")
+            + ": max_position_embeddings, RoPE and token ids are the values the "
+            "drafter recorded from it; give --target to copy them from the target"
+        )
+    return ExportSource(
+        model=model,
+        layout=info.layout,
+        checkpoint=checkpoint,
+        identity=identity,
+        coverage=info.coverage,
+        target_raw=target_raw,
+        target_dir=target_dir if target_raw is not None else None,
+        warnings=warnings,
+        run=run if rd.exists() else None,
+        run_dir=run_dir if rd.exists() else None,
+    )
 
 
 def _identity(run: dict, info: Any) -> dict:
@@ -110,8 +125,10 @@ def _identity(run: dict, info: Any) -> dict:
         return dict(recorded)
     if info.layout == "speculators":
         verifier = info.config.get("speculators_config", {}).get("verifier") or {}
-        return {"name_or_path": verifier.get("name_or_path"),
-                "architectures": verifier.get("architectures") or []}
+        return {
+            "name_or_path": verifier.get("name_or_path"),
+            "architectures": verifier.get("architectures") or [],
+        }
     return {}
 
 
@@ -119,8 +136,9 @@ def _existing_dir(path: Any) -> Path | None:
     return Path(path) if path and (Path(path) / "config.json").is_file() else None
 
 
-def _checked_target(target_dir: Path | None, identity: dict, explicit: bool,
-                    trust_remote_code: bool = False) -> dict | None:
+def _checked_target(
+    target_dir: Path | None, identity: dict, explicit: bool, trust_remote_code: bool = False
+) -> dict | None:
     """The target's raw config, refused when it is not the target the run trained against."""
     if target_dir is None:
         return None
@@ -135,8 +153,10 @@ def _checked_target(target_dir: Path | None, identity: dict, explicit: bool,
         if mismatch:
             key, recorded, found = mismatch
             flag = "--target" if explicit else "the recorded target path"
-            raise UserError(f"{flag} {target_dir}: not the target the run was trained against "
-                            f"({key} {found}, the run recorded {recorded})")
+            raise UserError(
+                f"{flag} {target_dir}: not the target the run was trained against "
+                f"({key} {found}, the run recorded {recorded})"
+            )
     return raw
 
 
@@ -147,27 +167,43 @@ def _settle_layer_ids(cfg: ExportConfig, info: Any, run: dict) -> None:
     if cfg.layers is not None:
         if not missing:
             if list(cfg.layers) != info.aux_layer_ids:
-                raise UserError(f"--layers {','.join(map(str, cfg.layers))}: the drafter was "
-                                f"trained on layers {info.aux_layer_ids}; leave --layers out")
+                raise UserError(
+                    f"--layers {','.join(map(str, cfg.layers))}: the drafter was "
+                    f"trained on layers {info.aux_layer_ids}; leave --layers out"
+                )
             return
         if info.num_aux is not None and len(cfg.layers) != info.num_aux:
-            raise UserError(f"--layers: {len(cfg.layers)} ids, but the drafter's fc takes "
-                            f"{info.num_aux} aux states")
+            raise UserError(
+                f"--layers: {len(cfg.layers)} ids, but the drafter's fc takes "
+                f"{info.num_aux} aux states"
+            )
         info.aux_layer_ids, info.layer_ids_source = list(cfg.layers), "--layers"
         info.problems = [p for p in info.problems if not p.startswith("no aux layer ids")]
         return
     if missing:
-        raise UserError(f"{info.path}: records no aux layer ids; export never falls back to the "
-                        f"engines' default: give the layers the drafter was trained on with "
-                        f"--layers (boundary convention, like 2,18,33)")
+        raise UserError(
+            f"{info.path}: records no aux layer ids; export never falls back to the "
+            f"engines' default: give the layers the drafter was trained on with "
+            f"--layers (boundary convention, like 2,18,33)"
+        )
     if recorded is not None and list(recorded) != info.aux_layer_ids:
-        raise UserError(f"{cfg.run}/run.json: layer_ids {recorded} differ from the drafter's "
-                        f"{info.aux_layer_ids}")
+        raise UserError(
+            f"{cfg.run}/run.json: layer_ids {recorded} differ from the drafter's "
+            f"{info.aux_layer_ids}"
+        )
 
 
 # The two layouts -----------------------------------------------------------------------------
-def config_for(fmt: str, drafter: Any, dtype: str, target: dict | None, warnings: list[str],
-               verifier: str, architectures: list[str], tokens: int) -> dict:
+def config_for(
+    fmt: str,
+    drafter: Any,
+    dtype: str,
+    target: dict | None,
+    warnings: list[str],
+    verifier: str,
+    architectures: list[str],
+    tokens: int,
+) -> dict:
     """The config.json of one layout (`checkpoints/speculators.py`, `checkpoints/sglang.py`)."""
     if fmt == "vllm":
         return vllm_config(drafter, verifier, architectures, tokens, dtype, target, warnings)
@@ -191,8 +227,9 @@ def _write_checkpoint(directory: Path, config: dict, tensors: dict, provenance: 
     (directory / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
 
 
-def verify_export(directory: Path, fmt: str, tensors: dict,
-                  target: Path | None) -> list[tuple[str, str]]:
+def verify_export(
+    directory: Path, fmt: str, tensors: dict, target: Path | None
+) -> list[tuple[str, str]]:
     """Reload an export on the meta device and check it; the checks passed, or UserError."""
     import torch
 
@@ -205,8 +242,7 @@ def verify_export(directory: Path, fmt: str, tensors: dict,
     failures = [] if info.layout == layout else [f"read back as layout {info.layout}"]
     failures += info.problems
     stored = {n: (tuple(s), d) for n, (s, d) in info.tensors.items()}
-    written = {n: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in
-               tensors.items()}
+    written = {n: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in tensors.items()}
     if stored != written:
         failures.append(f"file holds {sorted(set(stored) ^ set(written)) or 'other shapes'}")
     with torch.device("meta"):
@@ -221,10 +257,15 @@ def verify_export(directory: Path, fmt: str, tensors: dict,
         failures.append(f"the config and the weights disagree on {diff[:4]}")
     if failures:
         raise UserError(f"the {fmt} export failed its own checks: {'; '.join(failures)}")
-    return [("layout", f"read back as the {layout} layout"),
-            ("tensors", f"{len(stored)}: key set, shapes and dtypes match a drafter built on "
-                        f"the meta device from the written config"),
-            ("problems", "none of those `eagle3kit info` looks for")]
+    return [
+        ("layout", f"read back as the {layout} layout"),
+        (
+            "tensors",
+            f"{len(stored)}: key set, shapes and dtypes match a drafter built on "
+            f"the meta device from the written config",
+        ),
+        ("problems", "none of those `eagle3kit info` looks for"),
+    ]
 
 
 def _check_replaceable(out: Path, overwrite: bool, insisted: bool) -> None:
@@ -235,9 +276,11 @@ def _check_replaceable(out: Path, overwrite: bool, insisted: bool) -> None:
     if not out.is_dir() or not any(out.iterdir()) or insisted:
         return
     if not is_export(out):
-        raise UserError(f"{out}: not empty and not an earlier export (no {PROVENANCE}); to "
-                        f"delete what it holds and write the export there, give "
-                        f"--overwrite-dir {out}")
+        raise UserError(
+            f"{out}: not empty and not an earlier export (no {PROVENANCE}); to "
+            f"delete what it holds and write the export there, give "
+            f"--overwrite-dir {out}"
+        )
     if not overwrite:
         raise UserError(f"{out}: not empty; give --overwrite to replace it")
 
@@ -250,8 +293,9 @@ def hold_out(out: Path) -> RunLock:
     if odd not in (None, "a directory"):  # a link would put the lock files where it points
         raise UserError(f"{where}: {odd} where export keeps its lock folder; refused")
     where.mkdir(parents=True, exist_ok=True)
-    place = Owned(out, "an export folder", where / "run.lock", where / "gate.lock",
-                  where / "owner.json")
+    place = Owned(
+        out, "an export folder", where / "run.lock", where / "gate.lock", where / "owner.json"
+    )
     return acquire(place, uuid.uuid4().hex)
 
 
@@ -309,8 +353,10 @@ def run(cfg: ExportConfig) -> ExportResult:
     verifier, architectures = _verifier(cfg, src)
     embedding = None
     if cfg.with_embedding and drafter.embed_requires_grad:
-        warnings.append("--with-embedding: the drafter trained its own embedding, which the "
-                        "export carries instead of the target's")
+        warnings.append(
+            "--with-embedding: the drafter trained its own embedding, which the "
+            "export carries instead of the target's"
+        )
     elif cfg.with_embedding:
         embedding = target_embedding(src.target_dir) if src.target_dir else None
         if embedding is None:
@@ -320,8 +366,16 @@ def run(cfg: ExportConfig) -> ExportResult:
         warnings += sglang_warnings(drafter)
     plans = []
     for fmt in formats:
-        config = config_for(fmt, drafter, dtype, src.target_raw, warnings, verifier,
-                            architectures, cfg.num_speculative_tokens)
+        config = config_for(
+            fmt,
+            drafter,
+            dtype,
+            src.target_raw,
+            warnings,
+            verifier,
+            architectures,
+            cfg.num_speculative_tokens,
+        )
         tensors = weights_for(src.model, fmt, dtype, embedding if fmt == "vllm" else None)
         plans.append((fmt, config, tensors))
     warnings = list(dict.fromkeys(warnings))  # the rope warning comes once per layout
@@ -331,26 +385,38 @@ def run(cfg: ExportConfig) -> ExportResult:
     def fill(tmp: Path) -> None:
         for fmt, config, tensors in plans:
             where = tmp / fmt if len(plans) > 1 else tmp
-            _write_checkpoint(where, config, tensors,
-                              _provenance(cfg, src, fmt, dtype, verifier))
+            _write_checkpoint(where, config, tensors, _provenance(cfg, src, fmt, dtype, verifier))
             checks = verify_export(where, fmt, tensors, src.target_dir)
             final = cfg.out / fmt if len(plans) > 1 else cfg.out
             sglang = cfg.out / "sglang" if fmt == "vllm" and len(plans) > 1 else None
             write_card(where, _card_facts(cfg, src, fmt, str(final), verifier, data, sglang))
-            exports.append(Exported(
-                format=fmt, path=str(final), layout=LAYOUT_NAMES[fmt], tensors=len(tensors),
-                bytes=(where / WEIGHTS).stat().st_size, dtype=dtype,
-                aux_layer_ids=list(drafter.aux_layer_ids),
-                aux_layer_ids_output=to_layer_output(drafter.aux_layer_ids),
-                draft_vocab_size=drafter.draft_vocab_size,
-                verifier=verifier if fmt == "vllm" else None,
-                has_embedding="embed_tokens.weight" in tensors, checks=checks))
+            exports.append(
+                Exported(
+                    format=fmt,
+                    path=str(final),
+                    layout=LAYOUT_NAMES[fmt],
+                    tensors=len(tensors),
+                    bytes=(where / WEIGHTS).stat().st_size,
+                    dtype=dtype,
+                    aux_layer_ids=list(drafter.aux_layer_ids),
+                    aux_layer_ids_output=to_layer_output(drafter.aux_layer_ids),
+                    draft_vocab_size=drafter.draft_vocab_size,
+                    verifier=verifier if fmt == "vllm" else None,
+                    has_embedding="embed_tokens.weight" in tensors,
+                    checks=checks,
+                )
+            )
 
     if src.target_dir is not None:  # the target the run recorded, found on this machine
         check_out_spares(cfg.out, "the run's target", src.target_dir)
     _committed(cfg.out, cfg.overwrite, fill, insisted=cfg.overwrite_dir is not None)
-    result = ExportResult(source=str(cfg.run), source_layout=src.layout, out=str(cfg.out),
-                          exports=exports, warnings=warnings)
+    result = ExportResult(
+        source=str(cfg.run),
+        source_layout=src.layout,
+        out=str(cfg.out),
+        exports=exports,
+        warnings=warnings,
+    )
     _show(result, cfg.output)
     return result
 
@@ -358,16 +424,31 @@ def run(cfg: ExportConfig) -> ExportResult:
 LAYOUT_NAMES = {"vllm": "speculators / vLLM", "sglang": "SGLang / SpecForge"}
 
 
-def _card_facts(cfg: ExportConfig, src: ExportSource, fmt: str, where: str, verifier: str,
-                data: list[DataSource] | None, sglang: Path | None) -> CardFacts:
+def _card_facts(
+    cfg: ExportConfig,
+    src: ExportSource,
+    fmt: str,
+    where: str,
+    verifier: str,
+    data: list[DataSource] | None,
+    sglang: Path | None,
+) -> CardFacts:
     """The model card's content (`checkpoints/card.py`): `base_model` is the verifier the
     export names, the target the run recorded unless --verifier gave another name."""
     from eagle3kit.checkpoints.rundir import training_prediction
 
-    return CardFacts(fmt=fmt, where=where, base_model=verifier, drafter=src.model.config,
-                     dtype=cfg.dtype, speculative_tokens=cfg.num_speculative_tokens,
-                     coverage=src.coverage, prediction=training_prediction(src.checkpoint),
-                     data=data, sibling=None if sglang is None else str(sglang))
+    return CardFacts(
+        fmt=fmt,
+        where=where,
+        base_model=verifier,
+        drafter=src.model.config,
+        dtype=cfg.dtype,
+        speculative_tokens=cfg.num_speculative_tokens,
+        coverage=src.coverage,
+        prediction=training_prediction(src.checkpoint),
+        data=data,
+        sibling=None if sglang is None else str(sglang),
+    )
 
 
 def _provenance(cfg: ExportConfig, src: ExportSource, fmt: str, dtype: str, verifier: str) -> dict:
@@ -375,12 +456,18 @@ def _provenance(cfg: ExportConfig, src: ExportSource, fmt: str, dtype: str, veri
 
     ids = list(src.model.config.aux_layer_ids)
     return {
-        "written_by": f"eagle3kit {__version__}", "created": time.time(), "format": fmt,
-        "source": str(cfg.run.resolve()), "source_layout": src.layout,
-        "target": src.identity, "verifier": verifier, "dtype": dtype,
+        "written_by": f"eagle3kit {__version__}",
+        "created": time.time(),
+        "format": fmt,
+        "source": str(cfg.run.resolve()),
+        "source_layout": src.layout,
+        "target": src.identity,
+        "verifier": verifier,
+        "dtype": dtype,
         "aux_layer_ids": {"boundary": ids, "layer_output": to_layer_output(ids)},
         "draft_vocab": {"size": src.model.config.draft_vocab_size, "coverage": src.coverage},
-        "target_config": "copied from " + str(src.target_dir) if src.target_raw is not None
+        "target_config": "copied from " + str(src.target_dir)
+        if src.target_raw is not None
         else "the values the drafter recorded",
         # What training predicted, so `bench accept` on the export shows it beside its own.
         "eval": training_prediction(src.checkpoint),
@@ -398,13 +485,22 @@ def _show(result: ExportResult, opts: _ui.OutputOptions) -> None:
     if opts.json:
         return
     for e in result.exports:
-        _ui.kv(e.path, [
-            ("layout", e.layout),
-            ("tensors", f"{e.tensors} ({e.bytes:,} bytes, {e.dtype}"
-                        + (", with the target's embedding)" if e.has_embedding else ")")),
-            ("aux layer ids", f"{e.aux_layer_ids} boundary / {e.aux_layer_ids_output} "
-                              f"layer-output"),
-            ("draft vocab", e.draft_vocab_size),
-            *([("verifier", e.verifier)] if e.verifier else []),
-        ], opts)
+        _ui.kv(
+            e.path,
+            [
+                ("layout", e.layout),
+                (
+                    "tensors",
+                    f"{e.tensors} ({e.bytes:,} bytes, {e.dtype}"
+                    + (", with the target's embedding)" if e.has_embedding else ")"),
+                ),
+                (
+                    "aux layer ids",
+                    f"{e.aux_layer_ids} boundary / {e.aux_layer_ids_output} layer-output",
+                ),
+                ("draft vocab", e.draft_vocab_size),
+                *([("verifier", e.verifier)] if e.verifier else []),
+            ],
+            opts,
+        )
         _ui.checklist([(True, name, detail) for name, detail in e.checks], opts)

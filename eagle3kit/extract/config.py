@@ -34,8 +34,7 @@ class ExtractConfig:
     """The tokenizer the token ids came from; default the one stored in the token dataset."""
     engine: str = "hf"
     """hf: transformers in this process; vllm: a vLLM server with extract_hidden_states."""
-    server: str | None = field(default=None, metadata=opt(metavar="URL",
-                                                            cli_only="destination"))
+    server: str | None = field(default=None, metadata=opt(metavar="URL", cli_only="destination"))
     """--engine vllm: the server's URL."""
     model: str | None = None
     """--engine vllm: the served model name (default: the server's first)."""
@@ -43,12 +42,14 @@ class ExtractConfig:
     """--engine vllm: requests in flight."""
     request_timeout: float = field(default=600.0, metadata=opt(metavar="SECONDS"))
     """--engine vllm: seconds one request may take."""
-    hidden_states_dir: Path | None = field(default=None, metadata=opt(metavar="DIR",
-                                                                      cli_only="deletion"))
+    hidden_states_dir: Path | None = field(
+        default=None, metadata=opt(metavar="DIR", cli_only="deletion")
+    )
     """--engine vllm: the server's shared_storage_path as this machine sees it; only
     `.safetensors` files inside it that the server names are read, then deleted. Required."""
-    api_key: str | None = field(default=None, repr=False, metadata=opt(
-        envvar="EAGLE3KIT_API_KEY", cli_only="secret"))
+    api_key: str | None = field(
+        default=None, repr=False, metadata=opt(envvar="EAGLE3KIT_API_KEY", cli_only="secret")
+    )
     """--engine vllm: bearer token for the server (never stored)."""
     device: str = "auto"
     """cpu, cuda, cuda:N; auto: cuda when there is one (under torchrun, the rank's)."""
@@ -102,8 +103,7 @@ class ExtractConfig:
             self.hidden_states_dir = Path(self.hidden_states_dir)
         if self.engine == "hf" and self.server:
             found.append("--server applies to --engine vllm only")
-        found += served_dir_problems(self.hidden_states_dir, self.engine == "vllm",
-                                     "--engine vllm")
+        found += served_dir_problems(self.hidden_states_dir, self.engine == "vllm", "--engine vllm")
         if self.codec not in CODECS:
             found.append(f"--codec must be one of {', '.join(CODECS)} (got {self.codec!r})")
         in_process = self.engine == "hf" and not self.device_map
@@ -116,11 +116,15 @@ class ExtractConfig:
                 _ui.warn(note)
         except UserError as exc:
             found.append(str(exc))
-        for flag, value in (("--batch-tokens", self.batch_tokens),
-                            ("--concurrency", self.concurrency)):
+        for flag, value in (
+            ("--batch-tokens", self.batch_tokens),
+            ("--concurrency", self.concurrency),
+        ):
             if value < 1:
                 found.append(f"{flag} must be at least 1 (got {value})")
         if not (self.request_timeout > 0 and math.isfinite(self.request_timeout)):
-            found.append(f"--request-timeout must be a finite number > 0 of seconds (got "
-                         f"{self.request_timeout})")
+            found.append(
+                f"--request-timeout must be a finite number > 0 of seconds (got "
+                f"{self.request_timeout})"
+            )
         return found

@@ -25,8 +25,9 @@ class HfEngine:
         self.device = self.capture.device
 
     @classmethod
-    def load(cls, cfg: ExtractConfig, target: TargetInfo, layers: list[int],
-             ranks: Ranks) -> HfEngine:
+    def load(
+        cls, cfg: ExtractConfig, target: TargetInfo, layers: list[int], ranks: Ranks
+    ) -> HfEngine:
         device = resolve_device(cfg.device, ranks.local_rank)
         options: dict = {"dtype": resolve_dtype(cfg.dtype, device, bool(cfg.device_map))}
         if cfg.device_map:
@@ -48,10 +49,12 @@ class HfEngine:
             batch[row, : len(x)] = torch.from_numpy(x.astype("int64"))
             mask[row, : len(x)] = 1
         with torch.inference_mode():
-            aux, last = self.capture(batch.to(self.device),
-                                     mask.to(self.device) if len(ids) > 1 else None)
+            aux, last = self.capture(
+                batch.to(self.device), mask.to(self.device) if len(ids) > 1 else None
+            )
             ok = (torch.isfinite(aux).all(-1) & torch.isfinite(last).all(-1)) | (mask == 0).to(
-                aux.device)
+                aux.device
+            )
             fine = ok.all(-1).tolist()
             aux, last = aux.float().cpu().numpy(), last.float().cpu().numpy()
         for row, x in enumerate(ids):

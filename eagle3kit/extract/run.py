@@ -72,8 +72,10 @@ def scan(tokens: Dataset) -> tuple[list[Item], int]:
     for shard in tokens.columns():
         starts, names = shard.starts, shard.partition_names
         parts = shard.partition_index.tolist()
-        items += [Item(base + i, starts[i + 1] - starts[i], sid, names[parts[i]])
-                  for i, sid in enumerate(shard.ids)]
+        items += [
+            Item(base + i, starts[i + 1] - starts[i], sid, names[parts[i]])
+            for i, sid in enumerate(shard.ids)
+        ]
         if len(shard.tokens):
             top = max(top, int(shard.tokens.max()))
         base += len(starts) - 1
@@ -90,21 +92,27 @@ def check_match(cfg: ExtractConfig, tokens: Dataset, top_id: int, target: Target
     tokenizer identity to record."""
     where = f"{cfg.tokens} does not match --target {target.path}"
     if top_id >= target.vocab_size:
-        raise UserError(f"{where}: it holds token id {top_id}, the target embeds only "
-                        f"{target.vocab_size} ids. Was it generated with another model?")
+        raise UserError(
+            f"{where}: it holds token id {top_id}, the target embeds only "
+            f"{target.vocab_size} ids. Was it generated with another model?"
+        )
     source = cfg.tokenizer or tokens.tokenizer_dir
     if not has_tokenizer(source):
         return {}
     ours = tokenizer_identity(source, cfg.trust_remote_code)
     if ours["size"] > target.vocab_size:
-        raise UserError(f"{where}: its tokenizer ({source}) has {ours['size']} tokens, more "
-                        f"than the target's {target.vocab_size} embedding rows")
+        raise UserError(
+            f"{where}: its tokenizer ({source}) has {ours['size']} tokens, more "
+            f"than the target's {target.vocab_size} embedding rows"
+        )
     if has_tokenizer(target.path):
         theirs = tokenizer_identity(target.path, cfg.trust_remote_code)
         if tokenizer_mismatch(ours, theirs):
-            raise UserError(f"{where}: its tokenizer ({source}, {ours['size']} tokens) differs "
-                            f"from the target's ({theirs['size']} tokens); the same ids would "
-                            "mean other text. Pass --tokenizer if the dataset's copy is wrong.")
+            raise UserError(
+                f"{where}: its tokenizer ({source}, {ours['size']} tokens) differs "
+                f"from the target's ({theirs['size']} tokens); the same ids would "
+                "mean other text. Pass --tokenizer if the dataset's copy is wrong."
+            )
     return ours
 
 
@@ -120,8 +128,9 @@ class Workload:
     skipped: dict[str, str]
 
 
-def workload(items: list[Item], done: set[str], rank: int, world: int,
-             max_positions: int | None) -> Workload:
+def workload(
+    items: list[Item], done: set[str], rank: int, world: int, max_positions: int | None
+) -> Workload:
     skipped: dict[str, str] = {}
     todo: list[Item] = []
     remaining = 0
@@ -164,32 +173,48 @@ def free_bytes(path: Path) -> int:
     return shutil.disk_usage(probe).free
 
 
-def check_disk(cfg: ExtractConfig, need: int, free: int, bytes_per_token: float,
-               p: Workload) -> None:
-    _ui.info(f"extract: {p.total - p.done_before:,} of {p.total:,} samples to do "
-             f"({p.remaining_tokens:,} tokens); about {_ui.human_bytes(need)} at "
-             f"{bytes_per_token:,.0f} bytes/token ({cfg.codec}); {_ui.human_bytes(free)} free at "
-             f"{cfg.out}", cfg.output)
+def check_disk(
+    cfg: ExtractConfig, need: int, free: int, bytes_per_token: float, p: Workload
+) -> None:
+    _ui.info(
+        f"extract: {p.total - p.done_before:,} of {p.total:,} samples to do "
+        f"({p.remaining_tokens:,} tokens); about {_ui.human_bytes(need)} at "
+        f"{bytes_per_token:,.0f} bytes/token ({cfg.codec}); {_ui.human_bytes(free)} free at "
+        f"{cfg.out}",
+        cfg.output,
+    )
     if need > free and not (cfg.ignore_disk_check or cfg.dry_run):
-        raise UserError(f"{cfg.out}: about {_ui.human_bytes(need)} needed, only "
-                        f"{_ui.human_bytes(free)} free. "
-                        "Free some space, pick --codec fp8 (about half the size), write "
-                        "elsewhere, or pass --ignore-disk-check to start anyway (a full disk "
-                        "stops the run; what was committed stays intact).")
+        raise UserError(
+            f"{cfg.out}: about {_ui.human_bytes(need)} needed, only "
+            f"{_ui.human_bytes(free)} free. "
+            "Free some space, pick --codec fp8 (about half the size), write "
+            "elsewhere, or pass --ignore-disk-check to start anyway (a full disk "
+            "stops the run; what was committed stays intact)."
+        )
 
 
 # Running ----------------------------------------------------------------------------------
-def _layout(layers: list[int], target: TargetInfo, tokenizer: dict, tokens: Dataset,
-            target_record: dict) -> dict:
+def _layout(
+    layers: list[int], target: TargetInfo, tokenizer: dict, tokens: Dataset, target_record: dict
+) -> dict:
     """What the states mean: fixed for the dataset's life (paths go to provenance)."""
     manifest = tokens.manifest
     return {
-        "layer_ids": layers, "layer_convention": "boundary", "num_layers": target.num_layers,
-        "hidden_size": target.hidden_size, "last_state": "pre_norm", "dtype": "bfloat16",
-        "target": target_record, "tokenizer": tokenizer,
-        "tokens": {"created": manifest.get("created"), "written_by": manifest.get("written_by"),
-                   "config_xxh3": xxhash.xxh3_128_hexdigest(orjson.dumps(
-                       manifest.get("config", {}), option=orjson.OPT_SORT_KEYS))},
+        "layer_ids": layers,
+        "layer_convention": "boundary",
+        "num_layers": target.num_layers,
+        "hidden_size": target.hidden_size,
+        "last_state": "pre_norm",
+        "dtype": "bfloat16",
+        "target": target_record,
+        "tokenizer": tokenizer,
+        "tokens": {
+            "created": manifest.get("created"),
+            "written_by": manifest.get("written_by"),
+            "config_xxh3": xxhash.xxh3_128_hexdigest(
+                orjson.dumps(manifest.get("config", {}), option=orjson.OPT_SORT_KEYS)
+            ),
+        },
     }
 
 
@@ -203,16 +228,24 @@ def _target_record(cfg: ExtractConfig, identity: dict) -> dict:
         recorded = HiddenDataset(cfg.out).layout.get("target")
     except UserError:
         return identity
-    if (isinstance(recorded, dict) and set(recorded) < set(identity)
-            and identity_mismatch(recorded, identity) is None):
+    if (
+        isinstance(recorded, dict)
+        and set(recorded) < set(identity)
+        and identity_mismatch(recorded, identity) is None
+    ):
         return recorded
     return identity
 
 
 def _manifest_config(cfg: ExtractConfig) -> dict:
     """The config the manifest records: a continuing run must share it (or pass --force)."""
-    return {"stage": "extract", "engine": cfg.engine, "codec": cfg.codec,
-            "dtype": cfg.dtype, "model": cfg.model}
+    return {
+        "stage": "extract",
+        "engine": cfg.engine,
+        "codec": cfg.codec,
+        "dtype": cfg.dtype,
+        "model": cfg.model,
+    }
 
 
 def run(cfg: ExtractConfig) -> ExtractResult:
@@ -236,19 +269,42 @@ def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
     per_token = hidden_bytes_per_token(target.hidden_size, len(layers), cfg.codec)
     need, free = int(work.remaining_tokens * per_token * DISK_MARGIN), free_bytes(cfg.out)
     check_disk(cfg, need, free, per_token, work)
-    result = ExtractResult(str(cfg.out), work.total, work.done_before, 0, {}, 0, 0.0, 0.0,
-                           0.0, need, free, cfg.codec, layers, cfg.dry_run, ranks.rank, ranks.world)
+    result = ExtractResult(
+        str(cfg.out),
+        work.total,
+        work.done_before,
+        0,
+        {},
+        0,
+        0.0,
+        0.0,
+        0.0,
+        need,
+        free,
+        cfg.codec,
+        layers,
+        cfg.dry_run,
+        ranks.rank,
+        ranks.world,
+    )
     if cfg.dry_run:
         return result
     engine = _engine(cfg, target, layers, ranks)
     writer = HiddenWriter(
-        cfg.out, layout=_layout(layers, target, tokenizer, tokens,
-                                    _target_record(cfg, target.identity)), codec=cfg.codec,
-        config=_manifest_config(cfg), **cfg.write.writer_options(),
-        provenance={"target": str(target.path.absolute()),
-                    "tokens": str(cfg.tokens.absolute()), "server": cfg.server,
-                    "trust_remote_code": cfg.trust_remote_code},
-        run_id=ranks.run_id, rank=ranks.rank)
+        cfg.out,
+        layout=_layout(layers, target, tokenizer, tokens, _target_record(cfg, target.identity)),
+        codec=cfg.codec,
+        config=_manifest_config(cfg),
+        **cfg.write.writer_options(),
+        provenance={
+            "target": str(target.path.absolute()),
+            "tokens": str(cfg.tokens.absolute()),
+            "server": cfg.server,
+            "trust_remote_code": cfg.trust_remote_code,
+        },
+        run_id=ranks.run_id,
+        rank=ranks.rank,
+    )
     _ui.warn_all(writer.warnings)
     started, cpu = time.monotonic(), time.process_time()
     with writer, _closing(engine):
@@ -256,8 +312,7 @@ def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
         todo = [it for it in work.todo if it.sample_id not in writer.done_ids]
         # One process shows the whole dataset; a rank shows its own share.
         total = work.total if ranks.world == 1 else len(todo)
-        with _ui.Progress("extract", total, cfg.output,
-                          initial=total - len(todo)) as progress:
+        with _ui.Progress("extract", total, cfg.output, initial=total - len(todo)) as progress:
             for sample_id, why in work.skipped.items():
                 writer.note_skipped(sample_id, why)
             _loop(cfg, tokens, todo, engine, writer, progress, result)
@@ -268,15 +323,26 @@ def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
     return result
 
 
-def _loop(cfg: ExtractConfig, tokens: Dataset, todo: list[Item], engine: Any,
-          writer: HiddenWriter, progress: _ui.Progress, result: ExtractResult) -> None:
+def _loop(
+    cfg: ExtractConfig,
+    tokens: Dataset,
+    todo: list[Item],
+    engine: Any,
+    writer: HiddenWriter,
+    progress: _ui.Progress,
+    result: ExtractResult,
+) -> None:
     # A server batches for itself: it gets enough samples at a time to keep it busy.
-    groups = batches(todo, 1 << 62, 2 * cfg.concurrency) if cfg.engine == "vllm" else batches(
-        todo, cfg.batch_tokens)
+    groups = (
+        batches(todo, 1 << 62, 2 * cfg.concurrency)
+        if cfg.engine == "vllm"
+        else batches(todo, cfg.batch_tokens)
+    )
     for batch in groups:
         views = [tokens.token_view(it.index) for it in batch]
-        for item, view, states in zip(batch, views, engine.states(
-                [v.input_ids for v in views]), strict=True):
+        for item, view, states in zip(
+            batch, views, engine.states([v.input_ids for v in views]), strict=True
+        ):
             if states is None:
                 why = "the target's states hold NaN or Inf"
                 writer.note_skipped(item.sample_id, why)
@@ -284,8 +350,17 @@ def _loop(cfg: ExtractConfig, tokens: Dataset, todo: list[Item], engine: Any,
                 progress.add(1, skipped=1)
                 continue
             aux, last = states
-            writer.add(HiddenSample(item.sample_id, view.input_ids, view.loss_mask, aux, last,
-                                    item.partition, view.prompt_len))
+            writer.add(
+                HiddenSample(
+                    item.sample_id,
+                    view.input_ids,
+                    view.loss_mask,
+                    aux,
+                    last,
+                    item.partition,
+                    view.prompt_len,
+                )
+            )
             result.written += 1
             result.tokens += item.length
             progress.add(1, tokens=item.length)
@@ -315,15 +390,22 @@ def _report(result: ExtractResult, cfg: ExtractConfig) -> None:
         _ui.print_json(asdict(result))
     if result.dry_run:
         return
-    _ui.kv("extract", [
-        ("dataset", result.output),
-        ("samples", f"{result.previously_done + result.written:,}/{result.total:,} "
-                    f"({result.written:,} this run)"),
-        ("skipped", f"{len(result.skipped):,}"),
-        ("layers", ",".join(map(str, result.layer_ids)) + " (boundary ids; last: pre-norm)"),
-        ("codec", result.codec),
-        ("speed", f"{result.tokens_per_s:,.0f} tokens/s"),
-        ("elapsed", f"{result.elapsed:.1f}s"),
-    ], opts)
+    _ui.kv(
+        "extract",
+        [
+            ("dataset", result.output),
+            (
+                "samples",
+                f"{result.previously_done + result.written:,}/{result.total:,} "
+                f"({result.written:,} this run)",
+            ),
+            ("skipped", f"{len(result.skipped):,}"),
+            ("layers", ",".join(map(str, result.layer_ids)) + " (boundary ids; last: pre-norm)"),
+            ("codec", result.codec),
+            ("speed", f"{result.tokens_per_s:,.0f} tokens/s"),
+            ("elapsed", f"{result.elapsed:.1f}s"),
+        ],
+        opts,
+    )
     for sid, why in list(result.skipped.items())[:5]:
         _ui.warn(f"skipped sample {sid}: {why}")

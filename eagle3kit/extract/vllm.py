@@ -61,14 +61,30 @@ class VllmEngine:
 
     @classmethod
     def connect(cls, cfg: Any, target: Any, layers: list[int]) -> VllmEngine:
-        return cls.open(str(cfg.server), cfg.model, layers, target.hidden_size,
-                        cfg.concurrency, cfg.request_timeout, StorageDir(cfg.hidden_states_dir),
-                        api_key=cfg.api_key)
+        return cls.open(
+            str(cfg.server),
+            cfg.model,
+            layers,
+            target.hidden_size,
+            cfg.concurrency,
+            cfg.request_timeout,
+            StorageDir(cfg.hidden_states_dir),
+            api_key=cfg.api_key,
+        )
 
     @classmethod
-    def open(cls, url: str, model: str | None, layers: list[int], hidden_size: int,
-             concurrency: int, timeout: float, storage: StorageDir,
-             attempts: int = ATTEMPTS, api_key: str | None = None) -> VllmEngine:
+    def open(
+        cls,
+        url: str,
+        model: str | None,
+        layers: list[int],
+        hidden_size: int,
+        concurrency: int,
+        timeout: float,
+        storage: StorageDir,
+        attempts: int = ATTEMPTS,
+        api_key: str | None = None,
+    ) -> VllmEngine:
         """Connect to one server: its model named (or asked for), prefix caching refused,
         its storage folder (where it says) the one given."""
         import httpx
@@ -83,9 +99,17 @@ class VllmEngine:
         except BaseException:
             client.close()
             raise
-        return cls(url, model, layers, hidden_size, client,
-                   ThreadPoolExecutor(concurrency, thread_name_prefix="eagle3kit-vllm"), timeout,
-                   storage, attempts)
+        return cls(
+            url,
+            model,
+            layers,
+            hidden_size,
+            client,
+            ThreadPoolExecutor(concurrency, thread_name_prefix="eagle3kit-vllm"),
+            timeout,
+            storage,
+            attempts,
+        )
 
     def states(self, ids: list[np.ndarray]) -> Iterator[tuple[np.ndarray, np.ndarray] | None]:
         """Per sample (aux [T, n*H], last [T, H]) as float32, in order; None when not finite."""
@@ -106,16 +130,17 @@ class VllmEngine:
         changed, else nothing)."""
         now = _served_model(self.client, self.url)
         if now != self.model:
-            raise ServerError(f"--server {self.url}: now serves {now!r}, not {self.model!r} "
-                              "(the model this run started with)")
+            raise ServerError(
+                f"--server {self.url}: now serves {now!r}, not {self.model!r} "
+                "(the model this run started with)"
+            )
         _refuse_prefix_caching(self.client, self.url)
         _check_storage(self.client, self.url, self.storage)
 
     def fetch(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """One sample's (aux [T, n*H], last [T, H]) float32; None when not finite. The file
         is deleted once read, whatever happens."""
-        body = {"model": self.model, "prompt": ids.tolist(), "max_tokens": 1,
-                "temperature": 0.0}
+        body = {"model": self.model, "prompt": ids.tolist(), "max_tokens": 1, "temperature": 0.0}
         who = f"--server {self.url}"
         path = self.storage.claim(_named_file(self._post(body), who), who)
         self.storage.wait(path, time.monotonic() + FILE_WAIT_S, who, FILE_WAIT_S)
@@ -128,8 +153,9 @@ class VllmEngine:
         generous header; anything bigger is refused before it is read into memory."""
         return tokens * ((len(self.layers) + 1) * self.hidden_size * 4 + 8) + (1 << 20)
 
-    def _read(self, readable: str, path: str, ids: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray] | None:
+    def _read(
+        self, readable: str, path: str, ids: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
@@ -144,10 +170,13 @@ class VllmEngine:
                 f"--server {self.url}: the file holds states of shape {list(states.shape)}, "
                 f"expected [T, {want}, {self.hidden_size}]: launch the server with "
                 f"eagle_aux_hidden_state_layer_ids = {[*self.layers, '<N>']} (the aux ids, "
-                "then the number of layers, for the last pre-norm state)")
+                "then the number of layers, for the last pre-norm state)"
+            )
         if states.shape[0] != n or not np.array_equal(echoed.numpy(), ids):
-            raise ServerError(f"--server {self.url}: the file's token ids are not the ones "
-                              "sent; turn off prefix caching and chunked prefill on the server")
+            raise ServerError(
+                f"--server {self.url}: the file's token ids are not the ones "
+                "sent; turn off prefix caching and chunked prefill on the server"
+            )
         states = states.float()
         if not bool(states.isfinite().all()):
             return None
@@ -184,14 +213,17 @@ def _named_file(answer: dict, who: str) -> object:
     it); an answer without one is a server launched without the method."""
     params = answer.get("kv_transfer_params")
     if params is not None and not isinstance(params, dict):
-        raise ServerError(f"{who}: the answer's kv_transfer_params is {type(params).__name__}, "
-                          "not an object")
+        raise ServerError(
+            f"{who}: the answer's kv_transfer_params is {type(params).__name__}, not an object"
+        )
     where = (params or {}).get("hidden_states_path")
     if where is None or where == "":
-        raise ServerError(f"{who}: the answer names no hidden-state file "
-                          "(kv_transfer_params.hidden_states_path); launch vLLM with the "
-                          "extract_hidden_states method and a hidden-states connector "
-                          "(docs/extract.md)")
+        raise ServerError(
+            f"{who}: the answer names no hidden-state file "
+            "(kv_transfer_params.hidden_states_path); launch vLLM with the "
+            "extract_hidden_states method and a hidden-states connector "
+            "(docs/extract.md)"
+        )
     return where
 
 
@@ -200,18 +232,23 @@ def _json_object(response: Any, who: str) -> dict:
     try:
         body = response.json()
     except ValueError:
-        raise ServerError(f"{who}: HTTP {response.status_code} with a body that is not JSON "
-                          f"({response.text[:80]!r})") from None
+        raise ServerError(
+            f"{who}: HTTP {response.status_code} with a body that is not JSON "
+            f"({response.text[:80]!r})"
+        ) from None
     if not isinstance(body, dict):
-        raise ServerError(f"{who}: HTTP {response.status_code} with a JSON "
-                          f"{type(body).__name__}, not an object") from None
+        raise ServerError(
+            f"{who}: HTTP {response.status_code} with a JSON {type(body).__name__}, not an object"
+        ) from None
     return body
 
 
 def _http_failure(response: Any) -> str:
     if response.status_code in (401, 403):
-        return (f"HTTP {response.status_code}: the server refused the API key (--api-key, "
-                "EAGLE3KIT_API_KEY)")
+        return (
+            f"HTTP {response.status_code}: the server refused the API key (--api-key, "
+            "EAGLE3KIT_API_KEY)"
+        )
     return f"HTTP {response.status_code}: {response.text[:300]}"
 
 
@@ -239,12 +276,19 @@ def _check_storage(client: Any, url: str, storage: StorageDir) -> None:
         info = response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return
-    reported = _dig(info, "vllm_config", "kv_transfer_config", "kv_connector_extra_config",
-                    "shared_storage_path")
+    reported = _dig(
+        info,
+        "vllm_config",
+        "kv_transfer_config",
+        "kv_connector_extra_config",
+        "shared_storage_path",
+    )
     if isinstance(reported, str) and reported and not storage.holds(reported):
-        raise ServerError(f"--server {url}: it writes its hidden-state files to {reported} "
-                          f"(its /server_info: shared_storage_path), outside {FLAG} "
-                          f"{storage.given}")
+        raise ServerError(
+            f"--server {url}: it writes its hidden-state files to {reported} "
+            f"(its /server_info: shared_storage_path), outside {FLAG} "
+            f"{storage.given}"
+        )
 
 
 def _dig(value: Any, *keys: str) -> Any:
@@ -268,9 +312,10 @@ def _refuse_prefix_caching(client: Any, url: str) -> None:
     if response.status_code != 200:
         return
     for line in response.text.splitlines():
-        if line.startswith("vllm:cache_config_info{") and \
-                'enable_prefix_caching="True"' in line:
-            raise ServerError(f"--server {url}: prefix caching is on (its /metrics: "
-                              'vllm:cache_config_info enable_prefix_caching="True"), so states '
-                              "of a cached prefix would come from another request: relaunch it "
-                              "with --no-enable-prefix-caching (docs/extract.md)")
+        if line.startswith("vllm:cache_config_info{") and 'enable_prefix_caching="True"' in line:
+            raise ServerError(
+                f"--server {url}: prefix caching is on (its /metrics: "
+                'vllm:cache_config_info enable_prefix_caching="True"), so states '
+                "of a cached prefix would come from another request: relaunch it "
+                "with --no-enable-prefix-caching (docs/extract.md)"
+            )

@@ -22,8 +22,9 @@ def loss_spans(sample: TokenSample, n_tokens: int) -> list[list[int]]:
         return [[start, n_tokens]] if n_tokens > start else []
     mask = np.asarray(sample.loss_mask)
     if mask.shape != (n_tokens,):
-        raise ValueError(f"sample {sample.sample_id}: loss_mask has {mask.size} entries for "
-                         f"{n_tokens} tokens")
+        raise ValueError(
+            f"sample {sample.sample_id}: loss_mask has {mask.size} entries for {n_tokens} tokens"
+        )
     if mask.size and not np.isin(mask, (0, 1)).all():
         raise ValueError(f"sample {sample.sample_id}: loss_mask must hold only 0 and 1")
     edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
@@ -72,8 +73,9 @@ class _TokenBuffer:
         # and fail the next commit instead, again on every later commit, taking every queued
         # sample with it. Encoding now also snapshots the caller's dicts.
         if not isinstance(sample.partition, str) or not isinstance(sample.finish_reason, str):
-            raise TypeError(f"sample {sample.sample_id}: partition and finish_reason must be "
-                            "strings")
+            raise TypeError(
+                f"sample {sample.sample_id}: partition and finish_reason must be strings"
+            )
         meta: dict = {"finish_reason": sample.finish_reason}
         for key in ("source", "server", "latency", "counts"):
             value = getattr(sample, key)
@@ -84,12 +86,15 @@ class _TokenBuffer:
         try:
             meta_json = orjson.dumps(meta)
         except orjson.JSONEncodeError as exc:
-            raise ValueError(f"sample {sample.sample_id}: metadata cannot be stored as JSON "
-                             f"({exc})") from None
+            raise ValueError(
+                f"sample {sample.sample_id}: metadata cannot be stored as JSON ({exc})"
+            ) from None
         n_tokens = len(sample.prompt_ids) + len(sample.completion_ids)
         if n_tokens > MAX_SAMPLE_TOKENS:
-            raise ValueError(f"sample {sample.sample_id}: {n_tokens:,} tokens, more than a "
-                             f"sample may hold ({MAX_SAMPLE_TOKENS:,})")
+            raise ValueError(
+                f"sample {sample.sample_id}: {n_tokens:,} tokens, more than a "
+                f"sample may hold ({MAX_SAMPLE_TOKENS:,})"
+            )
         if len(meta_json) + 1 > meta_bound(1, n_tokens) - META_SLACK:
             # Readers bound the metadata frame by this share (docs/format.md), so a shard
             # holding more would be unreadable.
@@ -97,7 +102,8 @@ class _TokenBuffer:
                 f"sample {sample.sample_id}: its metadata is {len(meta_json):,} bytes as JSON, "
                 f"over the format's limit of {meta_bound(1, n_tokens) - META_SLACK - 1:,} for "
                 f"a sample of {n_tokens:,} tokens ({META_PER_SAMPLE >> 10} KiB + "
-                f"{META_PER_TOKEN} bytes per token)")
+                f"{META_PER_TOKEN} bytes per token)"
+            )
         held, start = len(self.ids), self.n_tokens
         try:
             self._pack(sample.prompt_ids)
@@ -122,8 +128,15 @@ class _TokenBuffer:
         """Keep the first `samples` samples (`tokens` tokens) and nothing after them."""
         self.n_tokens = tokens
         del self.offsets[samples + 1 :]
-        for column in (self.prompt_lens, self.spans, self.loss, self.partitions, self.meta,
-                       self.finish, self.ids):
+        for column in (
+            self.prompt_lens,
+            self.spans,
+            self.loss,
+            self.partitions,
+            self.meta,
+            self.finish,
+            self.ids,
+        ):
             del column[samples:]
 
     def arrays(self) -> tuple[dict[str, np.ndarray], list[str]]:
@@ -140,7 +153,8 @@ class _TokenBuffer:
             "sample_ids": np.frombuffer("\n".join(self.ids).encode(), np.uint8),
             "meta_zst": np.frombuffer(
                 zstandard.ZstdCompressor(level=3).compress(b"[" + b",".join(self.meta) + b"]"),
-                np.uint8),
+                np.uint8,
+            ),
         }
         return arrays, names
 
@@ -154,20 +168,34 @@ class _TokenBuffer:
     def entry(self) -> dict:
         """This buffer's counts for its manifest entry, so `info` never opens a shard."""
         lengths = np.diff(self.offsets).tolist()
-        stats = partition_stats(self.partitions, lengths, self.loss, self.prompt_lens,
-                                self.finish)
-        return {"tokens": self.n_tokens,
-                "loss_tokens": sum(p["loss_tokens"] for p in stats.values()),
-                "partitions": stats}
+        stats = partition_stats(self.partitions, lengths, self.loss, self.prompt_lens, self.finish)
+        return {
+            "tokens": self.n_tokens,
+            "loss_tokens": sum(p["loss_tokens"] for p in stats.values()),
+            "partitions": stats,
+        }
 
 
-def partition_stats(partitions: list[str], lengths: list[int], loss: list[int],
-                    prompt_lens: list[int], finish: list[str] | None) -> dict:
+def partition_stats(
+    partitions: list[str],
+    lengths: list[int],
+    loss: list[int],
+    prompt_lens: list[int],
+    finish: list[str] | None,
+) -> dict:
     """Per-partition samples, tokens, loss, completion tokens and finish reasons."""
     out: dict[str, dict] = {}
     for i, part in enumerate(partitions):
-        p = out.setdefault(part, {"samples": 0, "tokens": 0, "loss_tokens": 0,
-                                  "completion_tokens": 0, "finish": Counter()})
+        p = out.setdefault(
+            part,
+            {
+                "samples": 0,
+                "tokens": 0,
+                "loss_tokens": 0,
+                "completion_tokens": 0,
+                "finish": Counter(),
+            },
+        )
         p["samples"] += 1
         p["tokens"] += lengths[i]
         p["loss_tokens"] += loss[i]

@@ -73,8 +73,9 @@ def check_folder(path: Path, sub: str) -> None:
             f"link to it instead (mv {path} /disk/{path.name} && ln -s /disk/{path.name} {path})"
         )
     if where.exists() and not where.is_dir():
-        raise DatasetError(f"{where}: not a folder; a dataset keeps its {sub} in a folder "
-                           "of that name")
+        raise DatasetError(
+            f"{where}: not a folder; a dataset keeps its {sub} in a folder of that name"
+        )
 
 
 def own_manifest(path: Path) -> dict | None:
@@ -83,8 +84,9 @@ def own_manifest(path: Path) -> dict | None:
         manifest = orjson.loads((path / MANIFEST).read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return None
-    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT_NAME \
-        else None
+    return (
+        manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT_NAME else None
+    )
 
 
 def lost_marker(path: Path) -> dict | None:
@@ -110,9 +112,12 @@ def restore_marker(path: Path, manifest: dict) -> None:
 
 def _too_new(path: Path, version: int, written_by: object) -> DatasetError:
     # Without a release to name, still give a pip command that works (no '>=a newer ...').
-    hint = (f"It was written by eagle3kit {written_by}; read it with that release or newer: "
-            f"pip install -U 'eagle3kit>={written_by}'" if isinstance(written_by, str)
-            and written_by else "Upgrade to read it: pip install -U eagle3kit")
+    hint = (
+        f"It was written by eagle3kit {written_by}; read it with that release or newer: "
+        f"pip install -U 'eagle3kit>={written_by}'"
+        if isinstance(written_by, str) and written_by
+        else "Upgrade to read it: pip install -U eagle3kit"
+    )
     return DatasetError(
         f"{path}: dataset format version {version} is newer than this eagle3kit "
         f"({__version__}) reads (up to version {FORMAT_VERSION}). {hint}"
@@ -133,13 +138,14 @@ def read_marker(path: Path, kind: str | None = None) -> dict:
         manifest = lost_marker(path)
         if manifest is None:
             if (path / RUN_LOCK).exists() and not foreign_files(path):
-                raise DatasetError(f"{path}: the dataset's creation was interrupted before "
-                                   "anything was committed; rerun the command that writes it")
+                raise DatasetError(
+                    f"{path}: the dataset's creation was interrupted before "
+                    "anything was committed; rerun the command that writes it"
+                )
             raise DatasetError(f"{path}: not an eagle3kit dataset (no {MARKER})")
         marker, where = marker_from(manifest), path / MANIFEST
     if marker.get("format") != FORMAT_NAME:
-        raise DatasetError(f"{where}: format is {marker.get('format')!r}, "
-                           f"expected {FORMAT_NAME!r}")
+        raise DatasetError(f"{where}: format is {marker.get('format')!r}, expected {FORMAT_NAME!r}")
     version = marker.get("version")
     if type(version) is not int:
         raise DatasetError(f"{where}: format version {version!r} is not an integer")
@@ -179,8 +185,10 @@ def _check_partitions(parts: object, at: str) -> str | None:
         if not isinstance(finish, dict) or not all(_is_count(v) for v in finish.values()):
             return f"{at}.partitions[{name!r}].finish is not an object of counts"
         if sum(finish.values()) not in (0, p["samples"]):
-            return (f"{at}.partitions[{name!r}]: {sum(finish.values())} finish reasons for "
-                    f"{p['samples']} samples")
+            return (
+                f"{at}.partitions[{name!r}]: {sum(finish.values())} finish reasons for "
+                f"{p['samples']} samples"
+            )
     return None
 
 
@@ -191,8 +199,10 @@ def _check_entry(entry: object, at: str) -> str | None:
     if not isinstance(name, str):
         return f"{at}.name is {name!r}, not a file name"
     if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
-        return (f"{at}.name is {name!r}: a shard name must be a plain file name inside "
-                f"{SHARD_DIR}/, not a path")
+        return (
+            f"{at}.name is {name!r}: a shard name must be a plain file name inside "
+            f"{SHARD_DIR}/, not a path"
+        )
     for key in ("bytes", "samples", "tokens", "loss_tokens"):
         if not _is_count(entry.get(key)):
             return f"{at}.{key} is {entry.get(key)!r}, not a count"
@@ -221,9 +231,13 @@ def _manifest_problem(manifest: dict, marker: dict) -> str | None:
     for key in ("format", "version", "kind"):
         if manifest.get(key) != marker.get(key):
             return f"{key} is {manifest.get(key)!r}, {MARKER} says {marker.get(key)!r}"
-    for key, kind, what in (("config", dict, "an object"), ("provenance", dict, "an object"),
-                            ("config_history", list, "a list"), ("runs", list, "a list"),
-                            ("shards", list, "a list")):
+    for key, kind, what in (
+        ("config", dict, "an object"),
+        ("provenance", dict, "an object"),
+        ("config_history", list, "a list"),
+        ("runs", list, "a list"),
+        ("shards", list, "a list"),
+    ):
         if not isinstance(manifest.get(key), kind):
             return f"{key} is {type(manifest.get(key)).__name__}, expected {what}"
     for key in ("created", "updated"):
@@ -240,8 +254,10 @@ def _manifest_problem(manifest: dict, marker: dict) -> str | None:
         if why:
             return why
         if entry["name"] in seen:
-            return (f"shard {entry['name']} is listed twice (shards[{seen[entry['name']]}] "
-                    f"and shards[{k}]): its samples would be read twice")
+            return (
+                f"shard {entry['name']} is listed twice (shards[{seen[entry['name']]}] "
+                f"and shards[{k}]): its samples would be read twice"
+            )
         seen[entry["name"]] = k
     return None
 
@@ -256,8 +272,10 @@ def check_manifest(path: Path, manifest: dict, marker: dict) -> dict:
         raise _too_new(path, version, manifest.get("written_by"))
     why = _manifest_problem(manifest, marker)
     if why:
-        raise DatasetError(f"{where}: manifest damaged ({why}). Restore it from a copy of the "
-                           "dataset, or rewrite the dataset with --overwrite")
+        raise DatasetError(
+            f"{where}: manifest damaged ({why}). Restore it from a copy of the "
+            "dataset, or rewrite the dataset with --overwrite"
+        )
     return manifest
 
 
@@ -273,22 +291,40 @@ def check_writable(path: Path) -> None:
         check_folder(path, sub)
 
 
-def create(path: Path, kind: str, config: dict, provenance: dict,
-           fixed: dict | None = None) -> None:
+def create(
+    path: Path, kind: str, config: dict, provenance: dict, fixed: dict | None = None
+) -> None:
     if kind not in KINDS:
         raise ValueError(f"unknown dataset kind {kind!r}")
     (path / SHARD_DIR).mkdir(parents=True, exist_ok=True)
     now = time.time()
-    write_json_atomic(path / MANIFEST, {
-        "format": FORMAT_NAME, "version": FORMAT_VERSION, "kind": kind,
-        "created": now, "updated": now, "written_by": __version__,
-        "config": config, "config_history": [], "provenance": provenance,
-        "runs": [], "shards": [], **(fixed or {}),
-    })
+    write_json_atomic(
+        path / MANIFEST,
+        {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "kind": kind,
+            "created": now,
+            "updated": now,
+            "written_by": __version__,
+            "config": config,
+            "config_history": [],
+            "provenance": provenance,
+            "runs": [],
+            "shards": [],
+            **(fixed or {}),
+        },
+    )
     # The marker comes last: a directory with a marker always has a manifest.
-    write_json_atomic(path / MARKER, {
-        "format": FORMAT_NAME, "version": FORMAT_VERSION, "kind": kind, "written_by": __version__,
-    })
+    write_json_atomic(
+        path / MARKER,
+        {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "kind": kind,
+            "written_by": __version__,
+        },
+    )
 
 
 def wipe(path: Path, manifest: dict | None) -> None:
@@ -303,8 +339,9 @@ def wipe(path: Path, manifest: dict | None) -> None:
     doomed = [*temps, *orphans]
     for sub, names in ((manifest or {}).get("attached") or {}).items():
         if sub in ATTACHED_DIRS and isinstance(names, list):
-            doomed += [path / sub / n for n in names
-                       if isinstance(n, str) and n and Path(n).name == n]
+            doomed += [
+                path / sub / n for n in names if isinstance(n, str) and n and Path(n).name == n
+            ]
     for p in [*doomed, path / MARKER, path / MANIFEST]:
         if is_regular(p):
             p.unlink()
@@ -336,8 +373,10 @@ def stray_files(path: Path, manifest: dict) -> tuple[list[Path], list[Path]]:
     shards of the writers' name pattern that the manifest does not list."""
     committed = {s.get("name") for s in manifest.get("shards", []) if isinstance(s, dict)}
     shard_dir = path / SHARD_DIR
-    temps = [*_matching(path, lambda n: _pid_temp(n, OWN_FILES)),
-             *_matching(shard_dir, SHARD_TMP_NAME.fullmatch)]
+    temps = [
+        *_matching(path, lambda n: _pid_temp(n, OWN_FILES)),
+        *_matching(shard_dir, SHARD_TMP_NAME.fullmatch),
+    ]
     for sub in ATTACHED_DIRS:
         temps += _matching(path / sub, _pid_temp)
     orphans = [p for p in _matching(shard_dir, SHARD_NAME.fullmatch) if p.name not in committed]
@@ -349,8 +388,9 @@ def foreign_files(path: Path) -> list[str]:
     if not path.is_dir():
         return []
     own = {*OWN_FILES, SHARD_DIR, *ATTACHED_DIRS}
-    found = sorted(p.name for p in path.iterdir()
-                   if p.name not in own and not p.name.endswith(TMP_SUFFIX))
+    found = sorted(
+        p.name for p in path.iterdir() if p.name not in own and not p.name.endswith(TMP_SUFFIX)
+    )
     if (path / MANIFEST).exists() and not has_marker(path) and own_manifest(path) is None:
         found.insert(0, MANIFEST)  # another tool's manifest.json: not ours to replace
     return found
@@ -358,5 +398,8 @@ def foreign_files(path: Path) -> list[str]:
 
 def config_changes(old: dict, new: dict) -> list[str]:
     """Settings that differ between the run that started the dataset and this one."""
-    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
-            for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+    return [
+        f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
+        for key in sorted(set(old) | set(new))
+        if old.get(key) != new.get(key)
+    ]

@@ -120,8 +120,11 @@ class _HiddenBuffer:
 
     def __init__(self, codec: str, hidden_size: int, n_aux: int) -> None:
         self.codec, self.hidden_size, self.n_aux = codec, hidden_size, n_aux
-        self.dtypes = {"aux": "BF16", "last": "BF16"} if codec == "raw" else (
-            {"aux": "F8_E4M3", "last": "F8_E4M3"} if codec == "fp8" else {})
+        self.dtypes = (
+            {"aux": "BF16", "last": "BF16"}
+            if codec == "raw"
+            else ({"aux": "F8_E4M3", "last": "F8_E4M3"} if codec == "fp8" else {})
+        )
         self.ids: list[str] = []
         self.partitions: list[str] = []
         self.lengths: list[int] = []
@@ -144,8 +147,10 @@ class _HiddenBuffer:
         if ids.ndim != 1 or mask.shape != (n,):
             raise ValueError(f"{where}: input_ids and loss_mask must be 1-D of one length")
         if aux.shape != (n, self.n_aux * h) or last.shape != (n, h):
-            raise ValueError(f"{where}: states must be aux [{n}, {self.n_aux * h}] and last "
-                             f"[{n}, {h}], got {list(aux.shape)} and {list(last.shape)}")
+            raise ValueError(
+                f"{where}: states must be aux [{n}, {self.n_aux * h}] and last "
+                f"[{n}, {h}], got {list(aux.shape)} and {list(last.shape)}"
+            )
         if n and (ids.min() < 0 or not np.isin(mask, (0, 1)).all()):
             raise ValueError(f"{where}: negative token ids or a loss mask not of 0 and 1")
         if not (np.isfinite(aux).all() and np.isfinite(last).all()):
@@ -174,8 +179,14 @@ class _HiddenBuffer:
 
     def add(self, sample: HiddenSample) -> None:
         ids, mask, aux, last = self._check(sample)
-        held = (len(self.ids), self.n_tokens, self.nbytes, self.max_abs, self.max_rel,
-                {name: len(chunks) for name, chunks in self.chunks.items()})
+        held = (
+            len(self.ids),
+            self.n_tokens,
+            self.nbytes,
+            self.max_abs,
+            self.max_rel,
+            {name: len(chunks) for name, chunks in self.chunks.items()},
+        )
         try:
             self._encode("aux", aux)
             self._encode("last", last)
@@ -193,14 +204,21 @@ class _HiddenBuffer:
             self._truncate(*held)
             raise
 
-    def _truncate(self, samples: int, tokens: int, nbytes: int, max_abs: float,
-                  max_rel: float, chunks: dict[str, int]) -> None:
+    def _truncate(
+        self,
+        samples: int,
+        tokens: int,
+        nbytes: int,
+        max_abs: float,
+        max_rel: float,
+        chunks: dict[str, int],
+    ) -> None:
         """Back to the state `add` noted before its sample."""
         self.n_tokens, self.nbytes, self.max_abs, self.max_rel = tokens, nbytes, max_abs, max_rel
         for column in (self.partitions, self.lengths, self.prompt_lens, self.loss, self.ids):
             del column[samples:]
         for name in list(self.chunks):
-            del self.chunks[name][chunks.get(name, 0):]
+            del self.chunks[name][chunks.get(name, 0) :]
 
     def _joined(self, name: str, width: int | None = None) -> np.ndarray:
         parts = self.chunks.get(name, [])
@@ -218,12 +236,15 @@ class _HiddenBuffer:
             return states
         # One frame per sample, so a reader decompresses only the sample it is asked for.
         zstd = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-        frames = [zstd.compress(to_planes(np.concatenate([a, b], axis=1)))
-                  for a, b in zip(self.chunks.get("aux", []), self.chunks.get("last", []),
-                                  strict=True)]
+        frames = [
+            zstd.compress(to_planes(np.concatenate([a, b], axis=1)))
+            for a, b in zip(self.chunks.get("aux", []), self.chunks.get("last", []), strict=True)
+        ]
         sizes = np.cumsum([0] + [len(f) for f in frames], dtype=np.int64)
-        return {"states_zst": np.frombuffer(b"".join(frames), np.uint8),
-                "states_zst_offsets": sizes}
+        return {
+            "states_zst": np.frombuffer(b"".join(frames), np.uint8),
+            "states_zst_offsets": sizes,
+        }
 
     def arrays(self) -> tuple[dict[str, np.ndarray], list[str]]:
         names = sorted(set(self.partitions))
@@ -240,13 +261,18 @@ class _HiddenBuffer:
         return arrays, names
 
     def shard_metadata(self) -> dict[str, str]:
-        return {"codec": self.codec, "hidden_size": str(self.hidden_size),
-                "n_aux": str(self.n_aux)}
+        return {"codec": self.codec, "hidden_size": str(self.hidden_size), "n_aux": str(self.n_aux)}
 
     def entry(self) -> dict:
         stats = partition_stats(self.partitions, self.lengths, self.loss, self.prompt_lens, None)
-        return {"tokens": self.n_tokens, "loss_tokens": sum(self.loss), "partitions": stats,
-                "codec": self.codec, "max_abs_error": self.max_abs, "max_rel_error": self.max_rel}
+        return {
+            "tokens": self.n_tokens,
+            "loss_tokens": sum(self.loss),
+            "partitions": stats,
+            "codec": self.codec,
+            "max_abs_error": self.max_abs,
+            "max_rel_error": self.max_rel,
+        }
 
 
 class HiddenWriter(DatasetWriter):
@@ -258,8 +284,15 @@ class HiddenWriter(DatasetWriter):
     `force`; each shard records its own.
     """
 
-    def __init__(self, path: str | Path, *, layout: dict, codec: str = "raw",
-                 mode: OpenMode = "auto", **options: Any) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        layout: dict,
+        codec: str = "raw",
+        mode: OpenMode = "auto",
+        **options: Any,
+    ) -> None:
         if codec not in CODECS:
             raise ValueError(f"unknown codec {codec!r} (one of {', '.join(CODECS)})")
         check_layout(layout, Path(path))
@@ -299,8 +332,9 @@ class HiddenWriter(DatasetWriter):
         self._take_notes(manifest)
         # What each codec measured over everything committed: the size and error figures
         # `info` and plan read without opening a shard.
-        summary = manifest.setdefault("measured", {}).setdefault(entry["codec"], {
-            "tokens": 0, "bytes": 0, "max_abs_error": 0.0, "max_rel_error": 0.0})
+        summary = manifest.setdefault("measured", {}).setdefault(
+            entry["codec"], {"tokens": 0, "bytes": 0, "max_abs_error": 0.0, "max_rel_error": 0.0}
+        )
         summary["tokens"] += entry["tokens"]
         summary["bytes"] += entry["bytes"]
         summary["bytes_per_token"] = round(summary["bytes"] / max(summary["tokens"], 1), 3)
@@ -311,14 +345,18 @@ class HiddenWriter(DatasetWriter):
 # Reading ------------------------------------------------------------------------------------
 def check_layout(layout: object, where: Path) -> dict:
     """The manifest's `hidden` section, once it is known to describe states a reader can use."""
+
     def bad(why: str) -> DatasetError:
         return DatasetError(f"{where}: manifest's hidden-state layout is damaged ({why})")
 
     if not isinstance(layout, dict):
         raise bad("missing")
     ids, h = layout.get("layer_ids"), layout.get("hidden_size")
-    if not (isinstance(ids, list) and 0 < len(ids) <= MAX_AUX
-            and all(type(i) is int and i >= 0 for i in ids)):
+    if not (
+        isinstance(ids, list)
+        and 0 < len(ids) <= MAX_AUX
+        and all(type(i) is int and i >= 0 for i in ids)
+    ):
         raise bad(f"layer_ids {ids!r}")
     if not (type(h) is int and 0 < h <= MAX_HIDDEN_SIZE):
         raise bad(f"hidden_size {h!r}")
@@ -346,12 +384,16 @@ class HiddenShard:
             self.hidden_size, self.n_aux = int(meta["hidden_size"]), int(meta["n_aux"])
             names = self._state_names()
         except (KeyError, ValueError):
-            raise DatasetError(f"{path}: shard damaged (hidden-state arrays or metadata "
-                               "missing)") from None
+            raise DatasetError(
+                f"{path}: shard damaged (hidden-state arrays or metadata missing)"
+            ) from None
         if (self.hidden_size, self.n_aux) != (layout["hidden_size"], len(layout["layer_ids"])):
-            raise shard_damaged(path, f"hidden size {self.hidden_size} and {self.n_aux} "
-                                "auxiliary states, the manifest's layout says "
-                                f"{layout['hidden_size']} and {len(layout['layer_ids'])}")
+            raise shard_damaged(
+                path,
+                f"hidden size {self.hidden_size} and {self.n_aux} "
+                "auxiliary states, the manifest's layout says "
+                f"{layout['hidden_size']} and {len(layout['layer_ids'])}",
+            )
         f = self.file
         self.partition_names = read_partition_names(f)
         self.tokens = f.array("tokens", "I32", 1)
@@ -361,40 +403,71 @@ class HiddenShard:
         self.partition_index = f.array("partition_index", "I32", 1)
         self.states = {n: f.array(n, _STATE_DTYPES[self.codec][n]) for n in names}
         self._check(entry)
-        check_samples(f, entry, self.offsets, self.prompt_lens, self.partition_index,
-                      self.partition_names, len(self.tokens))
+        check_samples(
+            f,
+            entry,
+            self.offsets,
+            self.prompt_lens,
+            self.partition_index,
+            self.partition_names,
+            len(self.tokens),
+        )
         self.starts: list[int] = self.offsets.tolist()
         if verify:
             check_unique(path, self.ids)
             upto = np.concatenate([[0], np.cumsum(self.mask, dtype=np.int64)])
             loss = upto[self.offsets[1:]] - upto[self.offsets[:-1]]
-            check_counts(path, entry, own_counts(self.offsets, self.prompt_lens, loss,
-                                                 self.partition_index, self.partition_names,
-                                                 None))
+            check_counts(
+                path,
+                entry,
+                own_counts(
+                    self.offsets,
+                    self.prompt_lens,
+                    loss,
+                    self.partition_index,
+                    self.partition_names,
+                    None,
+                ),
+            )
 
     def _state_names(self) -> tuple[str, ...]:
         return tuple(_STATE_DTYPES[self.codec])
 
     def _check(self, entry: dict) -> None:
         n, t, h = entry["samples"], len(self.tokens), self.hidden_size
-        shapes = {"aux": (t, self.n_aux * h), "last": (t, h), "aux_scale": (t, self.n_aux),
-                  "last_scale": (t,), "states_zst_offsets": (n + 1,)}
+        shapes = {
+            "aux": (t, self.n_aux * h),
+            "last": (t, h),
+            "aux_scale": (t, self.n_aux),
+            "last_scale": (t,),
+            "states_zst_offsets": (n + 1,),
+        }
         wrong = [k for k, v in self.states.items() if k in shapes and v.shape != shapes[k]]
-        if (len(self.offsets) != n + 1 or len(self.prompt_lens) != n or self.mask.shape != (t,)
-                or (n and self.offsets[-1] != t) or wrong):
-            raise DatasetError(f"{self.file.path}: shard damaged (array sizes disagree with "
-                               f"each other or with the manifest's {n} samples)")
+        if (
+            len(self.offsets) != n + 1
+            or len(self.prompt_lens) != n
+            or self.mask.shape != (t,)
+            or (n and self.offsets[-1] != t)
+            or wrong
+        ):
+            raise DatasetError(
+                f"{self.file.path}: shard damaged (array sizes disagree with "
+                f"each other or with the manifest's {n} samples)"
+            )
         frames = self.states.get("states_zst_offsets")
         if frames is not None and not ascending_from_zero(frames, len(self.states["states_zst"])):
-            raise shard_damaged(self.file.path, "compressed state offsets do not cover "
-                                f"its {len(self.states['states_zst'])} bytes of frames")
+            raise shard_damaged(
+                self.file.path,
+                "compressed state offsets do not cover "
+                f"its {len(self.states['states_zst'])} bytes of frames",
+            )
 
     @cached_property
     def plens(self) -> list[int]:
         return self.prompt_lens.tolist()
 
     def loss_mask(self, i: int) -> np.ndarray:
-        return self.mask[self.starts[i]:self.starts[i + 1]]
+        return self.mask[self.starts[i] : self.starts[i + 1]]
 
     @cached_property
     def ids(self) -> list[str]:
@@ -405,10 +478,13 @@ class HiddenShard:
         if self.codec == "raw":
             return from_bf16(s["aux"][start:end]), from_bf16(s["last"][start:end])
         if self.codec == "fp8":
-            aux = from_fp8(s["aux"][start:end].reshape(end - start, self.n_aux, h),
-                           s["aux_scale"][start:end])
-            return (aux.reshape(end - start, -1),
-                    from_fp8(s["last"][start:end], s["last_scale"][start:end]))
+            aux = from_fp8(
+                s["aux"][start:end].reshape(end - start, self.n_aux, h), s["aux_scale"][start:end]
+            )
+            return (
+                aux.reshape(end - start, -1),
+                from_fp8(s["last"][start:end], s["last_scale"][start:end]),
+            )
         lo, hi = s["states_zst_offsets"][i], s["states_zst_offsets"][i + 1]
         values = (end - start) * (self.n_aux + 1) * h
         try:
@@ -416,8 +492,9 @@ class HiddenShard:
             data = unzstd(s["states_zst"][lo:hi].tobytes(), 2 * values)
             both = from_bf16(from_planes(data, values))
         except ValueError:
-            raise DatasetError(f"{self.file.path}: shard damaged (sample {i}'s compressed "
-                               "states do not decode)") from None
+            raise DatasetError(
+                f"{self.file.path}: shard damaged (sample {i}'s compressed states do not decode)"
+            ) from None
         both = both.reshape(end - start, -1)
         return both[:, : self.n_aux * h], both[:, self.n_aux * h :]
 
@@ -425,8 +502,11 @@ class HiddenShard:
         start, end = self.starts[i], self.starts[i + 1]
         aux, last = self._decode(i, start, end)
         return HiddenSample(
-            sample_id=self.ids[i], input_ids=self.tokens[start:end],
-            loss_mask=self.mask[start:end], aux=aux, last=last,
+            sample_id=self.ids[i],
+            input_ids=self.tokens[start:end],
+            loss_mask=self.mask[start:end],
+            aux=aux,
+            last=last,
             partition=self.partition_names[self.partition_index[i]],
             prompt_len=int(self.prompt_lens[i]),
         )
@@ -448,10 +528,10 @@ class HiddenDataset(Dataset):
     checksums when first touched. Anything wrong raises DatasetError naming the file.
     """
 
-    def __init__(self, path: str | Path, *, verify_shards: bool = True,
-                 warn_stray: bool = True) -> None:
-        super().__init__(path, kind="hidden", verify_shards=verify_shards,
-                         warn_stray=warn_stray)
+    def __init__(
+        self, path: str | Path, *, verify_shards: bool = True, warn_stray: bool = True
+    ) -> None:
+        super().__init__(path, kind="hidden", verify_shards=verify_shards, warn_stray=warn_stray)
         self.layout = check_layout(self.manifest.get("hidden"), self.path / MANIFEST)
 
     @property
@@ -465,7 +545,7 @@ class HiddenDataset(Dataset):
 
     @property
     def last_state(self) -> str:
-        """"pre_norm": `last` is the last decoder layer's output, before the final norm."""
+        """ "pre_norm": `last` is the last decoder layer's output, before the final norm."""
         return str(self.layout["last_state"])
 
     @property

@@ -23,6 +23,13 @@ __all__ = ["RunLock", "acquire", "new_run_id"]
 def acquire(directory: Path, run_id: str, setup: Callable[[bool], None]) -> RunLock:
     """Join or start the run owning the dataset `directory`; refuse when another run holds
     it (see `eagle3kit._lock.acquire`)."""
-    place = Owned(directory, "a dataset", directory / RUN_LOCK, directory / GATE_LOCK,
-                  directory / OWNER, DatasetError, write_json_atomic)
+    place = Owned(
+        directory,
+        "a dataset",
+        directory / RUN_LOCK,
+        directory / GATE_LOCK,
+        directory / OWNER,
+        DatasetError,
+        write_json_atomic,
+    )
     return _acquire(place, run_id, setup)

@@ -38,25 +38,31 @@ class Opening:
         return DatasetError(
             f"{self.path}: cannot write to the dataset ({where}: {exc.strerror or exc}). "
             "Readers (info, validate, train) need no write access; to add to it, make the "
-            "directory writable, or copy it somewhere writable and continue there")
+            "directory writable, or copy it somewhere writable and continue there"
+        )
 
     def _check_target(self) -> None:
         if dataset_dir.is_dataset(self.path):
             return
         if self._mode == "resume":
-            raise DatasetError(f"{self.path}: nothing to resume (no dataset there); "
-                               "run without --resume to start one")
+            raise DatasetError(
+                f"{self.path}: nothing to resume (no dataset there); "
+                "run without --resume to start one"
+            )
         foreign = dataset_dir.foreign_files(self.path)
         if foreign:
-            raise DatasetError(f"{self.path}: exists and is not an eagle3kit dataset "
-                               f"(holds {', '.join(foreign[:3])}); choose a new or empty directory")
+            raise DatasetError(
+                f"{self.path}: exists and is not an eagle3kit dataset "
+                f"(holds {', '.join(foreign[:3])}); choose a new or empty directory"
+            )
         if self.path.exists() and not self.path.is_dir():
             raise DatasetError(f"{self.path}: exists and is not a directory")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise DatasetError(f"{self.path}: cannot create the dataset directory "
-                               f"({exc.strerror or exc})") from None
+            raise DatasetError(
+                f"{self.path}: cannot create the dataset directory ({exc.strerror or exc})"
+            ) from None
 
     def _setup(self, same_run_before: bool) -> None:
         """Runs while no other writer is alive: clear crash leftovers, wipe, or create."""
@@ -68,9 +74,11 @@ class Opening:
             dataset_dir.read_marker(self.path, self.kind)
             dataset_dir.restore_marker(self.path, lost)
             self.restored_marker = True
-            self.warnings.append(f"{self.path}: {MARKER} was missing; restored it from "
-                                 f"{MANIFEST}, which lists {len(lost['shards'])} committed "
-                                 "shards")
+            self.warnings.append(
+                f"{self.path}: {MARKER} was missing; restored it from "
+                f"{MANIFEST}, which lists {len(lost['shards'])} committed "
+                "shards"
+            )
         if self._mode == "overwrite" and not same_run_before and dataset_dir.has_marker(self.path):
             try:
                 old = dataset_dir.read_manifest(self.path, dataset_dir.read_marker(self.path))
@@ -78,8 +86,7 @@ class Opening:
                 old = None  # a damaged manifest: --overwrite is the way out of it
             dataset_dir.wipe(self.path, old)
         if not dataset_dir.has_marker(self.path):
-            dataset_dir.create(self.path, self.kind, self._config, self._provenance,
-                               self._fixed)
+            dataset_dir.create(self.path, self.kind, self._config, self._provenance, self._fixed)
         marker = dataset_dir.read_marker(self.path, self.kind)
         manifest = dataset_dir.read_manifest(self.path, marker)
         # Refuse other settings before the manifest is touched: a refused run must leave no
@@ -94,14 +101,20 @@ class Opening:
             manifest["config_history"].append(manifest.get("config"))
             manifest["config"] = self._config
         if not same_run_before:  # a rank arriving after its run's others left is that run
-            manifest["runs"].append({"run_id": self.run_id, "started": time.time(),
-                                     "host": socket.gethostname(), "pid": os.getpid(),
-                                     "eagle3kit": __version__, "command": command_line()})
+            manifest["runs"].append(
+                {
+                    "run_id": self.run_id,
+                    "started": time.time(),
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "eagle3kit": __version__,
+                    "command": command_line(),
+                }
+            )
         write_json_atomic(self.path / MANIFEST, manifest)
 
     def _check_config(self, manifest: dict) -> None:
-        fixed = dataset_dir.config_changes({k: manifest.get(k) for k in self._fixed},
-                                           self._fixed)
+        fixed = dataset_dir.config_changes({k: manifest.get(k) for k in self._fixed}, self._fixed)
         if fixed:
             raise DatasetError(
                 f"{self.path} holds data that cannot be mixed with this run's "

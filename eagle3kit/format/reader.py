@@ -65,8 +65,15 @@ class TokenShard:
         self.loss_span_offsets = f.array("loss_span_offsets", "I64", 1)
         self.partition_index = f.array("partition_index", "I32", 1)
         self.partition_names = read_partition_names(f)
-        check_samples(f, entry, self.offsets, self.prompt_lens, self.partition_index,
-                      self.partition_names, len(self.tokens))
+        check_samples(
+            f,
+            entry,
+            self.offsets,
+            self.prompt_lens,
+            self.partition_index,
+            self.partition_names,
+            len(self.tokens),
+        )
         check_spans(f, self.offsets, self.loss_spans, self.loss_span_offsets)
         # Per-sample lookups read Python ints: indexing numpy arrays one element at a time
         # makes a numpy scalar each time, several times slower.
@@ -79,11 +86,19 @@ class TokenShard:
             check_unique(path, self.ids)
             spans = np.asarray(self.loss_spans, np.int64).reshape(-1, 2)
             owner = np.repeat(np.arange(entry["samples"]), np.diff(self.loss_span_offsets))
-            loss = np.bincount(owner, weights=spans[:, 1] - spans[:, 0],
-                               minlength=entry["samples"])
-            check_counts(path, entry, own_counts(
-                self.offsets, self.prompt_lens, loss, self.partition_index,
-                self.partition_names, [m["finish_reason"] for m in self.meta]))
+            loss = np.bincount(owner, weights=spans[:, 1] - spans[:, 0], minlength=entry["samples"])
+            check_counts(
+                path,
+                entry,
+                own_counts(
+                    self.offsets,
+                    self.prompt_lens,
+                    loss,
+                    self.partition_index,
+                    self.partition_names,
+                    [m["finish_reason"] for m in self.meta],
+                ),
+            )
 
     @cached_property
     def ids(self) -> list[str]:
@@ -147,19 +162,21 @@ def read_committed_ids(path: Path, manifest: dict) -> set[str]:
         shard = ShardFile(shard_path)
         raw = shard.array("sample_ids").tobytes()
         if xxhash.xxh3_128_hexdigest(raw) != shard.metadata.get("sample_ids_xxh3"):
-            raise DatasetError(f"{shard_path}: shard damaged (sample ids differ from their "
-                               "checksum)")
+            raise DatasetError(
+                f"{shard_path}: shard damaged (sample ids differ from their checksum)"
+            )
         # No checksum is read here (that costs a full read per resume), so damaged id bytes
         # must still end in a DatasetError naming the shard, not a UnicodeDecodeError, and a
         # count that disagrees with the manifest must stop the writer before it duplicates.
         try:
             found = raw.decode().split("\n") if raw else []
         except UnicodeDecodeError:
-            raise DatasetError(f"{shard_path}: shard damaged (sample ids are not UTF-8)"
-                               ) from None
+            raise DatasetError(f"{shard_path}: shard damaged (sample ids are not UTF-8)") from None
         if len(found) != entry["samples"]:
-            raise DatasetError(f"{shard_path}: shard damaged (holds {len(found)} sample ids, "
-                               f"the manifest says {entry['samples']})")
+            raise DatasetError(
+                f"{shard_path}: shard damaged (holds {len(found)} sample ids, "
+                f"the manifest says {entry['samples']})"
+            )
         ids.update(found)
     return ids
 
@@ -193,11 +210,12 @@ class Dataset:
         self.marker_missing = not dataset_dir.has_marker(self.path)
         """Read by its manifest alone: the marker is gone (the next writer restores it)."""
         # Python ints: a manifest from elsewhere may claim counts whose sum overflows int64.
-        self._starts: list[int] = list(accumulate((s["samples"] for s in self.shards),
-                                                  initial=0))
+        self._starts: list[int] = list(accumulate((s["samples"] for s in self.shards), initial=0))
         if self._starts[-1] > sys.maxsize:
-            raise DatasetError(f"{self.path / MANIFEST}: manifest damaged (its shards claim "
-                               f"{self._starts[-1]:,} samples)")
+            raise DatasetError(
+                f"{self.path / MANIFEST}: manifest damaged (its shards claim "
+                f"{self._starts[-1]:,} samples)"
+            )
         self._verified: set[int] = set()
         self._verify = verify_shards
         self._open: OrderedDict[int, TokenShard] = OrderedDict()
@@ -208,8 +226,10 @@ class Dataset:
         if warn_stray:
             temps, orphans = self.stray_files()
             if temps or orphans:
-                self.warnings.append(f"{self.path}: ignoring {len(temps) + len(orphans)} files "
-                                     "left by an interrupted run (the next writer removes them)")
+                self.warnings.append(
+                    f"{self.path}: ignoring {len(temps) + len(orphans)} files "
+                    "left by an interrupted run (the next writer removes them)"
+                )
 
     # Counts -------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -234,8 +254,16 @@ class Dataset:
         out: dict[str, dict] = {}
         for shard in self.shards:
             for name, stats in shard["partitions"].items():
-                total = out.setdefault(name, {"samples": 0, "tokens": 0, "loss_tokens": 0,
-                                              "completion_tokens": 0, "finish": {}})
+                total = out.setdefault(
+                    name,
+                    {
+                        "samples": 0,
+                        "tokens": 0,
+                        "loss_tokens": 0,
+                        "completion_tokens": 0,
+                        "finish": {},
+                    },
+                )
                 for key in ("samples", "tokens", "loss_tokens", "completion_tokens"):
                     total[key] += stats[key]
                 for reason, n in stats["finish"].items():
@@ -252,8 +280,7 @@ class Dataset:
         """The manifest's description of the data (format, kind, counts, config, provenance),
         without its bookkeeping: the shard list, the runs that wrote them, hidden codecs'
         measurements."""
-        return {k: v for k, v in self.manifest.items()
-                if k not in ("shards", "runs", "measured")}
+        return {k: v for k, v in self.manifest.items() if k not in ("shards", "runs", "measured")}
 
     def recorded(self) -> Recorded:
         """What gen recorded for the stages after it (rendering, template file, API family),
@@ -275,9 +302,11 @@ class Dataset:
         return list(self.partition_stats())
 
     def marker_warning(self) -> str:
-        return (f"{self.path / MARKER}: missing; read the dataset by its {MANIFEST}, which "
-                f"lists {len(self.shards):,} committed shards (the next run that writes to it "
-                "restores the marker)")
+        return (
+            f"{self.path / MARKER}: missing; read the dataset by its {MANIFEST}, which "
+            f"lists {len(self.shards):,} committed shards (the next run that writes to it "
+            "restores the marker)"
+        )
 
     def stray_files(self) -> tuple[list[Path], list[Path]]:
         """Temp files and uncommitted shards a crash left; readers ignore them."""
@@ -374,8 +403,11 @@ class Dataset:
             if not any(p["finish"].get(finish_reason) for p in entry["partitions"].values()):
                 continue
             shard = self._shard(k)
-            found.update(sample_id for sample_id, meta in zip(shard.ids, shard.meta, strict=True)
-                         if meta["finish_reason"] == finish_reason)
+            found.update(
+                sample_id
+                for sample_id, meta in zip(shard.ids, shard.meta, strict=True)
+                if meta["finish_reason"] == finish_reason
+            )
         return found
 
     # Checks -------------------------------------------------------------------------------
@@ -397,8 +429,10 @@ class Dataset:
                 continue
             size = info.st_size
             if size != entry["bytes"]:
-                problems.append(f"{path}: shard damaged ({size} bytes on disk, the manifest "
-                                f"says {entry['bytes']}: truncated or replaced)")
+                problems.append(
+                    f"{path}: shard damaged ({size} bytes on disk, the manifest "
+                    f"says {entry['bytes']}: truncated or replaced)"
+                )
         return problems
 
     def verify(self) -> list[str]:
@@ -441,10 +475,13 @@ class Dataset:
                 continue  # two ids with one hash: not a duplicate
             found += 1
             if found <= shown:
-                problems.append(f"{self.path / SHARD_DIR / self.shards[b]['name']}: sample id "
-                                f"{min(same)!r} is also in {self.shards[a]['name']} (its sample "
-                                "would be read twice)")
+                problems.append(
+                    f"{self.path / SHARD_DIR / self.shards[b]['name']}: sample id "
+                    f"{min(same)!r} is also in {self.shards[a]['name']} (its sample "
+                    "would be read twice)"
+                )
         if found > shown:
-            problems.append(f"{self.path}: {found - shown:,} more sample ids are committed in "
-                            "two shards")
+            problems.append(
+                f"{self.path}: {found - shown:,} more sample ids are committed in two shards"
+            )
         return problems

@@ -60,7 +60,8 @@ class TokenSample:
 def check_sample_id(sample_id: object) -> str:
     if not isinstance(sample_id, str) or not sample_id or "\n" in sample_id:
         raise ValueError(
-            f"sample_id must be a non-empty string without newlines, got {sample_id!r}")
+            f"sample_id must be a non-empty string without newlines, got {sample_id!r}"
+        )
     return sample_id
 
 

@@ -37,8 +37,14 @@ DTYPES: dict[str, np.dtype] = {
     "BF16": np.dtype("<u2"),
     "F8_E4M3": np.dtype("u1"),
 }
-_NAMES = {np.dtype("<i8"): "I64", np.dtype("<i4"): "I32", np.dtype("<i2"): "I16",
-          np.dtype("u1"): "U8", np.dtype("<f4"): "F32", np.dtype("<f2"): "F16"}
+_NAMES = {
+    np.dtype("<i8"): "I64",
+    np.dtype("<i4"): "I32",
+    np.dtype("<i2"): "I16",
+    np.dtype("u1"): "U8",
+    np.dtype("<f4"): "F32",
+    np.dtype("<f2"): "F16",
+}
 _HEADER_ALIGN = 8
 _HASH_CHUNK = 1 << 24
 _FRAME_CHUNK = 1 << 20
@@ -135,8 +141,9 @@ def write_shard(
     The directory fsync is left to the caller's commit, which does it once per commit.
     """
     dtypes = dtypes or {}
-    tensors = {n: (_dtype_name(a, dtypes.get(n)), np.ascontiguousarray(a))
-               for n, a in arrays.items()}
+    tensors = {
+        n: (_dtype_name(a, dtypes.get(n)), np.ascontiguousarray(a)) for n, a in arrays.items()
+    }
     # Widest items first keeps every array naturally aligned once the header is padded to 8.
     order = sorted(tensors, key=lambda n: (-tensors[n][1].dtype.itemsize, n))
     header: dict[str, object] = {
@@ -145,8 +152,11 @@ def write_shard(
     offset = 0
     for name in order:
         dtype, array = tensors[name]
-        header[name] = {"dtype": dtype, "shape": list(array.shape),
-                        "data_offsets": [offset, offset + array.nbytes]}
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + array.nbytes],
+        }
         offset += array.nbytes
     header_bytes = orjson.dumps(header)
     header_bytes += b" " * (-(8 + len(header_bytes)) % _HEADER_ALIGN)
@@ -156,8 +166,7 @@ def write_shard(
     file_hash = xxhash.xxh3_128()
     try:
         with open_new(tmp) as f:
-            chunks: list[bytes | memoryview] = [prefix,
-                                                *(_byte_view(tensors[n][1]) for n in order)]
+            chunks: list[bytes | memoryview] = [prefix, *(_byte_view(tensors[n][1]) for n in order)]
             for chunk in chunks:
                 f.write(chunk)
                 file_hash.update(chunk)
@@ -180,9 +189,13 @@ def file_checksum(path: Path) -> str:
 
 
 def _file_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
         if test(mode):
             return name
     return "not a plain file"
@@ -201,14 +214,18 @@ class ShardFile:
             raise DatasetError(f"{path}: shard missing (deleted or moved)") from None
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise DatasetError(f"{path}: a symbolic link, not a shard; shards are regular "
-                                   "files inside the dataset's shards/ folder") from None
+                raise DatasetError(
+                    f"{path}: a symbolic link, not a shard; shards are regular "
+                    "files inside the dataset's shards/ folder"
+                ) from None
             raise DatasetError(f"{path}: cannot read shard: {exc.strerror}") from None
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
-                raise DatasetError(f"{path}: not a regular file ({_file_kind(info.st_mode)}); "
-                                   "a shard is a regular file")
+                raise DatasetError(
+                    f"{path}: not a regular file ({_file_kind(info.st_mode)}); "
+                    "a shard is a regular file"
+                )
             size = info.st_size
             self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
         except OSError as exc:
@@ -238,8 +255,7 @@ class ShardFile:
         # spec says metadata maps str to str and offsets and dims are non-negative ints, and
         # anything else must end here, naming the file, not as a TypeError deep in a reader.
         metadata = header.get("__metadata__", {})
-        if not isinstance(metadata, dict) or not all(
-                isinstance(v, str) for v in metadata.values()):
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
             raise self._damaged("header metadata is not a map of strings")
         self._data_start = 8 + n
         end = 0
@@ -251,7 +267,8 @@ class ShardFile:
                 start, stop = spec["data_offsets"]
                 shape = spec["shape"]
                 if not isinstance(shape, list) or not all(
-                        type(v) is int and v >= 0 for v in (start, stop, *shape)):
+                    type(v) is int and v >= 0 for v in (start, stop, *shape)
+                ):
                     raise ValueError(name)
                 count = int(np.prod(shape, dtype=np.int64))
             except (KeyError, TypeError, ValueError):
@@ -262,7 +279,8 @@ class ShardFile:
         if self._data_start + end != self.size:
             raise self._damaged(
                 f"{self.size} bytes on disk, header describes {self._data_start + end}: truncated"
-                if self._data_start + end > self.size else "trailing bytes after the data"
+                if self._data_start + end > self.size
+                else "trailing bytes after the data"
             )
         return header
 
@@ -272,8 +290,7 @@ class ShardFile:
     def dtype(self, name: str) -> str:
         return self.header[name]["dtype"]
 
-    def array(self, name: str, dtype: str | None = None, ndim: int | None = None
-              ) -> np.ndarray:
+    def array(self, name: str, dtype: str | None = None, ndim: int | None = None) -> np.ndarray:
         """A read-only zero-copy view of tensor `name` (bf16 as uint16, fp8 as uint8); with
         `dtype` or `ndim`, one that has them, else DatasetError naming the shard."""
         try:
@@ -281,13 +298,19 @@ class ShardFile:
         except KeyError:
             raise self._damaged(f"tensor {name!r} missing") from None
         if (dtype is not None and spec["dtype"] != dtype) or (
-                ndim is not None and len(spec["shape"]) != ndim):
-            raise self._damaged(f"tensor {name!r} is {spec['dtype']} {spec['shape']}, "
-                                f"expected {ndim}-D {dtype}")
+            ndim is not None and len(spec["shape"]) != ndim
+        ):
+            raise self._damaged(
+                f"tensor {name!r} is {spec['dtype']} {spec['shape']}, expected {ndim}-D {dtype}"
+            )
         start, stop = spec["data_offsets"]
         stored = DTYPES[spec["dtype"]]
-        flat = np.frombuffer(self._map, dtype=stored, count=(stop - start) // stored.itemsize,
-                             offset=self._data_start + start)
+        flat = np.frombuffer(
+            self._map,
+            dtype=stored,
+            count=(stop - start) // stored.itemsize,
+            offset=self._data_start + start,
+        )
         return flat.reshape(spec["shape"])
 
     def verify(self, expected_xxh3: str | None = None) -> None:
@@ -299,4 +322,3 @@ class ShardFile:
         tensors = {n: (self.dtype(n), self.array(n)) for n in self.header}
         if content_checksum(tensors) != self.metadata.get("content_xxh3"):
             raise self._damaged("checksum differs from the one written in the shard")
-

@@ -21,8 +21,12 @@ def shard_damaged(path: Path, why: str) -> DatasetError:
 
 
 _META_TYPES: dict[str, tuple[type, ...]] = {
-    "source": (dict,), "server": (dict,), "counts": (dict,), "metadata": (dict,),
-    "latency": (int, float)}
+    "source": (dict,),
+    "server": (dict,),
+    "counts": (dict,),
+    "metadata": (dict,),
+    "latency": (int, float),
+}
 
 
 def meta_problem(meta: object) -> str | None:
@@ -45,8 +49,11 @@ def read_partition_names(f: ShardFile) -> list[str]:
         raise shard_damaged(f.path, "partitions missing from the header") from None
     except orjson.JSONDecodeError:
         raise shard_damaged(f.path, "partitions in the header are not JSON") from None
-    if not (isinstance(names, list) and all(isinstance(p, str) for p in names)
-            and len(set(names)) == len(names)):
+    if not (
+        isinstance(names, list)
+        and all(isinstance(p, str) for p in names)
+        and len(set(names)) == len(names)
+    ):
         raise shard_damaged(f.path, "partitions in the header are not a list of names")
     return names
 
@@ -77,14 +84,22 @@ def ascending_from_zero(a: np.ndarray, end: int) -> bool:
     return bool(len(a) and a[0] == 0 and a[-1] == end and not (np.diff(a) < 0).any())
 
 
-def check_samples(f: ShardFile, entry: dict, offsets: np.ndarray, prompt_lens: np.ndarray,
-                  partition_index: np.ndarray, names: list[str], n_tokens: int) -> None:
+def check_samples(
+    f: ShardFile,
+    entry: dict,
+    offsets: np.ndarray,
+    prompt_lens: np.ndarray,
+    partition_index: np.ndarray,
+    names: list[str],
+    n_tokens: int,
+) -> None:
     """The per-sample arrays every shard has agree with each other and with the manifest's
     sample count: what every later index into them relies on."""
     n = entry["samples"]
     if len(prompt_lens) != n or len(offsets) != n + 1:
-        raise DatasetError(f"{f.path}: shard holds {len(prompt_lens)} samples, "
-                           f"the manifest says {n}")
+        raise DatasetError(
+            f"{f.path}: shard holds {len(prompt_lens)} samples, the manifest says {n}"
+        )
     if len(partition_index) != n:
         raise shard_damaged(f.path, f"{len(partition_index)} partition indices for {n} samples")
     check_token_count(f.path, entry, offsets, n_tokens)
@@ -94,8 +109,9 @@ def check_samples(f: ShardFile, entry: dict, offsets: np.ndarray, prompt_lens: n
         raise shard_damaged(f.path, "a partition index points past the header's partitions")
 
 
-def check_spans(f: ShardFile, offsets: np.ndarray, spans: np.ndarray,
-                span_offsets: np.ndarray) -> None:
+def check_spans(
+    f: ShardFile, offsets: np.ndarray, spans: np.ndarray, span_offsets: np.ndarray
+) -> None:
     """Each sample's loss spans lie inside it: [start, end) with 0 <= start < end <= length."""
     n = len(offsets) - 1
     if spans.shape[1:] != (2,):
@@ -114,17 +130,25 @@ def check_spans(f: ShardFile, offsets: np.ndarray, spans: np.ndarray,
 def check_token_count(path: Path, entry: dict, offsets: np.ndarray, n_tokens: int) -> None:
     """The shard's offsets end at its token count, which is the manifest's."""
     if not ascending_from_zero(offsets, n_tokens):
-        raise DatasetError(f"{path}: shard damaged (its offsets do not cover its "
-                           f"{n_tokens} tokens)")
+        raise DatasetError(
+            f"{path}: shard damaged (its offsets do not cover its {n_tokens} tokens)"
+        )
     if n_tokens != entry["tokens"]:
-        raise DatasetError(f"{path}: the manifest's counts differ from the shard's own (tokens: "
-                           f"the manifest says {entry['tokens']}, the shard holds {n_tokens}); "
-                           "the manifest was edited or damaged")
+        raise DatasetError(
+            f"{path}: the manifest's counts differ from the shard's own (tokens: "
+            f"the manifest says {entry['tokens']}, the shard holds {n_tokens}); "
+            "the manifest was edited or damaged"
+        )
 
 
-def own_counts(offsets: np.ndarray, prompt_lens: np.ndarray, loss: np.ndarray,
-               partition_index: np.ndarray, names: list[str],
-               finish: Sequence[str | None] | None) -> dict:
+def own_counts(
+    offsets: np.ndarray,
+    prompt_lens: np.ndarray,
+    loss: np.ndarray,
+    partition_index: np.ndarray,
+    names: list[str],
+    finish: Sequence[str | None] | None,
+) -> dict:
     """A shard's loss tokens and per-partition counts, from its own arrays."""
     lengths = np.diff(np.asarray(offsets, np.int64))
     part = np.asarray(partition_index, np.int64)
@@ -136,12 +160,15 @@ def own_counts(offsets: np.ndarray, prompt_lens: np.ndarray, loss: np.ndarray,
         if not m.any():
             continue
         reasons: dict[str | None, int] = {}
-        for reason in ([finish[i] for i in np.flatnonzero(m).tolist()]
-                       if finish is not None else []):
+        for reason in [finish[i] for i in np.flatnonzero(m).tolist()] if finish is not None else []:
             reasons[reason] = reasons.get(reason, 0) + 1
-        partitions[name] = {"samples": int(m.sum()), "tokens": int(lengths[m].sum()),
-                            "loss_tokens": int(loss[m].sum()),
-                            "completion_tokens": int(comp[m].sum()), "finish": reasons}
+        partitions[name] = {
+            "samples": int(m.sum()),
+            "tokens": int(lengths[m].sum()),
+            "loss_tokens": int(loss[m].sum()),
+            "completion_tokens": int(comp[m].sum()),
+            "finish": reasons,
+        }
     return {"loss_tokens": int(loss.sum()), "partitions": partitions}
 
 
@@ -149,19 +176,27 @@ def check_counts(path: Path, entry: dict, own: dict) -> None:
     """The manifest's loss tokens and per-partition counts for a shard are the shard's own."""
     differ = []
     if own["loss_tokens"] != entry["loss_tokens"]:
-        differ.append(f"loss_tokens: the manifest says {entry['loss_tokens']}, the shard "
-                      f"holds {own['loss_tokens']}")
+        differ.append(
+            f"loss_tokens: the manifest says {entry['loss_tokens']}, the shard "
+            f"holds {own['loss_tokens']}"
+        )
     stated = entry["partitions"]
     for name in sorted(set(stated) | set(own["partitions"])):
         said, held = stated.get(name), own["partitions"].get(name)
         if said is None or held is None:
-            differ.append(f"partition {name!r}: " + ("not in the shard" if held is None
-                                                     else "not in the manifest"))
+            differ.append(
+                f"partition {name!r}: "
+                + ("not in the shard" if held is None else "not in the manifest")
+            )
             continue
         for key in ("samples", "tokens", "loss_tokens", "completion_tokens", "finish"):
             if said.get(key) != held[key]:
-                differ.append(f"partition {name!r} {key}: the manifest says "
-                              f"{said.get(key)}, the shard holds {held[key]}")
+                differ.append(
+                    f"partition {name!r} {key}: the manifest says "
+                    f"{said.get(key)}, the shard holds {held[key]}"
+                )
     if differ:
-        raise DatasetError(f"{path}: the manifest's counts differ from the shard's own "
-                           f"({'; '.join(differ[:3])}); the manifest was edited or damaged")
+        raise DatasetError(
+            f"{path}: the manifest's counts differ from the shard's own "
+            f"({'; '.join(differ[:3])}); the manifest was edited or damaged"
+        )

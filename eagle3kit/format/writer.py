@@ -144,9 +144,11 @@ class DatasetWriter(Opening, AttachedFiles, Dropping):
 
         Call it periodically when samples arrive slowly, so the interval holds.
         """
-        due = len(self._buffer) >= self.commit_every or (
-            self._buffer.nbytes >= self.commit_bytes) or (
-            len(self._buffer) and self._clock() - self._last_commit >= self.commit_interval)
+        due = (
+            len(self._buffer) >= self.commit_every
+            or (self._buffer.nbytes >= self.commit_bytes)
+            or (len(self._buffer) and self._clock() - self._last_commit >= self.commit_interval)
+        )
         if due:
             self.commit(wait=False)
         return bool(due)
@@ -199,8 +201,10 @@ class DatasetWriter(Opening, AttachedFiles, Dropping):
 
     def _refuse_after_failure(self) -> None:
         if self._failed is not None:
-            raise DatasetError(f"{self.path}: nothing more is committed by this run: an "
-                               f"earlier commit failed ({self._failed})")
+            raise DatasetError(
+                f"{self.path}: nothing more is committed by this run: an "
+                f"earlier commit failed ({self._failed})"
+            )
 
     def _commit_buffer(self, buffer: _Buffer, seq: int, progress: dict | None) -> None:
         entry = self._seal(buffer, seq)
@@ -220,22 +224,34 @@ class DatasetWriter(Opening, AttachedFiles, Dropping):
         arrays, partitions = buffer.arrays()
         name = f"{self._token}-{seq:06d}{SHARD_SUFFIX}"
         shard_dir = self.path / SHARD_DIR
-        written = write_shard(shard_dir / name, arrays, {
-            "format": FORMAT_NAME, "version": str(FORMAT_VERSION), "kind": self.kind,
-            "samples": str(len(buffer)), "partitions": orjson.dumps(partitions).decode(),
-            # Resuming reads only the ids; their own checksum keeps a damaged id from
-            # letting a sample in twice, without reading the whole shard.
-            "sample_ids_xxh3": xxhash.xxh3_128_hexdigest(
-                arrays["sample_ids"]),  # type: ignore[arg-type]  # numpy's stubs give ndarray the buffer protocol for Python >= 3.12 only
-            **buffer.shard_metadata(),
-        }, buffer.dtypes)
+        written = write_shard(
+            shard_dir / name,
+            arrays,
+            {
+                "format": FORMAT_NAME,
+                "version": str(FORMAT_VERSION),
+                "kind": self.kind,
+                "samples": str(len(buffer)),
+                "partitions": orjson.dumps(partitions).decode(),
+                # Resuming reads only the ids; their own checksum keeps a damaged id from
+                # letting a sample in twice, without reading the whole shard.
+                "sample_ids_xxh3": xxhash.xxh3_128_hexdigest(arrays["sample_ids"]),  # type: ignore[arg-type]  # numpy's stubs give ndarray the buffer protocol for Python >= 3.12 only
+                **buffer.shard_metadata(),
+            },
+            buffer.dtypes,
+        )
         fsync_dir(shard_dir)
         counts = buffer.entry()
         return {
-            "name": name, "bytes": written.bytes, "xxh3": written.xxh3,
-            "samples": len(buffer), "tokens": counts.pop("tokens"),
+            "name": name,
+            "bytes": written.bytes,
+            "xxh3": written.xxh3,
+            "samples": len(buffer),
+            "tokens": counts.pop("tokens"),
             "loss_tokens": counts.pop("loss_tokens"),
-            "rank": self.rank, "committed": time.time(), "partitions": counts.pop("partitions"),
+            "rank": self.rank,
+            "committed": time.time(),
+            "partitions": counts.pop("partitions"),
             **counts,
         }
 
@@ -281,5 +297,3 @@ class DatasetWriter(Opening, AttachedFiles, Dropping):
             self.close()
         else:
             self._release()
-
-

@@ -11,6 +11,17 @@ from eagle3kit.gen.result import GenResult
 from eagle3kit.gen.run import load, run
 from eagle3kit.gen.types import GenRequest
 
-__all__ = ["Chain", "GenConfig", "GenRequest", "GenResult", "ServerSpec", "load",
-           "load_conversations",
-           "make_chains", "parse_server", "resume_point", "run", "select"]
+__all__ = [
+    "Chain",
+    "GenConfig",
+    "GenRequest",
+    "GenResult",
+    "ServerSpec",
+    "load",
+    "load_conversations",
+    "make_chains",
+    "parse_server",
+    "resume_point",
+    "run",
+    "select",
+]

@@ -61,13 +61,24 @@ class HttpBackend:
 
     async def generate(self, request: GenRequest) -> Completion:
         if self.info.api == "openai-chat":
-            extra = {"chat_template_kwargs": self.chat_template_kwargs} \
-                if self.chat_template_kwargs else None
+            extra = (
+                {"chat_template_kwargs": self.chat_template_kwargs}
+                if self.chat_template_kwargs
+                else None
+            )
             return await servers.chat_generate(
-                self.client(), self.info, request.messages or [], request, self.chat_rebuild,
-                api_key=self.api_key, timeout=self.timeout, extra_body=extra)
-        return await servers.generate(self.client(), self.info, request, api_key=self.api_key,
-                                      timeout=self.timeout)
+                self.client(),
+                self.info,
+                request.messages or [],
+                request,
+                self.chat_rebuild,
+                api_key=self.api_key,
+                timeout=self.timeout,
+                extra_body=extra,
+            )
+        return await servers.generate(
+            self.client(), self.info, request, api_key=self.api_key, timeout=self.timeout
+        )
 
     async def healthy(self) -> bool:
         # A /health behind the same key as the server answers 401 without it.
@@ -75,18 +86,20 @@ class HttpBackend:
 
     async def identity(self) -> servers.ServerInfo:
         """Probe the server again (model, API, context); UserError when it cannot be."""
-        return await servers.probe(self.client(), self.info.url, api=self.info.api,
-                                   api_key=self.api_key)
+        return await servers.probe(
+            self.client(), self.info.url, api=self.info.api, api_key=self.api_key
+        )
 
     async def tokenizer_disagreement(self, local: list[int]) -> str | None:
         """Why the server's tokenization of PROBE_TEXT differs from `local`; None when it
         agrees or the server has no /tokenize. ServerError when the request fails."""
-        remote = await servers.tokenize(self.client(), self.info, PROBE_TEXT,
-                                        api_key=self.api_key)
+        remote = await servers.tokenize(self.client(), self.info, PROBE_TEXT, api_key=self.api_key)
         if remote is None or list(remote) == list(local):
             return None
-        return (f"the server's tokenizer ({self.info.model}) does not agree with --tokenizer on "
-                f"a probe text ({len(remote)} vs {len(local)} tokens)")
+        return (
+            f"the server's tokenizer ({self.info.model}) does not agree with --tokenizer on "
+            f"a probe text ({len(remote)} vs {len(local)} tokens)"
+        )
 
     async def close(self) -> None:
         if self._client is not None:
@@ -94,8 +107,9 @@ class HttpBackend:
             self._client = None
 
 
-async def connect(url: str, api: str, slots: int, api_key: str | None,
-                  timeout: float | None, **chat: Any) -> HttpBackend:
+async def connect(
+    url: str, api: str, slots: int, api_key: str | None, timeout: float | None, **chat: Any
+) -> HttpBackend:
     """Probe the server once; a dead or unknown server ends the run before anything starts."""
     client = servers.make_client(slots)
     try:

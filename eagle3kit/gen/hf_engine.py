@@ -44,27 +44,38 @@ class HfBackend:
         if request.seed is not None:
             torch.manual_seed(request.seed)
         ids = torch.tensor([request.prompt_ids], dtype=torch.long)
-        options: dict = {"do_sample": sample, "max_new_tokens": request.max_tokens,
-                         "eos_token_id": request.stop_token_ids,
-                         "pad_token_id": request.stop_token_ids[0]}
+        options: dict = {
+            "do_sample": sample,
+            "max_new_tokens": request.max_tokens,
+            "eos_token_id": request.stop_token_ids,
+            "pad_token_id": request.stop_token_ids[0],
+        }
         if sample:
-            options.update(temperature=request.temperature, top_p=request.top_p,
-                           top_k=request.top_k if request.top_k > 0 else 0)
+            options.update(
+                temperature=request.temperature,
+                top_p=request.top_p,
+                top_k=request.top_k if request.top_k > 0 else 0,
+            )
         with torch.no_grad():
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), **options)
-        output_ids = out[0, ids.shape[1]:].tolist()
+        output_ids = out[0, ids.shape[1] :].tolist()
         stopped = bool(output_ids) and output_ids[-1] in request.stop_token_ids
         return Completion(
-            output_ids=output_ids, finish_reason="stop" if stopped else "length",
-            prompt_tokens=len(request.prompt_ids), completion_tokens=len(output_ids),
+            output_ids=output_ids,
+            finish_reason="stop" if stopped else "length",
+            prompt_tokens=len(request.prompt_ids),
+            completion_tokens=len(output_ids),
             latency=time.perf_counter() - start,
-            server={"url": self.name, "api": "hf", "model": self.name.removeprefix("hf:"),
-                    "version": f"transformers {transformers.__version__}"},
+            server={
+                "url": self.name,
+                "api": "hf",
+                "model": self.name.removeprefix("hf:"),
+                "version": f"transformers {transformers.__version__}",
+            },
         )
 
     async def generate(self, request: GenRequest) -> Completion:
-        return await asyncio.get_running_loop().run_in_executor(
-            self._pool, self._generate, request)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._generate, request)
 
     async def healthy(self) -> bool:
         return True

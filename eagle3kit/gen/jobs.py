@@ -64,9 +64,15 @@ def make_chains(convs: list[Conversation], n: int) -> list[Chain]:
     for conv in convs:
         points = generation_points(conv)
         for index in range(n):
-            ids = [make_sample_id(conv.source, {"messages": conv.messages[:point],
-                                                "tools": conv.tools}, turn, index)
-                   for turn, point in enumerate(points)]
+            ids = [
+                make_sample_id(
+                    conv.source,
+                    {"messages": conv.messages[:point], "tools": conv.tools},
+                    turn,
+                    index,
+                )
+                for turn, point in enumerate(points)
+            ]
             chains.append(Chain(conv, index, ids))
     return chains
 
@@ -86,8 +92,9 @@ def sample_seed(sampling_seed: int | None, sample_id: str) -> int | None:
     return xxhash.xxh64_intdigest(f"{sampling_seed}:{sample_id}".encode()) & 0x7FFFFFFF
 
 
-def build_job(cfg: GenConfig, renderer: Renderer, context_len: int | None, chain: Chain,
-              turn: int) -> Job | Unsendable:
+def build_job(
+    cfg: GenConfig, renderer: Renderer, context_len: int | None, chain: Chain, turn: int
+) -> Job | Unsendable:
     """Render the prompt of `turn` as a job, or say why it cannot be sent."""
     answers = chain.answers if cfg.history == "own" else None
     try:
@@ -106,22 +113,42 @@ def build_job(cfg: GenConfig, renderer: Renderer, context_len: int | None, chain
         if room < max(1, cfg.min_completion_tokens):
             # The ids are not kept: a sample that cannot be sent is no training data, and an
             # enormous prompt would be stored whole.
-            return Unsendable("skipped:prompt_too_long",
-                              f"{len(prompt_ids)} prompt tokens leave {room} of {context_len}")
+            return Unsendable(
+                "skipped:prompt_too_long",
+                f"{len(prompt_ids)} prompt tokens leave {room} of {context_len}",
+            )
         max_tokens = min(max_tokens, room)
-    return Job(chain, turn, _request(cfg, renderer, chain, turn, prompt_ids, max_tokens, history),
-               long, history)
+    return Job(
+        chain,
+        turn,
+        _request(cfg, renderer, chain, turn, prompt_ids, max_tokens, history),
+        long,
+        history,
+    )
 
 
-def _request(cfg: GenConfig, renderer: Renderer, chain: Chain, turn: int,
-             prompt_ids: list[int], max_tokens: int, history: list[dict]) -> GenRequest:
+def _request(
+    cfg: GenConfig,
+    renderer: Renderer,
+    chain: Chain,
+    turn: int,
+    prompt_ids: list[int],
+    max_tokens: int,
+    history: list[dict],
+) -> GenRequest:
     sample_id = chain.ids[turn]
     return GenRequest(
-        sample_id=sample_id, prompt_ids=prompt_ids, max_tokens=max_tokens,
-        stop_token_ids=renderer.stop_token_ids, temperature=cfg.temperature,
-        top_p=cfg.top_p, top_k=cfg.top_k, min_p=cfg.min_p,
+        sample_id=sample_id,
+        prompt_ids=prompt_ids,
+        max_tokens=max_tokens,
+        stop_token_ids=renderer.stop_token_ids,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        min_p=cfg.min_p,
         seed=sample_seed(cfg.sampling_seed, sample_id),
-        messages=history if cfg.api == "openai-chat" else None, tools=chain.conv.tools,
+        messages=history if cfg.api == "openai-chat" else None,
+        tools=chain.conv.tools,
     )
 
 
@@ -140,5 +167,7 @@ def surely_too_long(renderer: Renderer, context_len: int | None, text: str) -> s
     head = len(renderer.encode(text[:cut]))
     if head <= context_len + HEAD_SLACK_TOKENS:
         return None
-    return (f"{len(text):,} characters, the first {cut:,} of them already {head:,} tokens: "
-            f"more than the {context_len} of the context (not tokenized whole)")
+    return (
+        f"{len(text):,} characters, the first {cut:,} of them already {head:,} tokens: "
+        f"more than the {context_len} of the context (not tokenized whole)"
+    )

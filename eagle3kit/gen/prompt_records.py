@@ -26,11 +26,20 @@ SHAPE_KEYS = {
 EXTRA_FIELDS = ("id", "question_id", "prompt_id", "category")
 """Scalar fields kept in Conversation.extra, so samples can be traced to benchmark questions."""
 ROLES = {
-    "system": "system", "developer": "developer",
-    "user": "user", "human": "user",
-    "assistant": "assistant", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant",
-    "bard": "assistant", "model": "assistant", "function_call": "assistant",
-    "tool": "tool", "observation": "tool", "function_response": "tool",
+    "system": "system",
+    "developer": "developer",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "model": "assistant",
+    "function_call": "assistant",
+    "tool": "tool",
+    "observation": "tool",
+    "function_response": "tool",
 }
 """Role (or ShareGPT `from`) names, lower-cased, to the OpenAI role they mean."""
 SYSTEM_ROLES = ("system", "developer")
@@ -47,8 +56,9 @@ def detect_format(record: dict[str, Any]) -> str | None:
         return "messages"
     if "conversations" in record:
         turns = record["conversations"]
-        is_sharegpt = isinstance(turns, list) and turns and isinstance(turns[0], dict) \
-            and "from" in turns[0]
+        is_sharegpt = (
+            isinstance(turns, list) and turns and isinstance(turns[0], dict) and "from" in turns[0]
+        )
         return "sharegpt" if is_sharegpt else "conversations"
     if "turns" in record:
         return "mtbench"
@@ -57,16 +67,23 @@ def detect_format(record: dict[str, Any]) -> str | None:
     return None
 
 
-def to_conversation(record: object, fmt: str, *, source: str, line: int,
-                    partition: str = "default") -> Conversation:
+def to_conversation(
+    record: object, fmt: str, *, source: str, line: int, partition: str = "default"
+) -> Conversation:
     """One record of the given shape as a Conversation; BadRecord says what is wrong."""
     if not isinstance(record, dict):
         raise BadRecord(f"expected a JSON object, got {type(record).__name__}")
     messages = _PARSERS[fmt](record)
     messages = _with_system(messages, record.get("system"))
     _check_order(messages)
-    return Conversation(source=source, line=line, messages=messages, partition=partition,
-                        tools=_tools(record.get("tools")), extra=_extra(record))
+    return Conversation(
+        source=source,
+        line=line,
+        messages=messages,
+        partition=partition,
+        tools=_tools(record.get("tools")),
+        extra=_extra(record),
+    )
 
 
 class Intake:
@@ -110,15 +127,24 @@ class Intake:
 
     def finish(self) -> None:
         if self._lacking:
-            raise UserError(f"--partition-field {self.partition_field}: no record has a "
-                            f"'{self.partition_field}' value")
+            raise UserError(
+                f"--partition-field {self.partition_field}: no record has a "
+                f"'{self.partition_field}' value"
+            )
 
     def _lacks(self) -> str:
         return f"no '{self.partition_field}' value (--partition-field)"
 
 
-def convert_records(records: Iterable[tuple[int, object]], intake: Intake, *, fmt: str,
-                     label: str, source: str, default_partition: str) -> None:
+def convert_records(
+    records: Iterable[tuple[int, object]],
+    intake: Intake,
+    *,
+    fmt: str,
+    label: str,
+    source: str,
+    default_partition: str,
+) -> None:
     """Every record of one file (or dataset) through the shape parsers into the intake."""
     shape, fixed_by = (None, "") if fmt == "auto" else (fmt, "--format")
     for line, record in records:
@@ -129,8 +155,9 @@ def convert_records(records: Iterable[tuple[int, object]], intake: Intake, *, fm
         try:
             record_shape = shape or _detect(record)
             _check_shape_key(record, record_shape, fixed_by)
-            conv = to_conversation(record, record_shape, source=source, line=line,
-                                   partition=default_partition)
+            conv = to_conversation(
+                record, record_shape, source=source, line=line, partition=default_partition
+            )
             value = _partition_value(record, intake.partition_field)
         except BadRecord as exc:
             intake.bad(where, str(exc))
@@ -145,8 +172,10 @@ def _detect(record: object) -> str:
         raise BadRecord(f"expected a JSON object, got {type(record).__name__}")
     shape = detect_format(record)
     if shape is None:
-        raise BadRecord("no recognizable shape (expected a 'messages', 'conversations', "
-                        "'turns' or 'prompt' field)")
+        raise BadRecord(
+            "no recognizable shape (expected a 'messages', 'conversations', "
+            "'turns' or 'prompt' field)"
+        )
     return shape
 
 
@@ -253,13 +282,16 @@ def _content(value: object, role: str, number: int, key: str) -> str | None:
         return None
     if isinstance(value, list) and all(_is_text_part(p) for p in value):
         return "".join(part["text"] for part in value)
-    raise BadRecord(f"message {number}: '{key}' must be a string (or a list of text parts), "
-                    f"got {type(value).__name__}")
+    raise BadRecord(
+        f"message {number}: '{key}' must be a string (or a list of text parts), "
+        f"got {type(value).__name__}"
+    )
 
 
 def _is_text_part(part: object) -> bool:
-    return isinstance(part, dict) and part.get("type") == "text" \
-        and isinstance(part.get("text"), str)
+    return (
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+    )
 
 
 def _assistant_fields(raw: dict[str, Any], number: int) -> dict[str, Any]:
@@ -296,12 +328,16 @@ def _check_order(messages: list[dict[str, Any]]) -> None:
     if start is None:
         raise BadRecord("no user message, so nothing to generate from")
     if messages[start]["role"] != "user":
-        raise BadRecord(f"message {start + 1}: the conversation must start with a user "
-                        f"message, not {messages[start]['role']}")
+        raise BadRecord(
+            f"message {start + 1}: the conversation must start with a user "
+            f"message, not {messages[start]['role']}"
+        )
     for number, (prev, cur) in enumerate(pairwise(messages), 2):
         if cur["role"] == "tool" and prev["role"] not in ("assistant", "tool"):
-            raise BadRecord(f"message {number}: a tool result must follow an assistant message "
-                            f"or another tool result, not {prev['role']}")
+            raise BadRecord(
+                f"message {number}: a tool result must follow an assistant message "
+                f"or another tool result, not {prev['role']}"
+            )
         if cur["role"] == "assistant" and prev["role"] == "assistant":
             raise BadRecord(f"message {number}: two assistant messages in a row")
 
@@ -320,5 +356,8 @@ def _tools(value: object) -> list[dict[str, Any]] | None:
 
 
 def _extra(record: dict[str, Any]) -> dict[str, Any]:
-    return {key: record[key] for key in EXTRA_FIELDS
-            if isinstance(record.get(key), _SCALARS) and record[key] != ""}
+    return {
+        key: record[key]
+        for key in EXTRA_FIELDS
+        if isinstance(record.get(key), _SCALARS) and record[key] != ""
+    }

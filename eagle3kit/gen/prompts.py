@@ -76,7 +76,10 @@ class LoadStats:
 
 # Public API --------------------------------------------------------------------------------
 def load_conversations(
-    paths: list[Path], *, fmt: str = "auto", partition_field: str | None = None,
+    paths: list[Path],
+    *,
+    fmt: str = "auto",
+    partition_field: str | None = None,
     skip_bad_lines: bool = False,
 ) -> tuple[list[Conversation], LoadStats]:
     """Every record of every file, in file order, deduplicated (the first occurrence stays)."""
@@ -86,18 +89,31 @@ def load_conversations(
         _check_path(path)
     intake = Intake(partition_field, skip_bad_lines)
     for path, default_partition in zip(paths, _file_partitions(paths), strict=True):
-        convert_records(_read_records(path), intake, fmt=fmt, label=str(path),
-                         source=path.name, default_partition=default_partition)
+        convert_records(
+            _read_records(path),
+            intake,
+            fmt=fmt,
+            label=str(path),
+            source=path.name,
+            default_partition=default_partition,
+        )
     intake.finish()
     convs, duplicates = dedupe(intake.convs)
-    stats = LoadStats(files=len(paths), records=len(intake.convs), bad_lines=intake.bad_lines,
-                      duplicates=duplicates,
-                      per_partition=dict(Counter(c.partition for c in convs)))
+    stats = LoadStats(
+        files=len(paths),
+        records=len(intake.convs),
+        bad_lines=intake.bad_lines,
+        duplicates=duplicates,
+        per_partition=dict(Counter(c.partition for c in convs)),
+    )
     return convs, stats
 
 
 def load_hf_dataset(
-    name_or_path: str, *, split: str = "train", fmt: str = "auto",
+    name_or_path: str,
+    *,
+    split: str = "train",
+    fmt: str = "auto",
     partition_field: str | None = None,
 ) -> list[Conversation]:
     """A Hub dataset, a `save_to_disk` directory or a local data file, read through `datasets`.
@@ -110,15 +126,23 @@ def load_hf_dataset(
     name = name_or_path.rstrip("/")
     local = Path(name).exists()
     intake = Intake(partition_field, skip_bad_lines=False)
-    convert_records(enumerate(rows, 1), intake, fmt=fmt, label=name,
-                     source=Path(name).name if local else name,
-                     default_partition=Path(name).stem if local else name.rsplit("/", 1)[-1])
+    convert_records(
+        enumerate(rows, 1),
+        intake,
+        fmt=fmt,
+        label=name,
+        source=Path(name).name if local else name,
+        default_partition=Path(name).stem if local else name.rsplit("/", 1)[-1],
+    )
     intake.finish()
     return intake.convs
 
 
 def select(
-    convs: list[Conversation], *, partition: str | None = None, max_samples: int | None = None,
+    convs: list[Conversation],
+    *,
+    partition: str | None = None,
+    max_samples: int | None = None,
     shuffle_seed: int | None = None,
 ) -> list[Conversation]:
     """One partition (or all), optionally shuffled, then cut to max_samples in total."""
@@ -128,8 +152,7 @@ def select(
         chosen = [c for c in convs if c.partition == partition]
         if not chosen:
             known = ", ".join(dict.fromkeys(c.partition for c in convs)) or "none"
-            raise UserError(f"--partition {partition}: no such partition "
-                            f"(known: {known}, or all)")
+            raise UserError(f"--partition {partition}: no such partition (known: {known}, or all)")
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(chosen)
     if max_samples is not None:
@@ -157,8 +180,9 @@ def conversation_key(conv: Conversation) -> bytes:
     Normalized as sample ids are (NFC, stripped strings, None values dropped), so two records
     that differ only in invisible ways count as one; source, line and partition are left out.
     """
-    body = orjson.dumps([normalize(conv.messages), normalize(conv.tools or [])],
-                        option=orjson.OPT_SORT_KEYS)
+    body = orjson.dumps(
+        [normalize(conv.messages), normalize(conv.tools or [])], option=orjson.OPT_SORT_KEYS
+    )
     return xxhash.xxh3_128_digest(body)
 
 
@@ -241,8 +265,9 @@ def _records_in(doc: object, path: Path) -> list[object]:
         if len(lists) == 1:
             return doc[lists[0]]
         what = f"several lists ({', '.join(lists)})" if lists else "no list"
-        raise UserError(f"{path}: expected a list of records, but the top-level object holds "
-                        f"{what}")
+        raise UserError(
+            f"{path}: expected a list of records, but the top-level object holds {what}"
+        )
     raise UserError(f"{path}: expected a list of records, got {type(doc).__name__}")
 
 
@@ -270,8 +295,9 @@ def _hf_rows(name_or_path: str, split: str) -> Iterable[object]:
     try:
         import datasets
     except ImportError:
-        raise UserError(f"--dataset {name_or_path}: needs the datasets package: "
-                        f"{HF_EXTRA}") from None
+        raise UserError(
+            f"--dataset {name_or_path}: needs the datasets package: {HF_EXTRA}"
+        ) from None
     path = Path(name_or_path)
     builders = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
     try:
@@ -283,5 +309,7 @@ def _hf_rows(name_or_path: str, split: str) -> Iterable[object]:
             return datasets.load_dataset(builder, data_files=str(path), split=split)
         return datasets.load_dataset(name_or_path, split=split)
     except Exception as exc:  # hub, network and builder errors share no base class
-        raise UserError(f"--dataset {name_or_path} (split {split}): cannot load it "
-                        f"({type(exc).__name__}: {exc})") from None
+        raise UserError(
+            f"--dataset {name_or_path} (split {split}): cannot load it "
+            f"({type(exc).__name__}: {exc})"
+        ) from None

@@ -45,21 +45,34 @@ def report(result: GenResult, cfg: GenConfig) -> None:
     opts = cfg.output
     if opts.json:
         _ui.print_json(asdict(result))
-    _ui.kv("gen", [
-        ("dataset", result.output),
-        ("samples", f"{result.previously_done + result.written:,}/{result.total:,} "
-                    f"({result.written:,} this run)"),
-        ("truncated", f"{result.truncated:,}"),
-        ("filtered", f"{result.filtered:,}"),
-        ("skipped", f"{result.skipped:,} ({result.failed:,} failed after retries)"),
-        ("retries", f"{result.retries:,}"),
-        *([("retried failed", f"{result.retried_failed:,} from an earlier run")]
-          if result.retried_failed else []),
-        ("invariant violations", f"{result.violations:,}"),
-        ("duplicate prompts", f"{result.duplicates:,} generated once"),
-        *([("malformed prompt lines", f"{result.bad_lines:,} left out")]
-          if result.bad_lines else []),
-        ("elapsed", f"{result.elapsed:.1f}s"),
-    ], opts)
+    _ui.kv(
+        "gen",
+        [
+            ("dataset", result.output),
+            (
+                "samples",
+                f"{result.previously_done + result.written:,}/{result.total:,} "
+                f"({result.written:,} this run)",
+            ),
+            ("truncated", f"{result.truncated:,}"),
+            ("filtered", f"{result.filtered:,}"),
+            ("skipped", f"{result.skipped:,} ({result.failed:,} failed after retries)"),
+            ("retries", f"{result.retries:,}"),
+            *(
+                [("retried failed", f"{result.retried_failed:,} from an earlier run")]
+                if result.retried_failed
+                else []
+            ),
+            ("invariant violations", f"{result.violations:,}"),
+            ("duplicate prompts", f"{result.duplicates:,} generated once"),
+            *(
+                [("malformed prompt lines", f"{result.bad_lines:,} left out")]
+                if result.bad_lines
+                else []
+            ),
+            ("elapsed", f"{result.elapsed:.1f}s"),
+        ],
+        opts,
+    )
     if result.stopped:
         _ui.warn(f"stopped before the end; continue with: {result.resume_command}")

@@ -12,8 +12,9 @@ from eagle3kit.gen.config import GenConfig
 from eagle3kit.gen.jobs import Chain, resume_point
 
 
-def starting_points(chains: list[Chain], writer: DatasetWriter, cfg: GenConfig,
-                    renderer: Renderer) -> list[tuple[Chain, int]]:
+def starting_points(
+    chains: list[Chain], writer: DatasetWriter, cfg: GenConfig, renderer: Renderer
+) -> list[tuple[Chain, int]]:
     """Where each chain continues (its first turn not in the dataset); earlier own answers
     come back from the dataset.
 
@@ -38,17 +39,23 @@ def _unfinished(chains: list[Chain], writer: DatasetWriter) -> list[tuple[Chain,
         if turn == len(chain.ids):
             continue
         starts.append((chain, turn))
-        later = [sample_id for sample_id in chain.ids[turn + 1:] if sample_id in done]
+        later = [sample_id for sample_id in chain.ids[turn + 1 :] if sample_id in done]
         stale.update(later)
     if stale:
         writer.drop(stale)
-        _ui.warn(f"{len(stale):,} later turn(s) were stored without the turn before them "
-                 "(an earlier run lost that commit): they are generated again after it")
+        _ui.warn(
+            f"{len(stale):,} later turn(s) were stored without the turn before them "
+            "(an earlier run lost that commit): they are generated again after it"
+        )
     return starts
 
 
-def _restore_answers(starts: list[tuple[Chain, int]], committed: dict[str, tuple[str, list]],
-                     cfg: GenConfig, renderer: Renderer) -> None:
+def _restore_answers(
+    starts: list[tuple[Chain, int]],
+    committed: dict[str, tuple[str, list]],
+    cfg: GenConfig,
+    renderer: Renderer,
+) -> None:
     """Each chain's turns done before, back from the dataset: a turn that did not finish
     blocks the chain; under --history own its answers are the next turns' history."""
     for chain, turn in starts:
@@ -88,8 +95,11 @@ def retry_failed(chains: list[Chain], writer: DatasetWriter, cfg: GenConfig) -> 
                 break
     if retried:
         writer.drop(again)
-        _ui.info(f"retrying {retried:,} sample(s) an earlier run recorded as failed "
-                 "(--keep-failed leaves them)", cfg.output)
+        _ui.info(
+            f"retrying {retried:,} sample(s) an earlier run recorded as failed "
+            "(--keep-failed leaves them)",
+            cfg.output,
+        )
     return retried
 
 
@@ -103,4 +113,5 @@ def check_complete(cfg: GenConfig, chains: list[Chain], total: int) -> None:
         raise CheckFailed(
             f"{cfg.out}: the run ended with {missing:,} of the {total:,} samples the prompts "
             "call for not in the dataset (please report it); what is stored is intact. "
-            f"Rerun to generate them: {continue_command()}")
+            f"Rerun to generate them: {continue_command()}"
+        )

@@ -28,15 +28,22 @@ RESTART_REASONS = frozenset({"refused", "connect", "reset", "model_changed"})
 
 def backoff(attempts: int) -> float:
     """Seconds to wait before attempt `attempts + 1`: doubling, capped, jittered."""
-    return min(BACKOFF_MAX, 0.25 * 2 ** attempts) * random.uniform(0.5, 1.5)
+    return min(BACKOFF_MAX, 0.25 * 2**attempts) * random.uniform(0.5, 1.5)
 
 
 class Retries:
     """What happens to a request that failed or got an answer that cannot be stored."""
 
-    def __init__(self, cfg: GenConfig, progress: _ui.Progress, stats: dict[str, int],
-                 watch: ServerWatch, recorder: Recorder, supervisor: Supervisor,
-                 resolve: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        cfg: GenConfig,
+        progress: _ui.Progress,
+        stats: dict[str, int],
+        watch: ServerWatch,
+        recorder: Recorder,
+        supervisor: Supervisor,
+        resolve: Callable[[], None],
+    ) -> None:
         """`resolve`: called when a job is done with (given up)."""
         self.cfg, self.progress, self.stats = cfg, progress, stats
         self.watch, self.recorder, self.supervisor = watch, recorder, supervisor
@@ -50,8 +57,9 @@ class Retries:
         if self.cfg.strict:
             self.supervisor.fail(strict_error(backend.name, job, exc.violations))
 
-    async def retry(self, backend: Backend, job: Job, queue: asyncio.Queue,
-                    exc: servers.RetryableError) -> None:
+    async def retry(
+        self, backend: Backend, job: Job, queue: asyncio.Queue, exc: servers.RetryableError
+    ) -> None:
         self.stats["retries"] += 1
         self.progress.add(0, retries=1, rows=(f"server:{backend.name}",))
         if backend.name in self.watch.down or not await backend.healthy():
@@ -73,16 +81,24 @@ class Retries:
 
     def _spent(self, job: Job) -> bool:
         cfg = self.cfg
-        return (cfg.max_attempts is not None and job.attempts >= cfg.max_attempts) or \
-            job.retry_spent >= cast(float, cfg.retry_for)  # GenConfig parsed it to seconds
+        return (
+            cfg.max_attempts is not None and job.attempts >= cfg.max_attempts
+        ) or job.retry_spent >= cast(float, cfg.retry_for)  # GenConfig parsed it to seconds
 
     def _give_up(self, backend: Backend, job: Job) -> None:
         self.stats["failed"] += 1
-        self.progress.add(0, errors=1, rows=(f"partition:{job.chain.conv.partition}",
-                                             f"server:{backend.name}"))
+        self.progress.add(
+            0, errors=1, rows=(f"partition:{job.chain.conv.partition}", f"server:{backend.name}")
+        )
         extra: dict = {"retried_s": round(job.retry_spent, 1)}
         if job.violations:
             extra["violations"] = job.violations
-        self.recorder.skip(job.chain, job.turn, job.request.prompt_ids, "skipped:failed",
-                           f"{job.attempts} attempts, last error: {job.last_error}", extra)
+        self.recorder.skip(
+            job.chain,
+            job.turn,
+            job.request.prompt_ids,
+            "skipped:failed",
+            f"{job.attempts} attempts, last error: {job.last_error}",
+            extra,
+        )
         self.resolve()

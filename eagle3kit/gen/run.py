@@ -27,8 +27,7 @@ from eagle3kit.gen.scheduler import Scheduler
 from eagle3kit.gen.supervisor import final_error
 
 
-def run(cfg: GenConfig, *, select: Callable[[list[Chain]], list[Chain]] | None = None
-        ) -> GenResult:
+def run(cfg: GenConfig, *, select: Callable[[list[Chain]], list[Chain]] | None = None) -> GenResult:
     """Generate every sample the prompts call for; `select`, when given, narrows the
     chains to generate (plan's pilot). Their ids are the full run's, so a later run over
     all the prompts skips what `select` chose and was committed."""
@@ -39,11 +38,14 @@ def run(cfg: GenConfig, *, select: Callable[[list[Chain]], list[Chain]] | None =
         raise UserError("no prompts to generate from (check --partition and --max-samples)")
     assert cfg.tokenizer is not None  # GenConfig refuses a run without one
     # (cast: GenConfig parsed --chat-template-kwargs to a dict)
-    renderer = Renderer.load(cfg.tokenizer, chat_template=cfg.chat_template,
-                             chat_template_kwargs=cast(dict, cfg.chat_template_kwargs),
-                             system=cfg.system,
-                             trust_remote_code=cfg.trust_remote_code,
-                             flag=cfg.tokenizer_flag)
+    renderer = Renderer.load(
+        cfg.tokenizer,
+        chat_template=cfg.chat_template,
+        chat_template_kwargs=cast(dict, cfg.chat_template_kwargs),
+        system=cfg.system,
+        trust_remote_code=cfg.trust_remote_code,
+        flag=cfg.tokenizer_flag,
+    )
     chains = make_chains(convs, cfg.n)
     if select is not None:
         chains = select(chains)
@@ -65,20 +67,28 @@ def load(cfg: GenConfig) -> tuple[list[Conversation], int, int]:
     convs: list[Conversation] = []
     duplicates = bad_lines = 0
     if cfg.prompts:
-        convs, stats = prompts.load_conversations(cfg.prompts, fmt=cfg.format,
-                                                  partition_field=cfg.partition_field,
-                                                  skip_bad_lines=cfg.skip_bad_lines)
+        convs, stats = prompts.load_conversations(
+            cfg.prompts,
+            fmt=cfg.format,
+            partition_field=cfg.partition_field,
+            skip_bad_lines=cfg.skip_bad_lines,
+        )
         duplicates = stats.duplicates
         if stats.bad_lines:
             _ui.warn(f"left out {stats.bad_lines:,} malformed prompt record(s) (--skip-bad-lines)")
         bad_lines = stats.bad_lines
     if cfg.dataset:
-        convs += prompts.load_hf_dataset(cfg.dataset, split=cfg.dataset_split, fmt=cfg.format,
-                                         partition_field=cfg.partition_field)
+        convs += prompts.load_hf_dataset(
+            cfg.dataset,
+            split=cfg.dataset_split,
+            fmt=cfg.format,
+            partition_field=cfg.partition_field,
+        )
         convs, more = prompts.dedupe(convs)
         duplicates += more
-    convs = prompts.select(convs, partition=cfg.partition, max_samples=cfg.max_samples,
-                           shuffle_seed=cfg.shuffle_seed)
+    convs = prompts.select(
+        convs, partition=cfg.partition, max_samples=cfg.max_samples, shuffle_seed=cfg.shuffle_seed
+    )
     return convs, duplicates, bad_lines
 
 
@@ -96,11 +106,14 @@ async def check_tokenizer(backends: list[Backend], renderer: Renderer) -> None:
         try:
             problem = await backend.tokenizer_disagreement(local)
         except servers.ServerError as exc:
-            raise UserError(f"{backend.name}: the tokenizer check failed: {exc} "
-                            "(--no-tokenizer-check skips it)") from None
+            raise UserError(
+                f"{backend.name}: the tokenizer check failed: {exc} (--no-tokenizer-check skips it)"
+            ) from None
         if problem is not None:
-            raise UserError(f"{backend.name}: {problem}. Pass the target model's own "
-                            "tokenizer, or --no-tokenizer-check to go on anyway.")
+            raise UserError(
+                f"{backend.name}: {problem}. Pass the target model's own "
+                "tokenizer, or --no-tokenizer-check to go on anyway."
+            )
 
 
 def text_rebuilder(renderer: Renderer):
@@ -109,6 +122,7 @@ def text_rebuilder(renderer: Renderer):
     The reasoning goes back between the model's own think markers (only the closing one
     when the template already opened it in the prompt); the result is marked reconstructed.
     """
+
     def rebuild(reasoning: str | None, content: str) -> list[int]:
         text = content
         if reasoning and renderer.think is not None:
@@ -125,13 +139,27 @@ async def _backends(cfg: GenConfig, renderer: Renderer) -> list[Backend]:
         from eagle3kit.gen.hf_engine import HfBackend
 
         assert cfg.target is not None  # GenConfig refuses --engine hf without --target
-        return [HfBackend.load(cfg.target, slots=cfg.concurrency,
-                               trust_remote_code=cfg.trust_remote_code)]
-    chat = {"chat_rebuild": text_rebuilder(renderer),
-            "chat_template_kwargs": cfg.chat_template_kwargs} if cfg.api == "openai-chat" else {}
-    return [await connect(s.url, cfg.api, s.concurrency or cfg.concurrency, cfg.api_key,
-                          cfg.request_timeout, **chat)
-            for s in cast(list[ServerSpec], cfg.servers)]  # GenConfig parsed every --server
+        return [
+            HfBackend.load(
+                cfg.target, slots=cfg.concurrency, trust_remote_code=cfg.trust_remote_code
+            )
+        ]
+    chat = (
+        {"chat_rebuild": text_rebuilder(renderer), "chat_template_kwargs": cfg.chat_template_kwargs}
+        if cfg.api == "openai-chat"
+        else {}
+    )
+    return [
+        await connect(
+            s.url,
+            cfg.api,
+            s.concurrency or cfg.concurrency,
+            cfg.api_key,
+            cfg.request_timeout,
+            **chat,
+        )
+        for s in cast(list[ServerSpec], cfg.servers)
+    ]  # GenConfig parsed every --server
 
 
 def _context_len(cfg: GenConfig, backends: list[Backend]) -> int | None:
@@ -140,8 +168,9 @@ def _context_len(cfg: GenConfig, backends: list[Backend]) -> int | None:
     return min(limits) if limits else None
 
 
-async def _generate(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
-                    duplicates: int) -> GenResult:
+async def _generate(
+    cfg: GenConfig, renderer: Renderer, chains: list[Chain], duplicates: int
+) -> GenResult:
     started = time.monotonic()
     backends = await _backends(cfg, renderer)
     for backend in backends:
@@ -167,19 +196,31 @@ def _open_writer(cfg: GenConfig, renderer: Renderer, backends: list[Backend]) ->
     # The served model is part of what a dataset holds: a rerun against servers that now
     # serve another one is refused like any other change of settings (--force accepts it).
     config = {**cfg.identity(), "renderer": identity, "model": _served_model(backends)}
-    provenance = {"prompts": [str(p) for p in cfg.prompts], "dataset": cfg.dataset,
-                  "servers": [b.name for b in backends], "engine": cfg.engine,
-                  # Later stages (validate, extract, train) run the same shipped code.
-                  "trust_remote_code": cfg.trust_remote_code, **where}
-    writer = DatasetWriter(cfg.out, config=config, provenance=provenance,
-                           **cfg.write.writer_options())
+    provenance = {
+        "prompts": [str(p) for p in cfg.prompts],
+        "dataset": cfg.dataset,
+        "servers": [b.name for b in backends],
+        "engine": cfg.engine,
+        # Later stages (validate, extract, train) run the same shipped code.
+        "trust_remote_code": cfg.trust_remote_code,
+        **where,
+    }
+    writer = DatasetWriter(
+        cfg.out, config=config, provenance=provenance, **cfg.write.writer_options()
+    )
     _ui.warn_all(writer.warnings)
     return writer
 
 
-async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
-                 backends: list[Backend], duplicates: int, started: float,
-                 probe_ids: list[int] | None) -> GenResult:
+async def _write(
+    cfg: GenConfig,
+    renderer: Renderer,
+    chains: list[Chain],
+    backends: list[Backend],
+    duplicates: int,
+    started: float,
+    probe_ids: list[int] | None,
+) -> GenResult:
     total = sum(len(c.ids) for c in chains)
     with _open_writer(cfg, renderer, backends) as writer:
         writer.store_tokenizer(renderer.files())
@@ -188,8 +229,9 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
         done_before = total - sum(len(c.ids) - t for c, t in starts)
         with _ui.Progress("gen", total, cfg.output, initial=done_before) as progress:
             _partition_totals(progress, chains, starts)
-            scheduler = Scheduler(cfg, renderer, backends, writer, progress,
-                                  _context_len(cfg, backends), probe_ids)
+            scheduler = Scheduler(
+                cfg, renderer, backends, writer, progress, _context_len(cfg, backends), probe_ids
+            )
             await scheduler.run(starts)
         _ui.table("gen", progress.columns, progress.summary_rows(), cfg.output)
         if scheduler.failure is not None:
@@ -200,12 +242,22 @@ async def _write(cfg: GenConfig, renderer: Renderer, chains: list[Chain],
         check_complete(cfg, chains, total)
     stats = scheduler.stats
     return GenResult(
-        output=str(cfg.out), total=total, previously_done=done_before, written=written,
-        truncated=stats["truncated"], skipped=int(progress.counters.get("skipped") or 0),
-        failed=stats["failed"], retries=stats["retries"], violations=stats["violations"],
-        duplicates=duplicates, stopped=stopped, elapsed=round(time.monotonic() - started, 3),
-        resume_command=continue_command(), filtered=stats["filtered"],
-        generating_s=round(progress.elapsed, 3), retried_failed=retried,
+        output=str(cfg.out),
+        total=total,
+        previously_done=done_before,
+        written=written,
+        truncated=stats["truncated"],
+        skipped=int(progress.counters.get("skipped") or 0),
+        failed=stats["failed"],
+        retries=stats["retries"],
+        violations=stats["violations"],
+        duplicates=duplicates,
+        stopped=stopped,
+        elapsed=round(time.monotonic() - started, 3),
+        resume_command=continue_command(),
+        filtered=stats["filtered"],
+        generating_s=round(progress.elapsed, 3),
+        retried_failed=retried,
         reprobes=stats["reprobes"],
         exit_code=EXIT_CODES[scheduler.first_signal] if stopped and scheduler.first_signal else 0,
     )
@@ -217,13 +269,15 @@ def _served_model(backends: list[Backend]) -> str | None:
     models = {b.name: b.info.model for b in backends if isinstance(b, HttpBackend)}
     if len(set(models.values())) > 1:
         listed = "; ".join(f"{name}: {model}" for name, model in models.items())
-        raise UserError(f"the servers serve different models ({listed}): give --server URLs "
-                        "of one model")
+        raise UserError(
+            f"the servers serve different models ({listed}): give --server URLs of one model"
+        )
     return next(iter(models.values()), None)
 
 
-def _partition_totals(progress: _ui.Progress, chains: list[Chain],
-                      starts: list[tuple[Chain, int]]) -> None:
+def _partition_totals(
+    progress: _ui.Progress, chains: list[Chain], starts: list[tuple[Chain, int]]
+) -> None:
     totals: dict[str, int] = {}
     remaining: dict[str, int] = {}
     for chain in chains:

@@ -48,8 +48,10 @@ class Scheduler:
         self.cfg, self.renderer, self.backends = cfg, renderer, backends
         self.writer, self.progress = writer, progress
         self.context_len = context_len
-        self.queues: dict[bool, asyncio.Queue[Job]] = {False: asyncio.Queue(),
-                                                       True: asyncio.Queue()}
+        self.queues: dict[bool, asyncio.Queue[Job]] = {
+            False: asyncio.Queue(),
+            True: asyncio.Queue(),
+        }
         self.outstanding = 0
         self.in_flight = 0
         self.feeding = True
@@ -57,13 +59,21 @@ class Scheduler:
         self.first_signal: signal.Signals | None = None
         self.want_more = asyncio.Event()
         self.low_water = sum(b.slots for b in backends)
-        self.stats = {"violations": 0, "retries": 0, "failed": 0, "truncated": 0, "paused": 0,
-                      "filtered": 0, "reprobes": 0}
+        self.stats = {
+            "violations": 0,
+            "retries": 0,
+            "failed": 0,
+            "truncated": 0,
+            "paused": 0,
+            "filtered": 0,
+            "reprobes": 0,
+        }
         self.supervisor = Supervisor()
         self.watch = ServerWatch(cfg, backends, self.supervisor, self.stats, probe_ids)
         self.recorder = Recorder(cfg, writer, progress, self.stats, self.supervisor)
-        self.retries = Retries(cfg, progress, self.stats, self.watch, self.recorder,
-                               self.supervisor, self._resolve)
+        self.retries = Retries(
+            cfg, progress, self.stats, self.watch, self.recorder, self.supervisor, self._resolve
+        )
         self.stalls = Stalls(cfg, progress)
 
     @property
@@ -132,8 +142,9 @@ class Scheduler:
         self.in_flight += delta
         self.watch.in_flight_by[backend.name] += delta
         self.progress.set(in_flight=self.in_flight)
-        self.progress.set((f"server:{backend.name}",),
-                          in_flight=self.watch.in_flight_by[backend.name])
+        self.progress.set(
+            (f"server:{backend.name}",), in_flight=self.watch.in_flight_by[backend.name]
+        )
 
     async def _attempt(self, backend: Backend, job: Job, queue: asyncio.Queue) -> None:
         self._count_in_flight(backend, 1)
@@ -149,8 +160,9 @@ class Scheduler:
             await self.retries.retry(backend, job, queue, exc)
             return
         except servers.RequestRejected as exc:
-            self.recorder.skip(job.chain, job.turn, job.request.prompt_ids,
-                               f"skipped:{exc.reason}", str(exc))
+            self.recorder.skip(
+                job.chain, job.turn, job.request.prompt_ids, f"skipped:{exc.reason}", str(exc)
+            )
             self._resolve()
             return
         except servers.ServerFatal as exc:
@@ -165,8 +177,9 @@ class Scheduler:
         self._record(job, completion)
         self._resolve()
 
-    def _fatal(self, backend: Backend, job: Job, queue: asyncio.Queue,
-               exc: servers.ServerFatal) -> None:
+    def _fatal(
+        self, backend: Backend, job: Job, queue: asyncio.Queue, exc: servers.ServerFatal
+    ) -> None:
         if exc.reason == "not_found" and self.watch.answered[backend.name]:
             # It served this model a moment ago: restarted with another one? The probe
             # tells; the same model again makes this error final.
@@ -217,10 +230,11 @@ class Scheduler:
         self.first_signal = self.first_signal or sig
         self.supervisor.stopping = True
         if self.signals == 1:
-            _ui.warn(f"stopping: no new requests; {self.in_flight} in flight get "
-                     f"{self.cfg.grace:g}s to finish (press again to abort them)")
-            asyncio.get_running_loop().call_later(self.cfg.grace,
-                                                  self.supervisor.finished.set)
+            _ui.warn(
+                f"stopping: no new requests; {self.in_flight} in flight get "
+                f"{self.cfg.grace:g}s to finish (press again to abort them)"
+            )
+            asyncio.get_running_loop().call_later(self.cfg.grace, self.supervisor.finished.set)
             self._check_finished()
         else:
             self.supervisor.finished.set()

@@ -52,10 +52,15 @@ class Stalls:
                 r.warned = True
                 fresh.setdefault(r.backend, []).append(r)
         timeout = self.cfg.request_timeout
-        then = (f"they are given up and retried after --request-timeout {timeout:g}s"
-                if timeout else "gen waits for them (no --request-timeout is set)")
+        then = (
+            f"they are given up and retried after --request-timeout {timeout:g}s"
+            if timeout
+            else "gen waits for them (no --request-timeout is set)"
+        )
         for server, found in fresh.items():
             oldest = max(now - r.since for r in found)
-            _ui.warn(f"{server}: {len(found)} request(s) with no answer for over "
-                     f"{_ui.duration(limit)} (the oldest for {_ui.duration(oldest)}, sample "
-                     f"{found[0].sample_id}); {then}. Check the server")
+            _ui.warn(
+                f"{server}: {len(found)} request(s) with no answer for over "
+                f"{_ui.duration(limit)} (the oldest for {_ui.duration(oldest)}, sample "
+                f"{found[0].sample_id}); {then}. Check the server"
+            )

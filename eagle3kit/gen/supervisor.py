@@ -40,10 +40,14 @@ def final_error(exc: BaseException) -> UserError:
         return exc
     if isinstance(exc, OSError):
         where = f"{exc.filename}: " if exc.filename else ""
-        return WriteFailed(f"{where}cannot write: {exc.strerror or exc}. Everything committed "
-                           f"before is intact.{again}")
-    return WorkerFailed(f"gen stopped by an unexpected error ({type(exc).__name__}: {exc}); "
-                        f"everything committed before is intact. Please report it.{again}")
+        return WriteFailed(
+            f"{where}cannot write: {exc.strerror or exc}. Everything committed "
+            f"before is intact.{again}"
+        )
+    return WorkerFailed(
+        f"gen stopped by an unexpected error ({type(exc).__name__}: {exc}); "
+        f"everything committed before is intact. Please report it.{again}"
+    )
 
 
 class Supervisor:

@@ -30,8 +30,14 @@ and the next answer could otherwise come from whatever model it came back with."
 class ServerWatch:
     """Which servers may take work, and the probes that decide it."""
 
-    def __init__(self, cfg: GenConfig, backends: list[Backend], supervisor: Supervisor,
-                 stats: dict[str, int], probe_ids: list[int] | None) -> None:
+    def __init__(
+        self,
+        cfg: GenConfig,
+        backends: list[Backend],
+        supervisor: Supervisor,
+        stats: dict[str, int],
+        probe_ids: list[int] | None,
+    ) -> None:
         """`probe_ids`: --tokenizer's ids for PROBE_TEXT, to check a restarted server's
         tokenizer against (None: --no-tokenizer-check)."""
         self.cfg, self.backends, self.supervisor = cfg, backends, supervisor
@@ -51,8 +57,11 @@ class ServerWatch:
         self.in_flight_by = {b.name: 0 for b in backends}
 
     def _idle(self, backend: Backend) -> bool:
-        return (self.in_flight_by[backend.name] == 0 and isinstance(backend, HttpBackend)
-                and time.monotonic() - self.last_exchange[backend.name] > IDLE_REPROBE_S)
+        return (
+            self.in_flight_by[backend.name] == 0
+            and isinstance(backend, HttpBackend)
+            and time.monotonic() - self.last_exchange[backend.name] > IDLE_REPROBE_S
+        )
 
     async def still_same(self, backend: Backend) -> bool:
         """Before a request to a server that has been idle: is it still the one the run
@@ -109,8 +118,9 @@ class ServerWatch:
         try:
             now = await backend.identity()
             if now.model != was.model:
-                return (f"now serves {now.model!r}, not {was.model!r} (the model this run "
-                        "started with)")
+                return (
+                    f"now serves {now.model!r}, not {was.model!r} (the model this run started with)"
+                )
             if now.api != was.api:
                 return f"now answers as {now.api}, not {was.api}"
             if self.probe_ids is not None:
@@ -139,13 +149,18 @@ class ServerWatch:
         self.fatal_after_probe.pop(name, None)
         if self.wrong.get(name) != problem:
             self.wrong[name] = problem
-            _ui.warn(f"{name}: {problem}; its slots stay paused (it is checked again every "
-                     f"{HEALTH_POLL_MAX:g}s) and nothing more of it is stored")
+            _ui.warn(
+                f"{name}: {problem}; its slots stay paused (it is checked again every "
+                f"{HEALTH_POLL_MAX:g}s) and nothing more of it is stored"
+            )
         if len(self.wrong) == len(self.backends):
             names = "; ".join(f"{n}: {p}" for n, p in self.wrong.items())
-            self.supervisor.fail(UserError(
-                f"no server left that serves this run's model ({names}). Restart them with "
-                "the model the dataset was started with, or give other --server URLs"))
+            self.supervisor.fail(
+                UserError(
+                    f"no server left that serves this run's model ({names}). Restart them with "
+                    "the model the dataset was started with, or give other --server URLs"
+                )
+            )
 
     async def check_identities(self, backend: Backend) -> None:
         """Every IDENTITY_CHECK_S, ask a server that is up which model it serves: a restart

@@ -11,11 +11,19 @@ from typing import TYPE_CHECKING
 from eagle3kit._lazy import attribute_loader
 
 _HOMES = {
-    "DrafterConfig": "config", "config_fingerprint": "config", "default_layer_ids": "config",
-    "rope_of": "config", "VARIANTS": "config", "VARIANT_FIELDS": "config",
+    "DrafterConfig": "config",
+    "config_fingerprint": "config",
+    "default_layer_ids": "config",
+    "rope_of": "config",
+    "VARIANTS": "config",
+    "VARIANT_FIELDS": "config",
     "describe_variant": "config",
-    "DraftCache": "drafter", "Eagle3Drafter": "drafter", "TTTState": "drafter",
-    "DraftVocab": "vocab", "build_vocab": "vocab", "count_tokens": "vocab",
+    "DraftCache": "drafter",
+    "Eagle3Drafter": "drafter",
+    "TTTState": "drafter",
+    "DraftVocab": "vocab",
+    "build_vocab": "vocab",
+    "count_tokens": "vocab",
     "vocab_problems": "vocab",
 }
 

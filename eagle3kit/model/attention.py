@@ -58,40 +58,69 @@ class Kernel:
 # Kernels --------------------------------------------------------------------------------------
 def _cpu_forward(q, k, v, scale):
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, True, scale=scale)
+        q, k, v, 0.0, True, scale=scale
+    )
     return out, lse, ()
 
 
 def _cpu_backward(dout, q, k, v, out, lse, saved, scale):
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        dout, q, k, v, out, lse.contiguous(), 0.0, True, scale=scale)
+        dout, q, k, v, out, lse.contiguous(), 0.0, True, scale=scale
+    )
 
 
 def _flash_forward(q, k, v, scale):
     out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = (
-        torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False,
-                                                           scale=scale))
+        torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False, scale=scale)
+    )
     return out, lse, (lse, cum_q, cum_k, max_q, max_k, seed, offset)
 
 
 def _flash_backward(dout, q, k, v, out, lse, saved, scale):
     raw, cum_q, cum_k, max_q, max_k, seed, offset = saved
     return torch.ops.aten._scaled_dot_product_flash_attention_backward(
-        dout, q, k, v, out, _into(raw, lse), cum_q, cum_k, max_q, max_k, 0.0, True, seed,
-        offset, scale=scale)
+        dout,
+        q,
+        k,
+        v,
+        out,
+        _into(raw, lse),
+        cum_q,
+        cum_k,
+        max_q,
+        max_k,
+        0.0,
+        True,
+        seed,
+        offset,
+        scale=scale,
+    )
 
 
 def _efficient_forward(q, k, v, scale):
     out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(
-        q, k, v, None, True, 0.0, True, scale=scale)
-    return out, lse[..., :q.shape[2]], (lse, seed, offset)
+        q, k, v, None, True, 0.0, True, scale=scale
+    )
+    return out, lse[..., : q.shape[2]], (lse, seed, offset)
 
 
 def _efficient_backward(dout, q, k, v, out, lse, saved, scale):
     raw, seed, offset = saved
     dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-        dout, q, k, v, torch.empty(0, device=q.device, dtype=q.dtype), out, _into(raw, lse),
-        seed, offset, 0.0, [True, True, True, False], True, scale=scale)
+        dout,
+        q,
+        k,
+        v,
+        torch.empty(0, device=q.device, dtype=q.dtype),
+        out,
+        _into(raw, lse),
+        seed,
+        offset,
+        0.0,
+        [True, True, True, False],
+        True,
+        scale=scale,
+    )
     return dq, dk, dv
 
 
@@ -100,7 +129,7 @@ def _into(raw: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     if raw.shape == lse.shape:
         return lse.contiguous()
     full = raw.clone()
-    full[..., :lse.shape[-1]] = lse
+    full[..., : lse.shape[-1]] = lse
     return full
 
 
@@ -121,8 +150,10 @@ def _block_scores(q, k, start, stop, scale, window=None):
     key's index: keys 0..stop-1 causally, or with a `window` only the last `window` keys up
     to each query (keys before start-window+1 are seen by none and left out)."""
     first = 0 if window is None else max(0, start - window + 1)
-    s = torch.matmul(q[:, :, start:stop].float(),
-                     k[:, :, first:stop].float().transpose(-1, -2)) * scale
+    s = (
+        torch.matmul(q[:, :, start:stop].float(), k[:, :, first:stop].float().transpose(-1, -2))
+        * scale
+    )
     rows = torch.arange(start, stop, device=q.device)[:, None]
     cols = torch.arange(first, stop, device=q.device)[None]
     hidden = cols > rows
@@ -159,11 +190,14 @@ def _chunked_backward(dout, q, k, v, out, lse, saved, scale, window=None):
         p = torch.exp(s - lse[:, :, start:stop, None])
         g = dout[:, :, start:stop].float()
         dv[:, :, first:stop] += torch.matmul(p.transpose(-1, -2), g)
-        ds = p * (torch.matmul(g, v[:, :, first:stop].float().transpose(-1, -2))
-                  - delta[:, :, start:stop, None])
+        ds = p * (
+            torch.matmul(g, v[:, :, first:stop].float().transpose(-1, -2))
+            - delta[:, :, start:stop, None]
+        )
         dq[:, :, start:stop] = torch.matmul(ds, k[:, :, first:stop].float()) * scale
-        dk[:, :, first:stop] += torch.matmul(ds.transpose(-1, -2),
-                                             q[:, :, start:stop].float()) * scale
+        dk[:, :, first:stop] += (
+            torch.matmul(ds.transpose(-1, -2), q[:, :, start:stop].float()) * scale
+        )
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
@@ -171,8 +205,11 @@ def windowed(window: int) -> Kernel:
     """`chunked` over a sliding window: each query sees its own key and the `window` - 1
     before it, so the work is linear in T for a fixed window (the fused kernels take no
     window here)."""
-    return Kernel(f"chunked, window {window}", partial(_chunked_forward, window=window),
-                  partial(_chunked_backward, window=window))
+    return Kernel(
+        f"chunked, window {window}",
+        partial(_chunked_forward, window=window),
+        partial(_chunked_backward, window=window),
+    )
 
 
 KERNELS = {
@@ -214,8 +251,7 @@ def kernel_for(q: torch.Tensor) -> Kernel:
     return _checked[key]
 
 
-def _self_check(kernel: Kernel, device: torch.device, dtype: torch.dtype,
-                head_dim: int) -> Kernel:
+def _self_check(kernel: Kernel, device: torch.device, dtype: torch.dtype, head_dim: int) -> Kernel:
     """`kernel` if it agrees with `chunked` on a small two-step problem, else `chunked`."""
     gen = torch.Generator(device="cpu").manual_seed(0)  # leaves the global RNG alone
 
@@ -229,8 +265,11 @@ def _self_check(kernel: Kernel, device: torch.device, dtype: torch.dtype,
     results = []
     try:
         # First use may come under no_grad (the held-out evaluation) or autocast.
-        with torch.inference_mode(False), torch.enable_grad(), \
-                torch.autocast(device.type, enabled=False):
+        with (
+            torch.inference_mode(False),
+            torch.enable_grad(),
+            torch.autocast(device.type, enabled=False),
+        ):
             for candidate in (kernel, KERNELS["chunked"]):
                 out = _TTTAttention.apply(candidate, 1 / math.sqrt(head_dim), *inputs)
                 results.append([out, *torch.autograd.grad(out, inputs, grad)])
@@ -238,12 +277,13 @@ def _self_check(kernel: Kernel, device: torch.device, dtype: torch.dtype,
         for a, b in zip(*results, strict=True):
             scale = b.abs().max().item() + 1e-6
             if not (a - b).abs().max().item() <= tol * scale:
-                raise ValueError(f"differs from the reference by "
-                                 f"{(a - b).abs().max().item():.3g}")
+                raise ValueError(f"differs from the reference by {(a - b).abs().max().item():.3g}")
     except (RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        _set_aside.append(f"attention: the {kernel.name} kernel is unusable here ({reason}); "
-                          "training uses the slower chunked attention instead")
+        _set_aside.append(
+            f"attention: the {kernel.name} kernel is unusable here ({reason}); "
+            "training uses the slower chunked attention instead"
+        )
         return KERNELS["chunked"]
     return kernel
 
@@ -251,8 +291,15 @@ def _self_check(kernel: Kernel, device: torch.device, dtype: torch.dtype,
 # The training-time-test attention ------------------------------------------------------------
 class _TTTAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, kernel: Kernel, scale: float, q: torch.Tensor, k0: torch.Tensor,
-                v0: torch.Tensor, *diagonal: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx,
+        kernel: Kernel,
+        scale: float,
+        q: torch.Tensor,
+        k0: torch.Tensor,
+        v0: torch.Tensor,
+        *diagonal: torch.Tensor,
+    ) -> torch.Tensor:
         out, lse, saved = kernel.forward(q, k0, v0, scale)
         keys, values = diagonal[0::2], diagonal[1::2]
         if keys:
@@ -262,11 +309,12 @@ class _TTTAttention(torch.autograd.Function):
             weights = torch.exp(scores - lse[..., None])
             merged = out.float() * torch.exp(lse0 - lse[..., None])
             for j, value in enumerate(values):
-                merged = merged + weights[..., j:j + 1] * value.float()
+                merged = merged + weights[..., j : j + 1] * value.float()
             out = merged.to(q.dtype)
         ctx.kernel, ctx.scale, ctx.steps, ctx.n_saved = kernel, scale, len(keys), len(saved)
-        ctx.save_for_backward(q, k0, v0, out, lse, *diagonal,
-                              *[s for s in saved if isinstance(s, torch.Tensor)])
+        ctx.save_for_backward(
+            q, k0, v0, out, lse, *diagonal, *[s for s in saved if isinstance(s, torch.Tensor)]
+        )
         ctx.extra = [s for s in saved if not isinstance(s, torch.Tensor)]
         ctx.layout = [isinstance(s, torch.Tensor) for s in saved]
         return out
@@ -274,7 +322,7 @@ class _TTTAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout: torch.Tensor):
         q, k0, v0, out, lse, *rest = ctx.saved_tensors
-        diagonal, tensors = rest[:2 * ctx.steps], iter(rest[2 * ctx.steps:])
+        diagonal, tensors = rest[: 2 * ctx.steps], iter(rest[2 * ctx.steps :])
         extra = iter(ctx.extra)
         saved = tuple(next(tensors) if is_tensor else next(extra) for is_tensor in ctx.layout)
         dout = dout.contiguous()
@@ -299,8 +347,12 @@ def _diagonal_scores(q: torch.Tensor, key: torch.Tensor, scale: float) -> torch.
     return (q.float() * key.float()).sum(-1, keepdim=True) * scale
 
 
-def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor],
-                  values: Sequence[torch.Tensor], window: int | None = None) -> torch.Tensor:
+def ttt_attention(
+    q: torch.Tensor,
+    keys: Sequence[torch.Tensor],
+    values: Sequence[torch.Tensor],
+    window: int | None = None,
+) -> torch.Tensor:
     """Step len(keys)-1's attention: q [B, h, T, D] against the step-0 keys causally and
     against each later step's key at its own position. Rows are right-padded: causal
     attention keeps a real position from ever seeing the padding after it.
@@ -315,8 +367,10 @@ def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor],
     kernel = kernel_for(q)
     if window is not None:
         if window <= step:
-            raise ValueError(f"a sliding window of {window} keys leaves training-time-test "
-                             f"step {step} no context; it must exceed the steps unrolled")
+            raise ValueError(
+                f"a sliding window of {window} keys leaves training-time-test "
+                f"step {step} no context; it must exceed the steps unrolled"
+            )
         if window - step < q.shape[2]:  # else the window holds the whole sequence
             kernel = windowed(window - step)
     return _TTTAttention.apply(kernel, scale, q, keys[0], values[0], *diagonal)

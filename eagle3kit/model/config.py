@@ -7,21 +7,51 @@ from typing import Any
 
 from eagle3kit.target import config_fingerprint, default_layer_ids
 
-__all__ = ["VARIANTS", "VARIANT_FIELDS", "DrafterConfig", "config_fingerprint",
-           "default_layer_ids", "describe_variant", "rope_of"]
+__all__ = [
+    "VARIANTS",
+    "VARIANT_FIELDS",
+    "DrafterConfig",
+    "config_fingerprint",
+    "default_layer_ids",
+    "describe_variant",
+    "rope_of",
+]
 
-VARIANT_FIELDS = ("norm_before_fc", "fc_norm", "norm_output", "num_hidden_layers",
-                  "embed_requires_grad")
+VARIANT_FIELDS = (
+    "norm_before_fc",
+    "fc_norm",
+    "norm_output",
+    "num_hidden_layers",
+    "embed_requires_grad",
+)
 """The DrafterConfig fields that change the drafter's function beyond norm_before_residual,
 named as speculators' config and vLLM's llama_eagle3.py read them."""
 
 VARIANTS = {
-    "eagle3": {"norm_before_residual": False, "norm_before_fc": False, "fc_norm": False,
-               "norm_output": False, "num_hidden_layers": 1, "embed_requires_grad": False},
-    "speculators": {"norm_before_residual": True, "norm_before_fc": True, "fc_norm": False,
-                    "norm_output": True, "num_hidden_layers": 1, "embed_requires_grad": False},
-    "eagle3.1": {"norm_before_residual": False, "norm_before_fc": False, "fc_norm": True,
-                 "norm_output": True, "num_hidden_layers": 1, "embed_requires_grad": False},
+    "eagle3": {
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "num_hidden_layers": 1,
+        "embed_requires_grad": False,
+    },
+    "speculators": {
+        "norm_before_residual": True,
+        "norm_before_fc": True,
+        "fc_norm": False,
+        "norm_output": True,
+        "num_hidden_layers": 1,
+        "embed_requires_grad": False,
+    },
+    "eagle3.1": {
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "fc_norm": True,
+        "norm_output": True,
+        "num_hidden_layers": 1,
+        "embed_requires_grad": False,
+    },
 }
 """Named layouts for `train --variant`: eagle3 is the reference EAGLE-3 drafter (eagle3kit's
 default), speculators the one speculators 0.9.0's trainer builds with its CLI defaults,
@@ -60,8 +90,10 @@ def rope_of(target_config: Any) -> tuple[float, dict | None]:
 def named_rope_kind(scaling: dict) -> dict:
     """A rope scaling with its kind under `rope_type` only (see rope_of)."""
     kind = scaling.get("rope_type", scaling.get("type", "default"))
-    return {**{k: v for k, v in scaling.items() if k not in ("type", "rope_type")},
-            "rope_type": kind}
+    return {
+        **{k: v for k, v in scaling.items() if k not in ("type", "rope_type")},
+        "rope_type": kind,
+    }
 
 
 @dataclass
@@ -113,25 +145,36 @@ class DrafterConfig:
 
     def __post_init__(self) -> None:
         if self.norm_before_fc and self.fc_norm:
-            raise ValueError("norm_before_fc and fc_norm exclude each other (both normalise "
-                             "the aux states before fc)")
+            raise ValueError(
+                "norm_before_fc and fc_norm exclude each other (both normalise "
+                "the aux states before fc)"
+            )
         if self.sliding_window is not None and (
-                isinstance(self.sliding_window, bool) or not isinstance(self.sliding_window, int)
-                or self.sliding_window < 1):
-            raise ValueError(f"sliding_window must be an integer >= 1 or null "
-                             f"(got {self.sliding_window!r})")
+            isinstance(self.sliding_window, bool)
+            or not isinstance(self.sliding_window, int)
+            or self.sliding_window < 1
+        ):
+            raise ValueError(
+                f"sliding_window must be an integer >= 1 or null (got {self.sliding_window!r})"
+            )
         if not isinstance(self.num_hidden_layers, int) or self.num_hidden_layers < 1:
-            raise ValueError(f"num_hidden_layers must be an integer >= 1 "
-                             f"(got {self.num_hidden_layers!r})")
+            raise ValueError(
+                f"num_hidden_layers must be an integer >= 1 (got {self.num_hidden_layers!r})"
+            )
 
     @property
     def aux_width(self) -> int:
         return len(self.aux_layer_ids) * (self.target_hidden_size or self.hidden_size)
 
     @classmethod
-    def from_target(cls, target_config: Any, *, draft_vocab_size: int | None = None,
-                    aux_layer_ids: list[int] | None = None,
-                    target_name_or_path: str = "") -> DrafterConfig:
+    def from_target(
+        cls,
+        target_config: Any,
+        *,
+        draft_vocab_size: int | None = None,
+        aux_layer_ids: list[int] | None = None,
+        target_name_or_path: str = "",
+    ) -> DrafterConfig:
         """The drafter a target gets: its width, heads and RoPE, one decoder layer."""
         theta, scaling = rope_of(target_config)
         hidden = target_config.hidden_size
@@ -145,8 +188,7 @@ class DrafterConfig:
             head_dim=getattr(target_config, "head_dim", None) or hidden // heads,
             vocab_size=vocab,
             draft_vocab_size=min(draft_vocab_size or vocab, vocab),
-            aux_layer_ids=list(aux_layer_ids or default_layer_ids(
-                target_config.num_hidden_layers)),
+            aux_layer_ids=list(aux_layer_ids or default_layer_ids(target_config.num_hidden_layers)),
             rms_norm_eps=getattr(target_config, "rms_norm_eps", 1e-6),
             rope_theta=theta,
             rope_scaling=scaling,

@@ -30,8 +30,10 @@ def parse_edges(text: str, flag: str = "--depth-buckets") -> tuple[int, ...]:
     try:
         edges = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise ValueError(f"{flag} {text}: expected ascending token counts separated by "
-                         f"commas, e.g. {flag} {DEPTH_EDGES_TEXT}") from None
+        raise ValueError(
+            f"{flag} {text}: expected ascending token counts separated by "
+            f"commas, e.g. {flag} {DEPTH_EDGES_TEXT}"
+        ) from None
     if any(e < 1 for e in edges) or any(a >= b for a, b in pairwise(edges)):
         raise ValueError(f"{flag} {text}: the edges must be positive and strictly ascending")
     return edges
@@ -71,8 +73,9 @@ def round_depths(prompt_tokens: int, rounds: Sequence[int]) -> list[int]:
     return out
 
 
-def by_depth(decodes: Iterable[tuple[int, Sequence[int]]], k: int,
-             edges: Sequence[int] = DEPTH_EDGES) -> dict[str, dict[str, Any]]:
+def by_depth(
+    decodes: Iterable[tuple[int, Sequence[int]]], k: int, edges: Sequence[int] = DEPTH_EDGES
+) -> dict[str, dict[str, Any]]:
     """bucket -> from, to (tokens), rounds, acceptance length and unconditional per-position
     rates, over (prompt tokens, accepted per round) of each decode; buckets without rounds
     are left out."""
@@ -87,8 +90,11 @@ def by_depth(decodes: Iterable[tuple[int, Sequence[int]]], k: int,
             continue
         low, high = bounds(edges, bucket)
         n = len(per_round)
-        out[name] = {"from": low, "to": high, "rounds": n,
-                     "acceptance_length": 1 + sum(per_round) / n,
-                     "per_position": [sum(a >= i for a in per_round) / n
-                                      for i in range(1, k + 1)]}
+        out[name] = {
+            "from": low,
+            "to": high,
+            "rounds": n,
+            "acceptance_length": 1 + sum(per_round) / n,
+            "per_position": [sum(a >= i for a in per_round) / n for i in range(1, k + 1)],
+        }
     return out

@@ -97,14 +97,19 @@ def _yarn(config: DrafterConfig, scaling: dict) -> tuple[torch.Tensor, float]:
     attention = scaling.get("attention_factor")
     mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
     if attention is None:
-        attention = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
-                     if mscale and mscale_all else _yarn_mscale(factor))
+        attention = (
+            _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
+            if mscale and mscale_all
+            else _yarn_mscale(factor)
+        )
 
     def correction(rotations: float) -> float:
         return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
-    low, high = correction(scaling.get("beta_fast") or 32), correction(
-        scaling.get("beta_slow") or 1)
+    low, high = (
+        correction(scaling.get("beta_fast") or 32),
+        correction(scaling.get("beta_slow") or 1),
+    )
     if scaling.get("truncate", True):
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, dim - 1)
@@ -117,8 +122,9 @@ def _yarn(config: DrafterConfig, scaling: dict) -> tuple[torch.Tensor, float]:
     return inv.float(), float(attention)
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-               factor: float = 1.0) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, factor: float = 1.0
+) -> torch.Tensor:
     """x: [B, heads, T, D]; positions: [B, T]; `factor` scales cos and sin (YaRN)."""
     angles = positions.to(inv_freq.device, torch.float32)[..., None] * inv_freq  # [B, T, D/2]
     angles = torch.cat([angles, angles], dim=-1)[:, None]  # [B, 1, T, D]
@@ -133,22 +139,28 @@ class Attention(nn.Module):
         super().__init__()
         h, d = config.hidden_size, config.head_dim
         self.heads, self.kv_heads, self.head_dim = (
-            config.num_attention_heads, config.num_key_value_heads, d)
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            d,
+        )
         self.q_proj = nn.Linear(width, self.heads * d, bias=False)
         self.k_proj = nn.Linear(width, self.kv_heads * d, bias=False)
         self.v_proj = nn.Linear(width, self.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.heads * d, h, bias=False)
 
-    def qkv(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-            factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(
+        self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, factor: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values as [B, heads, T, D], RoPE applied, keys/values expanded
         to the query heads."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = (apply_rope(q, positions, inv_freq, factor),
-                apply_rope(k, positions, inv_freq, factor))
+        q, k = (
+            apply_rope(q, positions, inv_freq, factor),
+            apply_rope(k, positions, inv_freq, factor),
+        )
         groups = self.heads // self.kv_heads
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -228,9 +240,15 @@ class DraftCache:
         for deeper in self.deeper:
             deeper.crop(length)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               mask: torch.Tensor | None, positions: torch.Tensor,
-               window: int | None = None) -> torch.Tensor:
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        positions: torch.Tensor,
+        window: int | None = None,
+    ) -> torch.Tensor:
         """New positions see all cached ones, and each other as `mask` [T, T] allows
         (default causal). A `mask` [T, cached + T] says what each sees of the cached ones
         too: a drafted tree's nodes see their own ancestors, not their cousins. A sliding
@@ -240,16 +258,19 @@ class DraftCache:
         self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=2)
         self.values = v if self.values is None else torch.cat([self.values, v], dim=2)
         positions = positions.to(k.device).expand(k.shape[0], -1)
-        self.positions = (positions if self.positions is None
-                          else torch.cat([self.positions, positions], dim=1))
+        self.positions = (
+            positions if self.positions is None else torch.cat([self.positions, positions], dim=1)
+        )
         t = q.shape[2]
         if mask is not None and mask.shape[1] == past + t:
             allowed = mask
         else:
-            new = mask if mask is not None else torch.ones(t, t, dtype=torch.bool,
-                                                           device=q.device).tril()
-            allowed = torch.cat([torch.ones(t, past, dtype=torch.bool, device=q.device), new],
-                                1)
+            new = (
+                mask
+                if mask is not None
+                else torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+            )
+            allowed = torch.cat([torch.ones(t, past, dtype=torch.bool, device=q.device), new], 1)
         if window is not None:
             near = self.positions[:, None, :] > positions[:, :, None] - window  # [B, T, L]
             allowed = allowed & near[:, None]
@@ -276,17 +297,22 @@ class Eagle3Drafter(nn.Module):
             self.input_norm = RMSNorm(config.aux_width, config.rms_norm_eps)
         if config.fc_norm:
             width = config.target_hidden_size or config.hidden_size
-            self.fc_norm = nn.ModuleList([RMSNorm(width, config.rms_norm_eps)
-                                          for _ in config.aux_layer_ids])
+            self.fc_norm = nn.ModuleList(
+                [RMSNorm(width, config.rms_norm_eps) for _ in config.aux_layer_ids]
+            )
         self.fc = nn.Linear(config.aux_width, config.hidden_size, bias=False)
-        self.layers = nn.ModuleList([DecoderLayer(config, first=i == 0)
-                                     for i in range(config.num_hidden_layers)])
+        self.layers = nn.ModuleList(
+            [DecoderLayer(config, first=i == 0) for i in range(config.num_hidden_layers)]
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool)
-                             if config.draft_vocab_size == config.vocab_size
-                             else torch.zeros(config.vocab_size, dtype=torch.bool))
+        self.register_buffer(
+            "t2d",
+            torch.ones(config.vocab_size, dtype=torch.bool)
+            if config.draft_vocab_size == config.vocab_size
+            else torch.zeros(config.vocab_size, dtype=torch.bool),
+        )
         inv_freq, self.rope_factor = _rope(config)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
@@ -303,12 +329,12 @@ class Eagle3Drafter(nn.Module):
             aux = self.input_norm(aux)
         if self.config.fc_norm:
             chunks = aux.chunk(len(self.fc_norm), dim=-1)
-            aux = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)],
-                            dim=-1)
+            aux = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)], dim=-1)
         return self.fc(aux)
 
-    def layer(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
-              attend) -> torch.Tensor:
+    def layer(
+        self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor, attend
+    ) -> torch.Tensor:
         """One drafting step: the output fed back as the next step's hidden input (the
         pre-norm state, or with norm_output the final norm's output).
 
@@ -318,14 +344,16 @@ class Eagle3Drafter(nn.Module):
         emb = block.input_layernorm(self.embed_tokens(input_ids).to(hidden.dtype))
         normed = block.hidden_norm(hidden)
         residual = normed if block.norm_before_residual else hidden
-        q, k, v = block.self_attn.qkv(torch.cat([emb, normed], dim=-1), positions,
-                                      self.inv_freq, self.rope_factor)
+        q, k, v = block.self_attn.qkv(
+            torch.cat([emb, normed], dim=-1), positions, self.inv_freq, self.rope_factor
+        )
         h = residual + block.self_attn.out(attend(0, q, k, v))
         h = h + block.mlp(block.post_attention_layernorm(h))
         for index in range(1, len(self.layers)):
             block = cast(DecoderLayer, self.layers[index])
-            q, k, v = block.self_attn.qkv(block.input_layernorm(h), positions, self.inv_freq,
-                                          self.rope_factor)
+            q, k, v = block.self_attn.qkv(
+                block.input_layernorm(h), positions, self.inv_freq, self.rope_factor
+            )
             h = h + block.self_attn.out(attend(index, q, k, v))
             h = h + block.mlp(block.post_attention_layernorm(h))
         return self.norm(h) if self.config.norm_output else h
@@ -344,29 +372,48 @@ class Eagle3Drafter(nn.Module):
         [T, draft_vocab] tensor is never materialised whole."""
         b, t = hidden.shape[:2]
         rows = max(1, block_bytes // (4 * self.config.draft_vocab_size * max(b, 1)))
-        return torch.cat([self.logits(hidden[:, i:i + rows]).argmax(-1)
-                          for i in range(0, t, rows)], dim=1) if t else hidden.new_zeros(
-            (b, 0), dtype=torch.long)
+        return (
+            torch.cat(
+                [self.logits(hidden[:, i : i + rows]).argmax(-1) for i in range(0, t, rows)], dim=1
+            )
+            if t
+            else hidden.new_zeros((b, 0), dtype=torch.long)
+        )
 
-    def ttt_step(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
-                 state: TTTState) -> torch.Tensor:
+    def ttt_step(
+        self,
+        hidden: torch.Tensor,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        state: TTTState,
+    ) -> torch.Tensor:
         """Training-time-test step len(state.keys), over whole sequences [B, T], right-padded
         (causal attention keeps every real position from seeing the padding after it)."""
-        def attend(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-                   ) -> torch.Tensor:
+
+        def attend(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             mine = state.layer(index)
             mine.keys.append(k)
             mine.values.append(v)
             return ttt_attention(q, mine.keys, mine.values, self.config.sliding_window)
+
         return self.layer(hidden, input_ids, positions, attend)
 
-    def decode(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
-               cache: DraftCache, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def decode(
+        self,
+        hidden: torch.Tensor,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: DraftCache,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Append positions to `cache` and return their pre-norm outputs."""
         window = self.config.sliding_window
-        return self.layer(hidden, input_ids, positions,
-                          lambda index, q, k, v: cache.layer(index).attend(q, k, v, mask,
-                                                                           positions, window))
+        return self.layer(
+            hidden,
+            input_ids,
+            positions,
+            lambda index, q, k, v: cache.layer(index).attend(q, k, v, mask, positions, window),
+        )
 
     @torch.no_grad()
     def load_target_embedding(self, weight: torch.Tensor) -> None:

@@ -30,8 +30,9 @@ import torch
 from eagle3kit.model.acceptance import VERIFY_RULES as RULES
 
 
-def target_probs(logits: torch.Tensor, temperature: float, top_k: int = -1,
-                 top_p: float = 1.0) -> torch.Tensor:
+def target_probs(
+    logits: torch.Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0
+) -> torch.Tensor:
     """p: the target's sampling distribution over the last dimension, as vLLM builds it
     (temperature, then top-k keeping ties with the k-th logit, then top-p keeping the
     smallest set of the likeliest tokens whose mass reaches top_p, at least one)."""

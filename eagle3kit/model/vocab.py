@@ -66,14 +66,17 @@ def count_tokens(counts: np.ndarray, ids: np.ndarray, loss_mask: np.ndarray) -> 
     np.add.at(counts, np.asarray(ids)[np.asarray(loss_mask, dtype=bool)], 1)
 
 
-def vocab_problems(d2t: np.ndarray | None, t2d: np.ndarray | None, vocab_size: int,
-                   draft_size: int) -> list[str]:
+def vocab_problems(
+    d2t: np.ndarray | None, t2d: np.ndarray | None, vocab_size: int, draft_size: int
+) -> list[str]:
     """What is wrong with a checkpoint's d2t/t2d (EAGLE3.md §1.3 checks); [] when sound."""
     problems: list[str] = []
     if d2t is None:
         if draft_size != vocab_size:
-            problems.append(f"no d2t, but the draft vocabulary ({draft_size}) is smaller than "
-                            f"the target's ({vocab_size}): engines would read the rows wrongly")
+            problems.append(
+                f"no d2t, but the draft vocabulary ({draft_size}) is smaller than "
+                f"the target's ({vocab_size}): engines would read the rows wrongly"
+            )
         return problems
     d2t = np.asarray(d2t)
     if len(d2t) != draft_size:
@@ -84,8 +87,9 @@ def vocab_problems(d2t: np.ndarray | None, t2d: np.ndarray | None, vocab_size: i
         if (d2t >= 0).all() and (d2t < vocab_size).all() and len(np.unique(d2t)) == len(d2t):
             problems.append("d2t holds target ids, not offsets (target id = i + d2t[i])")
         else:
-            problems.append("d2t maps draft rows outside the target vocabulary "
-                            f"(0..{vocab_size - 1})")
+            problems.append(
+                f"d2t maps draft rows outside the target vocabulary (0..{vocab_size - 1})"
+            )
         return problems
     if len(np.unique(ids)) != len(ids):
         problems.append("d2t maps two draft rows to the same target id")

@@ -8,5 +8,16 @@ from eagle3kit.plan.result import Estimate, PlanResult
 from eagle3kit.plan.run import run, target_shape
 from eagle3kit.plan.slots import chain_makespan, exact_tail, fifo_makespan, makespan
 
-__all__ = ["Estimate", "PlanConfig", "PlanResult", "allocate", "chain_makespan", "exact_tail",
-           "fifo_makespan", "makespan", "pilot_size", "run", "target_shape"]
+__all__ = [
+    "Estimate",
+    "PlanConfig",
+    "PlanResult",
+    "allocate",
+    "chain_makespan",
+    "exact_tail",
+    "fifo_makespan",
+    "makespan",
+    "pilot_size",
+    "run",
+    "target_shape",
+]

@@ -25,16 +25,16 @@ class PlanConfig:
     whichever is larger)."""
     hidden_size: int | None = field(default=None, metadata=opt(panel=PLAN))
     """The target's hidden size (default: from --target's config.json)."""
-    layers: list[int] | str | None = field(default=None, metadata=opt(
-        metavar="2,18,33", type=str, panel=PLAN))
+    layers: list[int] | str | None = field(
+        default=None, metadata=opt(metavar="2,18,33", type=str, panel=PLAN)
+    )
     """Aux layer ids (boundary convention); their count sets the states stored (default
     three)."""
     batch_tokens: int | None = field(default=None, metadata=opt(metavar="N", panel=PLAN))
     """Training tokens per optimizer step: forecast the steps per epoch."""
     train_tokens_per_s: float | None = field(default=None, metadata=opt(metavar="N", panel=PLAN))
     """Training throughput: forecast the time per epoch."""
-    extract_tokens_per_s: float | None = field(default=None, metadata=opt(
-        metavar="N", panel=PLAN))
+    extract_tokens_per_s: float | None = field(default=None, metadata=opt(metavar="N", panel=PLAN))
     """extract's throughput (the tokens_per_s it reports, summed over ranks): forecast its
     time."""
     seed: int = field(default=0, metadata=opt(panel=PLAN, bounds=SEED_BOUNDS))
@@ -43,12 +43,16 @@ class PlanConfig:
 
     def __post_init__(self) -> None:
         self.pilot = parse_pilot(self.pilot)
-        for flag, value in (("--hidden-size", self.hidden_size),
-                            ("--batch-tokens", self.batch_tokens)):
+        for flag, value in (
+            ("--hidden-size", self.hidden_size),
+            ("--batch-tokens", self.batch_tokens),
+        ):
             if value is not None and value < 1:
                 raise UserError(f"{flag} must be at least 1 (got {value})")
-        for flag, rate in (("--train-tokens-per-s", self.train_tokens_per_s),
-                           ("--extract-tokens-per-s", self.extract_tokens_per_s)):
+        for flag, rate in (
+            ("--train-tokens-per-s", self.train_tokens_per_s),
+            ("--extract-tokens-per-s", self.extract_tokens_per_s),
+        ):
             if rate is not None and not rate > 0:
                 raise UserError(f"{flag} must be > 0 (got {rate})")
         self.layers = parse_layer_ids(self.layers)
@@ -68,8 +72,8 @@ def parse_pilot(value: str | float | None) -> float | None:
     except ValueError:
         number = math.nan
     if not number > 0 or (number >= 1 and not number.is_integer()):
-        raise UserError(f"--pilot {value}: give a number of prompts (200) or a share of the "
-                        "run between 0 and 1 (0.05, or 5%)")
+        raise UserError(
+            f"--pilot {value}: give a number of prompts (200) or a share of the "
+            "run between 0 and 1 (0.05, or 5%)"
+        )
     return number
-
-

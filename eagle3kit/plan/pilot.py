@@ -95,12 +95,22 @@ def run_pilot(cfg: PlanConfig) -> Pilot:
     result = gen.run(replace(cfg.gen, output=quiet_json), select=select)
     wall = time.monotonic() - started
     if result.stopped:
-        stopped = PilotStopped("the pilot was stopped before it finished; what it generated "
-                               "is kept: rerun the same command to complete it")
+        stopped = PilotStopped(
+            "the pilot was stopped before it finished; what it generated "
+            "is kept: rerun the same command to complete it"
+        )
         stopped.exit_code = result.exit_code or PilotStopped.exit_code  # 143 after SIGTERM
         raise stopped
-    return Pilot(seen["all"], seen["chosen"], result.written - result.skipped, result.written,
-                 result.total, result.elapsed, result.generating_s, wall)
+    return Pilot(
+        seen["all"],
+        seen["chosen"],
+        result.written - result.skipped,
+        result.written,
+        result.total,
+        result.elapsed,
+        result.generating_s,
+        wall,
+    )
 
 
 @dataclass
@@ -115,8 +125,7 @@ class Observations:
 
     @classmethod
     def of(cls, rows: list[tuple[float, int, int, bool]]) -> Observations:
-        lat, comp, tok, trunc = (np.array(col, dtype=np.float64) for col in zip(*rows,
-                                                                                 strict=True))
+        lat, comp, tok, trunc = (np.array(col, dtype=np.float64) for col in zip(*rows, strict=True))
         return cls(lat, comp, tok, trunc)
 
     def __len__(self) -> int:
@@ -149,8 +158,13 @@ def read_committed(path: Path, wanted: set[str]) -> Committed:
             if sample_id in wanted:
                 meta = shard.meta[i]
                 part = shard.partition_names[shard.partition_index[i]]
-                rows[sample_id] = (part, float(meta.get("latency") or 0.0), int(comp[i]),
-                                   int(lengths[i]), meta["finish_reason"] == "length")
+                rows[sample_id] = (
+                    part,
+                    float(meta.get("latency") or 0.0),
+                    int(comp[i]),
+                    int(lengths[i]),
+                    meta["finish_reason"] == "length",
+                )
     shard_bytes = ds.shard_bytes
     dir_bytes = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     return Committed(ids, rows, completion, tokens, shard_bytes, dir_bytes)

@@ -23,8 +23,11 @@ class Estimate:
         """The median and the middle COVERAGE of bootstrap outcomes, widened by margin."""
         tail = (1 - COVERAGE) / 2 * 100
         low, mid, high = np.percentile(outcomes, [tail, 50, 100 - tail])
-        return cls(float(mid + shift), float(low * (1 - margin) + shift),
-                   float(high * (1 + margin) + shift))
+        return cls(
+            float(mid + shift),
+            float(low * (1 - margin) + shift),
+            float(high * (1 + margin) + shift),
+        )
 
     def scaled(self, factor: float) -> Estimate:
         return Estimate(self.value * factor, self.low * factor, self.high * factor)

@@ -72,8 +72,9 @@ def target_shape(cfg: PlanConfig) -> tuple[int | None, int | None]:
     hidden, layers = cfg.hidden_size, None
     target = cfg.gen.target
     if target is not None and hidden is None:
-        config = config_dict(Path(target), missing=f"--target {target}: cannot read its "
-                                                    "config.json (there is none)")
+        config = config_dict(
+            Path(target), missing=f"--target {target}: cannot read its config.json (there is none)"
+        )
         config = config.get("text_config", config)
         hidden, layers = config.get("hidden_size"), config.get("num_hidden_layers")
         if not isinstance(hidden, int):
@@ -98,12 +99,28 @@ def run(cfg: PlanConfig) -> PlanResult:
     remaining = jobs_of(pilot.chains, start, names)
     full = jobs_of(pilot.chains, {}, names)
     stepped = 2 * min(len(full.parts), exact_tail(slots))
-    replicates = max(20, min(cfg.replicates, DRAW_BUDGET // max(1, 2 * len(full.parts)),
-                             STEP_BUDGET // max(1, stepped)))
-    outcomes = bootstrap([pools[n] for n in names], remaining, full, slots, replicates,
-                         cfg.seed)
-    result = _result(cfg, pilot, committed, names, pools, remaining, full, slots, outcomes,
-                     costs, (hidden_size, n_aux))
+    replicates = max(
+        20,
+        min(
+            cfg.replicates,
+            DRAW_BUDGET // max(1, 2 * len(full.parts)),
+            STEP_BUDGET // max(1, stepped),
+        ),
+    )
+    outcomes = bootstrap([pools[n] for n in names], remaining, full, slots, replicates, cfg.seed)
+    result = _result(
+        cfg,
+        pilot,
+        committed,
+        names,
+        pools,
+        remaining,
+        full,
+        slots,
+        outcomes,
+        costs,
+        (hidden_size, n_aux),
+    )
     report(result, cfg.gen.output)
     return result
 
@@ -131,8 +148,7 @@ def overheads(pilot: Pilot, committed: Committed, slots: int) -> Overheads:
     replay = makespan(latency, [len(c.ids) for c in pilot.chosen], slots)
     # What the pilot took beyond its replay is start-up (the first connections and prompts):
     # the client's work per request shows in the latencies it measures, under the same load.
-    return Overheads(max(0.0, pilot.elapsed - replay), max(0.0, pilot.wall - pilot.elapsed),
-                     replay)
+    return Overheads(max(0.0, pilot.elapsed - replay), max(0.0, pilot.wall - pilot.elapsed), replay)
 
 
 def _pools(names: list[str], committed: Committed) -> dict[str, Observations]:
@@ -147,29 +163,46 @@ def _pools(names: list[str], committed: Committed) -> dict[str, Observations]:
     return {n: Observations.of(rows[n] or everything) for n in names}
 
 
-def _result(cfg: PlanConfig, pilot: Pilot, committed: Committed, names: list[str],
-            pools: dict[str, Observations], remaining: Job, full: Job, slots: int,
-            outcomes: Outcomes, costs: Overheads, shape: tuple[int | None, int | None]
-            ) -> PlanResult:
+def _result(
+    cfg: PlanConfig,
+    pilot: Pilot,
+    committed: Committed,
+    names: list[str],
+    pools: dict[str, Observations],
+    remaining: Job,
+    full: Job,
+    slots: int,
+    outcomes: Outcomes,
+    costs: Overheads,
+    shape: tuple[int | None, int | None],
+) -> PlanResult:
     start_up = costs.fixed + costs.load
-    pilot_tokens = sum(committed.rows[s][2] for c in pilot.chosen for s in c.ids
-                       if s in committed.rows)
+    pilot_tokens = sum(
+        committed.rows[s][2] for c in pilot.chosen for s in c.ids if s in committed.rows
+    )
     tokens = Estimate.of(np.array(outcomes.tokens), committed.tokens)
     bpt = committed.shard_bytes / max(1, committed.tokens)
     partitions = _partition_figures(names, pools, full, remaining)
     truncated = np.concatenate([p.truncated for p in pools.values()])
     rate = 1 / pilot.generating if pilot.written and pilot.generating > 0 else None
     return PlanResult(
-        output=str(cfg.gen.out), samples=len(full.parts),
-        done=len(full.parts) - len(remaining.parts), remaining=len(remaining.parts),
-        slots=slots, pilot_requests=pilot.requests, pilot_elapsed_s=round(pilot.elapsed, 3),
+        output=str(cfg.gen.out),
+        samples=len(full.parts),
+        done=len(full.parts) - len(remaining.parts),
+        remaining=len(remaining.parts),
+        slots=slots,
+        pilot_requests=pilot.requests,
+        pilot_elapsed_s=round(pilot.elapsed, 3),
         pilot_req_per_s=pilot.requests * rate if rate else None,
         pilot_tok_per_s=pilot_tokens * rate if rate else None,
-        pilot_simulated_s=costs.replay, startup_s=round(start_up, 3),
+        pilot_simulated_s=costs.replay,
+        startup_s=round(start_up, 3),
         truncation=float(truncated.mean()) if len(truncated) else 0.0,
-        max_tokens=cfg.gen.max_tokens, partitions=partitions,
-        wall_time_s=Estimate.of(np.array(outcomes.wall), start_up if remaining.turns else 0.0,
-                                TIME_MARGIN),
+        max_tokens=cfg.gen.max_tokens,
+        partitions=partitions,
+        wall_time_s=Estimate.of(
+            np.array(outcomes.wall), start_up if remaining.turns else 0.0, TIME_MARGIN
+        ),
         full_wall_time_s=Estimate.of(np.array(outcomes.full_wall), start_up, TIME_MARGIN),
         completion_tokens=Estimate.of(np.array(outcomes.completion), committed.completion),
         total_tokens=tokens,
@@ -186,8 +219,9 @@ def _plus(e: Estimate, x: float) -> Estimate:
     return Estimate(e.value + x, e.low + x, e.high + x)
 
 
-def _partition_figures(names: list[str], pools: dict[str, Observations], full: Job,
-                       remaining: Job) -> list[PartitionFigures]:
+def _partition_figures(
+    names: list[str], pools: dict[str, Observations], full: Job, remaining: Job
+) -> list[PartitionFigures]:
     counts = np.bincount(full.parts, minlength=len(names))
     left = np.bincount(remaining.parts, minlength=len(names))
     work = np.array([counts[k] * pools[n].latency.mean() for k, n in enumerate(names)])
@@ -196,14 +230,23 @@ def _partition_figures(names: list[str], pools: dict[str, Observations], full: J
         pool = pools[name]
         comp = pool.completion
         p50, p90, p99 = np.percentile(comp, [50, 90, 99])
-        figures.append(PartitionFigures(
-            name=name, samples=int(counts[k]), remaining=int(left[k]), pilot=len(pool),
-            mean_tokens=round(float(comp.mean()), 1), p50_tokens=float(p50),
-            p90_tokens=float(p90), p99_tokens=float(p99), max_tokens=int(comp.max()),
-            truncation=round(float(pool.truncated.mean()), 4),
-            mean_latency_s=round(float(pool.latency.mean()), 4),
-            prompt_share=round(float(counts[k] / max(1, counts.sum())), 4),
-            time_share=round(float(work[k] / work.sum()), 4) if work.sum() > 0 else 0.0))
+        figures.append(
+            PartitionFigures(
+                name=name,
+                samples=int(counts[k]),
+                remaining=int(left[k]),
+                pilot=len(pool),
+                mean_tokens=round(float(comp.mean()), 1),
+                p50_tokens=float(p50),
+                p90_tokens=float(p90),
+                p99_tokens=float(p99),
+                max_tokens=int(comp.max()),
+                truncation=round(float(pool.truncated.mean()), 4),
+                mean_latency_s=round(float(pool.latency.mean()), 4),
+                prompt_share=round(float(counts[k] / max(1, counts.sum())), 4),
+                time_share=round(float(work[k] / work.sum()), 4) if work.sum() > 0 else 0.0,
+            )
+        )
     return figures
 
 
@@ -212,17 +255,22 @@ def _hidden(tokens: Estimate, hidden_size: int | None, n_aux: int | None) -> dic
     if hidden_size is None or n_aux is None:
         return {}
     return {
-        "hidden_size": hidden_size, "n_aux": n_aux, "tokens": asdict(tokens),
-        "bytes": {codec: asdict(tokens.scaled(hidden_bytes_per_token(hidden_size, n_aux, codec)))
-                  for codec in CODECS},
+        "hidden_size": hidden_size,
+        "n_aux": n_aux,
+        "tokens": asdict(tokens),
+        "bytes": {
+            codec: asdict(tokens.scaled(hidden_bytes_per_token(hidden_size, n_aux, codec)))
+            for codec in CODECS
+        },
     }
 
 
 def _train(cfg: PlanConfig, tokens: Estimate) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if cfg.batch_tokens:
-        steps = Estimate(*(math.ceil(x / cfg.batch_tokens)
-                           for x in (tokens.value, tokens.low, tokens.high)))
+        steps = Estimate(
+            *(math.ceil(x / cfg.batch_tokens) for x in (tokens.value, tokens.low, tokens.high))
+        )
         out["batch_tokens"], out["steps_per_epoch"] = cfg.batch_tokens, asdict(steps)
     if cfg.train_tokens_per_s:
         out["tokens_per_s"] = cfg.train_tokens_per_s
@@ -234,30 +282,46 @@ def _extract(cfg: PlanConfig, tokens: Estimate) -> dict[str, Any]:
     """extract reads every token of every sample, at the throughput given."""
     if not cfg.extract_tokens_per_s:
         return {}
-    return {"tokens_per_s": cfg.extract_tokens_per_s,
-            "time_s": asdict(tokens.scaled(1 / cfg.extract_tokens_per_s))}
+    return {
+        "tokens_per_s": cfg.extract_tokens_per_s,
+        "time_s": asdict(tokens.scaled(1 / cfg.extract_tokens_per_s)),
+    }
 
 
-def _notes(partitions: list[PartitionFigures], pools: dict[str, Observations], full: Job,
-           slots: int, outcomes: Outcomes, max_tokens: int) -> list[str]:
+def _notes(
+    partitions: list[PartitionFigures],
+    pools: dict[str, Observations],
+    full: Job,
+    slots: int,
+    outcomes: Outcomes,
+    max_tokens: int,
+) -> list[str]:
     """What dominates the time, in a sentence each."""
     notes = []
     heavy = max(partitions, key=lambda p: p.time_share - p.prompt_share)
     if len(partitions) > 1 and heavy.time_share > 1.5 * heavy.prompt_share:
-        notes.append(f"the {heavy.name} partition is {percent(heavy.prompt_share)} of prompts and "
-                     f"{percent(heavy.time_share)} of the time")
+        notes.append(
+            f"the {heavy.name} partition is {percent(heavy.prompt_share)} of prompts and "
+            f"{percent(heavy.time_share)} of the time"
+        )
     counts = np.bincount(full.parts, minlength=len(partitions))
     work = sum(counts[k] * pools[p.name].latency.mean() for k, p in enumerate(partitions))
-    cut = sum(counts[k] * (pools[p.name].latency * pools[p.name].truncated).mean()
-              for k, p in enumerate(partitions))
+    cut = sum(
+        counts[k] * (pools[p.name].latency * pools[p.name].truncated).mean()
+        for k, p in enumerate(partitions)
+    )
     share = sum(counts[k] * p.truncation for k, p in enumerate(partitions)) / max(1, counts.sum())
     if share > 0 and work > 0:
-        notes.append(f"samples cut at --max-tokens {max_tokens} are {percent(share)} of samples "
-                     f"and {percent(cut / work)} of the time")
+        notes.append(
+            f"samples cut at --max-tokens {max_tokens} are {percent(share)} of samples "
+            f"and {percent(cut / work)} of the time"
+        )
     wall = float(np.median(outcomes.full_wall))
     if wall > 0 and work > 0:
         busy = work / slots / wall
         if busy < 0.9:
-            notes.append(f"the slots are busy {percent(busy)} of the run: its end waits on the "
-                         "longest requests while other slots are idle")
+            notes.append(
+                f"the slots are busy {percent(busy)} of the run: its end waits on the "
+                "longest requests while other slots are idle"
+            )
     return notes

@@ -72,8 +72,7 @@ def makespan(times: np.ndarray, turns: list[int], slots: int) -> float:
         cut_chains -= 1
         acc += turns[cut_chains]
     cut = len(times) - acc
-    return float(times[:cut].sum()) / slots + chain_makespan(times[cut:], turns[cut_chains:],
-                                                              slots)
+    return float(times[:cut].sum()) / slots + chain_makespan(times[cut:], turns[cut_chains:], slots)
 
 
 @dataclass
@@ -104,19 +103,23 @@ class Outcomes:
     tokens: list[float] = field(default_factory=list)
 
 
-def bootstrap(pools: list[Observations], remaining: Job, full: Job, slots: int,
-              replicates: int, seed: int) -> Outcomes:
+def bootstrap(
+    pools: list[Observations], remaining: Job, full: Job, slots: int, replicates: int, seed: int
+) -> Outcomes:
     """Two-level bootstrap: resample each partition's pilot, then draw the run from it."""
     rng = np.random.default_rng(seed)
     sizes = np.array([len(pool) for pool in pools])
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    flat = {name: np.concatenate([getattr(pool, name) for pool in pools])
-            for name in ("latency", "completion", "tokens")}
+    flat = {
+        name: np.concatenate([getattr(pool, name) for pool in pools])
+        for name in ("latency", "completion", "tokens")
+    }
     out = Outcomes()
     for _ in range(replicates):
         # Level one: partition k's pilot, resampled, in resampled[offsets[k]:][:sizes[k]].
-        resampled = offsets.repeat(sizes) + (rng.random(sizes.sum()) * sizes.repeat(sizes)
-                                             ).astype(np.int64)
+        resampled = offsets.repeat(sizes) + (rng.random(sizes.sum()) * sizes.repeat(sizes)).astype(
+            np.int64
+        )
 
         def draw(job: Job, again: np.ndarray = resampled) -> np.ndarray:
             """Level two: for each request of `job`, a sample of its partition's resample."""

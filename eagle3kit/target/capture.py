@@ -23,8 +23,10 @@ class Capture:
         self.base = getattr(model, getattr(model, "base_model_prefix", ""), model)
         blocks = getattr(self.base, "layers", None)
         if blocks is None:
-            raise UserError(f"--target: {type(model).__name__} has no `layers` list of decoder "
-                            f"layers; {who} knows Llama-, Qwen- and Mistral-style models")
+            raise UserError(
+                f"--target: {type(model).__name__} has no `layers` list of decoder "
+                f"layers; {who} knows Llama-, Qwen- and Mistral-style models"
+            )
         self.n_layers = len(blocks)
         self._captured: dict[int, Any] = {}
         for k in {*self.layers, self.n_layers}:
@@ -34,6 +36,7 @@ class Capture:
     def _keep(self, k: int) -> Any:
         def hook(_module: Any, _inputs: Any, output: Any) -> None:
             self._captured[k] = output[0] if isinstance(output, tuple) else output
+
         return hook
 
     @property

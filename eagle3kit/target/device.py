@@ -20,8 +20,12 @@ OLD_SPELLINGS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 """The short spellings some commands took before, and the name each now has."""
 
 
-def parse_dtype(value: str, flag: str = "--dtype", allowed: tuple[str, ...] = DTYPES,
-                given_as: str | None = None) -> tuple[str, str | None]:
+def parse_dtype(
+    value: str,
+    flag: str = "--dtype",
+    allowed: tuple[str, ...] = DTYPES,
+    given_as: str | None = None,
+) -> tuple[str, str | None]:
     """(the dtype's name in the one vocabulary, a note for the user or None).
 
     `value` may be an old spelling, and `given_as` the option's old name (--precision): both
@@ -31,8 +35,7 @@ def parse_dtype(value: str, flag: str = "--dtype", allowed: tuple[str, ...] = DT
         raise UserError(f"{given_as or flag} {value}: expected one of {', '.join(allowed)}")
     if given_as is None and name == value:
         return name, None
-    return name, (f"{given_as or flag} {value}: write {flag} {name} (the old spelling still "
-                  "works)")
+    return name, (f"{given_as or flag} {value}: write {flag} {name} (the old spelling still works)")
 
 
 def resolve_device(name: str, local_rank: int | None = None) -> Any:
@@ -58,10 +61,16 @@ def _check_gpu_index(name: str, index: int, local_rank: int | None, torch: Any) 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if index < count:
         return
-    rank = (f" (cuda:{local_rank} for local rank {local_rank})"
-            if count and name == "cuda" and local_rank is not None else "")
-    have = (f"this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
-            if count else "no CUDA device here")
+    rank = (
+        f" (cuda:{local_rank} for local rank {local_rank})"
+        if count and name == "cuda" and local_rank is not None
+        else ""
+    )
+    have = (
+        f"this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+        if count
+        else "no CUDA device here"
+    )
     raise UserError(f"--device {name}{rank}: {have}")
 
 

@@ -45,8 +45,10 @@ def _final_norm(model: HfModel) -> nn.Module:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     norm = getattr(decoder, "norm", None)
     if norm is None:
-        raise UserError(f"--target: {type(model).__name__} has no final `norm`; train knows "
-                        "Llama-, Qwen- and Mistral-style models")
+        raise UserError(
+            f"--target: {type(model).__name__} has no final `norm`; train knows "
+            "Llama-, Qwen- and Mistral-style models"
+        )
     return norm
 
 
@@ -87,16 +89,17 @@ class TargetHead(nn.Module):
         emb = model.get_input_embeddings().weight
         out = model.get_output_embeddings()
         norm = _final_norm(model)
-        names = {"embedding": _param_name(model, emb),
-                 "norm": _param_name(model, norm.weight)}
+        names = {"embedding": _param_name(model, emb), "norm": _param_name(model, norm.weight)}
         tied = out is None or out.weight is emb or getattr(config, "tie_word_embeddings", False)
         if not tied:
             names["lm_head"] = _param_name(model, out.weight)
         found = _read_tensors(path, list(names.values()))
         missing = [n for n in names.values() if n not in found]
         if missing:
-            raise UserError(f"--target {path}: weights {', '.join(missing)} not found; is it a "
-                            "transformers checkpoint of this config?")
+            raise UserError(
+                f"--target {path}: weights {', '.join(missing)} not found; is it a "
+                "transformers checkpoint of this config?"
+            )
         norm.to_empty(device="cpu")
         norm.load_state_dict({"weight": found[names["norm"]]}, strict=False)
         embedding = found[names["embedding"]]
@@ -120,24 +123,31 @@ class TargetHead(nn.Module):
         """Greedy token over the full vocabulary at every position: [..., H] -> [...]."""
         flat = normed.reshape(-1, normed.shape[-1])
         rows = max(1, LOGIT_CHUNK_BYTES // (4 * self.lm_head.shape[0]))
-        out = [torch.matmul(flat[i:i + rows].to(self.lm_head.dtype), self.lm_head.T)
-               .float().argmax(-1) for i in range(0, flat.shape[0], rows)]
-        return torch.cat(out).reshape(normed.shape[:-1]) if out else flat.new_zeros(
-            normed.shape[:-1], dtype=torch.long)
+        out = [
+            torch.matmul(flat[i : i + rows].to(self.lm_head.dtype), self.lm_head.T)
+            .float()
+            .argmax(-1)
+            for i in range(0, flat.shape[0], rows)
+        ]
+        return (
+            torch.cat(out).reshape(normed.shape[:-1])
+            if out
+            else flat.new_zeros(normed.shape[:-1], dtype=torch.long)
+        )
 
     @torch.no_grad()
-    def draft_probs(self, normed: torch.Tensor, draft_ids: torch.Tensor,
-                    temperature: float = 1.0) -> torch.Tensor:
+    def draft_probs(
+        self, normed: torch.Tensor, draft_ids: torch.Tensor, temperature: float = 1.0
+    ) -> torch.Tensor:
         """The target's distribution at `temperature` restricted to the draft vocabulary and
         renormalised, fp32: softmax over the t2d columns of its logits / temperature.
         [..., H] -> [..., Vd], one block of positions at a time, so only the result is ever
         whole."""
         head = self.lm_head[draft_ids]
         flat = normed.reshape(-1, normed.shape[-1])
-        out = torch.empty(flat.shape[0], head.shape[0], dtype=torch.float32,
-                          device=normed.device)
+        out = torch.empty(flat.shape[0], head.shape[0], dtype=torch.float32, device=normed.device)
         rows = max(1, LOGIT_CHUNK_BYTES // (4 * head.shape[0]))
         for i in range(0, flat.shape[0], rows):
-            logits = torch.matmul(flat[i:i + rows].to(head.dtype), head.T)
-            out[i:i + rows] = torch.softmax(logits.float() / temperature, dim=-1)
+            logits = torch.matmul(flat[i : i + rows].to(head.dtype), head.T)
+            out[i : i + rows] = torch.softmax(logits.float() / temperature, dim=-1)
         return out.reshape(*normed.shape[:-1], head.shape[0])

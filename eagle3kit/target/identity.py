@@ -28,8 +28,7 @@ import xxhash
 from eagle3kit._json import json_object
 from eagle3kit.errors import UserError
 
-COMPARED = ("model_type", "num_layers", "hidden_size", "vocab_size", "fingerprint",
-            "config_xxh3")
+COMPARED = ("model_type", "num_layers", "hidden_size", "vocab_size", "fingerprint", "config_xxh3")
 """The identity keys that must agree for two records to name the same target. The weights'
 file names and sizes (`weights_xxh3`) are recorded, not compared: a bf16 copy of the same
 model has other sizes and the same states."""
@@ -61,8 +60,15 @@ def read_config(path: Path, trust_remote_code: bool = False, flag: str = "--targ
 # Identity -------------------------------------------------------------------------------------
 def config_fingerprint(config: Any) -> str:
     """A short hash of the target config fields that decide what its hidden states mean."""
-    fields = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size",
-              "intermediate_size", "num_attention_heads", "num_key_value_heads")
+    fields = (
+        "model_type",
+        "hidden_size",
+        "num_hidden_layers",
+        "vocab_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+    )
     data = {k: getattr(config, k, None) for k in fields}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -70,8 +76,9 @@ def config_fingerprint(config: Any) -> str:
 def config_hash(path: Path) -> str | None:
     """The config.json's content, keys sorted, so a reformatted copy hashes the same."""
     try:
-        return xxhash.xxh3_128_hexdigest(orjson.dumps(orjson.loads(path.read_bytes()),
-                                                      option=orjson.OPT_SORT_KEYS))
+        return xxhash.xxh3_128_hexdigest(
+            orjson.dumps(orjson.loads(path.read_bytes()), option=orjson.OPT_SORT_KEYS)
+        )
     except (OSError, orjson.JSONDecodeError):
         return None
 
@@ -94,11 +101,16 @@ def identity(path: Path, config: Any) -> dict:
         architectures = list(config_dict(path).get("architectures") or [])
     except UserError:
         architectures = list(getattr(config, "architectures", None) or [])
-    return {"model_type": config.model_type, "architectures": architectures,
-            "num_layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
-            "vocab_size": config.vocab_size, "fingerprint": config_fingerprint(config),
-            "config_xxh3": config_hash(path / "config.json"),
-            "weights_xxh3": weights_fingerprint(path)}
+    return {
+        "model_type": config.model_type,
+        "architectures": architectures,
+        "num_layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "vocab_size": config.vocab_size,
+        "fingerprint": config_fingerprint(config),
+        "config_xxh3": config_hash(path / "config.json"),
+        "weights_xxh3": weights_fingerprint(path),
+    }
 
 
 def location(path: Path) -> dict:
@@ -127,8 +139,9 @@ class TargetInfo:
     identity: dict
 
     @classmethod
-    def load(cls, path: Path, trust_remote_code: bool = False,
-             flag: str = "--target") -> TargetInfo:
+    def load(
+        cls, path: Path, trust_remote_code: bool = False, flag: str = "--target"
+    ) -> TargetInfo:
         config = read_config(path, trust_remote_code, flag)
         try:
             record = identity(path, config)

@@ -18,11 +18,17 @@ from eagle3kit.train.config import DataSpec, TrainConfig, TrainResult
 from eagle3kit.train.run import run
 
 _HOMES = {
-    "OfflineTarget": "target", "OnlineTarget": "target", "TargetBatch": "target",
+    "OfflineTarget": "target",
+    "OnlineTarget": "target",
+    "TargetBatch": "target",
     "TargetHead": "target",
-    "TTTLoss": "ttt", "step_counts": "ttt",
-    "EvalResult": "heldout", "chain_verdicts": "heldout", "conditional_counts": "heldout",
-    "evaluate": "heldout", "predicted_acceptance_length": "heldout",
+    "TTTLoss": "ttt",
+    "step_counts": "ttt",
+    "EvalResult": "heldout",
+    "chain_verdicts": "heldout",
+    "conditional_counts": "heldout",
+    "evaluate": "heldout",
+    "predicted_acceptance_length": "heldout",
 }
 
 __all__ = [

@@ -332,8 +332,7 @@ def write_run_json(s: Setup) -> dict:
             "too_short": s.pool.too_short,
         },
         # --report-to's tracker runs (name: run id), which a resumed run continues.
-        "trackers": (dict(before["trackers"]) if isinstance(before.get("trackers"), dict)
-                     else {}),
+        "trackers": (dict(before["trackers"]) if isinstance(before.get("trackers"), dict) else {}),
     }
     if before.get("selection"):  # which step drafter/ holds, until the next checkpoint
         record["selection"] = before["selection"]

@@ -33,10 +33,32 @@ DRAFTER_STEPS = ("best", "last")
 """--drafter-step: what RUN/drafter/ holds (eagle3kit/train/selection.py)."""
 
 SETTINGS = (
-    "data", "target", "online", "layers", "draft_vocab", "init_from", "ttt_steps",
-    "ttt_decay", "max_len", "long_samples", "lr", "min_lr", "warmup", "weight_decay",
-    "grad_clip", "batch_tokens", "grad_accum", "epochs", "max_steps", "seed", "eval_split",
-    "eval_k", "precision", "schedule", "lm_head", "data_order",
+    "data",
+    "target",
+    "online",
+    "layers",
+    "draft_vocab",
+    "init_from",
+    "ttt_steps",
+    "ttt_decay",
+    "max_len",
+    "long_samples",
+    "lr",
+    "min_lr",
+    "warmup",
+    "weight_decay",
+    "grad_clip",
+    "batch_tokens",
+    "grad_accum",
+    "epochs",
+    "max_steps",
+    "seed",
+    "eval_split",
+    "eval_k",
+    "precision",
+    "schedule",
+    "lm_head",
+    "data_order",
 )
 """The options that decide a run's trajectory: continuing a run with any of them changed
 needs --force. Logging, checkpoint cadence, --device, --fsdp, --eval-every and
@@ -74,8 +96,9 @@ class DataSpec:
 
 @dataclass
 class TrainConfig:
-    data: list[DataSpec] = field(metadata=arg(
-        metavar="DATA[:WEIGHT]... RUN", last="out", type=list[str]))
+    data: list[DataSpec] = field(
+        metadata=arg(metavar="DATA[:WEIGHT]... RUN", last="out", type=list[str])
+    )
     """Hidden-state datasets (offline), or token datasets with --online; `DIR:W` weights one."""
     out: Path = field(metadata=not_option())  # filled by DATA... RUN's last value
     """The run directory (created, or continued when it holds a run)."""
@@ -86,8 +109,9 @@ class TrainConfig:
     """Run the frozen target in the loop on token datasets instead of reading stored states."""
     layers: list[int] | str | None = field(default=None, metadata=opt(metavar="2,18,33", type=str))
     """Aux layer ids (boundary convention) for --online; offline they come from the data."""
-    servers: list[str] = field(default_factory=list, metadata=opt(
-        "--server", metavar="URL[@N]", cli_only="destination"))
+    servers: list[str] = field(
+        default_factory=list, metadata=opt("--server", metavar="URL[@N]", cli_only="destination")
+    )
     """--online --server: vLLM servers running extract_hidden_states (`URL` or `URL@SLOTS`)
     give the states; no target weights but the final norm, lm_head and embedding load."""
     prefetch: int | None = field(default=None, metadata=opt(metavar="SAMPLES"))
@@ -99,13 +123,15 @@ class TrainConfig:
     """--server: seconds one request may take before the server counts as stalled."""
     model: str | None = None
     """--server: the served model name (default: each server's first)."""
-    hidden_states_dir: Path | None = field(default=None, metadata=opt(metavar="DIR",
-                                                                      cli_only="deletion"))
+    hidden_states_dir: Path | None = field(
+        default=None, metadata=opt(metavar="DIR", cli_only="deletion")
+    )
     """--server: the servers' shared_storage_path as this machine sees it (or a folder
     holding them all); only `.safetensors` files inside it that a server names are read,
     then deleted. Required with --server."""
-    api_key: str | None = field(default=None, repr=False, metadata=opt(
-        envvar="EAGLE3KIT_API_KEY", cli_only="secret"))
+    api_key: str | None = field(
+        default=None, repr=False, metadata=opt(envvar="EAGLE3KIT_API_KEY", cli_only="secret")
+    )
     """--server: bearer token for the servers (never stored)."""
     draft_vocab: int = field(default=32000, metadata=opt(metavar="N"))
     """Draft vocabulary size: the most frequent loss-carrying tokens (capped at the target's)."""
@@ -114,11 +140,13 @@ class TrainConfig:
     variant: str | None = field(default=None, metadata=opt(metavar="NAME"))
     """The layout of a new drafter: eagle3 (the reference EAGLE-3 drafter), speculators
     (speculators 0.9.0's CLI defaults) or eagle3.1; None: eagle3, or --init-from's own."""
-    norm_before_residual: bool | None = field(default=None, metadata=opt(
-        "--norm-before-residual/--no-norm-before-residual"))
+    norm_before_residual: bool | None = field(
+        default=None, metadata=opt("--norm-before-residual/--no-norm-before-residual")
+    )
     """Override the variant: the first layer's residual is the normed hidden input."""
-    norm_before_fc: bool | None = field(default=None, metadata=opt(
-        "--norm-before-fc/--no-norm-before-fc"))
+    norm_before_fc: bool | None = field(
+        default=None, metadata=opt("--norm-before-fc/--no-norm-before-fc")
+    )
     """Override the variant: one RMSNorm over the concatenated aux states before fc."""
     fc_norm: bool | None = field(default=None, metadata=opt("--fc-norm/--no-fc-norm"))
     """Override the variant: one RMSNorm per aux state before fc."""
@@ -126,8 +154,9 @@ class TrainConfig:
     """Override the variant: feed the final norm's output to the next step."""
     num_hidden_layers: int | None = field(default=None, metadata=opt(metavar="N"))
     """Override the variant: decoder layers."""
-    embed_requires_grad: bool | None = field(default=None, metadata=opt(
-        "--embed-requires-grad/--no-embed-requires-grad"))
+    embed_requires_grad: bool | None = field(
+        default=None, metadata=opt("--embed-requires-grad/--no-embed-requires-grad")
+    )
     """Override the variant: train the drafter's own embedding (stored in its checkpoints)."""
     ttt_steps: int = 7
     """Training-time-test steps."""
@@ -213,13 +242,13 @@ class TrainConfig:
     trust_remote_code: bool = field(default=False, metadata=opt(cli_only="code"))
     """Run code the target directory ships (auto_map); only ever from the flag, never from
     what a dataset records."""
-    report_to: str = field(default="none", metadata=opt(metavar="NAMES",
-                                                        cli_only="destination"))
+    report_to: str = field(default="none", metadata=opt(metavar="NAMES", cli_only="destination"))
     """Experiment trackers to send the metrics to, a comma list of tensorboard, wandb,
     mlflow, trackio (each an extra: pip install 'eagle3kit[wandb]'), set up by their usual
     environment variables; none: only metrics.jsonl."""
-    write: WriteOptions = field(default_factory=WriteOptions, metadata=embed(
-        "resume", "overwrite", "force"))
+    write: WriteOptions = field(
+        default_factory=WriteOptions, metadata=embed("resume", "overwrite", "force")
+    )
     """--resume/--overwrite/--force: whether a run continues (auto), must (resume) or starts
     afresh, and whether one started with other settings may (force)."""
     output: OutputOptions = field(default_factory=OutputOptions)
@@ -232,8 +261,9 @@ class TrainConfig:
         if len(paths) < 2:
             raise UserError("give the datasets, then the run directory last")
         *data, out = paths
-        return cls([DataSpec.parse(d) for d in data], Path(out), options.pop("target", None),
-                   **options)
+        return cls(
+            [DataSpec.parse(d) for d in data], Path(out), options.pop("target", None), **options
+        )
 
     def __post_init__(self, precision: str | None) -> None:
         if self.out is None:  # a single path on the command line
@@ -288,7 +318,8 @@ class TrainConfig:
         from eagle3kit.model.config import VARIANTS
 
         return self.variant is not None or any(
-            getattr(self, name) is not None for name in VARIANTS["eagle3"])
+            getattr(self, name) is not None for name in VARIANTS["eagle3"]
+        )
 
     @property
     def server_slots(self) -> list[tuple[str, int]]:
@@ -349,10 +380,15 @@ class TrainConfig:
 
 # The command line's checks, each adding what it finds to `found` -------------------------
 def _check_ranges(cfg: TrainConfig, found: list[str]) -> None:
-    positive: dict[str, float] = {"--draft-vocab": cfg.draft_vocab, "--ttt-steps": cfg.ttt_steps,
-                "--batch-tokens": cfg.batch_tokens,
-                "--grad-accum": cfg.grad_accum, "--eval-k": cfg.eval_k,
-                "--checkpoint-every": cfg.checkpoint_every, "--keep": cfg.keep}
+    positive: dict[str, float] = {
+        "--draft-vocab": cfg.draft_vocab,
+        "--ttt-steps": cfg.ttt_steps,
+        "--batch-tokens": cfg.batch_tokens,
+        "--grad-accum": cfg.grad_accum,
+        "--eval-k": cfg.eval_k,
+        "--checkpoint-every": cfg.checkpoint_every,
+        "--keep": cfg.keep,
+    }
     for flag, value in positive.items():
         if not value >= 1:
             found.append(f"{flag} must be >= 1 (got {value})")
@@ -360,17 +396,24 @@ def _check_ranges(cfg: TrainConfig, found: list[str]) -> None:
         found.append(f"--max-len must be >= 3 tokens (got {cfg.max_len})")
     unrolled = max(cfg.ttt_steps, cfg.eval_k)
     if cfg.sliding_window is not None and not cfg.sliding_window >= unrolled:
-        found.append(f"--sliding-window must be >= --ttt-steps and --eval-k ({unrolled}): the "
-                     f"last step unrolled sits that many positions past its context "
-                     f"(got {cfg.sliding_window})")
+        found.append(
+            f"--sliding-window must be >= --ttt-steps and --eval-k ({unrolled}): the "
+            f"last step unrolled sits that many positions past its context "
+            f"(got {cfg.sliding_window})"
+        )
     for flag, value in (("--lr", cfg.lr), ("--ttt-decay", cfg.ttt_decay)):
         if not (value > 0 and math.isfinite(value)):
             found.append(f"{flag} must be > 0 (got {value})")
-    for flag, value in (("--min-lr", cfg.min_lr), ("--warmup", cfg.warmup),
-                        ("--weight-decay", cfg.weight_decay),
-                        ("--grad-clip", cfg.grad_clip), ("--eval-split", cfg.eval_split),
-                        ("--checkpoint-interval", cfg.checkpoint_interval),
-                        ("--eval-every", cfg.eval_every), ("--patience", cfg.patience)):
+    for flag, value in (
+        ("--min-lr", cfg.min_lr),
+        ("--warmup", cfg.warmup),
+        ("--weight-decay", cfg.weight_decay),
+        ("--grad-clip", cfg.grad_clip),
+        ("--eval-split", cfg.eval_split),
+        ("--checkpoint-interval", cfg.checkpoint_interval),
+        ("--eval-every", cfg.eval_every),
+        ("--patience", cfg.patience),
+    ):
         if not (value >= 0 and math.isfinite(value)):
             found.append(f"{flag} must be >= 0 (got {value})")
     if not (cfg.eval_temperature >= 0 and math.isfinite(cfg.eval_temperature)):
@@ -384,8 +427,7 @@ def _check_ranges(cfg: TrainConfig, found: list[str]) -> None:
     if cfg.min_lr > cfg.lr:
         found.append(f"--min-lr ({cfg.min_lr}) must not exceed --lr ({cfg.lr})")
     if cfg.eval_split >= 1 and not float(cfg.eval_split).is_integer():
-        found.append(f"--eval-split is a share below 1 or a whole count "
-                     f"(got {cfg.eval_split})")
+        found.append(f"--eval-split is a share below 1 or a whole count (got {cfg.eval_split})")
     if cfg.epochs is not None and not (cfg.epochs > 0 and math.isfinite(cfg.epochs)):
         found.append(f"--epochs must be > 0 (got {cfg.epochs})")
     if cfg.max_steps is not None and cfg.max_steps < 1:
@@ -402,24 +444,33 @@ def _check_variant(cfg: TrainConfig, found: list[str]) -> None:
         found.append(f"--num-hidden-layers must be >= 1 (got {cfg.num_hidden_layers})")
     fields = cfg.drafter_variant()
     if fields["norm_before_fc"] and fields["fc_norm"]:
-        found.append("--fc-norm and --norm-before-fc exclude each other (both normalise "
-                     "the aux states before fc)"
-                     + (f"; --variant {cfg.variant} has norm_before_fc"
-                        if cfg.variant and VARIANTS[cfg.variant]["norm_before_fc"]
-                        else "")
-                     + (f"; --variant {cfg.variant} has fc_norm"
-                        if cfg.variant and VARIANTS[cfg.variant]["fc_norm"] else ""))
+        found.append(
+            "--fc-norm and --norm-before-fc exclude each other (both normalise "
+            "the aux states before fc)"
+            + (
+                f"; --variant {cfg.variant} has norm_before_fc"
+                if cfg.variant and VARIANTS[cfg.variant]["norm_before_fc"]
+                else ""
+            )
+            + (
+                f"; --variant {cfg.variant} has fc_norm"
+                if cfg.variant and VARIANTS[cfg.variant]["fc_norm"]
+                else ""
+            )
+        )
 
 
 def _check_choices(cfg: TrainConfig, found: list[str]) -> None:
     _check_variant(cfg, found)
     if cfg.long_samples not in LONG_POLICIES:
         found.append(f"--long-samples must be drop or truncate (got {cfg.long_samples})")
-    for flag, value, allowed in (("--schedule", cfg.schedule, SCHEDULES),
-                                 ("--lm-head", cfg.lm_head, LM_HEADS),
-                                 ("--data-order", cfg.data_order, DATA_ORDERS),
-                                 ("--drafter-step", cfg.drafter_step, DRAFTER_STEPS),
-                                 ("--loss", cfg.loss, LOSSES)):
+    for flag, value, allowed in (
+        ("--schedule", cfg.schedule, SCHEDULES),
+        ("--lm-head", cfg.lm_head, LM_HEADS),
+        ("--data-order", cfg.data_order, DATA_ORDERS),
+        ("--drafter-step", cfg.drafter_step, DRAFTER_STEPS),
+        ("--loss", cfg.loss, LOSSES),
+    ):
         if value not in allowed:
             found.append(f"{flag} must be one of {', '.join(allowed)} (got {value})")
     try:
@@ -429,8 +480,10 @@ def _check_choices(cfg: TrainConfig, found: list[str]) -> None:
     except UserError as exc:
         found.append(str(exc))
     if cfg.layers is not None and not cfg.online:
-        found.append("--layers applies to --online training; offline, the layer ids are "
-                     "those the hidden-state dataset was extracted at")
+        found.append(
+            "--layers applies to --online training; offline, the layer ids are "
+            "those the hidden-state dataset was extracted at"
+        )
     problem = device_problem(cfg.device)
     if problem:
         found.append(problem)
@@ -448,8 +501,10 @@ def _check_servers(cfg: TrainConfig, found: list[str]) -> None:
     if not cfg.servers:
         return
     if not cfg.online:
-        found.append("--server applies to --online training (the states come from the "
-                     "servers instead of the target in this process): add --online")
+        found.append(
+            "--server applies to --online training (the states come from the "
+            "servers instead of the target in this process): add --online"
+        )
     try:
         specs = [parse_server(s) for s in cfg.servers]
     except UserError as exc:
@@ -462,8 +517,7 @@ def _check_servers(cfg: TrainConfig, found: list[str]) -> None:
 
 def _check_paths(cfg: TrainConfig, found: list[str]) -> None:
     # Here, not in the stage: a mistyped path is refused in a second, before torch loads.
-    found += [f"{d.path}: no such dataset directory" for d in cfg.data
-              if not d.path.is_dir()]
+    found += [f"{d.path}: no such dataset directory" for d in cfg.data if not d.path.is_dir()]
     if cfg.target is None:
         found.append("--target is required: the target model directory")
     elif not cfg.target.is_dir():
@@ -473,8 +527,10 @@ def _check_paths(cfg: TrainConfig, found: list[str]) -> None:
     if cfg.init_from is not None and not cfg.init_from.is_dir():
         found.append(f"--init-from {cfg.init_from}: no such directory")
     if cfg.out.exists() and not cfg.out.is_dir():
-        found.append(f"{cfg.out}: exists and is not a directory (the run directory "
-                     "train writes); give a new directory")
+        found.append(
+            f"{cfg.out}: exists and is not a directory (the run directory "
+            "train writes); give a new directory"
+        )
     elif cfg.out.is_dir():  # a link where the run keeps its own files, in every mode
         from eagle3kit.checkpoints.rundir import RunDir
 

@@ -46,10 +46,15 @@ class Source:
         return np.asarray(view.input_ids), np.asarray(view.loss_mask)
 
     def manifest_summary(self) -> dict:
-        return {"path": str(self.path.resolve()), "weight": self.weight, "kind": self.kind,
-                "samples": len(self.ids), "tokens": int(self.lengths.sum()),
-                "manifest_xxh3": self.dataset.manifest_xxh3,
-                "manifest": self.dataset.header()}
+        return {
+            "path": str(self.path.resolve()),
+            "weight": self.weight,
+            "kind": self.kind,
+            "samples": len(self.ids),
+            "tokens": int(self.lengths.sum()),
+            "manifest_xxh3": self.dataset.manifest_xxh3,
+            "manifest": self.dataset.header(),
+        }
 
 
 def open_source(path: Path, weight: float, online: bool) -> Source:
@@ -61,15 +66,20 @@ def open_source(path: Path, weight: float, online: bool) -> Source:
     except DatasetError as exc:
         raise UserError(str(exc)) from None
     if online and kind != "tokens":
-        raise UserError(f"{path}: a {kind} dataset; --online trains from token datasets "
-                        "(drop --online to train offline from hidden states)")
+        raise UserError(
+            f"{path}: a {kind} dataset; --online trains from token datasets "
+            "(drop --online to train offline from hidden states)"
+        )
     if not online and kind != "hidden":
-        raise UserError(f"{path}: a token dataset; train from it with --online, or make a "
-                        "hidden-state dataset first with `eagle3kit extract`")
-    ds: Dataset = (HiddenDataset(path) if kind == "hidden" else Dataset(path))
+        raise UserError(
+            f"{path}: a token dataset; train from it with --online, or make a "
+            "hidden-state dataset first with `eagle3kit extract`"
+        )
+    ds: Dataset = HiddenDataset(path) if kind == "hidden" else Dataset(path)
     _ui.warn_all(ds.warnings)
-    scan: Dataset = (HiddenDataset(path, verify_shards=False, warn_stray=False)
-                     if kind == "hidden" else ds)
+    scan: Dataset = (
+        HiddenDataset(path, verify_shards=False, warn_stray=False) if kind == "hidden" else ds
+    )
     ids: list[str] = []
     lengths: list[np.ndarray] = []
     for shard in scan.columns():
@@ -77,8 +87,15 @@ def open_source(path: Path, weight: float, online: bool) -> Source:
         lengths.append(shard.lengths)
     if not ids:
         raise UserError(f"{path}: the dataset holds no samples")
-    return Source(path, weight, kind, ds, scan, ids,
-                  np.concatenate(lengths) if lengths else np.zeros(0, np.int64))
+    return Source(
+        path,
+        weight,
+        kind,
+        ds,
+        scan,
+        ids,
+        np.concatenate(lengths) if lengths else np.zeros(0, np.int64),
+    )
 
 
 def split_hash(sample_id: str) -> int:
@@ -134,8 +151,13 @@ class LongStats:
     """Tokens of all the samples, before the limit."""
 
     def to_dict(self) -> dict:
-        return {"dropped": self.dropped, "truncated": self.truncated,
-                "tokens_cut": self.tokens_cut, "max_len": self.max_len, "tokens": self.tokens}
+        return {
+            "dropped": self.dropped,
+            "truncated": self.truncated,
+            "tokens_cut": self.tokens_cut,
+            "max_len": self.max_len,
+            "tokens": self.tokens,
+        }
 
 
 @dataclass
@@ -149,8 +171,9 @@ class Pool:
     too_short: int = 0
 
 
-def build_pool(sources: list[Source], masks: list[np.ndarray], max_len: int | None,
-               policy: str) -> Pool:
+def build_pool(
+    sources: list[Source], masks: list[np.ndarray], max_len: int | None, policy: str
+) -> Pool:
     """Apply --max-len / --long-samples (None: no limit) and drop samples too short to train
     on (< 3 tokens: a prediction needs a state, the next token and a target after it)."""
     pool = Pool([[] for _ in sources], [], LongStats(max_len=max_len))
@@ -177,8 +200,9 @@ def build_pool(sources: list[Source], masks: list[np.ndarray], max_len: int | No
     return pool
 
 
-def epoch_items(pool: Pool, weights: list[float], seed: int, epoch: int,
-                fixed_order: bool = False) -> list[Item]:
+def epoch_items(
+    pool: Pool, weights: list[float], seed: int, epoch: int, fixed_order: bool = False
+) -> list[Item]:
     """One epoch's samples in training order. Weight w: each sample floor(w) times, plus a
     seeded random share frac(w) of the dataset, drawn anew each epoch. `fixed_order`: the
     same seeded permutation every epoch (--data-order fixed)."""
@@ -190,8 +214,7 @@ def epoch_items(pool: Pool, weights: list[float], seed: int, epoch: int,
         extra = round(frac * len(items))
         if extra:
             chosen += [items[i] for i in sorted(rng.choice(len(items), extra, replace=False))]
-    order = np.random.default_rng([seed, 0 if fixed_order else epoch, 0]).permutation(
-        len(chosen))
+    order = np.random.default_rng([seed, 0 if fixed_order else epoch, 0]).permutation(len(chosen))
     return [chosen[i] for i in order]
 
 
@@ -246,13 +269,23 @@ class Plan:
         raise IndexError(n)
 
 
-def make_plan(pool: Pool, weights: list[float], seed: int, budget: int, parts: int,
-              epochs: float | None, max_steps: int | None, fixed_order: bool = False) -> Plan:
+def make_plan(
+    pool: Pool,
+    weights: list[float],
+    seed: int,
+    budget: int,
+    parts: int,
+    epochs: float | None,
+    max_steps: int | None,
+    fixed_order: bool = False,
+) -> Plan:
     """Global batches of `budget` x `parts` tokens; --epochs (a fraction cuts the last one),
     or as many epochs as --max-steps needs."""
     if not any(pool.train):
-        raise UserError("no training samples left (all held out, dropped as too long, or "
-                        "shorter than 3 tokens): lower --eval-split or raise --max-len")
+        raise UserError(
+            "no training samples left (all held out, dropped as too long, or "
+            "shorter than 3 tokens): lower --eval-split or raise --max-len"
+        )
     out: list[list[list[Item]]] = []
     want_epochs = epochs if epochs is not None else (None if max_steps else 1.0)
     steps = 0
@@ -262,12 +295,11 @@ def make_plan(pool: Pool, weights: list[float], seed: int, budget: int, parts: i
             break
         if max_steps is not None and steps >= max_steps:
             break
-        batches = global_batches(epoch_items(pool, weights, seed, e, fixed_order),
-                                 budget * parts)
+        batches = global_batches(epoch_items(pool, weights, seed, e, fixed_order), budget * parts)
         if want_epochs is not None and want_epochs - e < 1:
-            batches = batches[:max(1, round(len(batches) * (want_epochs - e)))]
+            batches = batches[: max(1, round(len(batches) * (want_epochs - e)))]
         if max_steps is not None:
-            batches = batches[:max_steps - steps]
+            batches = batches[: max_steps - steps]
         out.append(batches)
         steps += len(batches)
         e += 1
@@ -281,7 +313,7 @@ def count_vocab(sources: list[Source], pool: Pool, vocab_size: int) -> np.ndarra
         chunk: list[np.ndarray] = []
         for item in items:
             ids, mask = sources[item.source].tokens(item.index)
-            ids, mask = ids[:item.length], mask[:item.length]
+            ids, mask = ids[: item.length], mask[: item.length]
             chunk.append(ids[mask.astype(bool)])
             if len(chunk) >= 4096:
                 _add_counts(counts, chunk, sources[item.source].path)
@@ -294,6 +326,8 @@ def count_vocab(sources: list[Source], pool: Pool, vocab_size: int) -> np.ndarra
 def _add_counts(counts: np.ndarray, chunk: list[np.ndarray], where: Path) -> None:
     ids = np.concatenate(chunk).astype(np.int64)
     if ids.size and ids.max() >= len(counts):
-        raise UserError(f"{where}: holds token id {int(ids.max())}, but the target's "
-                        f"vocabulary has {len(counts)} ids: data made for another model?")
+        raise UserError(
+            f"{where}: holds token id {int(ids.max())}, but the target's "
+            f"vocabulary has {len(counts)} ids: data made for another model?"
+        )
     counts += np.bincount(ids, minlength=len(counts))

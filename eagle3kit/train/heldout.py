@@ -386,9 +386,14 @@ class HeldOut:
         if not self.feed.pool.heldout:
             return None
         with sharding.gathered(model):
-            result = evaluate(drafter, self.feed.heldout_batches(), self.cfg.eval_k,
-                              reduce=self.ranks.sum, markers=self.markers,
-                              sampled=self.sampled())
+            result = evaluate(
+                drafter,
+                self.feed.heldout_batches(),
+                self.cfg.eval_k,
+                reduce=self.ranks.sum,
+                markers=self.markers,
+                sampled=self.sampled(),
+            )
         result.step = step
         return result.to_dict()
 
@@ -398,8 +403,7 @@ class HeldOut:
             return None
         from eagle3kit.model.verification import Rule
 
-        return Sampled(Rule(self.cfg.eval_verify), self.cfg.eval_temperature,
-                       self.head.lm_head)
+        return Sampled(Rule(self.cfg.eval_verify), self.cfg.eval_temperature, self.head.lm_head)
 
 
 def markers_of(target: Path, trust_remote_code: bool) -> Any:
@@ -410,8 +414,7 @@ def markers_of(target: Path, trust_remote_code: bool) -> Any:
     from eagle3kit.chat.phases import Markers
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(target),
-                                                  trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(str(target), trust_remote_code=trust_remote_code)
     except Exception:  # a target without a tokenizer: the prediction goes without phases
         return None
     markers = Markers.of(tokenizer)

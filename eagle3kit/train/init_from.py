@@ -35,16 +35,22 @@ def check_init(model: Eagle3Drafter, target_cfg: Any, layers: list[int], path: P
     c = model.config
     where = f"--init-from {path}"
     if c.vocab_size != target_cfg.vocab_size:
-        raise UserError(f"{where}: made for a vocabulary of {c.vocab_size}, --target has "
-                        f"{target_cfg.vocab_size}")
+        raise UserError(
+            f"{where}: made for a vocabulary of {c.vocab_size}, --target has "
+            f"{target_cfg.vocab_size}"
+        )
     if c.hidden_size != target_cfg.hidden_size or c.aux_width != 3 * target_cfg.hidden_size:
-        raise UserError(f"{where}: width {c.hidden_size} (fc input {c.aux_width}), --target "
-                        f"has hidden size {target_cfg.hidden_size}")
+        raise UserError(
+            f"{where}: width {c.hidden_size} (fc input {c.aux_width}), --target "
+            f"has hidden size {target_cfg.hidden_size}"
+        )
     if list(c.aux_layer_ids) != list(layers):
-        raise UserError(f"{where}: reads layers {c.aux_layer_ids}, the training states are "
-                        f"from layers {layers}")
-    problems = vocab_problems(model.d2t.numpy(), model.t2d.numpy(), c.vocab_size,
-                              c.draft_vocab_size)
+        raise UserError(
+            f"{where}: reads layers {c.aux_layer_ids}, the training states are from layers {layers}"
+        )
+    problems = vocab_problems(
+        model.d2t.numpy(), model.t2d.numpy(), c.vocab_size, c.draft_vocab_size
+    )
     if problems:
         raise UserError(f"{where}: its draft vocabulary is unusable: {problems[0]}")
 
@@ -56,10 +62,12 @@ def check_init_variant(model: Eagle3Drafter, cfg: Any) -> None:
         return
     wanted = cfg.drafter_variant()
     has = {name: getattr(model.config, name) for name in wanted}
-    differ = [f"{name} {has[name]} (asked {wanted[name]})" for name in wanted
-              if has[name] != wanted[name]]
+    differ = [
+        f"{name} {has[name]} (asked {wanted[name]})" for name in wanted if has[name] != wanted[name]
+    ]
     if differ:
-        raise UserError(f"--init-from {cfg.init_from}: a {describe_variant(has)} drafter, "
-                        f"and the weights keep their layout: {', '.join(differ)}; leave "
-                        f"--variant and the layout flags out")
-
+        raise UserError(
+            f"--init-from {cfg.init_from}: a {describe_variant(has)} drafter, "
+            f"and the weights keep their layout: {', '.join(differ)}; leave "
+            f"--variant and the layout flags out"
+        )

@@ -169,10 +169,12 @@ class TrainLoop:
                     return done, True
                 if patient:
                     best = self.evals.best or {}
-                    _ui.info(f"train: --patience {cfg.patience}: no better held-out "
-                             f"acceptance since step {best.get('step')} "
-                             f"({best.get(AL, 0):.3f}); training ends at step {done}",
-                             cfg.output)
+                    _ui.info(
+                        f"train: --patience {cfg.patience}: no better held-out "
+                        f"acceptance since step {best.get('step')} "
+                        f"({best.get(AL, 0):.3f}); training ends at step {done}",
+                        cfg.output,
+                    )
                     return done, False
         return done, False
 

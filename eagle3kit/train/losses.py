@@ -44,8 +44,9 @@ _ALPHA_FLOOR = 1e-6
 """Floor of α under −log α: a draft with no overlap still gets a finite, large gradient."""
 
 
-def _acceptance(logits: torch.Tensor, probs: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _acceptance(
+    logits: torch.Tensor, probs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, α = Σ_v min(p_v, q_v) [B, n], dα/dlogits [B, n, V]): α is the chance the engine
     keeps a draft sampled from q; its gradient is q ⊙ (g − ⟨q, g⟩) with g = 1[q < p] (a
     subgradient where they tie)."""
@@ -55,24 +56,27 @@ def _acceptance(logits: torch.Tensor, probs: torch.Tensor
     return q, alpha, q * (below - (q * below).sum(-1, keepdim=True))
 
 
-def total_variation(logits: torch.Tensor, probs: torch.Tensor, want_grad: bool
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def total_variation(
+    logits: torch.Tensor, probs: torch.Tensor, want_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Σp − α: the share of the target's mass a sampled draft loses (1 − α over the whole
     vocabulary)."""
     _, alpha, grad_alpha = _acceptance(logits, probs)
     return probs.sum(-1) - alpha, (-grad_alpha if want_grad else None)
 
 
-def negative_log_acceptance(logits: torch.Tensor, probs: torch.Tensor, want_grad: bool
-                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def negative_log_acceptance(
+    logits: torch.Tensor, probs: torch.Tensor, want_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """−log α."""
     _, alpha, grad_alpha = _acceptance(logits, probs)
     floor = alpha.clamp_min(_ALPHA_FLOOR)
     return -floor.log(), (-grad_alpha / floor[..., None] if want_grad else None)
 
 
-def lk_hybrid(logits: torch.Tensor, probs: torch.Tensor, want_grad: bool
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def lk_hybrid(
+    logits: torch.Tensor, probs: torch.Tensor, want_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """λ·CE + (1 − λ)·TV with λ = exp(−η·α) held constant (arXiv 2602.23881): the
     cross-entropy while the drafter is far from the target, acceptance once it is close."""
     q, alpha, grad_alpha = _acceptance(logits, probs)
@@ -85,8 +89,12 @@ def lk_hybrid(logits: torch.Tensor, probs: torch.Tensor, want_grad: bool
     return loss, lam * (q * psum - probs) - (1 - lam) * grad_alpha
 
 
-STEP_LOSSES: dict[str, StepLoss] = {"soft-ce": soft_cross_entropy, "tv": total_variation,
-                                    "nla": negative_log_acceptance, "lk": lk_hybrid}
+STEP_LOSSES: dict[str, StepLoss] = {
+    "soft-ce": soft_cross_entropy,
+    "tv": total_variation,
+    "nla": negative_log_acceptance,
+    "lk": lk_hybrid,
+}
 """--loss's names (config.LOSSES) and their functions."""
 
 

@@ -79,11 +79,16 @@ class Stats:
 
     def to_dict(self) -> dict:
         elapsed = max(time.monotonic() - self.started, 1e-9)
-        return {"fetched": self.fetched, "fetched_tokens": self.fetched_tokens,
-                "served_tokens_per_s": round(self.fetched_tokens / elapsed, 1),
-                "nonfinite": self.nonfinite, "pauses": self.pauses,
-                "waited_s": round(self.waited_s, 3), "peak_bytes": self.peak_bytes,
-                "bound_bytes": self.bound_bytes}
+        return {
+            "fetched": self.fetched,
+            "fetched_tokens": self.fetched_tokens,
+            "served_tokens_per_s": round(self.fetched_tokens / elapsed, 1),
+            "nonfinite": self.nonfinite,
+            "pauses": self.pauses,
+            "waited_s": round(self.waited_s, 3),
+            "peak_bytes": self.peak_bytes,
+            "bound_bytes": self.bound_bytes,
+        }
 
 
 def bytes_per_token(hidden_size: int, n_aux: int) -> int:
@@ -94,8 +99,14 @@ def bytes_per_token(hidden_size: int, n_aux: int) -> int:
 class ServedStates:
     """This rank's samples, fetched ahead of training from one or more servers."""
 
-    def __init__(self, engines: list[Any], slots: list[int], depth: int,
-                 order: Iterable[tuple[np.ndarray, int]], bound_bytes: int) -> None:
+    def __init__(
+        self,
+        engines: list[Any],
+        slots: list[int],
+        depth: int,
+        order: Iterable[tuple[np.ndarray, int]],
+        bound_bytes: int,
+    ) -> None:
         self.servers = [Slot(e) for e in engines]
         self.depth, self.bound_bytes = depth, bound_bytes
         self._order: Iterator[tuple[np.ndarray, int]] = iter(order)
@@ -110,16 +121,20 @@ class ServedStates:
         self._closed = False
         self._cond = threading.Condition()
         self.stats = Stats(bound_bytes=bound_bytes)
-        self._threads = [threading.Thread(target=self._worker, args=(slot,), daemon=True,
-                                          name=f"eagle3kit-fetch-{n}")
-                         for slot, count in zip(self.servers, slots, strict=True)
-                         for n in range(count)]
+        self._threads = [
+            threading.Thread(
+                target=self._worker, args=(slot,), daemon=True, name=f"eagle3kit-fetch-{n}"
+            )
+            for slot, count in zip(self.servers, slots, strict=True)
+            for n in range(count)
+        ]
         for t in self._threads:
             t.start()
 
     # The trainer's side --------------------------------------------------------------------
-    def take(self, tick: Callable[[], None] | None = None,
-             give_up: Callable[[], bool] | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    def take(
+        self, tick: Callable[[], None] | None = None, give_up: Callable[[], bool] | None = None
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         """The next sample of the order, as float32 (aux, last); None when its states are
         not finite. Waits while it is being fetched (calling `tick` every WAIT_TICK_S);
         raises the servers' error, or Interrupted when `give_up()` turns true."""
@@ -160,10 +175,12 @@ class ServedStates:
     def gauges(self) -> dict[str, float]:
         """What the progress display shows: server side and trainer side."""
         elapsed = max(time.monotonic() - self.stats.started, 1e-9)
-        return {"served tok/s": round(self.stats.fetched_tokens / elapsed, 1),
-                "queue": sum(1 for k in self._ready if k >= 0),
-                "waiting %": round(100 * self.stats.waited_s / elapsed, 1),
-                "servers down": sum(not s.up for s in self.servers)}
+        return {
+            "served tok/s": round(self.stats.fetched_tokens / elapsed, 1),
+            "queue": sum(1 for k in self._ready if k >= 0),
+            "waiting %": round(100 * self.stats.waited_s / elapsed, 1),
+            "servers down": sum(not s.up for s in self.servers),
+        }
 
     def close(self) -> None:
         with self._cond:
@@ -220,8 +237,11 @@ class ServedStates:
                     self._pause(slot, str(exc))
                 continue
             except Exception as exc:  # any worker error ends the run, in the trainer
-                self._fail(exc if isinstance(exc, UserError) else UserError(
-                    f"--server {slot.engine.url}: {type(exc).__name__}: {exc}"))
+                self._fail(
+                    exc
+                    if isinstance(exc, UserError)
+                    else UserError(f"--server {slot.engine.url}: {type(exc).__name__}: {exc}")
+                )
                 return
             self._deliver(slot, job, states)
 
@@ -231,8 +251,10 @@ class ServedStates:
         n = len(job.ids)
         kept = None
         if states is not None:  # bf16, as extract stores them: half the memory of float32
-            kept = (torch.from_numpy(states[0]).to(torch.bfloat16),
-                    torch.from_numpy(states[1]).to(torch.bfloat16))
+            kept = (
+                torch.from_numpy(states[0]).to(torch.bfloat16),
+                torch.from_numpy(states[1]).to(torch.bfloat16),
+            )
         with self._cond:
             self._ready[job.key] = kept
             slot.samples += 1
@@ -265,8 +287,10 @@ class ServedStates:
                 return
             slot.up = False
             self.stats.pauses += 1
-        _ui.warn(f"{slot.engine.url}: not answering ({why.split(': ', 1)[-1][:200]}); its "
-                 "requests pause while /health is polled")
+        _ui.warn(
+            f"{slot.engine.url}: not answering ({why.split(': ', 1)[-1][:200]}); its "
+            "requests pause while /health is polled"
+        )
         delay = 0.5
         while not self._closed and self._failure is None:
             if slot.engine.healthy():
@@ -301,9 +325,15 @@ def _as_float(states: tuple[Any, Any] | None) -> tuple[np.ndarray, np.ndarray] |
     return states[0].float().numpy(), states[1].float().numpy()
 
 
-def connect(urls: list[tuple[str, int]], model: str | None, layers: list[int],
-            hidden_size: int, timeout: float, storage: Any, api_key: str | None = None
-            ) -> list[Any]:
+def connect(
+    urls: list[tuple[str, int]],
+    model: str | None,
+    layers: list[int],
+    hidden_size: int,
+    timeout: float,
+    storage: Any,
+    api_key: str | None = None,
+) -> list[Any]:
     """One extract engine per server (url, slots): each lists its model and is refused with
     extract's message when prefix caching is on. They share `storage` (a StorageDir), so a
     file one server named is refused when another names it too."""
@@ -314,8 +344,19 @@ def connect(urls: list[tuple[str, int]], model: str | None, layers: list[int],
         for url, slots in urls:
             # One try: a failure pauses the server at once while /health tells whether it
             # is down (see ServedStates._pause), where extract would retry and then stop.
-            engines.append(VllmEngine.open(url, model, layers, hidden_size, slots, timeout,
-                                           storage, attempts=1, api_key=api_key))
+            engines.append(
+                VllmEngine.open(
+                    url,
+                    model,
+                    layers,
+                    hidden_size,
+                    slots,
+                    timeout,
+                    storage,
+                    attempts=1,
+                    api_key=api_key,
+                )
+            )
     except BaseException:
         for e in engines:
             e.close()
@@ -324,27 +365,44 @@ def connect(urls: list[tuple[str, int]], model: str | None, layers: list[int],
     if len(models) > 1:
         for e in engines:
             e.close()
-        raise UserError("--server: the servers serve different models ("
-                        + ", ".join(f"{e.url}: {e.model!r}" for e in engines)
-                        + "); every server must serve the same target")
+        raise UserError(
+            "--server: the servers serve different models ("
+            + ", ".join(f"{e.url}: {e.model!r}" for e in engines)
+            + "); every server must serve the same target"
+        )
     return engines
 
 
-
-def open_for(cfg: TrainConfig, world: int, hidden: int, layers: list[int],
-             order: Iterable[tuple[np.ndarray, int]], lengths: list[int]) -> ServedStates:
+def open_for(
+    cfg: TrainConfig,
+    world: int,
+    hidden: int,
+    layers: list[int],
+    order: Iterable[tuple[np.ndarray, int]],
+    lengths: list[int],
+) -> ServedStates:
     """Connect to --server's servers and start fetching this rank's samples in `order`
     (their token ids and lengths; `lengths`: every length the order holds, for the bound)."""
     from eagle3kit._served_files import StorageDir
 
     assert cfg.hidden_states_dir is not None  # TrainConfig refuses --server without it
-    engines = connect(cfg.server_slots, cfg.model, layers, hidden, cfg.request_timeout,
-                      StorageDir(cfg.hidden_states_dir), cfg.api_key)
+    engines = connect(
+        cfg.server_slots,
+        cfg.model,
+        layers,
+        hidden,
+        cfg.request_timeout,
+        StorageDir(cfg.hidden_states_dir),
+        cfg.api_key,
+    )
     depth = cfg.prefetch_depth
     longest = sorted(lengths, reverse=True)
     bound = sum(longest[:depth]) * bytes_per_token(hidden, len(layers))
     slots = [n for _, n in cfg.server_slots]
-    _ui.info(f"train: states from {len(engines)} server(s), {sum(slots)} requests in flight"
-             f"{' per rank' if world > 1 else ''}, up to {depth} samples "
-             f"ahead: at most {_ui.human_bytes(bound)} of states held in host memory", cfg.output)
+    _ui.info(
+        f"train: states from {len(engines)} server(s), {sum(slots)} requests in flight"
+        f"{' per rank' if world > 1 else ''}, up to {depth} samples "
+        f"ahead: at most {_ui.human_bytes(bound)} of states held in host memory",
+        cfg.output,
+    )
     return ServedStates(engines, slots, depth, order, bound)

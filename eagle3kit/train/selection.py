@@ -25,8 +25,7 @@ def improves(evaluation: dict | None, best: dict | None) -> bool:
     return best is None or float(evaluation[AL]) > float(best[AL])
 
 
-def patience_spent(patience: int, eval_every: int, best: dict | None,
-                   last: dict | None) -> bool:
+def patience_spent(patience: int, eval_every: int, best: dict | None, last: dict | None) -> bool:
     """Whether --patience evaluations in a row have passed since the best one: the last
     evaluation is at least `patience` evaluation periods after the best step. Read from the
     two records alone, so a resumed run decides as the whole run would have."""
@@ -45,38 +44,46 @@ def better_of(first: dict | None, second: dict | None) -> dict | None:
 
 
 def _figure(evaluation: dict) -> dict:
-    return {"step": int(evaluation["step"]), AL: round(float(evaluation[AL]), 6),
-            "k": evaluation.get("k")}
+    return {
+        "step": int(evaluation["step"]),
+        AL: round(float(evaluation[AL]), 6),
+        "k": evaluation.get("k"),
+    }
 
 
-def record(rule: str, held_step: int, best: dict | None, last_eval: dict | None,
-           heldout: bool) -> dict:
+def record(
+    rule: str, held_step: int, best: dict | None, last_eval: dict | None, heldout: bool
+) -> dict:
     """run.json's `selection`: the rule, the step drafter/ holds, why, and the figures it
     was chosen by (the best evaluation and the last one)."""
-    last = last_eval if last_eval is not None and int(last_eval.get("step") or 0) >= 1 \
-        else None
-    out: dict = {"rule": rule, "step": held_step,
-                 "best": None if best is None else _figure(best),
-                 "last": None if last is None else _figure(last)}
+    last = last_eval if last_eval is not None and int(last_eval.get("step") or 0) >= 1 else None
+    out: dict = {
+        "rule": rule,
+        "step": held_step,
+        "best": None if best is None else _figure(best),
+        "last": None if last is None else _figure(last),
+    }
     out["why"] = _why(rule, held_step, best, last, heldout)
     return out
 
 
-def _why(rule: str, held_step: int, best: dict | None, last: dict | None,
-         heldout: bool) -> str:
+def _why(rule: str, held_step: int, best: dict | None, last: dict | None, heldout: bool) -> str:
     if not heldout:
-        return ("no held-out split (--eval-split 0): nothing to choose by, so the last "
-                "step")
+        return "no held-out split (--eval-split 0): nothing to choose by, so the last step"
     if best is None:
-        return ("no evaluation after training began yet (--eval-every, and the run's last "
-                "step): the last step")
+        return (
+            "no evaluation after training began yet (--eval-every, and the run's last "
+            "step): the last step"
+        )
     best_text = f"held-out predicted AL {best[AL]:.3f} at step {best['step']}"
     last_text = "" if last is None else f"{last[AL]:.3f} at step {last['step']}"
     if rule == "last":
         if last is None or int(last["step"]) == int(best["step"]):
             return f"--drafter-step last; the best evaluated step is this one ({best_text})"
-        return (f"--drafter-step last (the last evaluation: {last_text}); the best "
-                f"evaluated step was {best['step']} ({best[AL]:.3f}), not kept in drafter/")
+        return (
+            f"--drafter-step last (the last evaluation: {last_text}); the best "
+            f"evaluated step was {best['step']} ({best[AL]:.3f}), not kept in drafter/"
+        )
     if last is None or int(last["step"]) == int(best["step"]):
         return f"the highest {best_text}, the last evaluated step"
     return f"the highest {best_text}; the last evaluation has {last_text}"

@@ -64,7 +64,6 @@ class Resumed:
     """The best evaluation so far (train/selection.py); None when it is chosen afresh."""
 
 
-
 @dataclass
 class Setup:
     """Everything a run's set-up made, each part once, in the order `build` makes them."""
@@ -170,8 +169,15 @@ def _build_held(
         cfg, ranks, run_dir, head, target_cfg, target_id, layers, sources, pool, previous
     )
     drafter = drafter.to(device)
-    loss = TTTLoss(drafter, head, cfg.ttt_steps, cfg.ttt_decay, step_loss(cfg.loss),
-                   cfg.auf_rule(), cfg.teacher_temperature)
+    loss = TTTLoss(
+        drafter,
+        head,
+        cfg.ttt_steps,
+        cfg.ttt_decay,
+        step_loss(cfg.loss),
+        cfg.auf_rule(),
+        cfg.teacher_temperature,
+    )
     if cfg.fsdp and ranks.world == 1:
         _ui.info("train: --fsdp: one process, nothing to shard", cfg.output)
     model = sharding.wrap(loss, ranks.world, device, cfg.fsdp)

@@ -41,8 +41,9 @@ def wrap(loss: nn.Module, world: int, device: torch.device, fsdp: bool) -> nn.Mo
         return loss
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    return DDP(loss, broadcast_buffers=False,
-               device_ids=[device] if device.type == "cuda" else None)
+    return DDP(
+        loss, broadcast_buffers=False, device_ids=[device] if device.type == "cuda" else None
+    )
 
 
 def sharded(model: nn.Module) -> bool:
@@ -101,33 +102,38 @@ def full_weights(model: nn.Module, drafter: nn.Module) -> dict[str, torch.Tensor
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     # (cast: DCP's value type also covers sharded and nested states; a full one is tensors)
-    state = cast(dict[str, torch.Tensor],
-                 get_model_state_dict(model, options=_full_options()))
+    state = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=_full_options()))
     if not state:
         return None
     return {k.removeprefix(PREFIX): v for k, v in state.items() if k.startswith(PREFIX)}
 
 
-def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer,
-                         names: list[str]) -> dict | None:
+def full_optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, names: list[str]
+) -> dict | None:
     """The optimizer state as `optimizer.state_dict()` of one process has it, on rank 0."""
     if not sharded(model):
         return optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     # (cast: DCP's type also covers sharded states; a full one is optimizer.state_dict()'s)
-    state = cast(dict[str, Any],
-                 get_optimizer_state_dict(model, optimizer, options=_full_options()))
+    state = cast(
+        dict[str, Any], get_optimizer_state_dict(model, optimizer, options=_full_options())
+    )
     if not state:
         return None
     index = {name: i for i, name in enumerate(names)}
-    return {"state": {index[k]: v for k, v in state["state"].items()},
-            "param_groups": [{**g, "params": [index[n] for n in g["params"]]}
-                             for g in state["param_groups"]]}
+    return {
+        "state": {index[k]: v for k, v in state["state"].items()},
+        "param_groups": [
+            {**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]
+        ],
+    }
 
 
-def load_weights(model: nn.Module, drafter: nn.Module,
-                 weights: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
+def load_weights(
+    model: nn.Module, drafter: nn.Module, weights: dict[str, torch.Tensor]
+) -> tuple[list[str], list[str]]:
     """(missing, unexpected) keys, as load_state_dict(strict=False) reports them."""
     if not sharded(model):
         result = drafter.load_state_dict(weights, strict=False)
@@ -139,13 +145,17 @@ def load_weights(model: nn.Module, drafter: nn.Module,
     unexpected = sorted(set(weights) - expected)
     if unexpected:
         return missing, unexpected
-    set_model_state_dict(model, {PREFIX + k: v for k, v in weights.items()},
-                         options=StateDictOptions(full_state_dict=True, strict=False))
+    set_model_state_dict(
+        model,
+        {PREFIX + k: v for k, v in weights.items()},
+        options=StateDictOptions(full_state_dict=True, strict=False),
+    )
     return missing, unexpected
 
 
-def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict,
-                         names: list[str]) -> None:
+def load_optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, names: list[str]
+) -> None:
     """Load a one-process optimizer state dict (keyed by parameter index)."""
     if not sharded(model):
         optimizer.load_state_dict(state)
@@ -155,8 +165,12 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, sta
         set_optimizer_state_dict,
     )
 
-    by_name: dict[str, Any] = {"state": {names[i]: v for i, v in state["state"].items()},
-               "param_groups": [{**g, "params": [names[i] for i in g["params"]]}
-                                for g in state["param_groups"]]}
-    set_optimizer_state_dict(model, optimizer, by_name,
-                             options=StateDictOptions(full_state_dict=True))
+    by_name: dict[str, Any] = {
+        "state": {names[i]: v for i, v in state["state"].items()},
+        "param_groups": [
+            {**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]
+        ],
+    }
+    set_optimizer_state_dict(
+        model, optimizer, by_name, options=StateDictOptions(full_state_dict=True)
+    )

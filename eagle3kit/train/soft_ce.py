@@ -51,8 +51,7 @@ class Step:
     """Scalar: decay**k / the global batch's position count."""
 
 
-def kept(rule: str, logits: torch.Tensor, probs: torch.Tensor, hit: torch.Tensor
-         ) -> torch.Tensor:
+def kept(rule: str, logits: torch.Tensor, probs: torch.Tensor, hit: torch.Tensor) -> torch.Tensor:
     """[B, n] the chance the engine keeps the drafter's token at each position, under `rule`
     (one of AUF_RULES but off); `hit` is where its top token is the target's."""
     if rule == "greedy":
@@ -64,12 +63,23 @@ def kept(rule: str, logits: torch.Tensor, probs: torch.Tensor, hit: torch.Tensor
 
 class _SoftCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, weight: torch.Tensor, probs: torch.Tensor, best: torch.Tensor,
-                steps: list[Step], step_loss: StepLoss, auf: str, *normed: torch.Tensor):
+    def forward(
+        ctx,
+        weight: torch.Tensor,
+        probs: torch.Tensor,
+        best: torch.Tensor,
+        steps: list[Step],
+        step_loss: StepLoss,
+        auf: str,
+        *normed: torch.Tensor,
+    ):
         want_grads = any(ctx.needs_input_grad[6:]) or ctx.needs_input_grad[0]
         device = probs.device.type
-        dtype = (torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device)
-                 else normed[0].dtype)
+        dtype = (
+            torch.get_autocast_dtype(device)
+            if torch.is_autocast_enabled(device)
+            else normed[0].dtype
+        )
         w = weight.to(dtype)
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_grads else None
         grads_h = []
@@ -78,8 +88,11 @@ class _SoftCE(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float64, device=probs.device)
         sums, correct = [], []
         # Π_{j<k} a_j at each chain start: accept-until-fail's weight of step k there.
-        chain = (torch.ones(b, steps[0].normed.shape[1], device=probs.device)
-                 if steps and auf != "off" else None)
+        chain = (
+            torch.ones(b, steps[0].normed.shape[1], device=probs.device)
+            if steps and auf != "off"
+            else None
+        )
         with torch.autocast(device, enabled=False):
             for step in steps:
                 h, n = step.normed, step.normed.shape[1]
@@ -90,11 +103,12 @@ class _SoftCE(torch.autograd.Function):
                 for start in range(0, n, rows):
                     stop = min(n, start + rows)
                     hb = h[:, start:stop].to(dtype)
-                    p = probs[:, 1 + step.k + start:1 + step.k + stop]
+                    p = probs[:, 1 + step.k + start : 1 + step.k + stop]
                     mask = step.mask[:, start:stop]
                     logits = torch.matmul(hb, w.T).float()
-                    hit = ((logits.argmax(-1) == best[:, 1 + step.k + start:1 + step.k + stop])
-                           & mask)
+                    hit = (
+                        logits.argmax(-1) == best[:, 1 + step.k + start : 1 + step.k + stop]
+                    ) & mask
                     hits += hit.sum().double()
                     weight = mask.float()
                     if chain is not None:
@@ -108,8 +122,9 @@ class _SoftCE(torch.autograd.Function):
                         continue
                     g = g.mul_((weight * step.coef)[..., None]).to(dtype)
                     grad_h[:, start:stop] = torch.matmul(g, w).to(h.dtype)
-                    grad_w += torch.matmul(g.reshape(-1, vocab).T,
-                                           hb.reshape(-1, hb.shape[-1])).float()
+                    grad_w += torch.matmul(
+                        g.reshape(-1, vocab).T, hb.reshape(-1, hb.shape[-1])
+                    ).float()
                 total += step.coef.double() * weighted_sum
                 sums.append(ce_sum)
                 correct.append(hits)
@@ -128,9 +143,14 @@ class _SoftCE(torch.autograd.Function):
         return grad_w, None, None, None, None, None, *grads_h
 
 
-def soft_cross_entropy(weight: torch.Tensor, probs: torch.Tensor, best: torch.Tensor,
-                       steps: list[Step], step_loss: StepLoss = losses.soft_cross_entropy,
-                       auf: str = "off") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def soft_cross_entropy(
+    weight: torch.Tensor,
+    probs: torch.Tensor,
+    best: torch.Tensor,
+    steps: list[Step],
+    step_loss: StepLoss = losses.soft_cross_entropy,
+    auf: str = "off",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(Σ_k coef_k · loss_k, per-step loss sums [steps] fp64, per-step hits [steps] fp64);
     `step_loss` (losses.py, --loss) gives the loss at each position, the soft cross-entropy
     by default; `auf` (AUF_RULES) weighs each step's positions by accept-until-fail, in the

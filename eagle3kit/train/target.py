@@ -47,8 +47,19 @@ class TargetBatch:
         return int(self.lengths.sum())
 
     def to(self, device: torch.device) -> TargetBatch:
-        return TargetBatch(*(t.to(device) for t in (self.ids, self.loss_mask, self.lengths,
-                                                    self.aux, self.normed, self.argmax)))
+        return TargetBatch(
+            *(
+                t.to(device)
+                for t in (
+                    self.ids,
+                    self.loss_mask,
+                    self.lengths,
+                    self.aux,
+                    self.normed,
+                    self.argmax,
+                )
+            )
+        )
 
 
 def _pad(rows: list[np.ndarray], dtype: torch.dtype, width: int | None = None) -> torch.Tensor:
@@ -56,7 +67,7 @@ def _pad(rows: list[np.ndarray], dtype: torch.dtype, width: int | None = None) -
     shape = (len(rows), longest) if width is None else (len(rows), longest, width)
     out = torch.zeros(shape, dtype=dtype)
     for i, r in enumerate(rows):
-        out[i, :len(r)] = torch.from_numpy(np.array(r)).to(dtype)  # a copy: r may be mapped
+        out[i, : len(r)] = torch.from_numpy(np.array(r)).to(dtype)  # a copy: r may be mapped
     return out
 
 
@@ -67,8 +78,9 @@ class OfflineTarget:
         self.head, self.last_state, self.device = head, last_state, device
 
     @torch.no_grad()
-    def batch(self, samples: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
-              ) -> TargetBatch:
+    def batch(
+        self, samples: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+    ) -> TargetBatch:
         """samples: (input_ids, loss_mask, aux, last), already cut to their training length."""
         # Pinned and non-blocking on CUDA: the host reads on while the states are copied.
         ids = to_device(_pad([s[0] for s in samples], torch.long), self.device)
@@ -77,10 +89,14 @@ class OfflineTarget:
         aux = _pad([s[2] for s in samples], torch.float32, samples[0][2].shape[-1])
         last = _pad([s[3] for s in samples], torch.float32, samples[0][3].shape[-1])
         last = to_device(last, self.device)
-        normed = self.head.norm(last.to(self.head.lm_head.dtype)) if (
-            self.last_state == "pre_norm") else last
-        return TargetBatch(ids, mask, lengths, to_device(aux, self.device), normed,
-                           self.head.argmax(normed))
+        normed = (
+            self.head.norm(last.to(self.head.lm_head.dtype))
+            if (self.last_state == "pre_norm")
+            else last
+        )
+        return TargetBatch(
+            ids, mask, lengths, to_device(aux, self.device), normed, self.head.argmax(normed)
+        )
 
 
 class OnlineTarget:
@@ -92,8 +108,9 @@ class OnlineTarget:
         self.head = TargetHead.of(model)
 
     @classmethod
-    def load(cls, path: Path, layers: list[int], device: torch.device,
-             trust_remote_code: bool = False) -> OnlineTarget:
+    def load(
+        cls, path: Path, layers: list[int], device: torch.device, trust_remote_code: bool = False
+    ) -> OnlineTarget:
         from eagle3kit import _hf
 
         model = _hf.load_causal_lm(path, trust_remote_code, dtype=resolve_dtype("auto", device))

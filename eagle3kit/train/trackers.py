@@ -38,8 +38,7 @@ from eagle3kit import _ui
 
 KNOWN = ("tensorboard", "wandb", "mlflow", "trackio")
 """The trackers --report-to names, each with the module its extra installs."""
-MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow",
-           "trackio": "trackio"}
+MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
 FINISH_WAIT_S = 120.0
 """How long the end of a run waits for the trackers to take their last metrics."""
 QUEUE_DEPTH = 10_000
@@ -58,11 +57,14 @@ def parse_report_to(value: str) -> tuple[list[str], list[str]]:
     problems = []
     unknown = [n for n in names if n not in KNOWN]
     if unknown:
-        problems.append(f"--report-to: unknown tracker {', '.join(unknown)} (known: none, "
-                        f"{', '.join(KNOWN)})")
+        problems.append(
+            f"--report-to: unknown tracker {', '.join(unknown)} (known: none, {', '.join(KNOWN)})"
+        )
     missing = [n for n in names if n in KNOWN and importlib.util.find_spec(MODULES[n]) is None]
-    problems += [f"--report-to {n}: {MODULES[n]} is not installed "
-                 f"(pip install 'eagle3kit[{n}]')" for n in missing]
+    problems += [
+        f"--report-to {n}: {MODULES[n]} is not installed (pip install 'eagle3kit[{n}]')"
+        for n in missing
+    ]
     return list(dict.fromkeys(names)), problems
 
 
@@ -91,8 +93,9 @@ def step_metrics(record: dict, waiting_share: float | None = None) -> dict[str, 
         for phase, figures in (ev.get("phases") or {}).items():
             out[f"eval/acceptance_length_{_key(phase)}"] = figures["predicted_acceptance_length"]
         for figures in (ev.get("depths") or {}).values():  # keyed by where the bucket starts
-            out[f"eval/acceptance_length_depth_{figures['from']}"] = \
-                figures["predicted_acceptance_length"]
+            out[f"eval/acceptance_length_depth_{figures['from']}"] = figures[
+                "predicted_acceptance_length"
+            ]
         return out
     for name in ("loss", "lr", "grad_norm", "tokens_per_s"):
         if name in record:
@@ -142,8 +145,9 @@ def run_identity(run_dir: Path) -> str | None:
     except FileNotFoundError:
         token = secrets.token_hex(32)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600)
+            fd = os.open(
+                path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
         except FileExistsError:  # a link left dangling there
             token = None
         else:
@@ -152,9 +156,11 @@ def run_identity(run_dir: Path) -> str | None:
     except OSError:  # a link (ELOOP), a FIFO's open, no permission
         token = None
     if token is None:
-        _ui.warn(f"--report-to: {path} is not the token eagle3kit writes (a link, not a file, "
-                 "or other content): this run's tracker runs cannot be told from others', so "
-                 "none is continued; remove it to have a new one written")
+        _ui.warn(
+            f"--report-to: {path} is not the token eagle3kit writes (a link, not a file, "
+            "or other content): this run's tracker runs cannot be told from others', so "
+            "none is continued; remove it to have a new one written"
+        )
         return None
     digest = hashlib.sha256(f"{token}\0{run_dir.resolve()}".encode())
     return digest.hexdigest()
@@ -165,8 +171,10 @@ LABELS = {"wandb": "W&B", "mlflow": "MLflow", "trackio": "Trackio"}
 
 def _note_new(name: str, recorded: Any, why: str) -> None:
     label = LABELS[name]
-    _ui.warn(f"--report-to {name}: run.json names {label} run "
-             f"{_ui.printable(str(recorded)[:200])}, which {why}; starting a new {label} run")
+    _ui.warn(
+        f"--report-to {name}: run.json names {label} run "
+        f"{_ui.printable(str(recorded)[:200])}, which {why}; starting a new {label} run"
+    )
 
 
 # The adapters ----------------------------------------------------------------------------------
@@ -214,13 +222,19 @@ class Wandb:
         identity = run_identity(self.run_dir)
         own = None if identity is None else identity[:32]
         if recorded and recorded != own:
-            _note_new("wandb", recorded, "is not this run's own (its id is not the one this run "
-                                      "directory's token gives)")
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "eagle3kit",
-                              name=os.environ.get("WANDB_NAME") or self.name,
-                              dir=os.environ.get("WANDB_DIR") or str(self.run_dir),
-                              config=None if own and recorded == own else config, id=own,
-                              resume="allow" if own else None)
+            _note_new(
+                "wandb",
+                recorded,
+                "is not this run's own (its id is not the one this run directory's token gives)",
+            )
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT") or "eagle3kit",
+            name=os.environ.get("WANDB_NAME") or self.name,
+            dir=os.environ.get("WANDB_DIR") or str(self.run_dir),
+            config=None if own and recorded == own else config,
+            id=own,
+            resume="allow" if own else None,
+        )
         return str(self.run.id)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -245,8 +259,10 @@ class Mlflow:
     def start(self, config: dict, recorded: Any) -> Any:
         from mlflow.tracking import MlflowClient
 
-        uri = (os.environ.get("MLFLOW_TRACKING_URI")
-               or f"sqlite:///{(self.run_dir / 'mlflow.db').resolve()}")
+        uri = (
+            os.environ.get("MLFLOW_TRACKING_URI")
+            or f"sqlite:///{(self.run_dir / 'mlflow.db').resolve()}"
+        )
         self.client = MlflowClient(tracking_uri=uri)
         identity = run_identity(self.run_dir)
         resumed = self._own(recorded, uri, identity)
@@ -256,17 +272,22 @@ class Mlflow:
             return {"id": resumed, "uri": uri}
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "eagle3kit"
         experiment = self.client.get_experiment_by_name(name)
-        experiment_id = (experiment.experiment_id if experiment is not None
-                         else self.client.create_experiment(name))
-        run = self.client.create_run(experiment_id,
-                                     run_name=os.environ.get("MLFLOW_RUN_NAME") or self.name,
-                                     tags={IDENTITY_TAG: identity} if identity else None)
+        experiment_id = (
+            experiment.experiment_id
+            if experiment is not None
+            else self.client.create_experiment(name)
+        )
+        run = self.client.create_run(
+            experiment_id,
+            run_name=os.environ.get("MLFLOW_RUN_NAME") or self.name,
+            tags={IDENTITY_TAG: identity} if identity else None,
+        )
         self.run_id = run.info.run_id
         from mlflow.entities import Param
 
         params = [Param(k, v) for k, v in flat_config(config).items()]
         for i in range(0, len(params), 100):  # MLflow's batch limit
-            self.client.log_batch(self.run_id, params=params[i:i + 100])
+            self.client.log_batch(self.run_id, params=params[i : i + 100])
         return {"id": self.run_id, "uri": uri}
 
     def _own(self, recorded: Any, uri: str, identity: str | None) -> str | None:
@@ -275,12 +296,19 @@ class Mlflow:
             return None
         run_id = recorded.get("id") if isinstance(recorded, dict) else None
         if not isinstance(run_id, str) or not re.fullmatch("[0-9a-f]{1,64}", run_id):
-            _note_new("mlflow", recorded, "is not recorded as eagle3kit records its own (an id "
-                                         "and its tracking URI)")
+            _note_new(
+                "mlflow",
+                recorded,
+                "is not recorded as eagle3kit records its own (an id and its tracking URI)",
+            )
             return None
         if recorded.get("uri") != uri:
-            _note_new("mlflow", run_id, f"was recorded under another tracking URI "
-                                        f"({_ui.printable(str(recorded.get('uri'))[:200])})")
+            _note_new(
+                "mlflow",
+                run_id,
+                f"was recorded under another tracking URI "
+                f"({_ui.printable(str(recorded.get('uri'))[:200])})",
+            )
             return None
         from mlflow.exceptions import MlflowException
 
@@ -290,8 +318,11 @@ class Mlflow:
             _note_new("mlflow", run_id, f"is not in {uri}")
             return None
         if identity is None or tags.get(IDENTITY_TAG) != identity:
-            _note_new("mlflow", run_id, "is not this run's own (its tag is not this run "
-                                        "directory's identity)")
+            _note_new(
+                "mlflow",
+                run_id,
+                "is not this run's own (its tag is not this run directory's identity)",
+            )
             return None
         return run_id
 
@@ -301,8 +332,9 @@ class Mlflow:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step)
-                                                    for k, v in metrics.items()])
+        self.client.log_batch(
+            self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()]
+        )
 
     def finish(self) -> None:
         self.client.set_terminated(self.run_id)
@@ -322,9 +354,12 @@ class Trackio:
         resume = recorded == self.name
         if recorded and not resume:
             _note_new("trackio", recorded, f"is not the name this run reports as ({self.name})")
-        trackio.init(project=os.environ.get("TRACKIO_PROJECT") or "eagle3kit",
-                     name=self.name, config=None if resume else config,
-                     resume="allow" if resume else "never")
+        trackio.init(
+            project=os.environ.get("TRACKIO_PROJECT") or "eagle3kit",
+            name=self.name,
+            config=None if resume else config,
+            resume="allow" if resume else "never",
+        )
         return self.name
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -339,7 +374,11 @@ class Trackio:
 
 
 ADAPTERS: dict[str, Callable[[Path, str, int], Tracker]] = {
-    "tensorboard": TensorBoard, "wandb": Wandb, "mlflow": Mlflow, "trackio": Trackio}
+    "tensorboard": TensorBoard,
+    "wandb": Wandb,
+    "mlflow": Mlflow,
+    "trackio": Trackio,
+}
 """How each name is opened: (run directory, run name, first step) -> adapter."""
 
 
@@ -389,8 +428,10 @@ class Trackers:
         self._put(None, None)
         self._thread.join(FINISH_WAIT_S)
         if self._thread.is_alive():
-            _ui.warn(f"--report-to: the trackers took longer than {FINISH_WAIT_S:.0f} s to "
-                     "take the last metrics; left behind")
+            _ui.warn(
+                f"--report-to: the trackers took longer than {FINISH_WAIT_S:.0f} s to "
+                "take the last metrics; left behind"
+            )
 
     def _put(self, name: str | None, call: Callable[[], Any] | None) -> None:
         try:
@@ -398,8 +439,10 @@ class Trackers:
         except queue.Full:
             if not self._dropped:
                 self._dropped = True
-                _ui.warn("--report-to: the trackers are falling behind; metrics are dropped "
-                         "rather than training slowed")
+                _ui.warn(
+                    "--report-to: the trackers are falling behind; metrics are dropped "
+                    "rather than training slowed"
+                )
 
     def _work(self) -> None:
         failed: set[str] = set()
@@ -417,5 +460,7 @@ class Trackers:
             except Exception as exc:  # any tracker failure: warned once, then it is off
                 assert name is not None
                 failed.add(name)
-                _ui.warn(f"--report-to {name}: {type(exc).__name__}: {exc}; "
-                         f"{name} gets nothing more from this run (training goes on)")
+                _ui.warn(
+                    f"--report-to {name}: {type(exc).__name__}: {exc}; "
+                    f"{name} gets nothing more from this run (training goes on)"
+                )

@@ -21,7 +21,7 @@ from eagle3kit.train.target import TargetBatch, TargetHead
 
 def shifted(x: torch.Tensor, k: int, length: int, fill: int | bool = 0) -> torch.Tensor:
     """x[:, 1+k : 1+k+length], padded with `fill` past the end: what step k reads."""
-    part = x[:, 1 + k:1 + k + length]
+    part = x[:, 1 + k : 1 + k + length]
     missing = length - part.shape[1]
     if missing <= 0:
         return part
@@ -53,9 +53,16 @@ class TTTLoss(nn.Module):
     head: TargetHead
     draft_ids: torch.Tensor  # a buffer
 
-    def __init__(self, drafter: Eagle3Drafter, head: TargetHead, steps: int,
-                 decay: float, step_loss: StepLoss = losses.soft_cross_entropy,
-                 auf: str = "off", teacher_temperature: float = 1.0) -> None:
+    def __init__(
+        self,
+        drafter: Eagle3Drafter,
+        head: TargetHead,
+        steps: int,
+        decay: float,
+        step_loss: StepLoss = losses.soft_cross_entropy,
+        auf: str = "off",
+        teacher_temperature: float = 1.0,
+    ) -> None:
         super().__init__()
         self.drafter = drafter
         self.step_loss, self.auf = step_loss, auf
@@ -64,13 +71,15 @@ class TTTLoss(nn.Module):
         # DDP's broadcast.
         self.__dict__["head"] = head
         self.steps, self.decay = steps, decay
-        self.register_buffer("draft_ids", drafter.d2t + torch.arange(len(drafter.d2t),
-                                                                      device=drafter.d2t.device),
-                             persistent=False)
+        self.register_buffer(
+            "draft_ids",
+            drafter.d2t + torch.arange(len(drafter.d2t), device=drafter.d2t.device),
+            persistent=False,
+        )
 
-    def forward(self, batch: TargetBatch | None, counts: torch.Tensor,
-                autocast: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor,
-                                                               torch.Tensor]:
+    def forward(
+        self, batch: TargetBatch | None, counts: torch.Tensor, autocast: torch.dtype | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(loss, per-step loss sums [steps], per-step correct counts [steps])."""
         if batch is None:  # a rank with nothing in this micro-batch still joins the reduce
             zero = sum((p * 0).sum() for p in self.drafter.trainable_parameters())
@@ -80,25 +89,33 @@ class TTTLoss(nn.Module):
         masks = loss_masks(batch, self.drafter.t2d, self.steps)
         length = batch.ids.shape[1] - 1
         positions = torch.arange(length, device=batch.ids.device)[None].expand(
-            batch.ids.shape[0], -1)
-        probs = self.head.draft_probs(batch.normed, self.draft_ids,
-                                      self.teacher_temperature)  # [B, T, Vd]
+            batch.ids.shape[0], -1
+        )
+        probs = self.head.draft_probs(
+            batch.normed, self.draft_ids, self.teacher_temperature
+        )  # [B, T, Vd]
         best = probs.argmax(-1)  # the target's top draft token, for the step accuracies
         state = TTTState()
         steps: list[Step] = []
-        with torch.autocast(batch.ids.device.type, dtype=autocast or torch.bfloat16,
-                            enabled=autocast is not None):
+        with torch.autocast(
+            batch.ids.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None
+        ):
             hidden = self.drafter.project(batch.aux[:, :length])
             for k in range(self.steps):
                 ids = shifted(batch.ids, k, length)
                 hidden = self.drafter.ttt_step(hidden, ids, positions + k, state)
                 n = length - k  # positions whose target lies inside the padded batch
                 if n > 0:
-                    coef = (self.decay ** k) / counts[k].clamp_min(1).float()
-                    steps.append(Step(k, self.drafter.head_input(hidden[:, :n]), masks[k][:, :n],
-                                      coef))
-            total, sums, correct = soft_cross_entropy(self.drafter.lm_head.weight, probs,
-                                                      best, steps, self.step_loss, self.auf)
+                    coef = (self.decay**k) / counts[k].clamp_min(1).float()
+                    steps.append(
+                        Step(k, self.drafter.head_input(hidden[:, :n]), masks[k][:, :n], coef)
+                    )
+            total, sums, correct = soft_cross_entropy(
+                self.drafter.lm_head.weight, probs, best, steps, self.step_loss, self.auf
+            )
         pad = self.steps - len(steps)  # steps past a short batch's end carry nothing
-        return (total, torch.cat([sums, sums.new_zeros(pad)]),
-                torch.cat([correct, correct.new_zeros(pad)]))
+        return (
+            total,
+            torch.cat([sums, sums.new_zeros(pad)]),
+            torch.cat([correct, correct.new_zeros(pad)]),
+        )

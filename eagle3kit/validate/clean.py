@@ -57,8 +57,11 @@ def write_clean(cfg: ValidateConfig, report: ValidateReport) -> dict:
     _ui.warn_all(ds.warnings)
     kept = 0
     config = dict(ds.manifest.get("config", {}))
-    provenance = {**ds.manifest.get("provenance", {}), "cleaned_from": str(cfg.path),
-                  "removed_samples": len(flagged)}
+    provenance = {
+        **ds.manifest.get("provenance", {}),
+        "cleaned_from": str(cfg.path),
+        "removed_samples": len(flagged),
+    }
     with DatasetWriter(cfg.write_clean, config=config, provenance=provenance) as writer:
         _ui.warn_all(writer.warnings)
         files = tokenizer_files(ds.tokenizer_dir)

@@ -9,8 +9,19 @@ from eagle3kit import _ui
 from eagle3kit._options import arg, opt
 from eagle3kit.errors import UserError
 
-CHECKS = ("integrity", "structure", "literal_markers", "truncation", "reasoning", "degenerate",
-          "round_trip", "coverage", "reconstructed", "vocabulary", "invariants")
+CHECKS = (
+    "integrity",
+    "structure",
+    "literal_markers",
+    "truncation",
+    "reasoning",
+    "degenerate",
+    "round_trip",
+    "coverage",
+    "reconstructed",
+    "vocabulary",
+    "invariants",
+)
 """Every check, in the order of the report: the names `--only` and `--skip` take (checks.py
 registers one function under each, and refuses to load if the two lists part)."""
 
@@ -37,8 +48,9 @@ class ValidateConfig:
     """Leave out these checks."""
     write_clean: Path | None = field(default=None, metadata=opt(metavar="OUT"))
     """Write a new dataset without the samples any check flagged."""
-    trust_remote_code: bool = field(default=False, metadata=opt("--trust-remote-code",
-                                                                  cli_only="code"))
+    trust_remote_code: bool = field(
+        default=False, metadata=opt("--trust-remote-code", cli_only="code")
+    )
     """Run code the tokenizer ships (auto_map); only ever from the flag. Without it, a stored
     tokenizer that needs its code is not loaded and the checks needing it are skipped."""
     output: _ui.OutputOptions = field(default_factory=_ui.OutputOptions)
@@ -46,8 +58,10 @@ class ValidateConfig:
     def __post_init__(self) -> None:
         self.path = Path(self.path)
         self.only, self.skip = _names(self.only), _names(self.skip)
-        for flag, value in (("--max-truncation", self.max_truncation),
-                            ("--min-reasoning", self.min_reasoning)):
+        for flag, value in (
+            ("--max-truncation", self.max_truncation),
+            ("--min-reasoning", self.min_reasoning),
+        ):
             if not 0.0 <= value <= 1.0:
                 raise UserError(f"{flag} must be a share between 0 and 1 (got {value})")
         if (self.think_start is None) != (self.think_end is None):
@@ -55,8 +69,9 @@ class ValidateConfig:
         for flag, names in (("--only", self.only), ("--skip", self.skip)):
             unknown = [n for n in names or [] if n not in CHECKS]
             if unknown:
-                raise UserError(f"{flag}: unknown check {', '.join(unknown)} "
-                                f"(checks: {', '.join(CHECKS)})")
+                raise UserError(
+                    f"{flag}: unknown check {', '.join(unknown)} (checks: {', '.join(CHECKS)})"
+                )
         if self.write_clean is not None:
             self.write_clean = Path(self.write_clean)
             if self.write_clean.resolve() == self.path.resolve():

@@ -80,8 +80,12 @@ class DatasetFigures:
         return len(self.ids)
 
 
-_ARRAYS = ({f.name for f in fields(DatasetFigures)}
-           - {"ids", "partition_names", "meta", "violations"})
+_ARRAYS = {f.name for f in fields(DatasetFigures)} - {
+    "ids",
+    "partition_names",
+    "meta",
+    "violations",
+}
 
 
 @dataclass
@@ -102,8 +106,14 @@ class _Scan:
     def figures(self) -> DatasetFigures:
         names = [p for p, _ in sorted(self.parts.items(), key=lambda kv: kv[1])]
         arrays = {k: np.concatenate(v) for k, v in self.cols.items()}
-        return DatasetFigures(ids=self.ids, partition_names=names, meta=self.meta,
-                       violations=self.violations, **arrays)
+        return DatasetFigures(
+            ids=self.ids,
+            partition_names=names,
+            meta=self.meta,
+            violations=self.violations,
+            **arrays,
+        )
+
 
 def _count_in(pos: np.ndarray, owner: np.ndarray, lo: np.ndarray, n: int) -> np.ndarray:
     """How many of the positions `pos` (owned by sample `owner`) are >= lo[owner]."""
@@ -121,8 +131,9 @@ def _first_in(pos: np.ndarray, owner: np.ndarray, lo: np.ndarray, n: int) -> np.
     return out
 
 
-def _positions(tokens: np.ndarray, token: int | None, offsets: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray]:
+def _positions(
+    tokens: np.ndarray, token: int | None, offsets: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     if token is None:
         empty = np.zeros(0, np.int64)
         return empty, empty
@@ -153,8 +164,9 @@ def _literal_hits(tokens: np.ndarray, prof: Profile) -> np.ndarray:
     return np.unique(np.concatenate(hits)) if hits else np.zeros(0, np.int64)
 
 
-def _seq_starts(tokens: np.ndarray, seq: np.ndarray | None, offsets: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray]:
+def _seq_starts(
+    tokens: np.ndarray, seq: np.ndarray | None, offsets: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Where the id sequence `seq` starts in `tokens`, and the sample of each start (a
     sequence that runs into the next sample is not counted)."""
     if seq is None or not len(seq) or len(tokens) < len(seq):
@@ -203,10 +215,12 @@ def scan(ds: Dataset, prof: Profile, want_meta: bool) -> DatasetFigures:
         end = offsets[1:]
         meta = shard.meta
         out.ids.extend(shard.ids)
-        gidx = np.asarray([out.parts.setdefault(p, len(out.parts))
-                           for p in shard.partition_names], np.int64)
-        partition = (gidx[np.asarray(shard.partition_index, np.int64)]
-                     if n else np.zeros(0, np.int64))
+        gidx = np.asarray(
+            [out.parts.setdefault(p, len(out.parts)) for p in shard.partition_names], np.int64
+        )
+        partition = (
+            gidx[np.asarray(shard.partition_index, np.int64)] if n else np.zeros(0, np.int64)
+        )
         finish = np.asarray([FINISH_CODES.get(m["finish_reason"], 2) for m in meta], np.int8)
         recon = np.asarray([bool(m.get("metadata", {}).get("reconstructed")) for m in meta], bool)
         violated = np.asarray([_note_violations(out, m) for m in meta], bool)
@@ -217,15 +231,32 @@ def scan(ds: Dataset, prof: Profile, want_meta: bool) -> DatasetFigures:
         span_len = spans[:, 1] - spans[:, 0]
         span_owner = np.repeat(np.arange(n), np.diff(shard.loss_span_offsets))
         loss = np.bincount(span_owner, weights=span_len, minlength=n).astype(np.int64)
-        prompt_loss = np.bincount(span_owner, minlength=n,
-                                  weights=np.clip(plen[span_owner] - spans[:, 0], 0, span_len)
-                                  ).astype(np.int64) if len(spans) else np.zeros(n, np.int64)
-        out.add(partition=partition, prompt_len=plen, comp_len=end - c0, finish=finish,
-                reconstructed=recon, loss=loss, prompt_loss=prompt_loss, violated=violated)
+        prompt_loss = (
+            np.bincount(
+                span_owner,
+                minlength=n,
+                weights=np.clip(plen[span_owner] - spans[:, 0], 0, span_len),
+            ).astype(np.int64)
+            if len(spans)
+            else np.zeros(n, np.int64)
+        )
+        out.add(
+            partition=partition,
+            prompt_len=plen,
+            comp_len=end - c0,
+            finish=finish,
+            reconstructed=recon,
+            loss=loss,
+            prompt_loss=prompt_loss,
+            violated=violated,
+        )
         if prof.renderer is not None:
             outside = np.flatnonzero(tokens >= prof.vocab_size)
-            out.add(oov=np.bincount(np.searchsorted(offsets, outside, side="right") - 1,
-                                    minlength=n)[:n])
+            out.add(
+                oov=np.bincount(np.searchsorted(offsets, outside, side="right") - 1, minlength=n)[
+                    :n
+                ]
+            )
             out.add(**_token_figures(tokens, offsets, c0, end, prof))
         del shard
     return out.figures()
@@ -241,8 +272,9 @@ def _note_violations(out: _Scan, meta: dict) -> bool:
     return True
 
 
-def _token_figures(tokens: np.ndarray, offsets: np.ndarray, c0: np.ndarray, end: np.ndarray,
-                   prof: Profile) -> dict[str, np.ndarray]:
+def _token_figures(
+    tokens: np.ndarray, offsets: np.ndarray, c0: np.ndarray, end: np.ndarray, prof: Profile
+) -> dict[str, np.ndarray]:
     """Marker counts and positions in each final turn, and what lies between them."""
     n = len(c0)
     L = len(prof.tail)
@@ -255,8 +287,11 @@ def _token_figures(tokens: np.ndarray, offsets: np.ndarray, c0: np.ndarray, end:
             idx = np.clip(c0 - L + j, 0, max(len(tokens) - 1, 0))
             tail_ok &= tokens[idx] == prof.tail[j] if len(tokens) else False
     nonempty = end > c0
-    last = tokens[np.clip(end - 1, 0, max(len(tokens) - 1, 0))] if len(tokens) else \
-        np.zeros(n, np.int64)
+    last = (
+        tokens[np.clip(end - 1, 0, max(len(tokens) - 1, 0))]
+        if len(tokens)
+        else np.zeros(n, np.int64)
+    )
     ends_stop = nonempty & np.isin(last, prof.stop_ids)
     content = np.arange(len(tokens) + 1)
     if prof.blank is not None:
@@ -284,21 +319,34 @@ def _token_figures(tokens: np.ndarray, offsets: np.ndarray, c0: np.ndarray, end:
         after_end = np.maximum(ans_end - a_lo, 0)
         answer = content[np.maximum(ans_end, a_lo)] - content[a_lo]
         open_at_end = n_start > n_end
-        figures.update(n_start=n_start, n_end=n_end, order_ok=~(has_e & (first_e < first_s)),
-                       reasoning=reasoning, after_end=after_end, answer=answer,
-                       open_at_end=open_at_end)
+        figures.update(
+            n_start=n_start,
+            n_end=n_end,
+            order_ok=~(has_e & (first_e < first_s)),
+            reasoning=reasoning,
+            after_end=after_end,
+            answer=answer,
+            open_at_end=open_at_end,
+        )
     else:
         figures.update(answer=content[ans_end] - content[c0], after_end=ans_end - c0)
     lit = _literal_hits(tokens, prof)
-    figures["literal"] = np.bincount(np.searchsorted(offsets, lit, side="right") - 1,
-                                     minlength=n)[:n]
+    figures["literal"] = np.bincount(np.searchsorted(offsets, lit, side="right") - 1, minlength=n)[
+        :n
+    ]
     figures["loop"] = _loop_hits(tokens, c0, offsets)
     return figures
 
 
-def _channel_figures(tokens: np.ndarray, offsets: np.ndarray, r0: np.ndarray,
-                     end: np.ndarray, ans_end: np.ndarray, content: np.ndarray,
-                     prof: Profile) -> dict[str, np.ndarray]:
+def _channel_figures(
+    tokens: np.ndarray,
+    offsets: np.ndarray,
+    r0: np.ndarray,
+    end: np.ndarray,
+    ans_end: np.ndarray,
+    content: np.ndarray,
+    prof: Profile,
+) -> dict[str, np.ndarray]:
     """The harmony counterpart of the think-marker figures: the analysis channel's header
     plays think-start, the final channel's header think-end (same column names, so the
     checks read both alike), plus whether the analysis message was closed by `<|end|>`."""
@@ -322,18 +370,20 @@ def _channel_figures(tokens: np.ndarray, offsets: np.ndarray, r0: np.ndarray,
         cp, _ = _seq_starts(tokens, prof.analysis_end, offsets)
         if len(cp):
             at = np.searchsorted(cp, body)
-            r_hi = np.minimum(r_hi, np.where(at < len(cp), cp[np.minimum(at, len(cp) - 1)],
-                                             r_hi))
+            r_hi = np.minimum(r_hi, np.where(at < len(cp), cp[np.minimum(at, len(cp) - 1)], r_hi))
         # The final header must follow the analysis end: `...<|end|><|start|>assistant...`.
         closed = first_f - k >= body
         for j in range(k):
             closed &= tokens[np.clip(first_f - k + j, 0, len(tokens) - 1)] == prof.analysis_end[j]
     r_hi = np.maximum(r_hi, body)
     a_lo = np.where(has_f, first_f + len(prof.final if prof.final is not None else ()), ans_end)
-    return dict(n_start=n_a, n_end=n_f, order_ok=~(has_a & has_f & (first_f < first_a)),
-                unclosed=final_after & ~closed,
-                reasoning=content[r_hi] - content[np.minimum(body, r_hi)],
-                after_end=np.maximum(ans_end - a_lo, 0),
-                answer=content[np.maximum(ans_end, a_lo)] - content[np.minimum(a_lo, ans_end)],
-                open_at_end=n_a > n_f)
-
+    return dict(
+        n_start=n_a,
+        n_end=n_f,
+        order_ok=~(has_a & has_f & (first_f < first_a)),
+        unclosed=final_after & ~closed,
+        reasoning=content[r_hi] - content[np.minimum(body, r_hi)],
+        after_end=np.maximum(ans_end - a_lo, 0),
+        answer=content[np.maximum(ans_end, a_lo)] - content[np.minimum(a_lo, ans_end)],
+        open_at_end=n_a > n_f,
+    )

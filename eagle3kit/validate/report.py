@@ -48,10 +48,19 @@ class ValidateReport:
         return f"all {ran} checks passed" + (f" ({skipped} skipped)" if skipped else "")
 
     def to_dict(self) -> dict:
-        return {"path": self.path, "passed": self.passed, "summary": self.summary(),
-                "samples": self.samples, "tokens": self.tokens, "profile": self.profile,
-                "checks": [c.to_dict() for c in self.checks], "partitions": self.partitions,
-                "warnings": self.warnings, "clean": self.clean, "damaged": self.damaged}
+        return {
+            "path": self.path,
+            "passed": self.passed,
+            "summary": self.summary(),
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "profile": self.profile,
+            "checks": [c.to_dict() for c in self.checks],
+            "partitions": self.partitions,
+            "warnings": self.warnings,
+            "clean": self.clean,
+            "damaged": self.damaged,
+        }
 
 
 def partitions(f: DatasetFigures) -> dict[str, dict]:
@@ -62,11 +71,15 @@ def partitions(f: DatasetFigures) -> dict[str, dict]:
         fin = m & (f.finish <= 1)
         lens = lengths[m]
         out[name] = {
-            "samples": int(m.sum()), "tokens": int(lens.sum()),
+            "samples": int(m.sum()),
+            "tokens": int(lens.sum()),
             "loss_tokens": int(f.loss[m].sum()),
             "truncated": round(float((f.finish[m] == 1).sum() / max(fin.sum(), 1)), 4),
-            "reasoning": (round(float((f.reasoning[fin] > 0).mean()), 4)
-                          if f.reasoning is not None and fin.any() else None),
+            "reasoning": (
+                round(float((f.reasoning[fin] > 0).mean()), 4)
+                if f.reasoning is not None and fin.any()
+                else None
+            ),
             "length_p50": int(np.percentile(lens, 50)) if len(lens) else 0,
             "length_p90": int(np.percentile(lens, 90)) if len(lens) else 0,
             "length_max": int(lens.max()) if len(lens) else 0,
@@ -84,7 +97,6 @@ def _histogram(lengths: np.ndarray) -> dict[str, int]:
     return {f"<={e}": int(c) for e, c in zip(edges, counts, strict=True)}
 
 
-
 def _sparkline(hist: dict[str, int]) -> str:
     bars = " ▁▂▃▄▅▆▇█"
     top = max(hist.values(), default=0)
@@ -95,21 +107,51 @@ def _sparkline(hist: dict[str, int]) -> str:
 
 def show(report: ValidateReport, opts: _ui.OutputOptions) -> None:
     prof = report.profile
-    _ui.kv(f"{report.path}: {report.samples:,} samples, {report.tokens:,} tokens",
-           [(k, repr(v) if k == "generation_prompt" else v) for k, v in prof.items()
-            if v is not None and k != "stop_token_ids"]
-           + [("stop token ids", ", ".join(map(str, prof.get("stop_token_ids") or [])))], opts)
+    _ui.kv(
+        f"{report.path}: {report.samples:,} samples, {report.tokens:,} tokens",
+        [
+            (k, repr(v) if k == "generation_prompt" else v)
+            for k, v in prof.items()
+            if v is not None and k != "stop_token_ids"
+        ]
+        + [("stop token ids", ", ".join(map(str, prof.get("stop_token_ids") or [])))],
+        opts,
+    )
     rows = []
     for name, p in report.partitions.items():
         hist = p["histogram"]
         span = f" {next(iter(hist))}..{list(hist)[-1]}" if hist else ""
-        rows.append([name, p["samples"], p["tokens"], p["loss_tokens"],
-                     f"{p['truncated']:.1%}",
-                     f"{p['reasoning']:.1%}" if p["reasoning"] is not None else None,
-                     p["length_p50"], p["length_p90"], p["length_max"],
-                     _sparkline(hist) + span])
-    _ui.table("partitions", ["partition", "samples", "tokens", "loss tokens", "truncated",
-                             "reasoning", "p50", "p90", "max", "lengths (x2 buckets)"], rows, opts)
+        rows.append(
+            [
+                name,
+                p["samples"],
+                p["tokens"],
+                p["loss_tokens"],
+                f"{p['truncated']:.1%}",
+                f"{p['reasoning']:.1%}" if p["reasoning"] is not None else None,
+                p["length_p50"],
+                p["length_p90"],
+                p["length_max"],
+                _sparkline(hist) + span,
+            ]
+        )
+    _ui.table(
+        "partitions",
+        [
+            "partition",
+            "samples",
+            "tokens",
+            "loss tokens",
+            "truncated",
+            "reasoning",
+            "p50",
+            "p90",
+            "max",
+            "lengths (x2 buckets)",
+        ],
+        rows,
+        opts,
+    )
     items = []
     for c in report.checks:
         detail = c.detail
@@ -125,6 +167,8 @@ def show(report: ValidateReport, opts: _ui.OutputOptions) -> None:
     _ui.checklist(items, opts)
     _ui.info(report.summary(), opts)
     if report.clean:
-        _ui.info(f"clean copy: {report.clean['kept']:,} samples written to "
-                 f"{report.clean['path']} ({report.clean['removed']:,} left out)", opts)
-
+        _ui.info(
+            f"clean copy: {report.clean['kept']:,} samples written to "
+            f"{report.clean['path']} ({report.clean['removed']:,} left out)",
+            opts,
+        )

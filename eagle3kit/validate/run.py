@@ -34,8 +34,11 @@ def load_profile(cfg: ValidateConfig, ds: Dataset) -> Profile:
 
 def _load_renderer(cfg: ValidateConfig, ds: Dataset) -> Renderer | None:
     stored = ds.tokenizer_dir
-    tok_dir = cfg.tokenizer or (stored if (stored / "tokenizer_config.json").is_file()
-                                or (stored / "tokenizer.json").is_file() else None)
+    tok_dir = cfg.tokenizer or (
+        stored
+        if (stored / "tokenizer_config.json").is_file() or (stored / "tokenizer.json").is_file()
+        else None
+    )
     if tok_dir is None:
         return None
     recorded = ds.recorded()
@@ -45,18 +48,31 @@ def _load_renderer(cfg: ValidateConfig, ds: Dataset) -> Renderer | None:
         if name and (stored / Path(name).name).is_file():
             template = stored / Path(name).name
     # Trust comes from the command line only, never from what the dataset recorded.
-    return load_renderer(Path(tok_dir), chat_template=template,
-                         chat_template_kwargs=recorded.chat_template_kwargs,
-                         system=recorded.system, trust_remote_code=cfg.trust_remote_code)
+    return load_renderer(
+        Path(tok_dir),
+        chat_template=template,
+        chat_template_kwargs=recorded.chat_template_kwargs,
+        system=recorded.system,
+        trust_remote_code=cfg.trust_remote_code,
+    )
 
 
 def _damaged_report(cfg: ValidateConfig, ds: Dataset, problems: list[str]) -> ValidateReport:
     """Every damaged or missing shard as the integrity row; nothing else can be read."""
     rows = [damaged(problems, len(ds.shards))] + [
         CheckResult(name, "skip", "skipped: the shards it reads are damaged (integrity)")
-        for name in cfg.selected() if name != "integrity"]
-    return ValidateReport(path=str(cfg.path), samples=len(ds), tokens=ds.num_tokens,
-                          profile={}, checks=rows, partitions={}, damaged=True)
+        for name in cfg.selected()
+        if name != "integrity"
+    ]
+    return ValidateReport(
+        path=str(cfg.path),
+        samples=len(ds),
+        tokens=ds.num_tokens,
+        profile={},
+        checks=rows,
+        partitions={},
+        damaged=True,
+    )
 
 
 def validate(cfg: ValidateConfig) -> ValidateReport:
@@ -73,11 +89,19 @@ def validate(cfg: ValidateConfig) -> ValidateReport:
     checks = run_checks(selected, Context(cfg, ds, prof, figures))
     warnings = []
     if prof.harmony and prof.analysis is None:
-        warnings.append("gpt-oss harmony tokens, but the chat template shows no analysis "
-                        "channel for a reasoning turn: the reasoning checks are skipped")
-    return ValidateReport(path=str(cfg.path), samples=len(ds), tokens=ds.num_tokens,
-                          profile=prof.describe(), checks=checks,
-                          partitions=partitions(figures), warnings=warnings)
+        warnings.append(
+            "gpt-oss harmony tokens, but the chat template shows no analysis "
+            "channel for a reasoning turn: the reasoning checks are skipped"
+        )
+    return ValidateReport(
+        path=str(cfg.path),
+        samples=len(ds),
+        tokens=ds.num_tokens,
+        profile=prof.describe(),
+        checks=checks,
+        partitions=partitions(figures),
+        warnings=warnings,
+    )
 
 
 def run(cfg: ValidateConfig) -> ValidateReport:

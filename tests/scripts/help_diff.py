@@ -14,15 +14,34 @@ import subprocess
 import sys
 from pathlib import Path
 
-COMMANDS = ["", "info", "convert", "validate", "gen", "plan", "extract", "train", "export",
-            "bench", "bench accept", "bench server", "bench parity", "quickstart"]
+COMMANDS = [
+    "",
+    "info",
+    "convert",
+    "validate",
+    "gen",
+    "plan",
+    "extract",
+    "train",
+    "export",
+    "bench",
+    "bench accept",
+    "bench server",
+    "bench parity",
+    "quickstart",
+]
 ROW = re.compile(r"^│\s*(\*)?\s*(--?[a-zA-Z][\w-]*(?:/--[\w-]+)?)\s+(-\w)?\s*(\S*)")
 
 
 def render(command: str) -> str:
     env = {**os.environ, "COLUMNS": "100"}
-    return subprocess.run(["eagle3kit", *command.split(), "--help"], env=env, text=True,
-                          capture_output=True, check=True).stdout
+    return subprocess.run(
+        ["eagle3kit", *command.split(), "--help"],
+        env=env,
+        text=True,
+        capture_output=True,
+        check=True,
+    ).stdout
 
 
 def facts(text: str) -> set[tuple]:
@@ -34,8 +53,12 @@ def facts(text: str) -> set[tuple]:
         m = ROW.match(line)
         if m:
             word = m.group(4) or ""
-            current = [panel, m.group(2), bool(m.group(1)),
-                       word if word.isupper() or "," in word else ""]
+            current = [
+                panel,
+                m.group(2),
+                bool(m.group(1)),
+                word if word.isupper() or "," in word else "",
+            ]
             out.add(tuple(current))
         for default in re.findall(r"\[default: ([^\]]*)\]", line):
             if current:
@@ -59,8 +82,7 @@ def main() -> int:
                 print("  -", fact)
             for fact in sorted(gained, key=str):
                 print("  +", fact)
-        diff = list(difflib.unified_diff(before.splitlines(), after.splitlines(), n=0,
-                                         lineterm=""))
+        diff = list(difflib.unified_diff(before.splitlines(), after.splitlines(), n=0, lineterm=""))
         print(f"-- {command or '(top)'}: {max(0, len(diff) - 2)} lines of raw diff")
     return 1 if changed else 0
 

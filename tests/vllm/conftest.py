@@ -33,9 +33,16 @@ for path in (HERE, HERE.parent):  # launch.py here; fakeserver & co. one level u
 
 import launch  # noqa: E402
 
-MODULE_ORDER = ["test_vllm_gen", "test_vllm_extract", "test_vllm_train_online",
-                "test_vllm_export", "test_vllm_parity", "test_vllm_depth", "test_vllm_sampled",
-                "test_vllm_docs"]
+MODULE_ORDER = [
+    "test_vllm_gen",
+    "test_vllm_extract",
+    "test_vllm_train_online",
+    "test_vllm_export",
+    "test_vllm_parity",
+    "test_vllm_depth",
+    "test_vllm_sampled",
+    "test_vllm_docs",
+]
 """Modules in the order their servers start (a later module may reuse an earlier server)."""
 TRAIN_PROMPTS = 96
 BENCH_PROMPTS = 24
@@ -79,8 +86,9 @@ class Servers:
     started: dict[str, list[float]] = field(default_factory=dict)
     """configuration -> seconds each start took (a second start shows up here)."""
 
-    def get(self, key: str, model: Path, args: list[str], cwd: Path | None = None
-            ) -> launch.VllmServer:
+    def get(
+        self, key: str, model: Path, args: list[str], cwd: Path | None = None
+    ) -> launch.VllmServer:
         if self.key == key and self.current is not None and self.current.alive():
             return self.current
         self.stop()
@@ -103,8 +111,10 @@ def servers(vllm_env: Path, tmp_path_factory: pytest.TempPathFactory):
         yield registry
     finally:
         registry.stop()
-        summary = {"servers_started": registry.started,
-                   "tier_seconds": round(time.monotonic() - started, 1)}
+        summary = {
+            "servers_started": registry.started,
+            "tier_seconds": round(time.monotonic() - started, 1),
+        }
         print(f"\nvllm tier: {json.dumps(summary)}", file=sys.stderr)
         out = os.environ.get("EAGLE3KIT_VLLM_TIMINGS")
         if out:
@@ -141,16 +151,20 @@ def world(vllm_env: Path, tmp_path_factory: pytest.TempPathFactory) -> World:
     finally:
         torch.set_num_threads(threads)
     chats = tiny.prompts(TRAIN_PROMPTS + BENCH_PROMPTS + 14)
-    train, bench = chats[:TRAIN_PROMPTS], chats[TRAIN_PROMPTS:TRAIN_PROMPTS + BENCH_PROMPTS]
-    extra = chats[TRAIN_PROMPTS + BENCH_PROMPTS:]
-    multi = [{"messages": [a[0], {"role": "assistant", "content": "(answered)"}, b[0]]}
-             for a, b in zip(extra[6::2], extra[7::2], strict=True)]
+    train, bench = chats[:TRAIN_PROMPTS], chats[TRAIN_PROMPTS : TRAIN_PROMPTS + BENCH_PROMPTS]
+    extra = chats[TRAIN_PROMPTS + BENCH_PROMPTS :]
+    multi = [
+        {"messages": [a[0], {"role": "assistant", "content": "(answered)"}, b[0]]}
+        for a, b in zip(extra[6::2], extra[7::2], strict=True)
+    ]
     return World(
-        root=root, target=target,
+        root=root,
+        target=target,
         train_prompts=_write_jsonl(root / "train.jsonl", [{"messages": m} for m in train]),
         bench_prompts=_write_jsonl(root / "heldout.jsonl", [{"messages": m} for m in bench]),
         single_turn=_write_jsonl(root / "single.jsonl", [{"messages": m} for m in extra[:6]]),
-        multi_turn=_write_jsonl(root / "multi.jsonl", multi))
+        multi_turn=_write_jsonl(root / "multi.jsonl", multi),
+    )
 
 
 def _plain(servers: Servers, world: World) -> launch.VllmServer:
@@ -162,8 +176,11 @@ def _plain(servers: Servers, world: World) -> launch.VllmServer:
 def _extract(servers: Servers, world: World) -> launch.VllmServer:
     """extract_hidden_states at the aux ids plus N, prefix caching and chunked prefill off,
     through the CPU-safe connector; eager (no compile warm-up: a minute less to start)."""
-    return servers.get("extract", world.target, [
-        *launch.hidden_states_args([*LAYERS, 8], world.root / "hs"), "--enforce-eager"])
+    return servers.get(
+        "extract",
+        world.target,
+        [*launch.hidden_states_args([*LAYERS, 8], world.root / "hs"), "--enforce-eager"],
+    )
 
 
 # Per test, not per session: only one server runs at a time, so a server fixture asks the
@@ -185,11 +202,19 @@ def tokens(servers: Servers, world: World) -> Path:
     from eagle3kit.gen.config import ServerSpec
 
     out = world.root / "tokens"
-    result = gen.run(gen.GenConfig(
-        [world.train_prompts], out, servers=[ServerSpec(_plain(servers, world).url)],
-        api="vllm",
-        tokenizer=world.target, temperature=0.0, max_tokens=MAX_TOKENS, concurrency=16,
-        output=_ui.OutputOptions(quiet=True)))
+    result = gen.run(
+        gen.GenConfig(
+            [world.train_prompts],
+            out,
+            servers=[ServerSpec(_plain(servers, world).url)],
+            api="vllm",
+            tokenizer=world.target,
+            temperature=0.0,
+            max_tokens=MAX_TOKENS,
+            concurrency=16,
+            output=_ui.OutputOptions(quiet=True),
+        )
+    )
     assert result.total == TRAIN_PROMPTS
     return out
 
@@ -209,11 +234,19 @@ def hidden(tokens: Path, servers: Servers, world: World) -> Path:
 
     out = world.root / "hidden"
     (world.root / "hs").mkdir(exist_ok=True)
-    extract.run(extract.ExtractConfig(tokens, out, target=world.target, engine="vllm",
-                                      server=_extract(servers, world).url,
-                                      layers=LAYERS, concurrency=4,
-                                      hidden_states_dir=world.root / "hs",
-                                      output=_ui.OutputOptions(quiet=True)))
+    extract.run(
+        extract.ExtractConfig(
+            tokens,
+            out,
+            target=world.target,
+            engine="vllm",
+            server=_extract(servers, world).url,
+            layers=LAYERS,
+            concurrency=4,
+            hidden_states_dir=world.root / "hs",
+            output=_ui.OutputOptions(quiet=True),
+        )
+    )
     return out
 
 
@@ -230,8 +263,15 @@ def train_drafter(world: World, hidden: Path, name: str, draft_vocab: int):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        result = train.run(train.TrainConfig([hidden], world.root / name, world.target,
-                                             output=_ui.OutputOptions(quiet=True), **options))
+        result = train.run(
+            train.TrainConfig(
+                [hidden],
+                world.root / name,
+                world.target,
+                output=_ui.OutputOptions(quiet=True),
+                **options,
+            )
+        )
     finally:
         torch.set_num_threads(threads)
     return world.root / name, result
@@ -241,5 +281,7 @@ def train_drafter(world: World, hidden: Path, name: str, draft_vocab: int):
 def drafters(hidden: Path, world: World) -> dict:
     """name -> (run directory, train result): a 512-token draft vocabulary (the quickstart's)
     and the target's whole vocabulary."""
-    return {"reduced": train_drafter(world, hidden, "run-reduced", 512),
-            "full": train_drafter(world, hidden, "run-full", 32000)}
+    return {
+        "reduced": train_drafter(world, hidden, "run-reduced", 512),
+        "full": train_drafter(world, hidden, "run-full", 32000),
+    }

@@ -48,13 +48,16 @@ class CpuHiddenStatesConnector(ExampleHiddenStatesConnector):
         offsets = torch.arange(self._block_size, dtype=torch.long)
         slots = (offsets.reshape(1, -1) + blocks.reshape(-1, 1) * self._block_size).flatten()
         states = extract_from_kv_cache(self._kv_cache, slots, pending.token_ids.shape[0])
-        tensors = {"hidden_states": states.clone().contiguous(),
-                   "token_ids": pending.token_ids.clone()}
+        tensors = {
+            "hidden_states": states.clone().contiguous(),
+            "token_ids": pending.token_ids.clone(),
+        }
         os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
         lock_fd = self._lock_fds.pop(pending.req_id, None)
         if lock_fd is None and self.use_lock:
-            lock_fd = os.open(pending.filename + ".lock",
-                              os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+            lock_fd = os.open(
+                pending.filename + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644
+            )
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
             save_file(tensors, pending.filename)

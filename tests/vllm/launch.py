@@ -45,10 +45,13 @@ def missing_reason() -> str | None:
     """Why the vLLM environment cannot be used here, in one line; None when it can."""
     py = vllm_python()
     if py is None:
-        return ("no vLLM CPU environment (build it with `bash scripts/vllm_env.sh`, or point "
-                "EAGLE3KIT_VLLM_PYTHON at one)")
-    probe = subprocess.run([str(py), "-c", "import vllm, transformers"], capture_output=True,
-                           text=True, timeout=300)
+        return (
+            "no vLLM CPU environment (build it with `bash scripts/vllm_env.sh`, or point "
+            "EAGLE3KIT_VLLM_PYTHON at one)"
+        )
+    probe = subprocess.run(
+        [str(py), "-c", "import vllm, transformers"], capture_output=True, text=True, timeout=300
+    )
     if probe.returncode:
         last = (probe.stderr.strip().splitlines() or ["?"])[-1]
         return f"the vLLM environment at {py} does not import vllm ({last})"
@@ -85,30 +88,54 @@ class VllmServer:
         return (self.log_dir or Path("/tmp")) / f"vllm-{self.name}-{self.port}.log"
 
     def command(self, python: Path) -> list[str]:
-        return [str(python), "-m", MODULE, "--model", str(self.model), "--dtype", "float32",
-                "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(self.port),
-                "--seed", "0", *self.args]
+        return [
+            str(python),
+            "-m",
+            MODULE,
+            "--model",
+            str(self.model),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "2048",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--seed",
+            "0",
+            *self.args,
+        ]
 
     def start(self) -> VllmServer:
         python = vllm_python()
         if python is None:
             raise RuntimeError(missing_reason() or "no vLLM environment")
         self.port = self.port or free_port()
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1",
-               "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-               # The CPU-safe hidden-states connector is imported from here by name.
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE),
-                                                           os.environ.get("PYTHONPATH")])),
-               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            # The CPU-safe hidden-states connector is imported from here by name.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(self.command(python), stdout=log,
-                                            stderr=subprocess.STDOUT, env=env,
-                                            start_new_session=True, stdin=subprocess.DEVNULL,
-                                            cwd=self.cwd)
+            self.process = subprocess.Popen(
+                self.command(python),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                cwd=self.cwd,
+            )
         try:
             self._wait_ready()
         except BaseException:
@@ -122,8 +149,10 @@ class VllmServer:
         while time.monotonic() < deadline:
             assert self.process is not None
             if self.process.poll() is not None:
-                raise RuntimeError(f"vLLM {self.name} exited with {self.process.returncode} "
-                                   f"while starting:\n{self.tail()}")
+                raise RuntimeError(
+                    f"vLLM {self.name} exited with {self.process.returncode} "
+                    f"while starting:\n{self.tail()}"
+                )
             try:
                 with urllib.request.urlopen(f"{self.url}/v1/models", timeout=5) as r:
                     if r.status == 200:
@@ -131,8 +160,9 @@ class VllmServer:
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
             time.sleep(2)
-        raise RuntimeError(f"vLLM {self.name} not ready after {START_TIMEOUT_S:.0f} s:\n"
-                           f"{self.tail()}")
+        raise RuntimeError(
+            f"vLLM {self.name} not ready after {START_TIMEOUT_S:.0f} s:\n{self.tail()}"
+        )
 
     def tail(self, lines: int = 40) -> str:
         try:
@@ -164,25 +194,40 @@ class VllmServer:
             return r.read().decode()
 
     def post(self, path: str, body: dict) -> dict:
-        req = urllib.request.Request(f"{self.url}{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{self.url}{path}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=600) as r:
             return json.loads(r.read())
 
 
-def hidden_states_args(layer_ids: list[int], storage: Path, prefix_caching: bool = False
-                       ) -> list[str]:
+def hidden_states_args(
+    layer_ids: list[int], storage: Path, prefix_caching: bool = False
+) -> list[str]:
     """Flags of a server that writes hidden states for `extract --engine vllm`, through the
     CPU-safe connector (tests/vllm/cpu_hidden_states_connector.py)."""
-    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids":
-                                                 layer_ids}}}
-    kv = {"kv_connector": "CpuHiddenStatesConnector",
-          "kv_connector_module_path": "cpu_hidden_states_connector", "kv_role": "kv_producer",
-          "kv_connector_extra_config": {"shared_storage_path": str(storage)}}
+    spec = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids}},
+    }
+    kv = {
+        "kv_connector": "CpuHiddenStatesConnector",
+        "kv_connector_module_path": "cpu_hidden_states_connector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str(storage)},
+    }
     caching = "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching"
-    return [caching, "--no-enable-chunked-prefill", "--speculative-config", json.dumps(spec),
-            "--kv-transfer-config", json.dumps(kv)]
+    return [
+        caching,
+        "--no-enable-chunked-prefill",
+        "--speculative-config",
+        json.dumps(spec),
+        "--kv-transfer-config",
+        json.dumps(kv),
+    ]
 
 
 def eagle3_args(drafter: Path, k: int = 3, method: str = "eagle3") -> list[str]:

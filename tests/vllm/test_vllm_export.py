@@ -48,9 +48,17 @@ def exports(drafters: dict, world: World) -> dict[tuple[str, bool], Path]:
     out = {}
     for name, embedding in VARIANTS:
         where = world.root / "exports" / variant_id((name, embedding))
-        export.run(export.ExportConfig(drafters[name][0], where, format="vllm",
-                                       with_embedding=embedding, target=world.target,
-                                       num_speculative_tokens=K, output=QUIET))
+        export.run(
+            export.ExportConfig(
+                drafters[name][0],
+                where,
+                format="vllm",
+                with_embedding=embedding,
+                target=world.target,
+                num_speculative_tokens=K,
+                output=QUIET,
+            )
+        )
         out[(name, embedding)] = where
     return out
 
@@ -63,16 +71,28 @@ def offline(exports: dict, world: World) -> dict[str, result.AcceptReport]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return {name: accept.run(accept.AcceptConfig(
-            world.target, exports[(name, False)], [world.bench_prompts], k=K, temperature=0.0,
-            max_new_tokens=MAX_NEW_TOKENS, device="cpu", output=QUIET))
-            for name in ("reduced", "full")}
+        return {
+            name: accept.run(
+                accept.AcceptConfig(
+                    world.target,
+                    exports[(name, False)],
+                    [world.bench_prompts],
+                    k=K,
+                    temperature=0.0,
+                    max_new_tokens=MAX_NEW_TOKENS,
+                    device="cpu",
+                    output=QUIET,
+                )
+            )
+            for name in ("reduced", "full")
+        }
     finally:
         torch.set_num_threads(threads)
 
 
-def test_the_full_vocabulary_export_has_no_identity_mapping(exports: dict, world: World,
-                                                            drafters: dict) -> None:
+def test_the_full_vocabulary_export_has_no_identity_mapping(
+    exports: dict, world: World, drafters: dict
+) -> None:
     from safetensors import safe_open
 
     def names(path: Path) -> set[str]:
@@ -92,19 +112,32 @@ def test_the_full_vocabulary_export_has_no_identity_mapping(exports: dict, world
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
 def test_every_export_speculates_in_vllm_as_bench_accept_predicts(
-        variant: tuple[str, bool], servers, exports: dict, offline: dict, world: World,
-        tmp_path: Path) -> None:
-    vllm = servers.get(f"eagle3-{variant_id(variant)}", world.target,
-                       [*launch.eagle3_args(exports[variant], K), "--enforce-eager"])
-    online = server.run(server.ServerBenchConfig(
-        vllm.url, [world.bench_prompts], world.target, api="vllm",
-        max_new_tokens=MAX_NEW_TOKENS, temperature=0.0, output=QUIET))
+    variant: tuple[str, bool], servers, exports: dict, offline: dict, world: World, tmp_path: Path
+) -> None:
+    vllm = servers.get(
+        f"eagle3-{variant_id(variant)}",
+        world.target,
+        [*launch.eagle3_args(exports[variant], K), "--enforce-eager"],
+    )
+    online = server.run(
+        server.ServerBenchConfig(
+            vllm.url,
+            [world.bench_prompts],
+            world.target,
+            api="vllm",
+            max_new_tokens=MAX_NEW_TOKENS,
+            temperature=0.0,
+            output=QUIET,
+        )
+    )
     measured = offline[variant[0]]
     assert online.requests == BENCH_PROMPTS and online.errors == 0
     assert measured.lossless and measured.acceptance_length >= 1.8
     assert online.acceptance_length is not None
     assert abs(online.acceptance_length - measured.acceptance_length) <= TOLERANCE, (
-        online.acceptance_length, measured.acceptance_length)
+        online.acceptance_length,
+        measured.acceptance_length,
+    )
     assert len(online.per_position) == len(measured.per_position) == K
     for engine, bench in zip(online.per_position, measured.per_position, strict=True):
         assert engine is not None and bench is not None
@@ -112,7 +145,8 @@ def test_every_export_speculates_in_vllm_as_bench_accept_predicts(
 
 
 def test_the_parity_gate_agrees_with_vllm_on_the_trained_drafter(
-        servers, exports: dict, world: World) -> None:
+    servers, exports: dict, world: World
+) -> None:
     """`bench parity` on the last server the test above started (no new configuration): the
     engine's figures and bench accept's within 0.05, overall and per position, and nothing
     in what vLLM serves (model, context length, chat template via /tokenize, the
@@ -122,10 +156,18 @@ def test_the_parity_gate_agrees_with_vllm_on_the_trained_drafter(
     variant = VARIANTS[-1]
     args = launch.eagle3_args(exports[variant], K)
     vllm = servers.get(f"eagle3-{variant_id(variant)}", world.target, [*args, "--enforce-eager"])
-    report = parity.run(parity.ParityConfig(
-        vllm.url, [world.bench_prompts], world.target, exports[variant],
-        speculative_config=args[1], max_new_tokens=MAX_NEW_TOKENS, device="cpu",
-        output=QUIET))
+    report = parity.run(
+        parity.ParityConfig(
+            vllm.url,
+            [world.bench_prompts],
+            world.target,
+            exports[variant],
+            speculative_config=args[1],
+            max_new_tokens=MAX_NEW_TOKENS,
+            device="cpu",
+            output=QUIET,
+        )
+    )
     assert report.api == "vllm" and report.served["template_checked"]
     assert report.served["source"] == "--speculative-config"
     assert report.findings == [] and report.agree and report.passed, report.findings
@@ -133,13 +175,16 @@ def test_the_parity_gate_agrees_with_vllm_on_the_trained_drafter(
     assert len(report.differences["per_position"]) == K
     assert all(abs(d) <= TOLERANCE for d in report.differences["per_position"])
     assert set(report.phases) == {"think", "answer"}
-    print(f"parity gate on vLLM: {report.to_dict()['differences']}, engine "
-          f"{report.engine['acceptance_length']:.3f}, offline "
-          f"{report.offline['acceptance_length']:.3f}, phases {report.phases}")
+    print(
+        f"parity gate on vLLM: {report.to_dict()['differences']}, engine "
+        f"{report.engine['acceptance_length']:.3f}, offline "
+        f"{report.offline['acceptance_length']:.3f}, phases {report.phases}"
+    )
 
 
 def test_the_old_full_vocabulary_layout_is_refused_by_vllm_and_flagged_by_info(
-        servers, exports: dict, world: World, tmp_path: Path) -> None:
+    servers, exports: dict, world: World, tmp_path: Path
+) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -151,15 +196,24 @@ def test_the_old_full_vocabulary_layout_is_refused_by_vllm_and_flagged_by_info(
     tensors["t2d"] = torch.ones(vocab, dtype=torch.bool)
     save_file(tensors, str(old / "model.safetensors"), metadata={"format": "pt"})
 
-    info = subprocess.run([sys.executable, "-m", "eagle3kit", "info", str(old)],
-                          capture_output=True, text=True, timeout=300)
+    info = subprocess.run(
+        [sys.executable, "-m", "eagle3kit", "info", str(old)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert info.returncode == 1
     assert FULL_VOCAB_D2T in " ".join(info.stderr.split())
 
     servers.stop()
-    refused = launch.VllmServer(world.target, [*launch.eagle3_args(old, K), "--enforce-eager"],
-                                name="eagle3-old-layout", log_dir=tmp_path)
+    refused = launch.VllmServer(
+        world.target,
+        [*launch.eagle3_args(old, K), "--enforce-eager"],
+        name="eagle3-old-layout",
+        log_dir=tmp_path,
+    )
     with pytest.raises(RuntimeError, match="while starting"):
         refused.start()
-    assert "There is no module or parameter named 'draft_id_to_target_id'" in \
-        refused.log.read_text()
+    assert (
+        "There is no module or parameter named 'draft_id_to_target_id'" in refused.log.read_text()
+    )

@@ -31,8 +31,9 @@ def bf16_step(x: np.ndarray) -> np.ndarray:
     return 2.0 ** (exponent - 7)
 
 
-def test_a_server_with_prefix_caching_on_is_refused(servers, world: World, tokens: Path,
-                                                    tmp_path: Path) -> None:
+def test_a_server_with_prefix_caching_on_is_refused(
+    servers, world: World, tokens: Path, tmp_path: Path
+) -> None:
     # vLLM's default is prefix caching on: the plain server has it, and the refusal comes from
     # its /metrics before any request (first in this module, while that server still runs).
     server = servers.get("plain", world.target, PLAIN_ARGS)
@@ -42,17 +43,30 @@ def test_a_server_with_prefix_caching_on_is_refused(servers, world: World, token
 
 def _refused(server, world: World, tokens: Path, out: Path) -> str:
     with pytest.raises(ServerError) as caught:
-        extract.run(extract.ExtractConfig(tokens, out, target=world.target, engine="vllm",
-                                          server=server.url, layers=LAYERS,
-                                          hidden_states_dir=out.parent, output=QUIET))
+        extract.run(
+            extract.ExtractConfig(
+                tokens,
+                out,
+                target=world.target,
+                engine="vllm",
+                server=server.url,
+                layers=LAYERS,
+                hidden_states_dir=out.parent,
+                output=QUIET,
+            )
+        )
     assert len(HiddenDataset(out)) == 0 if (out / "manifest.json").is_file() else True
     return str(caught.value)
 
 
-def test_a_server_launched_without_n_is_refused(servers, world: World, tokens: Path,
-                                                tmp_path: Path) -> None:
-    server = servers.get("extract-without-n", world.target, [
-        *launch.hidden_states_args(LAYERS, tmp_path / "hs"), "--enforce-eager"])
+def test_a_server_launched_without_n_is_refused(
+    servers, world: World, tokens: Path, tmp_path: Path
+) -> None:
+    server = servers.get(
+        "extract-without-n",
+        world.target,
+        [*launch.hidden_states_args(LAYERS, tmp_path / "hs"), "--enforce-eager"],
+    )
     message = _refused(server, world, tokens, tmp_path / "out")
     # docs/extract.md: "A server launched without N among its ids ... is refused with a
     # message saying so": the shape it found, and the ids to launch with.
@@ -61,14 +75,23 @@ def test_a_server_launched_without_n_is_refused(servers, world: World, tokens: P
 
 
 # Last in this module: the extract server it starts stays up for test_vllm_train_online.
-def test_served_states_equal_the_transformers_path(hidden: Path, tokens: Path, world: World,
-                                                   extract_server, tmp_path: Path) -> None:
+def test_served_states_equal_the_transformers_path(
+    hidden: Path, tokens: Path, world: World, extract_server, tmp_path: Path
+) -> None:
     served = HiddenDataset(hidden)
     assert served.verify() == [] and served.layer_ids == LAYERS
     assert served.manifest["provenance"]["server"] == extract_server.url
     assert list((world.root / "hs").glob("*.safetensors")) == []  # each file read, deleted
-    extract.run(extract.ExtractConfig(tokens, tmp_path / "local", target=world.target,
-                                      layers=LAYERS, dtype="float32", output=QUIET))
+    extract.run(
+        extract.ExtractConfig(
+            tokens,
+            tmp_path / "local",
+            target=world.target,
+            layers=LAYERS,
+            dtype="float32",
+            output=QUIET,
+        )
+    )
     local = {s.sample_id: s for s in HiddenDataset(tmp_path / "local")}
     assert len(served) == len(local) == 96
     differing = total = 0

@@ -55,8 +55,12 @@ def record(name: str, value: object) -> None:
 
 
 def eagle3kit(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "eagle3kit", *map(str, args)],
-                          capture_output=True, text=True, timeout=1800)
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -79,29 +83,64 @@ def kimi(vllm_env: Path, module_clock, tmp_path_factory: pytest.TempPathFactory)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        target = tiny.train_target(tiny.make_kimi_target(root / "target"),
-                                   trust_remote_code=True, **tiny.KIMI_TRAINING)
+        target = tiny.train_target(
+            tiny.make_kimi_target(root / "target"), trust_remote_code=True, **tiny.KIMI_TRAINING
+        )
         chats = tiny.prompts(TRAIN_PROMPTS + BENCH_PROMPTS)
         files = {}
-        for name, part in (("train", chats[:TRAIN_PROMPTS]), ("bench", chats[TRAIN_PROMPTS:]),
-                           ("gen", chats[:GEN_PROMPTS])):
+        for name, part in (
+            ("train", chats[:TRAIN_PROMPTS]),
+            ("bench", chats[TRAIN_PROMPTS:]),
+            ("gen", chats[:GEN_PROMPTS]),
+        ):
             files[name] = root / f"{name}.jsonl"
             files[name].write_text("".join(json.dumps({"messages": m}) + "\n" for m in part))
         tokens, hidden, run = root / "tokens", root / "hidden", root / "run"
-        gen.run(gen.GenConfig([files["train"]], tokens, engine="hf", target=target,
-                              temperature=0.0, max_tokens=MAX_TOKENS, trust_remote_code=True,
-                              output=QUIET))
-        extract.run(extract.ExtractConfig(tokens, hidden, target=target, device="cpu",
-                                          layers=LAYERS, trust_remote_code=True, output=QUIET))
-        options = {**train_options(QuickstartConfig()), "draft_vocab": 256, "eval_split": 6,
-                   "batch_tokens": 1024, "trust_remote_code": True}
+        gen.run(
+            gen.GenConfig(
+                [files["train"]],
+                tokens,
+                engine="hf",
+                target=target,
+                temperature=0.0,
+                max_tokens=MAX_TOKENS,
+                trust_remote_code=True,
+                output=QUIET,
+            )
+        )
+        extract.run(
+            extract.ExtractConfig(
+                tokens,
+                hidden,
+                target=target,
+                device="cpu",
+                layers=LAYERS,
+                trust_remote_code=True,
+                output=QUIET,
+            )
+        )
+        options = {
+            **train_options(QuickstartConfig()),
+            "draft_vocab": 256,
+            "eval_split": 6,
+            "batch_tokens": 1024,
+            "trust_remote_code": True,
+        }
         trained = train.run(train.TrainConfig([hidden], run, target, output=QUIET, **options))
     finally:
         torch.set_num_threads(threads)
     sound, broken = root / "export-sound", root / "export-plain-rope"
     for where in (sound, broken):
-        export.run(export.ExportConfig(run, where, format="vllm", num_speculative_tokens=K,
-                                       trust_remote_code=True, output=QUIET))
+        export.run(
+            export.ExportConfig(
+                run,
+                where,
+                format="vllm",
+                num_speculative_tokens=K,
+                trust_remote_code=True,
+                output=QUIET,
+            )
+        )
     # The seed's kind of failure: fine offline, crippled in the engine. The drafter trained
     # with the target's YaRN is served with plain RoPE (a converter that drops rope_scaling).
     # (Aux ids one lower, [0, 1, 2], crash vLLM 0.32's DeepSeek model at its first request:
@@ -112,8 +151,16 @@ def kimi(vllm_env: Path, module_clock, tmp_path_factory: pytest.TempPathFactory)
     layer["rope_parameters"] = {"rope_type": "default", "rope_theta": layer["rope_theta"]}
     (broken / "config.json").write_text(json.dumps(config, indent=2))
     record("held_out_predicted_al", trained.eval["predicted_acceptance_length"])
-    return {"root": root, "target": target, "tokens": tokens, "run": run, "sound": sound,
-            "broken": broken, "options": options, **files}
+    return {
+        "root": root,
+        "target": target,
+        "tokens": tokens,
+        "run": run,
+        "sound": sound,
+        "broken": broken,
+        "options": options,
+        **files,
+    }
 
 
 def greedy_bf16(target: Path, prompt_ids: list[int], new: int, stop: set[int]) -> list[int]:
@@ -128,7 +175,7 @@ def greedy_bf16(target: Path, prompt_ids: list[int], new: int, stop: set[int]) -
             ids.append(nxt)
             if nxt in stop:
                 break
-    return ids[len(prompt_ids):]
+    return ids[len(prompt_ids) :]
 
 
 def bf16_step(x: float) -> float:
@@ -143,12 +190,25 @@ def test_gen_on_vllm_matches_transformers_in_bf16(servers, kimi: dict, tmp_path:
     from eagle3kit.format import Dataset
 
     vllm = servers.get("kimi-plain", kimi["target"], BF16)
-    done = eagle3kit("gen", kimi["gen"], tmp_path / "vllm", "--server", vllm.url, "--api",
-                     "vllm", "--tokenizer", kimi["target"], "--temperature", 0,
-                     "--max-tokens", MAX_TOKENS, "--trust-remote-code", "--quiet")
+    done = eagle3kit(
+        "gen",
+        kimi["gen"],
+        tmp_path / "vllm",
+        "--server",
+        vllm.url,
+        "--api",
+        "vllm",
+        "--tokenizer",
+        kimi["target"],
+        "--temperature",
+        0,
+        "--max-tokens",
+        MAX_TOKENS,
+        "--trust-remote-code",
+        "--quiet",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    model = AutoModelForCausalLM.from_pretrained(str(kimi["target"]),
-                                                 dtype=torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(kimi["target"]), dtype=torch.bfloat16).eval()
     config = json.loads((kimi["target"] / "generation_config.json").read_text())
     stop = set(config["eos_token_id"])
     exact, ties, margins = 0, 0, []
@@ -164,35 +224,71 @@ def test_gen_on_vllm_matches_transformers_in_bf16(servers, kimi: dict, tmp_path:
             logits = model(torch.tensor([prompt + served[:at]])).logits[0, -1].float()
         top = torch.topk(logits, 2).values.tolist()
         margin = top[0] - top[1]
-        margins.append({"sample": sample.sample_id, "position": at, "margin": margin,
-                        "bf16_step": bf16_step(top[0])})
+        margins.append(
+            {
+                "sample": sample.sample_id,
+                "position": at,
+                "margin": margin,
+                "bf16_step": bf16_step(top[0]),
+            }
+        )
         # Near-tie: the two best logits within two bf16 steps of the top one (the rounding of
         # each of the two, as both engines compute them in bf16 in another order).
         assert margin <= 2 * bf16_step(top[0]), margins[-1]
         ties += 1
-    record("gen", {"samples": exact + ties, "token_exact": exact, "near_tie_divergences": ties,
-                   "margins": margins})
+    record(
+        "gen",
+        {
+            "samples": exact + ties,
+            "token_exact": exact,
+            "near_tie_divergences": ties,
+            "margins": margins,
+        },
+    )
     assert exact + ties == GEN_PROMPTS and exact >= GEN_PROMPTS // 2
 
 
-def test_extract_on_vllm_matches_transformers_in_bf16(servers, kimi: dict,
-                                                      tmp_path: Path) -> None:
+def test_extract_on_vllm_matches_transformers_in_bf16(servers, kimi: dict, tmp_path: Path) -> None:
     from eagle3kit import extract
     from eagle3kit.format import HiddenDataset
 
     storage = kimi["root"] / "hs"
     storage.mkdir(exist_ok=True)
-    vllm = servers.get("kimi-extract", kimi["target"], [
-        *launch.hidden_states_args([*LAYERS, DEPTH], storage), *BF16])
+    vllm = servers.get(
+        "kimi-extract",
+        kimi["target"],
+        [*launch.hidden_states_args([*LAYERS, DEPTH], storage), *BF16],
+    )
     served = tmp_path / "served"
-    done = eagle3kit("extract", kimi["tokens"], served, "--engine", "vllm", "--server",
-                     vllm.url, "--layers", ",".join(map(str, LAYERS)), "--target",
-                     kimi["target"], "--hidden-states-dir", storage, "--trust-remote-code",
-                     "--quiet")
+    done = eagle3kit(
+        "extract",
+        kimi["tokens"],
+        served,
+        "--engine",
+        "vllm",
+        "--server",
+        vllm.url,
+        "--layers",
+        ",".join(map(str, LAYERS)),
+        "--target",
+        kimi["target"],
+        "--hidden-states-dir",
+        storage,
+        "--trust-remote-code",
+        "--quiet",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    extract.run(extract.ExtractConfig(kimi["tokens"], tmp_path / "local", target=kimi["target"],
-                                      layers=LAYERS, dtype="bfloat16", trust_remote_code=True,
-                                      output=QUIET))
+    extract.run(
+        extract.ExtractConfig(
+            kimi["tokens"],
+            tmp_path / "local",
+            target=kimi["target"],
+            layers=LAYERS,
+            dtype="bfloat16",
+            trust_remote_code=True,
+            output=QUIET,
+        )
+    )
     local = {s.sample_id: s for s in HiddenDataset(tmp_path / "local")}
     # Per token and state: the largest difference over the state's largest value.
     names = [*(f"aux {i}" for i in LAYERS), "last"]
@@ -212,8 +308,12 @@ def test_extract_on_vllm_matches_transformers_in_bf16(servers, kimi: dict,
     figures = {}
     for name in names:
         r = np.concatenate(relative[name])
-        figures[name] = {"tokens": len(r), "p99": float(np.percentile(r, 99)),
-                         "max": float(r.max()), "beyond_4_steps": int((r > 4 * step).sum())}
+        figures[name] = {
+            "tokens": len(r),
+            "p99": float(np.percentile(r, 99)),
+            "max": float(r.max()),
+            "beyond_4_steps": int((r > 4 * step).sum()),
+        }
     record("extract", {"largest_abs_difference": largest, "over_state_max": figures})
     # Two bf16 forwards in different kernel orders: after the dense first layer every token
     # within 2 bf16 steps of its state's largest value. After a MoE layer a few tokens move
@@ -227,12 +327,35 @@ def test_extract_on_vllm_matches_transformers_in_bf16(servers, kimi: dict,
         assert figures[name]["beyond_4_steps"] <= figures[name]["tokens"] // 100, figures
     assert list(storage.glob("*.safetensors")) == []
 
-    online = eagle3kit("train", kimi["tokens"], tmp_path / "online", "--target",
-                       kimi["target"], "--online", "--layers", ",".join(map(str, LAYERS)),
-                       "--server", f"{vllm.url}@1", "--hidden-states-dir", storage,
-                       "--max-steps", 4, "--ttt-steps", K, "--draft-vocab", 256,
-                       "--batch-tokens", 1024, "--eval-split", 4, "--device", "cpu",
-                       "--trust-remote-code", "--json", "--quiet")
+    online = eagle3kit(
+        "train",
+        kimi["tokens"],
+        tmp_path / "online",
+        "--target",
+        kimi["target"],
+        "--online",
+        "--layers",
+        ",".join(map(str, LAYERS)),
+        "--server",
+        f"{vllm.url}@1",
+        "--hidden-states-dir",
+        storage,
+        "--max-steps",
+        4,
+        "--ttt-steps",
+        K,
+        "--draft-vocab",
+        256,
+        "--batch-tokens",
+        1024,
+        "--eval-split",
+        4,
+        "--device",
+        "cpu",
+        "--trust-remote-code",
+        "--json",
+        "--quiet",
+    )
     assert online.returncode == 0, online.stderr[-3000:]
     result = json.loads(online.stdout)
     assert result["steps"] == 4 and result["metrics"]["served"]["fetched"] > 0
@@ -244,30 +367,57 @@ target on a CPU without AMX (its docstring says why it cannot otherwise)."""
 
 
 def _with_the_block_size_fix(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(BLOCK_SIZE_FIX), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv(
+        "PYTHONPATH",
+        os.pathsep.join([str(BLOCK_SIZE_FIX), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    )
 
 
-def _parity(vllm, kimi: dict, drafter: Path, dtype: str = "bfloat16"
-            ) -> subprocess.CompletedProcess:
-    return eagle3kit("bench", "parity", kimi["bench"], "--server", vllm.url, "--target",
-                     kimi["target"], "--drafter", drafter, "--max-new-tokens", MAX_TOKENS,
-                     "--device", "cpu", "--dtype", dtype, "--trust-remote-code",
-                     "--json", "--no-progress")
+def _parity(
+    vllm, kimi: dict, drafter: Path, dtype: str = "bfloat16"
+) -> subprocess.CompletedProcess:
+    return eagle3kit(
+        "bench",
+        "parity",
+        kimi["bench"],
+        "--server",
+        vllm.url,
+        "--target",
+        kimi["target"],
+        "--drafter",
+        drafter,
+        "--max-new-tokens",
+        MAX_TOKENS,
+        "--device",
+        "cpu",
+        "--dtype",
+        dtype,
+        "--trust-remote-code",
+        "--json",
+        "--no-progress",
+    )
 
 
 def test_the_drafter_speculates_in_vllm_as_bench_parity_measures(
-        servers, kimi: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    servers, kimi: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")  # /server_info: what the engine serves
     _with_the_block_size_fix(monkeypatch)
-    vllm = servers.get("kimi-eagle3", kimi["target"],
-                       [*launch.eagle3_args(kimi["sound"], K), *BF16])
+    vllm = servers.get(
+        "kimi-eagle3", kimi["target"], [*launch.eagle3_args(kimi["sound"], K), *BF16]
+    )
     gate = _parity(vllm, kimi, kimi["sound"])
     report = json.loads(gate.stdout or "{}")
-    record("parity", {"exit": gate.returncode, "engine": report.get("engine"),
-                      "offline": report.get("offline"),
-                      "differences": report.get("differences"),
-                      "findings": report.get("findings")})
+    record(
+        "parity",
+        {
+            "exit": gate.returncode,
+            "engine": report.get("engine"),
+            "offline": report.get("offline"),
+            "differences": report.get("differences"),
+            "findings": report.get("findings"),
+        },
+    )
     assert gate.returncode == 0, gate.stderr[-3000:]
     assert report["agree"] and report["findings"] == []
     assert report["engine"]["acceptance_length"] >= 1.5
@@ -275,18 +425,26 @@ def test_the_drafter_speculates_in_vllm_as_bench_parity_measures(
 
 
 def test_a_drafter_served_without_its_yarn_is_caught_by_bench_parity(
-        servers, kimi: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    servers, kimi: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
     _with_the_block_size_fix(monkeypatch)
-    vllm = servers.get("kimi-eagle3-plain-rope", kimi["target"],
-                       [*launch.eagle3_args(kimi["broken"], K), *BF16])
+    vllm = servers.get(
+        "kimi-eagle3-plain-rope", kimi["target"], [*launch.eagle3_args(kimi["broken"], K), *BF16]
+    )
     # float32 offline (bf16 on CPU is several times slower): the gate fails on the cause,
     # whatever the last bits of the figures.
     gate = _parity(vllm, kimi, kimi["broken"], dtype="float32")
     report = json.loads(gate.stdout or "{}")
-    record("parity_plain_rope", {"exit": gate.returncode, "engine": report.get("engine"),
-                                 "offline": report.get("offline"),
-                                 "findings": report.get("findings")})
+    record(
+        "parity_plain_rope",
+        {
+            "exit": gate.returncode,
+            "engine": report.get("engine"),
+            "offline": report.get("offline"),
+            "findings": report.get("findings"),
+        },
+    )
     assert gate.returncode == 1, gate.stderr[-3000:]
     found = [f for f in report["findings"] if f["cause"] == "rope"]
     assert found and "not the target's" in found[0]["message"], report["findings"]

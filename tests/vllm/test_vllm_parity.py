@@ -30,29 +30,60 @@ PROMPTS = 8
 def broken(drafters: dict, world: World) -> Path:
     out = world.root / "exports" / "aux-other-convention"
     if not out.exists():
-        export.run(export.ExportConfig(drafters["reduced"][0], out, format="vllm",
-                                       target=world.target, num_speculative_tokens=K,
-                                       output=_ui.OutputOptions(quiet=True)))
+        export.run(
+            export.ExportConfig(
+                drafters["reduced"][0],
+                out,
+                format="vllm",
+                target=world.target,
+                num_speculative_tokens=K,
+                output=_ui.OutputOptions(quiet=True),
+            )
+        )
         config = json.loads((out / "config.json").read_text())
-        config["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in
-                                                      config["eagle_aux_hidden_state_layer_ids"]]
+        config["eagle_aux_hidden_state_layer_ids"] = [
+            i - 1 for i in config["eagle_aux_hidden_state_layer_ids"]
+        ]
         (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
 
 
 def test_the_gate_names_aux_ids_in_the_other_convention_served_by_vllm(
-        servers, broken: Path, world: World, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    servers, broken: Path, world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")  # read by the server as it starts
-    vllm = servers.get("eagle3-aux-other-convention", world.target,
-                       [*launch.eagle3_args(broken, K), "--enforce-eager"])
+    vllm = servers.get(
+        "eagle3-aux-other-convention",
+        world.target,
+        [*launch.eagle3_args(broken, K), "--enforce-eager"],
+    )
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(world.bench_prompts.read_text().splitlines(True)[:PROMPTS]))
     gate = subprocess.run(
-        [sys.executable, "-m", "eagle3kit", "bench", "parity", str(prompts), "--server",
-         vllm.url, "--target", str(world.target), "--drafter", str(broken),
-         "--max-new-tokens", "64", "--device", "cpu", "--json", "--no-progress"],
-        capture_output=True, text=True, timeout=1200)
+        [
+            sys.executable,
+            "-m",
+            "eagle3kit",
+            "bench",
+            "parity",
+            str(prompts),
+            "--server",
+            vllm.url,
+            "--target",
+            str(world.target),
+            "--drafter",
+            str(broken),
+            "--max-new-tokens",
+            "64",
+            "--device",
+            "cpu",
+            "--json",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert gate.returncode == 1, gate.stderr[-3000:]
     report = json.loads(gate.stdout)
     assert report["served"]["source"] == "vLLM /server_info"
@@ -60,5 +91,7 @@ def test_the_gate_names_aux_ids_in_the_other_convention_served_by_vllm(
     found = [f for f in report["findings"] if f["cause"] == "aux-layer-ids"]
     assert found and "layer-output convention" in found[0]["message"], report["findings"]
     assert "aux layer ids [aux-layer-ids]" in " ".join(gate.stderr.split())
-    print(f"broken aux ids on vLLM: engine {report['engine']['acceptance_length']}, offline "
-          f"{report['offline']['acceptance_length']}, findings {report['findings']}")
+    print(
+        f"broken aux ids on vLLM: engine {report['engine']['acceptance_length']}, offline "
+        f"{report['offline']['acceptance_length']}, findings {report['findings']}"
+    )

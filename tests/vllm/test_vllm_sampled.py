@@ -93,8 +93,12 @@ def test_vllms_rejection_kernel_keeps_drafts_as_each_rule_says(vllm_env: Path) -
 
     p = [[0.5, 0.3, 0.1, 0.1, 0.0], [0.1, 0.1, 0.2, 0.3, 0.3]]
     q = [[0.1, 0.2, 0.4, 0.2, 0.1], [0.05, 0.05, 0.1, 0.7, 0.1]]
-    done = subprocess.run([str(vllm_env), "-c", KERNELS, json.dumps([p, q])],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [str(vllm_env), "-c", KERNELS, json.dumps([p, q])],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     kept = json.loads(done.stdout.strip().splitlines()[-1])
     for method, rule in (("greedy", "onehot"), ("probabilistic", "probabilistic")):
@@ -106,9 +110,16 @@ def test_vllms_rejection_kernel_keeps_drafts_as_each_rule_says(vllm_env: Path) -
 def reduced(drafters: dict, world: World) -> Path:
     out = world.root / "exports" / "sampled-reduced"
     if not out.exists():
-        export.run(export.ExportConfig(drafters["reduced"][0], out, format="vllm",
-                                       target=world.target, num_speculative_tokens=K,
-                                       output=_ui.OutputOptions(quiet=True)))
+        export.run(
+            export.ExportConfig(
+                drafters["reduced"][0],
+                out,
+                format="vllm",
+                target=world.target,
+                num_speculative_tokens=K,
+                output=_ui.OutputOptions(quiet=True),
+            )
+        )
     return out
 
 
@@ -138,8 +149,7 @@ print(expand_batch_to_tokens(torch.tensor([1.0, 0.6]), cu, 6, replace_from=0,
 verifies drafts at temperature > 0 (vllm/v1/sample/rejection_sampler.py)."""
 
 
-def test_vllms_cpu_build_expands_temperatures_wrongly_and_the_tier_fixes_it(
-        vllm_env: Path) -> None:
+def test_vllms_cpu_build_expands_temperatures_wrongly_and_the_tier_fixes_it(vllm_env: Path) -> None:
     """Why the engine's acceptance at temperature > 0 is near 1 on the CPU build: the
     temperatures it scales the target's logits by are uninitialised memory. If a vLLM
     release fixes this, the first assertion fails and the fix can go (the engine-sampling
@@ -148,59 +158,102 @@ def test_vllms_cpu_build_expands_temperatures_wrongly_and_the_tier_fixes_it(
     runs = {}
     for fixed in (False, True):
         env = {**os.environ, "PYTHONPATH": str(EXPAND_FIX) if fixed else ""}
-        done = subprocess.run([str(vllm_env), "-c", EXPAND], capture_output=True, text=True,
-                              timeout=600, env=env)
+        done = subprocess.run(
+            [str(vllm_env), "-c", EXPAND], capture_output=True, text=True, timeout=600, env=env
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         runs[fixed] = json.loads(done.stdout.strip().splitlines()[-1])
     assert runs[False] != pytest.approx(want, abs=1e-6), runs
     assert runs[True] == pytest.approx(want, abs=1e-6), runs
 
 
-def serve(servers, world: World, drafter: Path, method: str,
-          monkeypatch: pytest.MonkeyPatch) -> launch.VllmServer:
+def serve(
+    servers, world: World, drafter: Path, method: str, monkeypatch: pytest.MonkeyPatch
+) -> launch.VllmServer:
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")  # read by the server as it starts
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(EXPAND_FIX), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv(
+        "PYTHONPATH",
+        os.pathsep.join([str(EXPAND_FIX), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    )
     spec = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": K}
     if METHODS[method] != "greedy":
         spec["draft_sample_method"] = METHODS[method]
-    return servers.get(f"eagle3-sampled-{method}-fixed", world.target,
-                       ["--speculative-config", json.dumps(spec), "--enforce-eager"])
+    return servers.get(
+        f"eagle3-sampled-{method}-fixed",
+        world.target,
+        ["--speculative-config", json.dumps(spec), "--enforce-eager"],
+    )
 
 
-def gate(server: launch.VllmServer, world: World, drafter: Path, prompts: Path,
-         *options: str) -> tuple[int, dict, str, float]:
+def gate(
+    server: launch.VllmServer, world: World, drafter: Path, prompts: Path, *options: str
+) -> tuple[int, dict, str, float]:
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "eagle3kit", "bench", "parity", str(prompts), "--server",
-         server.url, "--target", str(world.target), "--drafter", str(drafter),
-         "--max-new-tokens", str(MAX_NEW_TOKENS), "--device", "cpu", "--json",
-         "--no-progress", *options],
-        capture_output=True, text=True, timeout=1500)
+        [
+            sys.executable,
+            "-m",
+            "eagle3kit",
+            "bench",
+            "parity",
+            str(prompts),
+            "--server",
+            server.url,
+            "--target",
+            str(world.target),
+            "--drafter",
+            str(drafter),
+            "--max-new-tokens",
+            str(MAX_NEW_TOKENS),
+            "--device",
+            "cpu",
+            "--json",
+            "--no-progress",
+            *options,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert done.returncode in (0, 1), done.stderr[-3000:]
-    return (done.returncode, json.loads(done.stdout), " ".join(done.stderr.split()),
-            time.monotonic() - started)
+    return (
+        done.returncode,
+        json.loads(done.stdout),
+        " ".join(done.stderr.split()),
+        time.monotonic() - started,
+    )
 
 
 def record(method: str, report: dict, seconds: float) -> None:
     FIGURES.setdefault(method, {})[f"{report['temperature']:g} {report['verify']}"] = {
         "engine": report["engine"]["acceptance_length"],
         "bench": report["offline"]["acceptance_length"],
-        "interval": report["interval"], "passed": report["passed"],
-        "seconds": round(seconds, 1)}
-    print(f"\n{method} server, temperature {report['temperature']:g}, bench verify "
-          f"{report['verify']}: engine {report['engine']['acceptance_length']:.3f}, bench "
-          f"{report['offline']['acceptance_length']:.3f}, interval {report['interval']}, "
-          f"passed {report['passed']}, {seconds:.0f} s", file=sys.stderr)
+        "interval": report["interval"],
+        "passed": report["passed"],
+        "seconds": round(seconds, 1),
+    }
+    print(
+        f"\n{method} server, temperature {report['temperature']:g}, bench verify "
+        f"{report['verify']}: engine {report['engine']['acceptance_length']:.3f}, bench "
+        f"{report['offline']['acceptance_length']:.3f}, interval {report['interval']}, "
+        f"passed {report['passed']}, {seconds:.0f} s",
+        file=sys.stderr,
+    )
 
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_the_gate_agrees_with_vllm_sampling_within_its_interval_and_names_the_wrong_rule(
-        method: str, servers, world: World, reduced: Path, prompts: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    method: str,
+    servers,
+    world: World,
+    reduced: Path,
+    prompts: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     vllm = serve(servers, world, reduced, method, monkeypatch)
-    code, report, stderr, seconds = gate(vllm, world, reduced, prompts,
-                                         "--temperature", str(TEMPERATURE))
+    code, report, stderr, seconds = gate(
+        vllm, world, reduced, prompts, "--temperature", str(TEMPERATURE)
+    )
     record(method, report, seconds)
     assert code == 0, (report["findings"], report["engine"], report["offline"], stderr[-2000:])
     assert report["verify"] == method and report["served"]["verify"] == method
@@ -209,8 +262,9 @@ def test_the_gate_agrees_with_vllm_sampling_within_its_interval_and_names_the_wr
     assert report["offline"]["interval"]["rounds"] >= 250  # enough rounds to mean something
 
     other = next(m for m in METHODS if m != method)
-    code, report, stderr, seconds = gate(vllm, world, reduced, prompts, "--temperature",
-                                         str(TEMPERATURE), "--verify", other)
+    code, report, stderr, seconds = gate(
+        vllm, world, reduced, prompts, "--temperature", str(TEMPERATURE), "--verify", other
+    )
     record(method, report, seconds)
     assert code == 1 and report["verify"] == other
     assert report["agree"] is False, (report["engine"], report["offline"], report["interval"])
@@ -220,8 +274,8 @@ def test_the_gate_agrees_with_vllm_sampling_within_its_interval_and_names_the_wr
 
 
 def test_at_temperature_zero_engine_and_bench_agree_per_position(
-        servers, world: World, reduced: Path, prompts: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    servers, world: World, reduced: Path, prompts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On the last server of the test above (probabilistic: at temperature 0 every vLLM
     method verifies greedily), the gate's temperature-0 per-position agreement."""
     vllm = serve(servers, world, reduced, "probabilistic", monkeypatch)

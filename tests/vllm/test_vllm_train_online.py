@@ -34,33 +34,55 @@ def _losses(run_dir: Path) -> list[float]:
 
 @pytest.mark.timeout(1800)  # run alone, its fixtures start two servers (about 5 min)
 def test_training_from_the_server_equals_training_on_what_extract_stored(
-        tokens: Path, extract_server, world: World, tmp_path: Path) -> None:
+    tokens: Path, extract_server, world: World, tmp_path: Path
+) -> None:
     # tokens first: its gen server (plain) must be done before the extract server starts
     import torch
 
     storage = world.root / "hs"
     hidden = tmp_path / "hidden"
     storage.mkdir(exist_ok=True)
-    extract.run(extract.ExtractConfig(tokens, hidden, target=world.target, engine="vllm",
-                                      server=extract_server.url, layers=LAYERS,
-                                      concurrency=1, hidden_states_dir=storage, output=QUIET))
+    extract.run(
+        extract.ExtractConfig(
+            tokens,
+            hidden,
+            target=world.target,
+            engine="vllm",
+            server=extract_server.url,
+            layers=LAYERS,
+            concurrency=1,
+            hidden_states_dir=storage,
+            output=QUIET,
+        )
+    )
     options = train_options(QuickstartConfig())
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        offline = train.run(train.TrainConfig([hidden], tmp_path / "offline", world.target,
-                                              output=QUIET, **options))
-        served = train.run(train.TrainConfig(
-            [tokens], tmp_path / "served", world.target, online=True, layers=LAYERS,
-            servers=[f"{extract_server.url}@1"], prefetch=8, hidden_states_dir=storage,
-            output=QUIET, **options))
+        offline = train.run(
+            train.TrainConfig([hidden], tmp_path / "offline", world.target, output=QUIET, **options)
+        )
+        served = train.run(
+            train.TrainConfig(
+                [tokens],
+                tmp_path / "served",
+                world.target,
+                online=True,
+                layers=LAYERS,
+                servers=[f"{extract_server.url}@1"],
+                prefetch=8,
+                hidden_states_dir=storage,
+                output=QUIET,
+                **options,
+            )
+        )
     finally:
         torch.set_num_threads(threads)
     assert served.steps == offline.steps == served.total_steps
-    np.testing.assert_allclose(_losses(tmp_path / "served"), _losses(tmp_path / "offline"),
-                               rtol=4e-3)  # bf16 rounding of the states, at most
+    np.testing.assert_allclose(
+        _losses(tmp_path / "served"), _losses(tmp_path / "offline"), rtol=4e-3
+    )  # bf16 rounding of the states, at most
     assert served.eval is not None and offline.eval is not None
-    assert served.eval["predicted_acceptance_length"] == \
-        offline.eval["predicted_acceptance_length"]
+    assert served.eval["predicted_acceptance_length"] == offline.eval["predicted_acceptance_length"]
     assert served.metrics["served"]["fetched"] >= 96 - served.metrics["heldout_samples"]
     assert list(storage.glob("*.safetensors")) == []  # every file read, then deleted

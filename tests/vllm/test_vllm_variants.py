@@ -38,27 +38,46 @@ def speculators_layout(hidden: Path, world: World) -> tuple[Path, dict]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        result = train.run(train.TrainConfig(
-            [hidden], world.root / "run-speculators-layout", world.target, output=QUIET,
-            variant="speculators", **train_options(QuickstartConfig())))
+        result = train.run(
+            train.TrainConfig(
+                [hidden],
+                world.root / "run-speculators-layout",
+                world.target,
+                output=QUIET,
+                variant="speculators",
+                **train_options(QuickstartConfig()),
+            )
+        )
     finally:
         torch.set_num_threads(threads)
     out = world.root / "exports" / "speculators-layout"
-    export.run(export.ExportConfig(world.root / "run-speculators-layout", out, format="vllm",
-                                   target=world.target, num_speculative_tokens=K,
-                                   output=QUIET))
+    export.run(
+        export.ExportConfig(
+            world.root / "run-speculators-layout",
+            out,
+            format="vllm",
+            target=world.target,
+            num_speculative_tokens=K,
+            output=QUIET,
+        )
+    )
     return out, result.eval
 
 
 @pytest.mark.timeout(2400)  # run alone, its fixtures start three servers and train a drafter
 def test_a_speculators_layout_export_speculates_in_vllm_as_bench_accept_predicts(
-        servers, speculators_layout: tuple[Path, dict], world: World) -> None:
+    servers, speculators_layout: tuple[Path, dict], world: World
+) -> None:
     import torch
 
     where, trained = speculators_layout
     config = json.loads((where / "config.json").read_text())
-    assert (config["norm_before_fc"], config["norm_before_residual"], config["norm_output"],
-            config["fc_norm"]) == (True, True, True, False)
+    assert (
+        config["norm_before_fc"],
+        config["norm_before_residual"],
+        config["norm_output"],
+        config["fc_norm"],
+    ) == (True, True, True, False)
     info = inspect(where, world.target)
     assert info.problems == [] and "input_norm.weight" in info.tensors
     assert trained["predicted_acceptance_length"] >= 1.8
@@ -67,15 +86,26 @@ def test_a_speculators_layout_export_speculates_in_vllm_as_bench_accept_predicts
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        report = parity.run(parity.ParityConfig(
-            vllm.url, [world.bench_prompts], world.target, where, speculative_config=args[1],
-            max_new_tokens=MAX_NEW_TOKENS, device="cpu", output=QUIET))
+        report = parity.run(
+            parity.ParityConfig(
+                vllm.url,
+                [world.bench_prompts],
+                world.target,
+                where,
+                speculative_config=args[1],
+                max_new_tokens=MAX_NEW_TOKENS,
+                device="cpu",
+                output=QUIET,
+            )
+        )
     finally:
         torch.set_num_threads(threads)
     engine, offline = report.engine, report.offline
-    print(f"speculators layout on vLLM: engine {engine['acceptance_length']:.3f} "
-          f"{engine['per_position']}, bench accept {offline['acceptance_length']:.3f} "
-          f"{offline['per_position']}, predicted {trained['predicted_acceptance_length']:.3f}")
+    print(
+        f"speculators layout on vLLM: engine {engine['acceptance_length']:.3f} "
+        f"{engine['per_position']}, bench accept {offline['acceptance_length']:.3f} "
+        f"{offline['per_position']}, predicted {trained['predicted_acceptance_length']:.3f}"
+    )
     assert engine["requests"] == BENCH_PROMPTS and engine["errors"] == 0
     assert offline["lossless"] and offline["acceptance_length"] >= 1.8
     assert abs(engine["acceptance_length"] - offline["acceptance_length"]) <= TOLERANCE

@@ -62,10 +62,17 @@ def windowed(vllm_env: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     finally:
         torch.set_num_threads(threads)
     save_drafter(drafter, root / "drafter")
-    export.run(export.ExportConfig(root / "drafter", root / "export", format="vllm",
-                                   target=target, verifier=str(target),
-                                   num_speculative_tokens=K,
-                                   output=_ui.OutputOptions(quiet=True)))
+    export.run(
+        export.ExportConfig(
+            root / "drafter",
+            root / "export",
+            format="vllm",
+            target=target,
+            verifier=str(target),
+            num_speculative_tokens=K,
+            output=_ui.OutputOptions(quiet=True),
+        )
+    )
     full = root / "full-attention"
     save_drafter(drafter, full)
     raw = json.loads((full / "config.json").read_text())
@@ -75,34 +82,76 @@ def windowed(vllm_env: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     return {"target": target, "export": root / "export", "full": full, "prompts": prompts}
 
 
-def test_vllm_serves_the_window_bench_accept_predicts(servers, windowed: dict[str, Path]
-                                                      ) -> None:
+def test_vllm_serves_the_window_bench_accept_predicts(servers, windowed: dict[str, Path]) -> None:
     started = time.monotonic()
-    layer = json.loads((windowed["export"] / "config.json").read_text())[
-        "transformer_layer_config"]
+    layer = json.loads((windowed["export"] / "config.json").read_text())["transformer_layer_config"]
     assert (layer["sliding_window"], layer["layer_types"]) == (WINDOW, ["sliding_attention"])
-    vllm = servers.get("eagle3-sliding-window", windowed["target"],
-                       [*launch.eagle3_args(windowed["export"], K), "--enforce-eager"])
-    common = [str(windowed["prompts"]), "--target", str(windowed["target"]), "--max-new-tokens",
-              str(MAX_NEW_TOKENS), "--device", "cpu", "--json", "--no-progress"]
+    vllm = servers.get(
+        "eagle3-sliding-window",
+        windowed["target"],
+        [*launch.eagle3_args(windowed["export"], K), "--enforce-eager"],
+    )
+    common = [
+        str(windowed["prompts"]),
+        "--target",
+        str(windowed["target"]),
+        "--max-new-tokens",
+        str(MAX_NEW_TOKENS),
+        "--device",
+        "cpu",
+        "--json",
+        "--no-progress",
+    ]
     gate = subprocess.run(
-        [sys.executable, "-m", "eagle3kit", "bench", "parity", *common[:1], "--server",
-         vllm.url, "--drafter", str(windowed["export"]), "--tolerance", str(TOLERANCE),
-         *common[1:]], capture_output=True, text=True, timeout=1200)
+        [
+            sys.executable,
+            "-m",
+            "eagle3kit",
+            "bench",
+            "parity",
+            *common[:1],
+            "--server",
+            vllm.url,
+            "--drafter",
+            str(windowed["export"]),
+            "--tolerance",
+            str(TOLERANCE),
+            *common[1:],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert gate.returncode == 0, gate.stderr[-3000:]
     report = json.loads(gate.stdout)
     engine, offline = report["engine"], report["offline"]
     assert engine["errors"] == 0 and offline["lossless"]
     full = subprocess.run(
-        [sys.executable, "-m", "eagle3kit", "bench", "accept", *common[:1], "--drafter",
-         str(windowed["full"]), "--k", str(K), *common[1:]],
-        capture_output=True, text=True, timeout=1200)
+        [
+            sys.executable,
+            "-m",
+            "eagle3kit",
+            "bench",
+            "accept",
+            *common[:1],
+            "--drafter",
+            str(windowed["full"]),
+            "--k",
+            str(K),
+            *common[1:],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert full.returncode == 0, full.stderr[-3000:]
     without = json.loads(full.stdout)["acceptance_length"]
-    print(f"sliding window {WINDOW} on vLLM: engine {engine['acceptance_length']:.3f} "
-          f"{engine['per_position']}, bench accept {offline['acceptance_length']:.3f} "
-          f"{offline['per_position']}, full attention {without:.3f}; "
-          f"{time.monotonic() - started:.0f} s with the server start")
+    print(
+        f"sliding window {WINDOW} on vLLM: engine {engine['acceptance_length']:.3f} "
+        f"{engine['per_position']}, bench accept {offline['acceptance_length']:.3f} "
+        f"{offline['per_position']}, full attention {without:.3f}; "
+        f"{time.monotonic() - started:.0f} s with the server start"
+    )
     assert abs(engine["acceptance_length"] - offline["acceptance_length"]) <= TOLERANCE
     assert abs(engine["acceptance_length"] - without) > TOLERANCE  # the window is served
     assert offline["acceptance_length"] > 1.3  # the drafter drafts something

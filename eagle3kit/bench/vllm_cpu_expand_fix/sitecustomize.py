@@ -16,14 +16,21 @@ from __future__ import annotations
 from typing import Any
 
 
-def _expand(output: Any, input_val: Any, cu_num_tokens: Any, replace_from: Any,
-            replace_to: Any, MAX_NUM_TOKENS: Any = None) -> None:  # the kernel's own names
+def _expand(
+    output: Any,
+    input_val: Any,
+    cu_num_tokens: Any,
+    replace_from: Any,
+    replace_to: Any,
+    MAX_NUM_TOKENS: Any = None,
+) -> None:  # the kernel's own names
     import torch
 
     counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
-    values = torch.where(input_val == replace_from,
-                         torch.full_like(input_val, replace_to), input_val)
-    output.copy_(values.repeat_interleave(counts)[:output.shape[0]].to(output.dtype))
+    values = torch.where(
+        input_val == replace_from, torch.full_like(input_val, replace_to), input_val
+    )
+    output.copy_(values.repeat_interleave(counts)[: output.shape[0]].to(output.dtype))
 
 
 try:

@@ -41,10 +41,25 @@ from eagle3kit.gen.servers.transport import (
 from eagle3kit.gen.types import Completion, GenRequest
 
 __all__ = [
-    "API_CHOICES", "PROBE_TIMEOUT_S", "SPARE_CONNECTIONS", "BadAnswer", "Reply",
-    "RequestRejected", "RetryableError", "ServerError", "ServerFatal", "ServerInfo",
-    "chat_generate", "check_invariants", "generate", "health", "id_violation", "make_client",
-    "normalize_url", "probe", "tokenize",
+    "API_CHOICES",
+    "PROBE_TIMEOUT_S",
+    "SPARE_CONNECTIONS",
+    "BadAnswer",
+    "Reply",
+    "RequestRejected",
+    "RetryableError",
+    "ServerError",
+    "ServerFatal",
+    "ServerInfo",
+    "chat_generate",
+    "check_invariants",
+    "generate",
+    "health",
+    "id_violation",
+    "make_client",
+    "normalize_url",
+    "probe",
+    "tokenize",
 ]
 
 TOKEN_ID_APIS: dict[str, TokenIdApi] = {"sglang": sglang, "vllm": vllm}
@@ -77,8 +92,9 @@ async def generate(
         await api.abandon(client, info, rid, api_key)
 
     t0 = time.perf_counter()
-    resp = await post_within(client, info, path, api.payload(req, info, rid), api_key,
-                             api.headers(rid), timeout, abandon)
+    resp = await post_within(
+        client, info, path, api.payload(req, info, rid), api_key, api.headers(rid), timeout, abandon
+    )
     latency = time.perf_counter() - t0
     raise_for_status(resp, info.url)
     body = load_json(resp, info.url)
@@ -92,10 +108,10 @@ async def generate(
     if info.api == "vllm" and answered_by is not None and answered_by != info.model:
         raise RetryableError(
             f"POST {info.url}{path}: answered by model {answered_by!r}, not {info.model!r}",
-            url=info.url, reason="model_changed")
-    ids, violations, repaired = check_invariants(
-        reply, req, info, rid if api.ECHOES_RID else None
-    )
+            url=info.url,
+            reason="model_changed",
+        )
+    ids, violations, repaired = check_invariants(reply, req, info, rid if api.ECHOES_RID else None)
     counts = dict(reply.counts)
     if repaired:
         counts["repaired_prefix_ids"] = repaired

@@ -15,8 +15,13 @@ API_CHOICES = ("auto", "sglang", "vllm", "openai-chat")
 
 def sampling(req: GenRequest) -> dict[str, Any]:
     """The sampling settings every API takes under the same names; each adds its own."""
-    return {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
-            "min_p": req.min_p, "stop_token_ids": req.stop_token_ids}
+    return {
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "stop_token_ids": req.stop_token_ids,
+    }
 
 
 @dataclass
@@ -74,8 +79,9 @@ class TokenIdApi(Protocol):
 
     def parse(self, body: Any, url: str = "") -> Reply: ...
 
-    async def abandon(self, client: httpx.AsyncClient, info: ServerInfo, rid: str,
-                      api_key: str | None) -> None:
+    async def abandon(
+        self, client: httpx.AsyncClient, info: ServerInfo, rid: str, api_key: str | None
+    ) -> None:
         """Tell the server to drop a request the client stopped waiting for."""
 
 

@@ -101,9 +101,7 @@ async def _probe_get(
     client: httpx.AsyncClient, url: str, path: str, api_key: str | None, timeout: float
 ) -> httpx.Response:
     try:
-        resp = await send(
-            client, "GET", url, path, api_key=api_key, timeout=httpx.Timeout(timeout)
-        )
+        resp = await send(client, "GET", url, path, api_key=api_key, timeout=httpx.Timeout(timeout))
     except RetryableError as e:
         if e.reason == "refused":
             raise UserError(f"no server answers at {url} (--server): connection refused") from None

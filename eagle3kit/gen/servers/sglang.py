@@ -34,8 +34,9 @@ def headers(rid: str) -> dict[str, str] | None:
     return None  # the rid travels in the payload
 
 
-async def abandon(client: httpx.AsyncClient, info: ServerInfo, rid: str,
-                  api_key: str | None) -> None:
+async def abandon(
+    client: httpx.AsyncClient, info: ServerInfo, rid: str, api_key: str | None
+) -> None:
     await abort_request(client, info, rid, api_key=api_key)
 
 

@@ -110,8 +110,12 @@ async def send(
         h["Content-Type"] = "application/json"
     try:
         return await client.request(
-            method, url + path, content=content, headers=h,
-            timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+            method,
+            url + path,
+            content=content,
+            headers=h,
+            timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
+        )
     except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
         reason, detail = _transport_reason(e)
         secret = api_key or sent_key(client.headers)

@@ -35,8 +35,9 @@ def headers(rid: str) -> dict[str, str] | None:
     return {"X-Request-Id": rid}
 
 
-async def abandon(client: httpx.AsyncClient, info: ServerInfo, rid: str,
-                  api_key: str | None) -> None:
+async def abandon(
+    client: httpx.AsyncClient, info: ServerInfo, rid: str, api_key: str | None
+) -> None:
     """vLLM drops a request when its connection closes: nothing to send."""
 
 
