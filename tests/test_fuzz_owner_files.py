@@ -68,9 +68,16 @@ def _sparse(path: Path, _: Path) -> None:
 
 
 def _socket(path: Path, _: Path) -> None:
-    s = socket.socket(socket.AF_UNIX)
-    s.bind(str(path))
-    s.close()
+    # Bound by a name relative to its folder: a socket's path is limited to 107 bytes, which
+    # a deep temporary folder (xdist's worker folders, an export's lock folder) outgrows.
+    here = os.getcwd()
+    os.chdir(path.parent)
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(path.name)
+        s.close()
+    finally:
+        os.chdir(here)
 
 
 CRAFTED: dict[str, Callable[[Path, Path], None]] = {

@@ -292,7 +292,7 @@ def test_the_run_identity_is_a_token_of_the_directory_and_its_place(tmp_path, ca
 
 
 def test_mlflow_continues_only_its_own_run_and_stores_in_the_run_by_default(
-    tiny, tmp_path, monkeypatch, capsys
+    train_world, tmp_path, monkeypatch, capsys
 ):
     """Without MLFLOW_TRACKING_URI the store is RUN/mlflow.db, not the working directory's.
     A run.json edited to name another run in that store (someone's on a shared server), and a
@@ -304,7 +304,7 @@ def test_mlflow_continues_only_its_own_run_and_stores_in_the_run_by_default(
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "run"
-    run(config(tiny, tiny["hidden"], out, report_to="mlflow", max_steps=2))
+    run(config(train_world, train_world["hidden"], out, report_to="mlflow", max_steps=2))
     assert (out / "mlflow.db").is_file()
     assert not [p.name for p in tmp_path.iterdir() if p.name in ("mlflow.db", "mlruns")]
     own = json.loads((out / "run.json").read_text())["trackers"]["mlflow"]
@@ -321,7 +321,7 @@ def test_mlflow_continues_only_its_own_run_and_stores_in_the_run_by_default(
     record["trackers"] = {"mlflow": {"id": theirs, "uri": uri}}
     (out / "run.json").write_text(json.dumps(record))
     capsys.readouterr()
-    run(config(tiny, tiny["hidden"], out, report_to="mlflow", max_steps=2))
+    run(config(train_world, train_world["hidden"], out, report_to="mlflow", max_steps=2))
     notes = [line for line in capsys.readouterr().err.splitlines() if "--report-to" in line]
     assert notes == [
         f"warning: --report-to mlflow: run.json names MLflow run {theirs}, which "
@@ -336,14 +336,14 @@ def test_mlflow_continues_only_its_own_run_and_stores_in_the_run_by_default(
 
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
-    run(config(tiny, tiny["hidden"], copy, report_to="mlflow", max_steps=2))
+    run(config(train_world, train_world["hidden"], copy, report_to="mlflow", max_steps=2))
     copied = json.loads((copy / "run.json").read_text())["trackers"]["mlflow"]
     assert copied["id"] != new and copied["uri"] == f"sqlite:///{copy / 'mlflow.db'}"
     assert "another tracking URI" in capsys.readouterr().err
 
 
 def test_wandb_resumes_no_id_run_json_names_and_writes_into_the_run(
-    tiny, tmp_path, monkeypatch, capsys
+    train_world, tmp_path, monkeypatch, capsys
 ):
     pytest.importorskip("wandb", reason="the wandb extra is not installed")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -351,7 +351,7 @@ def test_wandb_resumes_no_id_run_json_names_and_writes_into_the_run(
     monkeypatch.delenv("WANDB_DIR", raising=False)
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "run"
-    run(config(tiny, tiny["hidden"], out, report_to="wandb", max_steps=2))
+    run(config(train_world, train_world["hidden"], out, report_to="wandb", max_steps=2))
     own = json.loads((out / "run.json").read_text())["trackers"]["wandb"]
     assert list((out / "wandb").glob(f"offline-run-*-{own}"))
     assert not (tmp_path / "wandb").exists()  # not the working directory
@@ -360,7 +360,7 @@ def test_wandb_resumes_no_id_run_json_names_and_writes_into_the_run(
     record["trackers"] = {"wandb": "theirs1"}
     (out / "run.json").write_text(json.dumps(record))
     capsys.readouterr()
-    run(config(tiny, tiny["hidden"], out, report_to="wandb", max_steps=2))
+    run(config(train_world, train_world["hidden"], out, report_to="wandb", max_steps=2))
     assert (
         "--report-to wandb: run.json names W&B run theirs1, which is not this run's own"
         in capsys.readouterr().err
