@@ -90,10 +90,15 @@ def _docstrings(max_chars: int) -> tuple[str, ...]:
 
 
 def make_tokenizer(
-    out_dir: str | Path, vocab_size: int = 1024, corpus: list[str] | None = None
+    out_dir: str | Path,
+    vocab_size: int = 1024,
+    corpus: list[str] | None = None,
+    *,
+    split_digits: bool = False,
 ) -> Path:
     """Train a byte-level BPE on `corpus` (default: stdlib docstrings) and save it as an HF
-    tokenizer directory with the chat template."""
+    tokenizer directory with the chat template. `split_digits`: every digit is a token of
+    its own (as in Llama's and Qwen's tokenizers), so numbers are read digit by digit."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -101,6 +106,10 @@ def make_tokenizer(
     out.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split_digits:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), tok.pre_tokenizer]
+        )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
