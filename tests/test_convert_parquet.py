@@ -291,6 +291,28 @@ def test_not_a_parquet_file_is_one_line(tmp_path: Path):
     assert not (tmp_path / "ds").exists()
 
 
+ABORTING = Path(__file__).parent / "data" / "parquet" / "aborting_metadata.parquet"
+
+
+def test_a_file_whose_metadata_aborts_pyarrow_is_one_line(tmp_path: Path):
+    # pyarrow itself dies on this file's metadata (no Python error to catch) ...
+    walk = (
+        "import pyarrow.parquet as pq, sys; m = pq.ParquetFile(sys.argv[1]).metadata\n"
+        "[m.row_group(g).column(c) for g in range(m.num_row_groups)"
+        " for c in range(m.row_group(g).num_columns)]"
+    )
+    died = subprocess.run([sys.executable, "-c", walk, ABORTING], capture_output=True, text=True)
+    assert died.returncode < 0 and "histogram size mismatch" in died.stderr, died
+    # ... and the import names the file and the chunk in one line, leaving nothing behind.
+    for skip in ((), ("--skip-bad-lines",)):
+        message = the_error(run_cli("convert", ABORTING, tmp_path / "ds", *skip))
+        assert message == (
+            f"error: {ABORTING}: not a readable Parquet file (the Parquet reader aborts on the "
+            "metadata of row group 0, column 4: the file is damaged)"
+        ), message
+        assert not (tmp_path / "ds").exists()
+
+
 def test_partition_export_holds_only_that_partition(tmp_path: Path, ds: Path):
     out = tmp_path / "c.parquet"
     ok("convert", ds, out, "--partition", "ç")

@@ -133,12 +133,80 @@ def _open(src: Path) -> Any:
             or pa.types.is_binary(f.type)
             or pa.types.is_large_binary(f.type)
         ]
-        return pq.ParquetFile(src, read_dictionary=strings)
+        pf = pq.ParquetFile(src, read_dictionary=strings)
     except (OSError, pa.ArrowException) as exc:
         # Arrow's messages may run over lines (thrift's end with one): one line here.
         raise UserError(
             f"{src}: not a readable Parquet file ({' '.join(str(exc).split())})"
         ) from None
+    aborted_at = _metadata_abort(pf)
+    if aborted_at is not None:
+        raise UserError(
+            f"{src}: not a readable Parquet file (the Parquet reader aborts on the metadata "
+            f"of {aborted_at}: the file is damaged)"
+        )
+    return pf
+
+
+METADATA_WALK_S = 60.0
+"""How long a forked child may take to walk a file's column metadata (milliseconds, for any
+file whose footer pyarrow would open)."""
+
+
+def _metadata_abort(pf: Any) -> str | None:
+    """The column chunk whose metadata aborts the process when read, or None. pyarrow 25
+    builds a column chunk's metadata where a C++ exception cannot be caught (a damaged
+    size-statistics histogram ends in std::terminate, not a Python error), so a forked child
+    reads every chunk's first, writing down a pipe each one it reaches."""
+    if not hasattr(os, "fork"):
+        return None
+    meta = pf.metadata
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: touch every chunk, then leave without running any cleanup
+        code = 1  # a Python error is the parent's to report, as it meets it
+        try:
+            os.close(read_end)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # the C++ runtime's last words
+            for group in range(meta.num_row_groups):
+                row_group = meta.row_group(group)
+                for column in range(row_group.num_columns):
+                    os.write(write_end, f"row group {group}, column {column}\n".encode())
+                    row_group.column(column)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        reached, status = _last_line_and_status(read_end, pid)
+    finally:
+        os.close(read_end)
+    if os.WIFEXITED(status):
+        return None
+    return reached or "the file's footer"
+
+
+def _last_line_and_status(fd: int, pid: int) -> tuple[str, int]:
+    """The last line the child wrote and how it ended; a child still walking after
+    METADATA_WALK_S is killed (and so counts as aborting)."""
+    import select
+    import signal
+    import time
+
+    deadline = time.monotonic() + METADATA_WALK_S
+    tail = b""
+    while True:
+        ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0))
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+            break
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        tail = (tail + chunk)[-4096:]
+    _, status = os.waitpid(pid, 0)
+    lines = tail.decode(errors="replace").splitlines()
+    return (lines[-1] if lines else ""), status
 
 
 def _file_hash(src: Path) -> str:
