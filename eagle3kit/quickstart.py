@@ -99,7 +99,7 @@ class QuickstartConfig:
         (`check_code` holds that), or the person allowed any code with the flag."""
         return self.kimi or self.trust_remote_code
 
-    def settings(self) -> dict[str, int | str]:
+    def artifact_options(self) -> dict[str, int | str]:
         """What decides the artifacts: a rerun with others would mix two quickstarts."""
         return {
             "prompts": self.prompts,
@@ -196,7 +196,7 @@ class QuickstartResult:
 def _load_state(cfg: QuickstartConfig) -> dict[str, Any]:
     """The record of an earlier run in `out`, or a fresh one; refuses a foreign directory."""
     path = cfg.out / STATE
-    fresh = {"version": STATE_VERSION, "settings": cfg.settings(), "stages": {}}
+    fresh = {"version": STATE_VERSION, "settings": cfg.artifact_options(), "stages": {}}
     if cfg.out.exists() and not cfg.out.is_dir():
         raise UserError(f"{cfg.out}: not a directory")
     if not path.is_file():
@@ -216,10 +216,10 @@ def _load_state(cfg: QuickstartConfig) -> dict[str, Any]:
         raise UserError(
             f"{path}: unreadable quickstart record; start afresh with --overwrite"
         ) from None
-    if settings != cfg.settings():
+    if settings != cfg.artifact_options():
         changed = [
             f"--{k.replace('_', '-')} {settings.get(k)} -> {v}"
-            for k, v in cfg.settings().items()
+            for k, v in cfg.artifact_options().items()
             if settings.get(k) != v
         ]
         raise UserError(

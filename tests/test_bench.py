@@ -376,6 +376,15 @@ def test_a_tree_at_temperature_above_zero_is_refused(pair):
         )
 
 
+def test_k_given_with_a_tree_is_refused_and_a_chain_drafts_three_by_default(pair):
+    given = (pair["target"], pair["fitted"], [pair["prompts"]])
+    with pytest.raises(UserError, match="--k and --tree exclude each other"):
+        accept.AcceptConfig(*given, k=3, tree="2,3")
+    assert accept.AcceptConfig(*given, tree="2,3").tree_shape == (2, 3)
+    assert accept.AcceptConfig(*given).chain_k == 3
+    assert accept.AcceptConfig(*given, k=5).chain_k == 5
+
+
 def test_rejection_sampling_keeps_the_target_distribution():
     """One round, k = 2, fixed p and q: the first and second emitted tokens follow p."""
     p = torch.tensor(

@@ -98,7 +98,7 @@ def test_every_artifact_exists(reduced: dict) -> None:
     assert len(HiddenDataset(p["hidden"])) == 12
     assert (p["drafter"] / "config.json").is_file()
     assert (p["vllm"] / "config.json").is_file() and (p["sglang"] / "config.json").is_file()
-    assert json.loads(p["state"].read_text())["settings"] == reduced["cfg"].settings()
+    assert json.loads(p["state"].read_text())["settings"] == reduced["cfg"].artifact_options()
 
 
 def test_summary_values_are_sane(reduced: dict) -> None:

@@ -558,7 +558,10 @@ def test_run_json_records_the_dtype_as_older_runs_did(train_world, tmp_path, opt
     # A run started with --precision bf16 continues under --dtype bfloat16 without --force.
     cfg = config(train_world, train_world["hidden"], tmp_path / "r", **options)
     assert cfg.dtype == {"auto": "auto", "bf16": "bfloat16", "fp32": "float32"}[recorded]
-    assert cfg.settings()["precision"] == recorded and "dtype" not in cfg.settings()
+    assert (
+        cfg.trajectory_options()["precision"] == recorded
+        and "dtype" not in cfg.trajectory_options()
+    )
 
 
 def test_bad_inputs_name_the_file(train_world, tmp_path):

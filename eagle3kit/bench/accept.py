@@ -72,10 +72,6 @@ def check_sampling(cfg: Any, rules: tuple[str, ...] | None = None) -> None:
             raise UserError(f"{flag} is SGLang's: give it with --verify sglang")
 
 
-class _DefaultK(int):
-    """--k when it was not given (3): told apart from `--k 3` given, which --tree refuses."""
-
-
 @dataclass
 class AcceptConfig:
     target: Path
@@ -84,8 +80,8 @@ class AcceptConfig:
     """The drafter checkpoint directory (any layout `eagle3kit info` reads)."""
     prompts: list[Path] = field(metadata=bench_prompts.PROMPTS_ARG)
     """Prompt files, as gen takes them (JSONL, JSON, parquet); EAGLE/MT-bench question.jsonl."""
-    k: int = field(default=_DefaultK(3), metadata=opt("--k"))
-    """Draft tokens per round (a chain)."""
+    k: int | None = field(default=None, metadata=opt("--k"))
+    """Draft tokens per round (a chain); 3 when not given (a tree's depth is its own)."""
     tree: tuple[int, int] | str | None = field(
         default=None, metadata=opt(metavar="TOPK,DEPTH", type=str)
     )
@@ -147,7 +143,7 @@ class AcceptConfig:
             self.prompts, prompts_alias, optional=self.depth.context_from is not None
         )
         if isinstance(self.tree, str):
-            if type(self.k) is not _DefaultK:
+            if self.k is not None:
                 raise UserError(
                     "--k and --tree exclude each other: a tree's depth is its "
                     "second number (--tree TOPK,DEPTH)"
@@ -201,6 +197,11 @@ class AcceptConfig:
         )
 
     @property
+    def chain_k(self) -> int:
+        """Draft tokens per round of a chain: --k, or 3 when it was not given."""
+        return 3 if self.k is None else self.k
+
+    @property
     def tree_shape(self) -> tuple[int, int] | None:
         """--tree as (TOPK, DEPTH): `__post_init__` has parsed the text by now."""
         assert not isinstance(self.tree, str), "parsed in __post_init__"
@@ -211,7 +212,7 @@ class AcceptConfig:
         tree = self.tree_shape
         if tree is not None:
             return f"tree top-{tree[0]} depth {tree[1]}"
-        return f"chain k={self.k}"
+        return f"chain k={self.chain_k}"
 
 
 # Loading ------------------------------------------------------------------------------------
@@ -302,7 +303,9 @@ def _warm_up(target: Any, drafter: Any, cfg: AcceptConfig, sampler_cls: Any) -> 
 
     prompt = [0, 1, 2, 3]
     decode.plain(target, prompt, 4, set(), sampler_cls(0.0))
-    decode.speculate(target, drafter, prompt, 4, set(), sampler_cls(0.0), cfg.k, cfg.tree_shape)
+    decode.speculate(
+        target, drafter, prompt, 4, set(), sampler_cls(0.0), cfg.chain_k, cfg.tree_shape
+    )
 
 
 def run(cfg: AcceptConfig) -> AcceptReport:
@@ -404,7 +407,7 @@ def run_one(
     import eagle3kit.bench.decode as decode
 
     return decode.speculate(
-        target, drafter, prompt, cfg.max_new_tokens, stops, sampler, cfg.k, cfg.tree_shape
+        target, drafter, prompt, cfg.max_new_tokens, stops, sampler, cfg.chain_k, cfg.tree_shape
     )
 
 
@@ -431,7 +434,7 @@ def _speed(results: list[PromptResult]) -> _Speed:
 def _positions(cfg: AcceptConfig) -> int:
     """Drafts a round can accept: k in a chain, the depth in a tree."""
     tree = cfg.tree_shape
-    return cfg.k if tree is None else tree[1]
+    return cfg.chain_k if tree is None else tree[1]
 
 
 def _category_figures(results: list[PromptResult], positions: int) -> dict[str, Any]:

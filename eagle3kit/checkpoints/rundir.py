@@ -543,7 +543,7 @@ def load_tensors(path: Path) -> Any:
         ) from None
 
 
-def settings_diff(before: dict, now: dict) -> list[str]:
+def options_diff(before: dict, now: dict) -> list[str]:
     """'--flag: old -> new' for each setting that differs."""
     out = []
     for key in sorted(set(before) | set(now)):

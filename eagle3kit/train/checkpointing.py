@@ -121,7 +121,7 @@ def _resume_best(s: Setup, recorded: dict | None, step: int) -> dict | None:
     held = block.get("eval") if block.get("chosen") == "best" else None
     best = selection.better_of(recorded, held)
     before = s.previous.get("settings") or {}
-    now = cfg.settings()
+    now = cfg.trajectory_options()
     changed = [k for k in selection.COMPARABLE if before.get(k) != now.get(k)]
     if best is not None and changed:
         flags = ", ".join("--" + k.replace("_", "-") if k != "data" else k for k in changed)
@@ -295,7 +295,7 @@ def write_run_json(s: Setup) -> dict:
         )
     before = s.previous
     history = list(before.get("settings_history", []))
-    if s.continuing and before.get("settings") != cfg.settings():
+    if s.continuing and before.get("settings") != cfg.trajectory_options():
         history.append({"time": timestamp(), "settings": before.get("settings")})
     long = s.pool.long.to_dict()
     record = {
@@ -304,7 +304,7 @@ def write_run_json(s: Setup) -> dict:
         "eagle3kit_version": __version__,
         "created": before.get("created", timestamp()),
         "updated": timestamp(),
-        "settings": cfg.settings(),
+        "settings": cfg.trajectory_options(),
         "settings_history": history,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in _resolved(cfg).items()},
         "world_size": s.ranks.world,

@@ -32,7 +32,7 @@ functions are eagle3kit/train/losses.py's, by these names)."""
 DRAFTER_STEPS = ("best", "last")
 """--drafter-step: what RUN/drafter/ holds (eagle3kit/train/selection.py)."""
 
-SETTINGS = (
+TRAJECTORY_OPTIONS = (
     "data",
     "target",
     "online",
@@ -348,7 +348,7 @@ class TrainConfig:
         if note:
             _ui.warn(note)
 
-    def settings(self) -> dict[str, Any]:
+    def trajectory_options(self) -> dict[str, Any]:
         """The trajectory-deciding options, as JSON (what run.json records and resume checks).
         The drafter's layout is among them when it is not the plain EAGLE-3 one (so runs of
         the default layout record what they always did)."""
@@ -356,7 +356,7 @@ class TrainConfig:
 
         raw = asdict(self)
         out: dict[str, Any] = {}
-        for name in SETTINGS:
+        for name in TRAJECTORY_OPTIONS:
             value = raw.get(name)
             if name == "data":
                 value = [d.to_json() for d in self.data]

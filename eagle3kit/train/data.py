@@ -23,7 +23,7 @@ SPLIT_SALT = "eagle3kit-eval-split"
 
 
 @dataclass
-class Source:
+class DataSource:
     """One opened dataset and what the planner needs of it, read without touching states."""
 
     path: Path
@@ -57,7 +57,7 @@ class Source:
         }
 
 
-def open_source(path: Path, weight: float, online: bool) -> Source:
+def open_source(path: Path, weight: float, online: bool) -> DataSource:
     """Open a dataset given to train; the wrong kind for the mode is refused by name."""
     from eagle3kit.format import HiddenDataset
 
@@ -87,7 +87,7 @@ def open_source(path: Path, weight: float, online: bool) -> Source:
         lengths.append(shard.lengths)
     if not ids:
         raise UserError(f"{path}: the dataset holds no samples")
-    return Source(
+    return DataSource(
         path,
         weight,
         kind,
@@ -102,7 +102,7 @@ def split_hash(sample_id: str) -> int:
     return xxhash.xxh3_64_intdigest((SPLIT_SALT + sample_id).encode())
 
 
-def held_out(sources: list[Source], eval_split: float) -> list[np.ndarray]:
+def held_out(sources: list[DataSource], eval_split: float) -> list[np.ndarray]:
     """Per source, a bool mask of the held-out samples, chosen by sample-id hash.
 
     A share keeps each sample whose hash falls below it (stable as data is added); a count
@@ -172,7 +172,7 @@ class Pool:
 
 
 def build_pool(
-    sources: list[Source], masks: list[np.ndarray], max_len: int | None, policy: str
+    sources: list[DataSource], masks: list[np.ndarray], max_len: int | None, policy: str
 ) -> Pool:
     """Apply --max-len / --long-samples (None: no limit) and drop samples too short to train
     on (< 3 tokens: a prediction needs a state, the next token and a target after it)."""
@@ -250,7 +250,7 @@ def split_parts(batch: list[Item], parts: int) -> list[list[Item]]:
 
 
 @dataclass
-class Plan:
+class BatchPlan:
     """Every optimizer step's global batch, epoch by epoch."""
 
     epochs: list[list[list[Item]]]
@@ -278,7 +278,7 @@ def make_plan(
     epochs: float | None,
     max_steps: int | None,
     fixed_order: bool = False,
-) -> Plan:
+) -> BatchPlan:
     """Global batches of `budget` x `parts` tokens; --epochs (a fraction cuts the last one),
     or as many epochs as --max-steps needs."""
     if not any(pool.train):
@@ -303,10 +303,10 @@ def make_plan(
         out.append(batches)
         steps += len(batches)
         e += 1
-    return Plan(out, parts)
+    return BatchPlan(out, parts)
 
 
-def count_vocab(sources: list[Source], pool: Pool, vocab_size: int) -> np.ndarray:
+def count_vocab(sources: list[DataSource], pool: Pool, vocab_size: int) -> np.ndarray:
     """Loss-carrying token counts over the training items (as trained: truncated)."""
     counts = np.zeros(vocab_size, dtype=np.int64)
     for items in pool.train:

@@ -21,7 +21,7 @@ import eagle3kit.train.sharding as sharding
 from eagle3kit import _ui
 from eagle3kit._lock import RunLock
 from eagle3kit._ranks import Ranks
-from eagle3kit.checkpoints.rundir import RunDir, settings_diff
+from eagle3kit.checkpoints.rundir import RunDir, options_diff
 from eagle3kit.errors import UserError
 from eagle3kit.model import (
     VARIANTS,
@@ -84,10 +84,10 @@ class Setup:
     """The target's transformers config (any architecture)."""
     target_id: dict[str, Any]
     """Where the target is and what identifies it (run.json's `target`)."""
-    sources: list[tdata.Source]
+    sources: list[tdata.DataSource]
     max_len: int | None
     pool: tdata.Pool
-    plan: tdata.Plan
+    plan: tdata.BatchPlan
     layers: list[int]
     """The aux layer ids the drafter reads."""
     head: TargetHead
@@ -146,7 +146,7 @@ def _build_held(
     previous: dict | None,
     target_cfg: Any,
     target_id: dict,
-    sources: list[tdata.Source],
+    sources: list[tdata.DataSource],
 ) -> Setup:
     """The rest of the set-up, once the run directory is held."""
     layers = resolve_layers(cfg, sources, target_cfg, target_id, previous)
@@ -243,7 +243,7 @@ def _check_continuable(cfg: TrainConfig, ranks: Ranks, rd: RunDir, target_id: di
             rd.path.mkdir(parents=True, exist_ok=True)
         return None
     before = rd.read()
-    diff = settings_diff(before.get("settings", {}), cfg.settings())
+    diff = options_diff(before.get("settings", {}), cfg.trajectory_options())
     parts = before.get("world_size", 1) * before.get("settings", {}).get("grad_accum", 1)
     if parts != ranks.world * cfg.grad_accum:
         diff.append(f"ranks x --grad-accum: {parts} -> {ranks.world * cfg.grad_accum}")
@@ -266,7 +266,7 @@ def _check_continuable(cfg: TrainConfig, ranks: Ranks, rd: RunDir, target_id: di
 
 def resolve_layers(
     cfg: TrainConfig,
-    sources: list[tdata.Source],
+    sources: list[tdata.DataSource],
     target_cfg: Any,
     target_id: dict,
     previous: dict | None,
@@ -294,7 +294,7 @@ def resolve_layers(
     return resolve_layer_ids(None, n)
 
 
-def _layers_of(sources: list[tdata.Source], target_id: dict) -> list[int]:
+def _layers_of(sources: list[tdata.DataSource], target_id: dict) -> list[int]:
     """Offline: the aux layer ids the hidden datasets were extracted at, all the same, for
     this target."""
     layers = sources[0].dataset.layer_ids  # type: ignore[attr-defined]
@@ -330,7 +330,7 @@ def load_target(
     cfg: TrainConfig,
     target_cfg: Any,
     layers: list[int],
-    sources: list[tdata.Source],
+    sources: list[tdata.DataSource],
     device: torch.device,
 ) -> tuple[TargetHead, OnlineTarget | OfflineTarget]:
     """The target's head and what makes its batches: the whole target in the loop (--online),
@@ -354,7 +354,7 @@ def build_drafter(
     target_cfg: Any,
     target_id: dict,
     layers: list[int],
-    sources: list[tdata.Source],
+    sources: list[tdata.DataSource],
     pool: tdata.Pool,
     previous: dict | None,
 ) -> tuple[Eagle3Drafter, DraftVocab, str]:
@@ -398,7 +398,7 @@ def build_drafter(
 def _vocab(
     cfg: TrainConfig,
     run_dir: RunDir,
-    sources: list[tdata.Source],
+    sources: list[tdata.DataSource],
     pool: tdata.Pool,
     vocab_size: int,
     previous: dict | None,
@@ -432,7 +432,7 @@ def _variant(cfg: TrainConfig, ranks: Ranks, previous: dict | None) -> dict:
 
 
 def _coverage(
-    vocab: DraftVocab, sources: list[tdata.Source], pool: tdata.Pool, vocab_size: int
+    vocab: DraftVocab, sources: list[tdata.DataSource], pool: tdata.Pool, vocab_size: int
 ) -> float:
     counts = tdata.count_vocab(sources, pool, vocab_size)
     total = counts.sum()
