@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import REPO, with_test_helpers
+from _common import DATA, with_testkit
 
-with_test_helpers()
+with_testkit()
 
 import torch  # noqa: E402
 from bench_fit import fit_drafter, greedy_sequences  # noqa: E402  (the tests' TTT fit)
@@ -35,8 +35,8 @@ from eagle3kit.model import DrafterConfig, Eagle3Drafter  # noqa: E402
 from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings  # noqa: E402
 
 PROMPTS = [
-    REPO / "tests/data/prompts/eagle/mt_bench/question.jsonl",
-    REPO / "tests/data/prompts/eagle/gsm8k/question.jsonl",
+    DATA / "prompts/eagle/mt_bench/question.jsonl",
+    DATA / "prompts/eagle/gsm8k/question.jsonl",
 ]
 
 

@@ -31,9 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import REPO, with_test_helpers
+from _common import REPO, with_testkit
 
-with_test_helpers()
+with_testkit()
 
 from random_samples import write_source  # noqa: E402
 

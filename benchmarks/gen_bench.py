@@ -28,7 +28,7 @@ What it measures
 
    Server modes (``--servers``): ``cheap`` answers from a small pool of precomputed
    completions (the response bytes are the same size and shape), so the server costs little
-   more than aiohttp's own handling; ``model`` is the stock ``tests/fakeserver.py`` path,
+   more than aiohttp's own handling; ``model`` is the stock ``testkit/fakeserver.py`` path,
    which draws every completion from its deterministic model and decodes its text with the
    Qwen3 tokenizer per request. On a 2-core machine the server and the client share the
    CPUs; the stock path costs enough CPU per request to cap a fast client, hence both.
@@ -66,7 +66,7 @@ Conditions
   client process and this script; the table says how many there were.
 * The work directory is a fresh temporary directory under ``--dir`` (default ``bench-out/``
   in the repository, a real disk), removed afterwards unless ``--keep``.
-* The Qwen3 tokenizer is rebuilt offline by ``tests/real_tokenizers.py`` (cached under
+* The Qwen3 tokenizer is rebuilt offline by ``testkit/real_tokenizers.py`` (cached under
   ``--dir``). An untimed process imports everything first, so every timed process reads
   its modules and the tokenizer from the page cache.
 * The load average before and after is printed: on a machine where other work shares the
@@ -101,9 +101,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from _common import REPO, TESTS, with_test_helpers
+from _common import DATA, REPO, with_testkit
 
-with_test_helpers()
+with_testkit()
 
 from fakeserver import GEN_PATHS, FakeServer, _json  # noqa: E402
 from real_tokenizers import qwen3_tokenizer_dir  # noqa: E402
@@ -359,7 +359,7 @@ def sdk_main(argv: list[str]) -> None:
 def seed_texts() -> list[str]:
     """First-turn questions of the real prompt sets in tests/data/prompts."""
     texts = []
-    for path in sorted((TESTS / "data" / "prompts").rglob("question.jsonl")):
+    for path in sorted((DATA / "prompts").rglob("question.jsonl")):
         for line in path.read_text().splitlines():
             turns = json.loads(line).get("turns") if line.strip() else None
             if turns and isinstance(turns[0], str) and turns[0].strip():

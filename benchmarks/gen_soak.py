@@ -3,7 +3,7 @@
 What it does
 ------------
 A prompt set that calls for ``--requests`` samples (default 20,000; one conversation in ten
-has two turns) goes to ``--servers`` stand-in servers (``tests/fakeserver.py``, each its own
+has two turns) goes to ``--servers`` stand-in servers (``testkit/fakeserver.py``, each its own
 process; SGLang and vLLM in turn), each with a random mix of faults switched on:
 
 * standing rates: 503s, connection resets (one server resets halfway through the answer's
@@ -54,9 +54,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from _common import REPO, with_test_helpers
+from _common import REPO, with_testkit
 
-with_test_helpers()
+with_testkit()
 
 from fakeserver import GEN_PATHS, FakeServer, FakeServerProcess  # noqa: E402
 from file_limits import limit_file_size  # noqa: E402

@@ -8,7 +8,7 @@ in the same run where one exists:
   TTT-unrolled loss, backward, clipping, AdamW on fp32 master weights under bf16 autocast)
   for a Kimi-K2.5-sized drafter (hidden 7168, target vocabulary 163,840, draft vocabulary
   32,000, train's default TTT steps) at 2K, 8K and 32K tokens per sample, against a plain
-  PyTorch loop of the same model and loss (tests/ttt_reference.py, the quadratic
+  PyTorch loop of the same model and loss (testkit/ttt_reference.py, the quadratic
   attention and logits; "out of memory" where it does not fit), and the model FLOP
   utilisation against the chip's bf16 peak;
 - extract: tokens/s of extract's hooked forward (`target.Capture`, what `HfEngine` runs) on
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import REPO, with_test_helpers
+from _common import DATA, with_testkit
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from eagle3kit._options import OutputOptions
@@ -59,11 +59,11 @@ from eagle3kit.target import Capture
 from eagle3kit.tiny import make_target, make_tokenizer, stdlib_docstrings
 from eagle3kit.train import TargetBatch, TargetHead, TrainConfig, TTTLoss, step_counts
 
-with_test_helpers()
+with_testkit()
 
 from ttt_reference import quadratic_loss  # noqa: E402  (the plain PyTorch loop's loss)
 
-PROMPTS = [REPO / "tests/data/prompts/eagle/mt_bench/question.jsonl"]
+PROMPTS = [DATA / "prompts/eagle/mt_bench/question.jsonl"]
 # Dense bf16 tensor-core peaks (TFLOP/s) by device name; --peak-tflops for any other chip.
 BF16_PEAK = {
     "H200": 989.0,

@@ -8,7 +8,7 @@ unrolled loss, backward, gradient clipping and AdamW. Two implementations of the
 
 - `linear`: eagle3kit's (`train.ttt.TTTLoss`): the fused causal attention merged with the
   diagonal terms through the log-sum-exp, the soft cross-entropy in blocks of positions;
-- `quadratic`: the code before it (tests/ttt_reference.py, the baseline measured in the
+- `quadratic`: the code before it (testkit/ttt_reference.py, the baseline measured in the
   same run): a [B, heads, T, T] score matrix and [T, draft_vocab] logits kept per step.
 
 Every (implementation, length) runs in its own process, so its peak resident set
@@ -35,13 +35,13 @@ import time
 from pathlib import Path
 
 import torch
-from _common import REPO, with_test_helpers
+from _common import REPO, with_testkit
 from transformers import LlamaConfig
 
 from eagle3kit.model import DrafterConfig, Eagle3Drafter, build_vocab
 from eagle3kit.train import TargetBatch, TargetHead, TTTLoss, step_counts
 
-with_test_helpers()
+with_testkit()
 
 from ttt_reference import quadratic_loss  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 The same data both ways, measured in the same run: a tiny random 8-layer target, a token
 dataset of stdlib docstrings, and a stand-in vLLM server running `extract_hidden_states`
-(tests/fake_vllm_hidden.py: the target's real states, written to files and read back as vLLM
+(testkit/fake_vllm_hidden.py: the target's real states, written to files and read back as vLLM
 hands them out). `extract --engine vllm` stores the server's states on disk once (the
 offline side's dataset); then, alternately,
 
@@ -40,9 +40,9 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
-from _common import with_test_helpers  # noqa: E402
+from _common import with_testkit  # noqa: E402
 
-with_test_helpers()
+with_testkit()
 
 # After the thread settings above, which torch reads when it loads.
 import torch  # noqa: E402

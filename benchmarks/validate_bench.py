@@ -32,9 +32,9 @@ if hasattr(os, "sched_setaffinity"):
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
 
 import numpy as np  # noqa: E402
-from _common import with_test_helpers  # noqa: E402
+from _common import with_testkit  # noqa: E402
 
-with_test_helpers()
+with_testkit()
 
 from real_tokenizers import gpt_oss_tokenizer_dir, qwen3_tokenizer_dir  # noqa: E402
 

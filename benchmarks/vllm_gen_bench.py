@@ -40,9 +40,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import REPO, TESTS, with_test_helpers
+from _common import REPO, with_testkit
 
-with_test_helpers(TESTS / "vllm")
+with_testkit()
 
 import launch  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402

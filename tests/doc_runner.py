@@ -289,7 +289,8 @@ def checkout_like(tmp_path: Path) -> Path:
     )
     (work / "tests").mkdir()
     (work / "tests" / "data").symlink_to(REPO / "tests" / "data")
-    (work / "tests" / "fakeserver.py").symlink_to(REPO / "tests" / "fakeserver.py")
+    (work / "testkit").mkdir()
+    (work / "testkit" / "fakeserver.py").symlink_to(REPO / "testkit" / "fakeserver.py")
     return work
 
 
@@ -348,7 +349,8 @@ def refresh(doc: Path, servers: DocServers, root: Path = Path("/tmp/eagle3kit"))
         shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
     (root / "tests").mkdir()
     (root / "tests" / "data").symlink_to(REPO / "tests" / "data")
-    (root / "tests" / "fakeserver.py").symlink_to(REPO / "tests" / "fakeserver.py")
+    (root / "testkit").mkdir()
+    (root / "testkit" / "fakeserver.py").symlink_to(REPO / "testkit" / "fakeserver.py")
     bin_dir = root.parent / f"{root.name}-bin"
     shutil.rmtree(bin_dir, ignore_errors=True)
     shims(bin_dir)

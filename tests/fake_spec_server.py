@@ -1,6 +1,6 @@
 """A loopback SGLang / vLLM server that runs "speculative decoding", for `bench server` tests.
 
-It is tests/fakeserver.py's FakeServer (same endpoints, probing, ids and faults) with an
+It is testkit/fakeserver.py's FakeServer (same endpoints, probing, ids and faults) with an
 acceptance model on top: each request's tokens after the first (which prefill makes) come in
 verification rounds whose accepted drafts are drawn position by position with fixed
 conditional rates. The server reports them in the shapes SERVER_APIS.md §6 gives:
@@ -37,7 +37,8 @@ from typing import Any
 
 from aiohttp import web
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# testkit/ (pytest's pythonpath) also when run by hand as a script
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "testkit"))
 from fakeserver import FakeServer, _json
 
 

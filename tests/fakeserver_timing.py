@@ -1,4 +1,4 @@
-"""The loopback server of tests/fakeserver.py, with the timing of a real one: for plan's tests.
+"""The loopback server of testkit/fakeserver.py, with the timing of a real one: for plan's tests.
 
 `TimedServer` is a `FakeServer` whose completion lengths depend on what the prompt asks for
 and whose decoding takes time the way a serving engine's does:
@@ -35,6 +35,9 @@ from typing import Any
 
 import numpy as np
 import orjson
+
+# testkit/ (pytest's pythonpath) also in the child process TimedServerProcess runs this file in
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "testkit"))
 from fakeserver import FakeModel, FakeServer, FakeServerProcess
 
 

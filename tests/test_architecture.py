@@ -9,7 +9,9 @@ them per room, and its first tests show the checker catches each kind of break.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "eagle3kit"
 BENCHMARKS = PACKAGE.parent / "benchmarks"
 """Scripts outside the package, held to its rules (and to faces only: see below)."""
+TESTKIT = PACKAGE.parent / "testkit"
+"""The helpers tests and benchmarks share (pytest's `pythonpath`; `_common.with_testkit()`)."""
 
 STAGES = (
     "gen",
@@ -706,7 +710,58 @@ def test_no_test_module_is_imported() -> None:
     tests = Path(__file__).resolve().parent
     found = [
         f"{path.relative_to(PACKAGE.parent)} imports {name}"
-        for path in sorted([*tests.rglob("*.py"), *BENCHMARKS.glob("*.py")])
+        for path in sorted([*tests.rglob("*.py"), *BENCHMARKS.glob("*.py"), *TESTKIT.rglob("*.py")])
         for name in imported_test_modules(path.read_text())
     ]
     assert found == []
+
+
+def imported_tops(source: str) -> set[str]:
+    """The top-level names of every module `source` imports, the lazy imports too (relative
+    imports name no top-level module and are left out)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def modules_of_tests() -> set[str]:
+    """The names a module of tests/ is imported by (its data files hold none)."""
+    tests = Path(__file__).resolve().parent
+    return {p.stem for p in tests.rglob("*.py") if "data" not in p.relative_to(tests).parts[:1]}
+
+
+def test_the_tests_import_check_catches_one() -> None:
+    source = "import fakeserver\ndef f():\n    from gen_harness import run\n"
+    assert imported_tops(source) & modules_of_tests() == {"gen_harness"}
+    assert "conftest" in modules_of_tests() and "fakeserver" not in modules_of_tests()
+
+
+def test_no_benchmark_or_testkit_module_imports_from_tests() -> None:
+    # Benchmarks reach the helpers they share with the tests through testkit/ only: tests/ is
+    # on no benchmark's path, and a testkit module that needed one of tests/ would put it
+    # back there. A name in both folders would import whichever comes first on the path.
+    ours = modules_of_tests()
+    shared = {p.stem for p in TESTKIT.rglob("*.py")}
+    assert shared and shared & ours == set()
+    found = [
+        f"{path.relative_to(PACKAGE.parent)} imports {name} (tests/)"
+        for path in sorted([*BENCHMARKS.glob("*.py"), *TESTKIT.rglob("*.py")])
+        for name in sorted(imported_tops(path.read_text()) & ours)
+    ]
+    assert found == []
+
+
+def test_with_testkit_puts_no_folder_of_tests_on_the_path(monkeypatch) -> None:
+    spec = importlib.util.spec_from_file_location("_common", BENCHMARKS / "_common.py")
+    assert spec and spec.loader
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    monkeypatch.setattr(sys, "path", [])
+    common.with_testkit()
+    tests = Path(__file__).resolve().parent
+    assert {Path(p) for p in sys.path} == {PACKAGE.parent, TESTKIT}
+    assert not any(Path(p) == tests or tests in Path(p).parents for p in sys.path)

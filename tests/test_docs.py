@@ -14,12 +14,12 @@ transcripts that cannot run here (an interrupted run, a full disk) and are not e
 
 Servers. The docs point `eagle3kit gen` at servers on fixed loopback addresses, the ones a
 user would type: `http://127.0.0.1:PORT` with PORT a key of DOC_SERVERS. For each such port a
-doc uses, the test starts a stand-in server (tests/fakeserver.py, with the Qwen3 tokenizer)
+doc uses, the test starts a stand-in server (testkit/fakeserver.py, with the Qwen3 tokenizer)
 on a free port it picks, and substitutes that port for the documented one in the command
 before running it; a loopback port the table does not know fails the test. So the docs show
 the usual SGLang (30000) and vLLM (8000) ports, and two test runs never collide. A doc may also
 start the stand-in itself, as a user would, with a command ending in `&` (the README's
-`python tests/fakeserver.py ... --port 30000 ... &`): the test runs it in the background on a
+`python testkit/fakeserver.py ... --port 30000 ... &`): the test runs it in the background on a
 free port of its own, waits for the line the server prints once it listens (that line is the
 command's output), points the page's later commands at it, and stops it after the page.
 
@@ -219,7 +219,7 @@ def not_ignored(work: Path) -> list[str]:
     made = sorted(
         p.name + ("/" if p.is_dir() else "")
         for p in work.iterdir()
-        if p.name not in ("examples", "tests")
+        if p.name not in ("examples", "tests", "testkit")
     )
     if not made:
         return []
@@ -241,7 +241,7 @@ def test_readme_gen_example_runs_against_the_server_line_it_shows(tmp_path, requ
     cmds = commands(REPO / "README.md")
     server = [c for c in cmds if BACKGROUND.search(c.text)]
     assert [c.text for c in server] == [
-        "python tests/fakeserver.py --api sglang --port 30000 --tokenizer qwen3-tokenizer &"
+        "python testkit/fakeserver.py --api sglang --port 30000 --tokenizer qwen3-tokenizer &"
     ]
     gen = [c for c in cmds if c.text.startswith("eagle3kit gen ")]
     assert len(gen) == 1 and "--server http://127.0.0.1:30000" in gen[0].text
@@ -258,10 +258,10 @@ def test_the_readmes_server_line_prints_what_the_readme_shows(tmp_path, doc_serv
     body = next(
         body
         for lang, _, body in code_blocks(REPO / "README.md")
-        if lang == "console" and "tests/fakeserver.py" in body
+        if lang == "console" and "testkit/fakeserver.py" in body
     )
     lines = body.splitlines()
-    at = next(i for i, line in enumerate(lines) if "tests/fakeserver.py" in line)
+    at = next(i for i, line in enumerate(lines) if "testkit/fakeserver.py" in line)
     command, shown = lines[at][2:], lines[at + 1]
     work = checkout_like(tmp_path)
     (work / "qwen3-tokenizer").symlink_to(qwen3_dir)
@@ -277,7 +277,7 @@ def test_the_readmes_server_line_prints_what_the_readme_shows(tmp_path, doc_serv
     taken = subprocess.run(
         [
             sys.executable,
-            str(REPO / "tests" / "fakeserver.py"),
+            str(REPO / "testkit" / "fakeserver.py"),
             "--port",
             str(doc_servers.port(30000)),
         ],
@@ -378,7 +378,7 @@ def main(argv: list[str]) -> None:
     if argv[:1] == ["--serve-prewarmed"]:
         serve_prewarmed(argv[1])
         return
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "testkit"))
     from real_tokenizers import qwen3_tokenizer_dir
 
     tok_root = Path(tempfile.mkdtemp(prefix="e3k-tok-"))

@@ -1,5 +1,5 @@
 """`extract --engine vllm` against a loopback stand-in that answers and writes files as
-vLLM's extract_hidden_states does (tests/fake_vllm_hidden.py), on the same tiny target.
+vLLM's extract_hidden_states does (testkit/fake_vllm_hidden.py), on the same tiny target.
 
 What the server path stores must be what the transformers path stores; a server launched
 with the wrong layer ids, or that cannot be reached, is one clear message.

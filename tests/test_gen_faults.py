@@ -1,7 +1,7 @@
 """gen against a misbehaving loopback server: every fault ends in a complete, exact dataset.
 
 Each test runs the real gen (in-process, or the real CLI where exit status and output
-matter) against `tests/fakeserver.py`, whose model is a pure function of the request, so
+matter) against `testkit/fakeserver.py`, whose model is a pure function of the request, so
 every stored sample can be checked against what the server's model produces. Faults are the
 fake's switches: 5xx bursts, server-side aborts, connection resets (before the answer and
 halfway through its body), hangs, long-tail latencies, SGLang's prompt-prefix bug, wrong

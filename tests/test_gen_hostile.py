@@ -1,7 +1,7 @@
 """gen against hostile answers and faults that used to hang it, lose samples or mix models.
 
 Each test reproduces one report of issue 18 against the real gen and the loopback stand-in
-(`tests/fakeserver.py`), whose model is a pure function of the request, so every stored
+(`testkit/fakeserver.py`), whose model is a pure function of the request, so every stored
 sample is checked against what the server's model produces:
 
 - a malformed token id (negative, past int32, a float, a string, null) in an answer: before,

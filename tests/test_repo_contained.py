@@ -17,6 +17,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
+TESTKIT = REPO / "testkit"
+"""The helpers tests share with the benchmarks: test sources too."""
 SHARED = re.compile(r"(^|[/\\])\.\.[/\\]shared\b|shared[/\\]testdata")
 
 
@@ -75,8 +77,8 @@ def _parents(node: ast.AST) -> int:
 
 def test_no_test_source_names_a_path_outside_the_repository():
     offenders = []
-    for path in sorted(TESTS.rglob("*.py")):
-        if "data" in path.relative_to(TESTS).parts[:1] or path.name == Path(__file__).name:
+    for path in sorted([*TESTS.rglob("*.py"), *TESTKIT.rglob("*.py")]):
+        if "data" in path.relative_to(REPO).parts[1:2] or path.name == Path(__file__).name:
             continue  # fixtures, and this module's own examples of what the scan finds
         depth = len(path.relative_to(REPO).parts) - 1
         for line, what in _escapes(ast.parse(path.read_text(), str(path)), depth):

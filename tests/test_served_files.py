@@ -1,6 +1,6 @@
 """The trust boundary of the two commands that read files a server names
 (`extract --engine vllm`, `train --online --server`): real `eagle3kit` subprocesses against
-the loopback stand-in (tests/fake_vllm_hidden.py) answering as a hostile or broken server
+the loopback stand-in (testkit/fake_vllm_hidden.py) answering as a hostile or broken server
 would. Nothing outside --hidden-states-dir is read or deleted, no answer hangs a run or
 ends in a traceback, a repeated name is refused at once, and --api-key reaches a server
 started with one (and is stored nowhere).

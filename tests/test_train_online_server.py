@@ -1,5 +1,5 @@
 """`train --online --server`: the drafter trains on states fetched from vLLM servers
-running extract_hidden_states, here the loopback stand-in (tests/fake_vllm_hidden.py: the
+running extract_hidden_states, here the loopback stand-in (testkit/fake_vllm_hidden.py: the
 real tiny target, files written as vLLM writes them). The real engine: tests/vllm/.
 
 The reference for every comparison is `train` on `extract --engine vllm` output of the same

@@ -1,6 +1,6 @@
 """The linear-memory training-time test computes what the quadratic one did.
 
-The reference is the code as it was (tests/ttt_reference.py): a [B, heads, T, T] score
+The reference is the code as it was (testkit/ttt_reference.py): a [B, heads, T, T] score
 matrix and [B, T, draft_vocab] logits per step. The new path (fused causal attention merged
 with the diagonal terms through the log-sum-exp, the loss in blocks of positions) must give
 the same loss, step sums, accuracies and gradients (1e-5, fp32), through every kernel and

@@ -56,7 +56,7 @@ def masked_attention(
 
 @pytest.fixture
 def reference(monkeypatch):
-    """tests/ttt_reference.py's quadratic path, its attention replaced by the masked one
+    """testkit/ttt_reference.py's quadratic path, its attention replaced by the masked one
     with the drafter's window."""
     window: list[int | None] = [None]
 

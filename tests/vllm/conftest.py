@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-for path in (HERE, HERE.parent):  # launch.py here; fakeserver & co. one level up
+# tests/'s helpers (tiny_train & co.); launch.py, fakeserver & co. are testkit/'s (pythonpath)
+for path in (HERE, HERE.parent):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 

@@ -2,7 +2,7 @@
 work directory, and its ```vllm-launch line started as written (the port replaced by a free
 one, in the commands that use it too).
 
-The launch line must be the one tests/vllm/launch.py starts (the module, the environment
+The launch line must be the one testkit/launch.py starts (the module, the environment
 variable, --dtype float32, --max-model-len 2048), so the page shows what the tier runs.
 """
 

@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 TOKENIZERS = DATA / "tokenizers"
 TEMPLATES = DATA / "chat_templates"
 

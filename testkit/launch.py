@@ -27,8 +27,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[1]
+CONNECTOR = Path(__file__).resolve().parent / "vllm_connector"
+"""The folder the vLLM server imports the CPU-safe hidden-states connector from: its PYTHONPATH
+leads with it, and nothing else is there."""
 DEFAULT_VENV = REPO / ".venv-vllm"
 START_TIMEOUT_S = 600.0
 MODULE = "vllm.entrypoints.openai.api_server"
@@ -116,8 +118,10 @@ class VllmServer:
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-            # The CPU-safe hidden-states connector is imported from here by name.
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+            # The CPU-safe hidden-states connector is imported from there by name.
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(CONNECTOR), os.environ.get("PYTHONPATH")])
+            ),
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             "HF_HUB_OFFLINE": "1",
@@ -207,7 +211,7 @@ def hidden_states_args(
     layer_ids: list[int], storage: Path, prefix_caching: bool = False
 ) -> list[str]:
     """Flags of a server that writes hidden states for `extract --engine vllm`, through the
-    CPU-safe connector (tests/vllm/cpu_hidden_states_connector.py)."""
+    CPU-safe connector (testkit/vllm_connector/cpu_hidden_states_connector.py)."""
     spec = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
@@ -236,7 +240,7 @@ def eagle3_args(drafter: Path, k: int = 3, method: str = "eagle3") -> list[str]:
     return ["--speculative-config", json.dumps(spec)]
 
 
-if __name__ == "__main__":  # python tests/vllm/launch.py MODEL [FLAGS...]: start, wait, stop
+if __name__ == "__main__":  # python testkit/launch.py MODEL [FLAGS...]: start, wait, stop
     server = VllmServer(Path(sys.argv[1]), sys.argv[2:], name="manual").start()
     print(f"ready at {server.url} after {server.seconds_to_start:.0f} s", flush=True)
     try:

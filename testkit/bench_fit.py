@@ -11,7 +11,7 @@ import torch
 from eagle3kit.bench import decode
 from eagle3kit.model import Eagle3Drafter, TTTState
 
-DATA = Path(__file__).parent / "data" / "prompts"
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "prompts"
 
 
 def fit_drafter(

@@ -20,12 +20,12 @@ random tokens; `--tokenizer` is the tokenizer gen renders prompts with, which
 `python examples/make_tiny.py --save-tokenizer qwen3-tokenizer` makes: without it the server
 counts bytes and gen's tokenizer check refuses it). It says where it listens once it does::
 
-    python tests/fakeserver.py --api sglang --port 30000 --tokenizer qwen3-tokenizer
+    python testkit/fakeserver.py --api sglang --port 30000 --tokenizer qwen3-tokenizer
 
 For crash tests and benchmarks, port 0 picks a free port and --port-file tells it (and keeps
 the announcement out of their output)::
 
-    python tests/fakeserver.py --api vllm --port 0 --port-file /tmp/port --slots 64
+    python testkit/fakeserver.py --api vllm --port 0 --port-file /tmp/port --slots 64
 """
 
 from __future__ import annotations
