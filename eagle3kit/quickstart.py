@@ -263,15 +263,15 @@ def _clear(root: Path) -> None:
 
 def check_code(cfg: QuickstartConfig, lay: Layout, state: dict[str, Any]) -> None:
     """Refuse, before any stage loads anything with trust on, a Kimi quickstart directory
-    that holds code make_kimi_target did not write (tiny.foreign_code): every stage trusts
+    that holds code make_kimi_target did not write (tiny_kimi.foreign_code): every stage trusts
     DIR's code only because quickstart wrote it. An unfinished target/ is written afresh
     before anything loads from it, so only what the record says is done is looked into."""
-    from eagle3kit import tiny
+    from eagle3kit import tiny_kimi
 
     if not cfg.kimi or cfg.trust_remote_code or not cfg.out.is_dir():
         return
     rebuilt = None if "target" in state["stages"] else lay.target
-    problem = tiny.foreign_code(lay.root, rebuilt)
+    problem = tiny_kimi.foreign_code(lay.root, rebuilt)
     if problem:
         raise UserError(
             f"{problem}; quickstart runs only the code it wrote itself: start "
@@ -298,7 +298,7 @@ def _stage_output(cfg: QuickstartConfig) -> OutputOptions:
 
 
 def stage_target(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict:
-    from eagle3kit import tiny
+    from eagle3kit import tiny, tiny_kimi
 
     # Unfinished (no training log, written last): a minute or two to redo, so start over.
     if lay.target.exists():
@@ -308,9 +308,9 @@ def stage_target(cfg: QuickstartConfig, lay: Layout, out: OutputOptions) -> dict
         f"{cfg.target_steps} training steps (the longest stage: a minute or two)",
         out,
     )
-    training: dict[str, Any] = dict(tiny.KIMI_TRAINING) if cfg.kimi else {}
+    training: dict[str, Any] = dict(tiny_kimi.KIMI_TRAINING) if cfg.kimi else {}
     training.update(steps=cfg.target_steps, threads=cfg.threads, trust_remote_code=cfg.trust)
-    (tiny.make_kimi_target if cfg.kimi else tiny.make_target)(lay.target)
+    (tiny_kimi.make_kimi_target if cfg.kimi else tiny.make_target)(lay.target)
     # The same live display (or status lines) as the later stages: this one must not look hung.
     with _ui.Progress("target", cfg.target_steps, out, unit="steps") as progress:
 
@@ -520,9 +520,9 @@ def commands(cfg: QuickstartConfig, lay: Layout) -> dict[str, str]:
     target, tokens, hidden = q(str(lay.target)), q(str(lay.tokens)), q(str(lay.hidden))
     if cfg.kimi:
         make = (
-            f"from eagle3kit import tiny; "
-            f"tiny.train_target(tiny.make_kimi_target({json.dumps(str(lay.target))}), "
-            f"**{{**tiny.KIMI_TRAINING, 'steps': {cfg.target_steps}}}, "
+            f"from eagle3kit import tiny, tiny_kimi; "
+            f"tiny.train_target(tiny_kimi.make_kimi_target({json.dumps(str(lay.target))}), "
+            f"**{{**tiny_kimi.KIMI_TRAINING, 'steps': {cfg.target_steps}}}, "
             "trust_remote_code=True)"
         )
     else:

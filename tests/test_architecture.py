@@ -35,6 +35,7 @@ SHARED = (
     "errors",
     "target",
     "tiny",
+    "tiny_kimi",
     "tiny_reasoning",
     "_argv",
     "_durable",
