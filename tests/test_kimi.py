@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3kit import quickstart, tiny, tiny_kimi
+from eagle3kit import tiny, tiny_kimi
+from eagle3kit.quickstart.stages import STAGES
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -389,7 +390,7 @@ def test_quickstart_runs_on_the_kimi_target(tmp_path: Path) -> None:
         "--no-progress",
         "--json",
     )
-    assert json.loads(rerun.stdout)["skipped"] == [n for n, _, _ in quickstart.STAGES]
+    assert json.loads(rerun.stdout)["skipped"] == [n for n, _, _ in STAGES]
     again = eagle3kit(
         "quickstart",
         out,

@@ -23,6 +23,8 @@ import pytest
 
 from eagle3kit import quickstart, tiny, tiny_kimi
 from eagle3kit.errors import UserError
+from eagle3kit.quickstart.layout import STATE, Layout
+from eagle3kit.quickstart.state import STATE_VERSION, check_code
 
 REPO = Path(__file__).resolve().parent.parent
 SETTINGS = {
@@ -70,10 +72,10 @@ def copied(kimi: Path, where: Path) -> Path:
     """A quickstart directory as another machine left it: the target stage done."""
     shutil.copytree(kimi, where / "target")
     (where / "target" / "tiny_training.json").write_text(json.dumps({"losses": [7.0, 6.0]}))
-    (where / quickstart.STATE).write_text(
+    (where / STATE).write_text(
         json.dumps(
             {
-                "version": quickstart.STATE_VERSION,
+                "version": STATE_VERSION,
                 "settings": SETTINGS,
                 "stages": {"target": {"target_loss": 6.0, "seconds": 30.0}},
             }
@@ -138,7 +140,7 @@ def test_a_copied_kimi_quickstart_runs_none_of_its_own_code(
     out = copied(kimi, tmp_path / "qs")
     marker = tmp_path / "MARKER"
     planted = PLANTS[plant](out / "target", marker)
-    state = (out / quickstart.STATE).read_text()
+    state = (out / STATE).read_text()
     done = eagle3kit(
         "quickstart",
         out,
@@ -157,8 +159,8 @@ def test_a_copied_kimi_quickstart_runs_none_of_its_own_code(
         "; quickstart runs only the code it wrote itself: start afresh "
         "with --overwrite, or pass --trust-remote-code to run it"
     )
-    assert (out / quickstart.STATE).read_text() == state  # nothing recorded, nothing run
-    assert sorted(p.name for p in out.iterdir()) == [quickstart.STATE, "target"]
+    assert (out / STATE).read_text() == state  # nothing recorded, nothing run
+    assert sorted(p.name for p in out.iterdir()) == [STATE, "target"]
 
 
 def test_target_arch_from_a_settings_file_runs_none_of_it_either(
@@ -189,13 +191,13 @@ def test_the_check_is_skipped_only_for_the_flag_or_a_llama_target(
 ) -> None:
     out = copied(kimi, tmp_path / "qs")
     _own_file_other_bytes(out / "target", tmp_path / "MARKER")
-    state = json.loads((out / quickstart.STATE).read_text())
-    lay = quickstart.Layout(out)
+    state = json.loads((out / STATE).read_text())
+    lay = Layout(out)
     for trusted, arch in ((True, "kimi"), (False, "llama")):
         cfg = quickstart.QuickstartConfig(out, trust_remote_code=trusted, target_arch=arch)
-        quickstart.check_code(cfg, lay, state)
+        check_code(cfg, lay, state)
     with pytest.raises(UserError, match="Python code quickstart did not write"):
-        quickstart.check_code(quickstart.QuickstartConfig(out, target_arch="kimi"), lay, state)
+        check_code(quickstart.QuickstartConfig(out, target_arch="kimi"), lay, state)
 
 
 @pytest.mark.slow  # a minute on a busy 2-core machine: torch, then the target, then gen

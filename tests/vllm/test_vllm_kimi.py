@@ -77,7 +77,8 @@ def kimi(vllm_env: Path, module_clock, tmp_path_factory: pytest.TempPathFactory)
     import torch
 
     from eagle3kit import export, extract, gen, train
-    from eagle3kit.quickstart import QuickstartConfig, train_options
+    from eagle3kit.quickstart import QuickstartConfig
+    from eagle3kit.quickstart.stages import train_options
 
     root = tmp_path_factory.mktemp("kimi")
     threads = torch.get_num_threads()
