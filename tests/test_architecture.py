@@ -45,9 +45,11 @@ SHARED = (
     "_lock",
     "_options",
     "_plot",
+    "_progress_figures",
     "_ranks",
     "_served_files",
     "_signals",
+    "_text",
     "_ui",
     "_urls",
 )
@@ -512,7 +514,7 @@ def test_the_checker_catches_reach_ins(module: str, source: str, why: str) -> No
 @pytest.mark.parametrize(
     ("module", "source"),
     [
-        ("eagle3kit.train.online_server", "from eagle3kit._ui import human_bytes\n"),
+        ("eagle3kit.train.online_server", "from eagle3kit._text import human_bytes\n"),
         ("eagle3kit.quickstart", "from eagle3kit.gen import GenConfig, run\n"),
         (
             "eagle3kit.gen.run",
