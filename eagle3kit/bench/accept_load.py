@@ -74,6 +74,6 @@ def check_pair(drafter: Any, model: Any, drafter_path: Path, target_path: Path) 
 def training_prediction(drafter_dir: Path) -> dict[str, Any] | None:
     """What training predicted: the eagle3kit.eval block train writes into config.json, or
     the copy export keeps beside an exported checkpoint."""
-    from eagle3kit.checkpoints.rundir import training_prediction as recorded
+    from eagle3kit.checkpoints.provenance import training_prediction as recorded
 
     return recorded(drafter_dir)

@@ -188,7 +188,8 @@ def _inner(opts: _ui.OutputOptions) -> _ui.OutputOptions:
 def run_checkpoint(drafter: Path) -> tuple[dict | None, Any | None]:
     """(export provenance, `inspect` of the run's own drafter) where they can be found."""
     from eagle3kit.checkpoints.detect import inspect
-    from eagle3kit.checkpoints.rundir import RunDir, read_provenance
+    from eagle3kit.checkpoints.provenance import read_provenance
+    from eagle3kit.checkpoints.rundir import RunDir
 
     provenance = read_provenance(drafter)
     source = (provenance or {}).get("source")

@@ -34,7 +34,8 @@ from eagle3kit.checkpoints.card import (
     write_card,
 )
 from eagle3kit.checkpoints.native import WEIGHTS
-from eagle3kit.checkpoints.rundir import PROVENANCE, RunDir, is_export, read_provenance
+from eagle3kit.checkpoints.provenance import PROVENANCE, is_export, read_provenance
+from eagle3kit.checkpoints.rundir import RunDir
 from eagle3kit.checkpoints.sglang import sglang_config, sglang_warnings, sglang_weights
 from eagle3kit.checkpoints.speculators import speculators_weights, vllm_config
 from eagle3kit.errors import UserError
@@ -435,7 +436,7 @@ def _card_facts(
 ) -> CardFacts:
     """The model card's content (`checkpoints/card.py`): `base_model` is the verifier the
     export names, the target the run recorded unless --verifier gave another name."""
-    from eagle3kit.checkpoints.rundir import training_prediction
+    from eagle3kit.checkpoints.provenance import training_prediction
 
     return CardFacts(
         fmt=fmt,
@@ -452,7 +453,7 @@ def _card_facts(
 
 
 def _provenance(cfg: ExportConfig, src: ExportSource, fmt: str, dtype: str, verifier: str) -> dict:
-    from eagle3kit.checkpoints.rundir import training_prediction
+    from eagle3kit.checkpoints.provenance import training_prediction
 
     ids = list(src.model.config.aux_layer_ids)
     return {
