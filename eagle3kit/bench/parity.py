@@ -24,7 +24,7 @@ import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
 from eagle3kit._options import SEED_BOUNDS, embed, opt
 from eagle3kit.bench.contexts import DepthOptions
-from eagle3kit.bench.report import show_parity
+from eagle3kit.bench.parity_report import show_parity
 from eagle3kit.bench.result import ParityReport
 from eagle3kit.bench.served import inspect_server
 from eagle3kit.bench.stats import likely_misconfigured
