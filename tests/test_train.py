@@ -109,7 +109,7 @@ def test_global_batches_split_into_equal_parts():
 
 # Recipe options (docs/train.md, "Why these defaults") ---------------------------------------------
 def test_schedules_decay_as_named():
-    from eagle3kit.train.setup import lr_lambda
+    from eagle3kit.train.builders import lr_lambda
 
     cosine, linear, constant = (lr_lambda(11, 1, 0.1, s) for s in ("cosine", "linear", "constant"))
     assert [f(0) for f in (cosine, linear, constant)] == [1.0, 1.0, 1.0]  # the warm-up's end
