@@ -72,7 +72,7 @@ def shown(value: Any) -> str | None:
 
 class StageCommand(TyperCommand):
     """A subcommand whose help takes defaults, required marks and help texts from the config
-    fields its options fill (`option_list`, eagle3kit._command's `Option`s)."""
+    fields its options fill (`option_list`, eagle3kit._command_options's `Option`s)."""
 
     option_list: Sequence[Any] = ()  # a LazyCommand sets its own, once made
 

@@ -4,26 +4,36 @@ Human output goes to stderr and machine output (``--json``) to stdout, so piping
 JSON never picks up progress or warnings. This is the only module that imports rich, and it does
 so inside functions: importing it must stay free for commands that never draw anything.
 
-Text from data (partition names, finish reasons, ids, server answers, paths) reaches the
-terminal only through `printable`: a control character in it (ESC starting a sequence that
-clears the screen or erases the line above, a carriage return, a backspace) is written as
-visible text instead. Every function here that prints applies it, so no caller can forget.
+Text from data reaches the terminal only through eagle3kit._text's `printable` (a control
+character in it is written as visible text): every function here that prints applies it, so
+no caller can forget. What a progress display shows is worked out in
+eagle3kit._progress_figures; here it is drawn.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from eagle3kit._options import OutputOptions
+from eagle3kit._progress_figures import (
+    LineFigures,
+    Tally,
+    figures,
+    fit_columns,
+    live_cells,
+    row_name,
+    shown_columns,
+    summary_cells,
+)
+from eagle3kit._text import duration, human_count, json_for_terminal, plain_number, printable
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.live import Live
+
 
 _MARKS = {True: ("✓", "green"), False: ("✗", "bold red"), None: ("–", "dim")}
 # An operator scans a log for errors first, so "errors 0" is worth its place in every line.
@@ -31,40 +41,6 @@ _ALWAYS_SHOWN = ("errors",)
 # While a live display runs, everything drawn must go through its console: rich lets a second
 # console write straight to the terminal, through the bar, instead of above it.
 _live_console: Console | None = None
-
-_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-"""C0 and C1 control characters and DEL: what a terminal acts on rather than shows."""
-_BIDI = "\u202a-\u202e\u2066-\u2069"
-"""Unicode's bidirectional embeddings, overrides and isolates: they reorder the text after
-them on the line, so a string from data could rearrange the rest of eagle3kit's own line."""
-_SHOWN_ESCAPED = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f{_BIDI}]")
-_C1 = re.compile(f"[\\x7f-\\x9f{_BIDI}]")
-"""What JSON may hold raw that a terminal showing it would act on."""
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escaped(match: re.Match[str]) -> str:
-    char = match.group()
-    if ord(char) > 0xFF:
-        return f"\\u{ord(char):04x}"
-    return _NAMED.get(char) or f"\\x{ord(char):02x}"
-
-
-def control_in(text: str) -> str | None:
-    """The first control character of `text`, escaped ('\\x1b'); None when it has none."""
-    match = _CONTROLS.search(text)
-    return None if match is None else _escaped(match)
-
-
-def printable(text: object, one_line: bool = True) -> str:
-    """`text` with each control character written as visible text ('\\x1b', '\\r'), so a
-    string from a dataset or a server cannot move the cursor, clear the screen or hide a
-    line; the bidi controls too ('\\u202e'), so it cannot reorder the line either. A message
-    (`one_line=False`) keeps its own line breaks and tabs."""
-    text = str(text)
-    if one_line:
-        return _SHOWN_ESCAPED.sub(_escaped, text)
-    return _SHOWN_ESCAPED.sub(lambda m: m.group() if m.group() in "\n\t" else _escaped(m), text)
 
 
 def is_terminal() -> bool:
@@ -134,10 +110,8 @@ def print_json(obj: object) -> None:
 
     flags = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
     data = orjson.dumps(obj, option=flags | orjson.OPT_APPEND_NEWLINE, default=str).decode()
-    # orjson escapes C0 controls but, as JSON allows, writes DEL, C1 (CSI, 0x9b) and the bidi
-    # controls raw: a terminal showing the JSON would act on them. Escaped, the parsed strings
-    # are the same.
-    sys.stdout.write(_C1.sub(lambda m: f"\\u{ord(m.group()):04x}", data))
+    # orjson escapes C0 controls but, as JSON allows, writes DEL, C1 and the bidi controls raw.
+    sys.stdout.write(json_for_terminal(data))
     sys.stdout.flush()
 
 
@@ -211,171 +185,6 @@ def kv(title: str, pairs: Sequence[tuple[str, object]], opts: OutputOptions | No
         console.print(Text(f"  {key:<{key_width}}  {_cell(value)}"), soft_wrap=True)
 
 
-def human_count(x: float) -> str:
-    """312000 -> '312k': rates and counts are read at a glance, not to the last digit. The
-    one human-number formatter (with human_bytes) every stage uses."""
-    for scale, name in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g}{name}"
-    return f"{x:.3g}"
-
-
-def human_bytes(x: float) -> str:
-    """2.7e9 -> '2.52 GiB': sizes on disk and in memory, to three figures."""
-    for scale, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g} {name}"
-    return f"{x:.0f} B"
-
-
-def _duration(seconds: float) -> str:
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def duration(seconds: float, tenths: bool = False) -> str:
-    """90 -> '1m30s', as the status lines show elapsed time and ETA; with `tenths`, a time
-    under a minute to the tenth (8.2s), as plan's forecasts of a short run show it."""
-    if tenths and seconds < 60:
-        return f"{max(0.0, seconds):.1f}s"
-    return _duration(seconds)
-
-
-def _number(v: float) -> str:
-    return f"{int(v):,}" if float(v).is_integer() else f"{v:.3g}"
-
-
-@dataclass
-class _Tally:
-    """The raw counts of one line: the whole run, or one row of it (a partition, a server)."""
-
-    total: int | None = None
-    initial: int = 0  # done by an earlier run: counts towards done, not towards rates
-    done: int = 0
-    counters: dict[str, float | None] = field(default_factory=dict)  # a None gauge shows "–"
-
-    def add(self, n: int, increments: dict[str, float]) -> None:
-        self.done += n
-        counters = self.counters
-        for name, inc in increments.items():
-            counters[name] = (counters.get(name) or 0) + inc
-
-
-@dataclass(frozen=True)
-class LineFigures:
-    """What one line shows, derived from its counts; None where there is nothing to show."""
-
-    done: int
-    total: int | None
-    rate: float  # items per second done by this run
-    tok_rate: float | None  # from the `tokens` counter
-    mean_tokens: float | None  # tokens per item that produced output
-    in_flight: float | None  # the `in_flight` gauge
-    errors: float
-    retries: float | None
-    truncation: float | None  # fraction of items with output that were `truncated`
-    eta: float | None  # seconds
-
-    @property
-    def percent(self) -> float | None:
-        return 100 * self.done / self.total if self.total else None
-
-
-def _figures(tally: _Tally, elapsed: float) -> LineFigures:
-    counters = dict(tally.counters)  # one C-level copy: the live thread reads it concurrently
-    done, total = tally.done, tally.total
-    per_second = 1 / elapsed if elapsed > 0 else 0.0
-    rate = (done - tally.initial) * per_second
-    # Skipped items (never sent, or given up on) have no output: they would dilute the means.
-    with_output = done - tally.initial - (counters.get("skipped") or 0)
-    tokens, truncated = counters.get("tokens"), counters.get("truncated")
-    return LineFigures(
-        done=done,
-        total=total,
-        rate=rate,
-        tok_rate=None if tokens is None else tokens * per_second,
-        mean_tokens=tokens / with_output if tokens is not None and with_output > 0 else None,
-        in_flight=counters.get("in_flight"),
-        errors=counters.get("errors") or 0,
-        retries=counters.get("retries"),
-        truncation=truncated / with_output if truncated is not None and with_output > 0 else None,
-        eta=(total - done) / rate if total and rate > 0 and done < total else None,
-    )
-
-
-def _row_name(key: str) -> tuple[str, str]:
-    """'server:http://a:30000' -> ('server', 'http://a:30000'); rows group by the prefix."""
-    group, sep, name = printable(key).partition(":")
-    return (group, name) if sep else ("", group)
-
-
-def _live_cells(f: LineFigures, unit: str) -> dict[str, str | None]:
-    """One row of the live table, as text; None leaves a cell (or a whole column) empty."""
-
-    def maybe(value: float | None, fmt: Callable[[float], str]) -> str | None:
-        return None if value is None else fmt(value)
-
-    return {
-        "done": f"{f.done:,}" + (f"/{f.total:,}" if f.total else ""),
-        "%": maybe(f.percent, lambda p: f"{p:.1f}%"),
-        f"{unit}/s": human_count(f.rate),
-        "tok/s": maybe(f.tok_rate, human_count),
-        "mean tok": maybe(f.mean_tokens, lambda m: f"{round(m):,}"),
-        "in flight": maybe(f.in_flight, _number),
-        "errors": _number(f.errors),
-        "retries": maybe(f.retries, _number),
-        "trunc": maybe(f.truncation, lambda t: f"{100 * t:.1f}%"),
-        "ETA": maybe(f.eta, _duration),
-    }
-
-
-def _summary_cells(f: LineFigures, unit: str) -> dict[str, object]:
-    """One row of the final table, as numbers that table() right-aligns."""
-
-    def figure(x: float | None) -> float | int | None:
-        return None if x is None else round(x) if abs(x) >= 100 else round(x, 2)
-
-    return {
-        "done": f.done,
-        "total": f.total,
-        "%": figure(f.percent),
-        f"{unit}/s": figure(f.rate),
-        "tok/s": figure(f.tok_rate),
-        "mean tok": None if f.mean_tokens is None else round(f.mean_tokens),
-        "errors": figure(f.errors),
-        "retries": figure(f.retries),
-        "trunc %": None if f.truncation is None else round(100 * f.truncation, 2),
-    }
-
-
-def _shown(rows: Iterable[Mapping[str, object]], always: Iterable[str]) -> list[str]:
-    """The columns worth a place: those always shown, and those with a value in some row."""
-    rows = list(rows)
-    keep = set(always)
-    for row in rows:
-        keep.update(name for name, value in row.items() if value is not None)
-    return [name for name in rows[0] if name in keep] if rows else []
-
-
-# On a terminal too narrow for every column of the live table, these go first, in this order.
-_DROPPED_FIRST = ("retries", "%", "in flight", "trunc", "mean tok", "tok/s", "ETA")
-
-
-def _fit(headers: list[str], widths: dict[str, int], room: int) -> list[str]:
-    """The headers whose columns fit in room, dropping the least needed ones."""
-    for name in _DROPPED_FIRST:
-        if sum(widths[h] + 2 for h in headers) <= room:
-            break
-        headers = [h for h in headers if h != name]
-    return headers
-
-
 class Progress:
     """One set of running figures, drawn live on a terminal or logged as plain status lines.
 
@@ -402,8 +211,8 @@ class Progress:
         self.label, self.opts, self.unit = printable(label), opts, printable(unit)
         self.mode = "off"  # "live", "plain" or "off"; chosen on __enter__
         self._clock = clock
-        self._all = _Tally(total=total, initial=initial, done=initial)
-        self._rows: dict[str, _Tally] = {}
+        self._all = Tally(total=total, initial=initial, done=initial)
+        self._rows: dict[str, Tally] = {}
         self._start = self._last_line = clock()
         self._end: float | None = None
         self._live: Live | None = None
@@ -456,10 +265,10 @@ class Progress:
         tally.done += initial - tally.initial
         tally.initial = initial
 
-    def _row(self, key: str) -> _Tally:
+    def _row(self, key: str) -> Tally:
         tally = self._rows.get(key)
         if tally is None:
-            tally = self._rows[key] = _Tally()
+            tally = self._rows[key] = Tally()
         return tally
 
     # Reading --------------------------------------------------------------------------------
@@ -484,7 +293,7 @@ class Progress:
         """Row keys in display order: grouped by prefix, each group in order of appearance."""
         groups: dict[str, list[str]] = {}
         for key in list(self._rows):  # a C-level copy: rows appear while the live thread reads
-            groups.setdefault(_row_name(key)[0], []).append(key)
+            groups.setdefault(row_name(key)[0], []).append(key)
         return [key for keys in groups.values() for key in keys]
 
     @property
@@ -500,7 +309,7 @@ class Progress:
 
     def figures(self, row: str | None = None) -> LineFigures:
         """The derived figures of the whole run, or of one row."""
-        return _figures(self._all if row is None else self._rows[row], self.elapsed)
+        return figures(self._all if row is None else self._rows[row], self.elapsed)
 
     def status_line(self) -> str:
         """'convert 1,200/5,000 (24.0%) 300 samples/s 312k tok/s errors 0 mean 1,040 tok ...'."""
@@ -519,14 +328,14 @@ class Progress:
                 parts.append(f"{name} –")
             elif name == "truncated":  # shown even at 0: a clean run is worth knowing about
                 share = "" if f.truncation is None else f" ({100 * f.truncation:.1f}%)"
-                parts.append(f"truncated {_number(value)}{share}")
+                parts.append(f"truncated {plain_number(value)}{share}")
             elif name != "tokens" and (value or name in _ALWAYS_SHOWN):
-                parts.append(f"{name} {_number(value)}")
+                parts.append(f"{name} {plain_number(value)}")
         if f.mean_tokens is not None:
             parts.append(f"mean {round(f.mean_tokens):,} tok")
-        parts.append(f"elapsed {_duration(self.elapsed)}")
+        parts.append(f"elapsed {duration(self.elapsed)}")
         if f.eta is not None:
-            parts.append(f"ETA {_duration(f.eta)}")
+            parts.append(f"ETA {duration(f.eta)}")
         return " ".join(parts)
 
     @property
@@ -539,10 +348,10 @@ class Progress:
         return self._summary()[1]
 
     def _summary(self) -> tuple[list[str], list[list[object]]]:
-        named = [(*_row_name(key), self.figures(key)) for key in self.rows]
+        named = [(*row_name(key), self.figures(key)) for key in self.rows]
         named.append(("total", "", self.figures()))
-        cells = [_summary_cells(f, self.unit) for _, _, f in named]
-        headers = _shown(cells, ("done", f"{self.unit}/s", "errors"))
+        cells = [summary_cells(f, self.unit) for _, _, f in named]
+        headers = shown_columns(cells, ("done", f"{self.unit}/s", "errors"))
         rows = [[g, n, *(c[h] for h in headers)] for (g, n, _), c in zip(named, cells, strict=True)]
         return ["", "", *headers], rows
 
@@ -599,8 +408,8 @@ class Progress:
         from rich import box
         from rich.table import Table
 
-        cells = [_live_cells(self.figures(key), self.unit) for key in keys]
-        names = [_row_name(key) for key in keys]
+        cells = [live_cells(self.figures(key), self.unit) for key in keys]
+        names = [row_name(key) for key in keys]
         # Figures keep their width (headers may wrap at a space) and names are cut; on a narrow
         # terminal the least needed columns go. Each column takes its width + 2; the name >= 10.
         widths = {
@@ -610,7 +419,9 @@ class Progress:
         grid = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
         grid.add_column("", style="dim", no_wrap=True)
         grid.add_column("", overflow="ellipsis", min_width=10, max_width=40)
-        headers = _fit(_shown(cells, ("done", f"{self.unit}/s", "errors")), widths, room)
+        headers = fit_columns(
+            shown_columns(cells, ("done", f"{self.unit}/s", "errors")), widths, room
+        )
         for header in headers:
             grid.add_column(header, justify="right", min_width=widths[header])
         previous = None

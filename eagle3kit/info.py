@@ -431,7 +431,7 @@ def _card_and_warnings(directory: Path, info) -> dict | None:
     held-out prediction shown is the checkpoint's own record, checked, never the card's
     text."""
     from eagle3kit.checkpoints.card import prediction_line, read_card
-    from eagle3kit.checkpoints.rundir import training_prediction
+    from eagle3kit.checkpoints.provenance import training_prediction
     from eagle3kit.checkpoints.speculators import embedding_warning
 
     warning = embedding_warning(info)

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from eagle3kit._ui import OutputOptions
 from eagle3kit.bench import server as bench
+from eagle3kit.bench import server_figures
 from eagle3kit.cli import app
 from eagle3kit.errors import UserError
 
@@ -98,14 +99,14 @@ def test_metrics_text_parsing_sums_engines():
         'position="1"} 7.0\n'
         'vllm:num_requests_running{engine="0"} 3.0\n'
     )
-    parsed = bench.parse_metrics(text)
+    parsed = server_figures.parse_metrics(text)
     assert parsed == {
         "num_drafts": 15.0,
         "num_draft_tokens": 45.0,
         "num_accepted_tokens": 20.0,
         "per_pos": {0: 13.0, 1: 7.0},
     }
-    figures = bench.vllm_acceptance(bench.metrics_delta({}, parsed))
+    figures = server_figures.vllm_acceptance(server_figures.metrics_delta({}, parsed))
     assert figures["acceptance_length"] == pytest.approx(1 + 20 / 15)
     assert figures["per_position"] == pytest.approx([13 / 15, 7 / 15])
 

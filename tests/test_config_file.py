@@ -23,7 +23,8 @@ from fake_vllm_hidden import FakeVllmHidden
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from eagle3kit._command import Group, build, load, options
+from eagle3kit._command import Group, load
+from eagle3kit._command_options import build, options
 from eagle3kit._options import CLI_ONLY
 from eagle3kit.cli import STAGES, app
 from eagle3kit.train.config import TrainConfig
@@ -394,7 +395,7 @@ def test_the_marks_cover_what_the_issue_names():
 def test_every_command_line_only_option_is_refused_from_a_file(tmp_path, capsys, path, field, why):
     """Under every spelling, in each format and nested in a table: one line naming the key
     and the flag, before anything else is read; a recorded run drops it with a note."""
-    from eagle3kit._command import file_defaults, setting_keys
+    from eagle3kit._settings_file import file_defaults, setting_keys
 
     command = _command(path)
     command.params  # noqa: B018 - made from the config on first use

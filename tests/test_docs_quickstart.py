@@ -18,6 +18,8 @@ from doc_runner import (  # noqa: F401  (prewarmed is a fixture)
 )
 
 from eagle3kit import quickstart
+from eagle3kit.quickstart.commands import commands as commands_by_hand
+from eagle3kit.quickstart.layout import Layout
 
 DOC = REPO / "docs" / "quickstart.md"
 
@@ -26,10 +28,10 @@ def by_hand_commands() -> dict[str, str]:
     """quickstart's by-hand command lines with the page's directories: the quickstart's
     prompts, everything else written under by-hand/."""
     cfg = quickstart.QuickstartConfig()
-    lay = quickstart.Layout(Path("by-hand"))
-    shown = quickstart.commands(cfg, lay)
-    prompts = str(quickstart.Layout(cfg.out).train_prompts)
-    bench = str(quickstart.Layout(cfg.out).bench_prompts)
+    lay = Layout(Path("by-hand"))
+    shown = commands_by_hand(cfg, lay)
+    prompts = str(Layout(cfg.out).train_prompts)
+    bench = str(Layout(cfg.out).bench_prompts)
     shown["gen"] = shown["gen"].replace(str(lay.train_prompts), prompts)
     shown["bench"] = shown["bench"].replace(str(lay.bench_prompts), bench)
     return shown

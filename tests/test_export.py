@@ -315,7 +315,7 @@ def test_the_training_prediction_travels_with_the_export(tiny, tmp_path):
     import json
     import shutil
 
-    from eagle3kit.bench.accept import training_prediction
+    from eagle3kit.bench.accept_load import training_prediction
 
     run_dir = tmp_path / "run"
     shutil.copytree(tiny["run"], run_dir)

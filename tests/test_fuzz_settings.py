@@ -29,7 +29,8 @@ import typer
 import yaml
 from typer.main import get_command
 
-from eagle3kit._command import build, load
+from eagle3kit._command import load
+from eagle3kit._command_options import build
 from eagle3kit.cli import STAGES, app
 from eagle3kit.errors import UserError
 

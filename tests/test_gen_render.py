@@ -31,10 +31,10 @@ from real_tokenizers import (
 )
 
 from eagle3kit.chat.conversation import Conversation
+from eagle3kit.chat.harmony import harmony_message
 from eagle3kit.chat.render import (
     Renderer,
     generation_points,
-    harmony_message,
     parse_chat_template_kwargs,
     think_markers,
 )
@@ -679,7 +679,7 @@ def test_the_torch_free_tokenizer_path_equals_autotokenizer(build, tok_root):
     and render exactly as AutoTokenizer's class does."""
     from transformers import AutoTokenizer
 
-    from eagle3kit.chat.render import load_tokenizer
+    from eagle3kit.chat.tokenizer import load_tokenizer
 
     path = build(tok_root)
     fast, auto = load_tokenizer(path, False), AutoTokenizer.from_pretrained(path)
@@ -708,7 +708,7 @@ def test_loading_a_plain_fast_tokenizer_does_not_import_torch(tok_root):
     import subprocess
     import sys
 
-    from eagle3kit.chat.render import _plain_fast_tokenizer
+    from eagle3kit.chat.tokenizer import _plain_fast_tokenizer
 
     path = qwen3_tokenizer_dir(tok_root)
     assert _plain_fast_tokenizer(path)

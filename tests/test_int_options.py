@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from eagle3kit._command import Group, Option, hints, load, options
+from eagle3kit._command import Group, load
+from eagle3kit._command_options import Option, hints, options
 from eagle3kit._options import INT_BOUNDS, SEED_BOUNDS, _holds_ints
 from eagle3kit.cli import STAGES, app
 from eagle3kit.format import DatasetWriter, TokenSample

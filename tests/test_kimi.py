@@ -1,4 +1,4 @@
-"""The whole pipeline on a Kimi-K2-shaped target (eagle3kit.tiny.make_kimi_target): Multi-head
+"""The whole pipeline on a Kimi-K2-shaped target (eagle3kit.tiny_kimi.make_kimi_target): Multi-head
 Latent Attention, routed + shared experts behind the noaux_tc sigmoid router, a dense first
 layer, Kimi-K2's YaRN rope scaling, Kimi's chat markers, and a tokenizer that loads only
 through its own code, so every stage runs with --trust-remote-code.
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3kit import quickstart, tiny
+from eagle3kit import tiny, tiny_kimi
+from eagle3kit.quickstart.stages import STAGES
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -51,8 +52,8 @@ def json_out(done: subprocess.CompletedProcess) -> dict:
 
 @pytest.fixture(scope="module")
 def kimi(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    target = tiny.make_kimi_target(tmp_path_factory.mktemp("kimi") / "target")
-    return tiny.train_target(target, trust_remote_code=True, **tiny.KIMI_TRAINING)
+    target = tiny_kimi.make_kimi_target(tmp_path_factory.mktemp("kimi") / "target")
+    return tiny.train_target(target, trust_remote_code=True, **tiny_kimi.KIMI_TRAINING)
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +197,7 @@ def test_the_target_has_kimis_architecture_and_markers(kimi: Path) -> None:
     assert (config["kv_lora_rank"], config["qk_rope_head_dim"]) == (512, 64)  # vLLM's CPU MLA
     assert (config["topk_method"], config["scoring_func"]) == ("noaux_tc", "sigmoid")
     assert config["first_k_dense_replace"] == 1 and config["n_shared_experts"] == 1
-    assert config["rope_scaling"] == tiny.KIMI_ROPE_SCALING and config["rope_theta"] == 50000
+    assert config["rope_scaling"] == tiny_kimi.KIMI_ROPE_SCALING and config["rope_theta"] == 50000
     tokenizer = json.loads((kimi / "tokenizer_config.json").read_text())
     assert tokenizer["auto_map"]["AutoTokenizer"][1] == "tokenization_tiny_kimi.TinyKimiTokenizer"
     assert (kimi / "tokenization_tiny_kimi.py").is_file()
@@ -240,7 +241,10 @@ def test_the_drafter_learns_the_targets_answers(pipeline: dict) -> None:
 
 def test_exports_carry_the_targets_layers_and_yarn(pipeline: dict) -> None:
     export = pipeline["paths"]["export"]
-    yarn = {**{k: v for k, v in tiny.KIMI_ROPE_SCALING.items() if k != "type"}, "rope_type": "yarn"}
+    yarn = {
+        **{k: v for k, v in tiny_kimi.KIMI_ROPE_SCALING.items() if k != "type"},
+        "rope_type": "yarn",
+    }
     vllm = json.loads((export / "vllm" / "config.json").read_text())
     layer = vllm["transformer_layer_config"]
     assert vllm["eagle_aux_hidden_state_layer_ids"] == LAYERS
@@ -386,7 +390,7 @@ def test_quickstart_runs_on_the_kimi_target(tmp_path: Path) -> None:
         "--no-progress",
         "--json",
     )
-    assert json.loads(rerun.stdout)["skipped"] == [n for n, _, _ in quickstart.STAGES]
+    assert json.loads(rerun.stdout)["skipped"] == [n for n, _, _ in STAGES]
     again = eagle3kit(
         "quickstart",
         out,

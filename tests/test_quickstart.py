@@ -8,6 +8,7 @@ are `slow`.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -25,6 +26,9 @@ from eagle3kit._options import WriteOptions
 from eagle3kit.cli import app
 from eagle3kit.errors import UserError
 from eagle3kit.format import Dataset, DatasetError
+from eagle3kit.quickstart.layout import STATE, Layout
+from eagle3kit.quickstart.stages import STAGES, stage_target
+from eagle3kit.quickstart.state import load_state, still_there
 
 REDUCED = {
     "prompts": 12,
@@ -61,11 +65,12 @@ def reduced(tmp_path_factory: pytest.TempPathFactory) -> dict:
         def interrupted(*_: object) -> dict:
             raise KeyboardInterrupt
 
-        stages = [(n, w, interrupted if n == "extract" else f) for n, w, f in quickstart.STAGES]
-        mp.setattr(quickstart, "STAGES", stages)
+        stages = [(n, w, interrupted if n == "extract" else f) for n, w, f in STAGES]
+        # The module, not the face's `run` function of the same name.
+        mp.setattr(importlib.import_module("eagle3kit.quickstart.run"), "STAGES", stages)
         with pytest.raises(KeyboardInterrupt):
             quickstart.run(cfg)
-    first = json.loads((out / quickstart.STATE).read_text())
+    first = json.loads((out / STATE).read_text())
     start = time.perf_counter()
     second = quickstart.run(cfg)
     return {
@@ -129,7 +134,7 @@ def test_rerun_skips_every_stage_and_prints_json(reduced: dict) -> None:
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert set(summary) >= KEYS
-    assert summary["skipped"] == [name for name, _, _ in quickstart.STAGES]
+    assert summary["skipped"] == [name for name, _, _ in STAGES]
     assert summary["measured_acceptance_length"] == reduced["second"].measured_acceptance_length
     assert summary["paths"]["vllm"].endswith("export/vllm")
     # the table is on stderr, with the rows the README promises
@@ -181,17 +186,17 @@ def test_a_foreign_directory_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_deleted_output_is_made_again(reduced: dict) -> None:
-    lay = quickstart.Layout(reduced["out"])
-    stages = json.loads((lay.root / quickstart.STATE).read_text())["stages"]
-    assert list(quickstart._still_there(stages, lay)) == [n for n, _, _ in quickstart.STAGES]
-    gone = quickstart.Layout(reduced["out"] / "elsewhere")  # as if hidden/ etc. were deleted
+    lay = Layout(reduced["out"])
+    stages = json.loads((lay.root / STATE).read_text())["stages"]
+    assert list(still_there(stages, lay)) == [n for n, _, _ in STAGES]
+    gone = Layout(reduced["out"] / "elsewhere")  # as if hidden/ etc. were deleted
     (gone.target).mkdir(parents=True)
     (gone.target / "tiny_training.json").write_text("{}")
-    assert list(quickstart._still_there(stages, gone)) == ["target"]
+    assert list(still_there(stages, gone)) == ["target"]
 
 
 def test_an_unreadable_record_is_refused(tmp_path: Path) -> None:
-    (tmp_path / quickstart.STATE).write_text("{half")
+    (tmp_path / STATE).write_text("{half")
     with pytest.raises(UserError, match="unreadable quickstart record"):
         quickstart.run(quickstart.QuickstartConfig(tmp_path, output=QUIET))
 
@@ -250,7 +255,7 @@ def _committed(path: Path) -> int:
 
 def _stages(out: Path) -> list[str]:
     try:
-        return list(json.loads((out / quickstart.STATE).read_text())["stages"])
+        return list(json.loads((out / STATE).read_text())["stages"])
     except (OSError, ValueError):
         return []
 
@@ -292,17 +297,17 @@ def test_sigkill_then_rerun_continues(tmp_path: Path) -> None:
 
 
 def test_overwrite_clears_only_a_quickstart_directory(tmp_path: Path) -> None:
-    (tmp_path / quickstart.STATE).write_text("{half")
+    (tmp_path / STATE).write_text("{half")
     (tmp_path / "tokens").mkdir()
     (tmp_path / "tokens" / "x").write_text("old")
     afresh = WriteOptions(mode="overwrite")
-    state = quickstart._load_state(quickstart.QuickstartConfig(tmp_path, write=afresh))
+    state = load_state(quickstart.QuickstartConfig(tmp_path, write=afresh))
     assert state["stages"] == {} and list(tmp_path.iterdir()) == []
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "mine.txt").write_text("keep me")
     with pytest.raises(UserError, match="not a quickstart directory"):
-        quickstart._load_state(quickstart.QuickstartConfig(foreign, write=afresh))
+        load_state(quickstart.QuickstartConfig(foreign, write=afresh))
     assert (foreign / "mine.txt").exists()
 
 
@@ -315,7 +320,7 @@ def test_the_target_stage_shows_progress_and_no_transformers_bars(tmp_path, capf
     hf_logging.enable_progress_bar()
     cfg = quickstart.QuickstartConfig(tmp_path / "qs", target_steps=3)
     out = _ui.OutputOptions(no_progress=True, log_every=0.001)
-    quickstart.stage_target(cfg, quickstart.Layout(cfg.out), out)
+    stage_target(cfg, Layout(cfg.out), out)
     err = capfd.readouterr().err
     assert "target: a tokenizer from the standard library's docstrings" in err
     lines = [line for line in err.splitlines() if line.startswith("target ")]

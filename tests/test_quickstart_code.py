@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from eagle3kit import quickstart, tiny
+from eagle3kit import quickstart, tiny, tiny_kimi
 from eagle3kit.errors import UserError
+from eagle3kit.quickstart.layout import STATE, Layout
+from eagle3kit.quickstart.state import STATE_VERSION, check_code
 
 REPO = Path(__file__).resolve().parent.parent
 SETTINGS = {
@@ -60,20 +62,20 @@ def eagle3kit(*args: object, home: Path) -> subprocess.CompletedProcess[str]:
 def kimi(tmp_path_factory) -> Path:
     """A real tiny Kimi target as make_kimi_target writes it (the tokenizer on a small corpus)."""
     root = tmp_path_factory.mktemp("kimi")
-    tokenizer = tiny.make_kimi_tokenizer(
+    tokenizer = tiny_kimi.make_kimi_tokenizer(
         root / "tok", vocab_size=320, corpus=tiny.stdlib_docstrings(20_000)
     )
-    return tiny.make_kimi_target(root / "target", tokenizer, num_layers=2)
+    return tiny_kimi.make_kimi_target(root / "target", tokenizer, num_layers=2)
 
 
 def copied(kimi: Path, where: Path) -> Path:
     """A quickstart directory as another machine left it: the target stage done."""
     shutil.copytree(kimi, where / "target")
     (where / "target" / "tiny_training.json").write_text(json.dumps({"losses": [7.0, 6.0]}))
-    (where / quickstart.STATE).write_text(
+    (where / STATE).write_text(
         json.dumps(
             {
-                "version": quickstart.STATE_VERSION,
+                "version": STATE_VERSION,
                 "settings": SETTINGS,
                 "stages": {"target": {"target_loss": 6.0, "seconds": 30.0}},
             }
@@ -83,7 +85,7 @@ def copied(kimi: Path, where: Path) -> Path:
 
 
 def _own_file_other_bytes(target: Path, marker: Path) -> Path:
-    planted = target / f"{tiny.KIMI_TOKENIZER_MODULE}.py"
+    planted = target / f"{tiny_kimi.KIMI_TOKENIZER_MODULE}.py"
     planted.write_text(PLANTED.format(marker=str(marker)))
     return planted
 
@@ -100,12 +102,14 @@ def _another_directory(target: Path, marker: Path) -> Path:
     """auto_map's `DIR--module.Class`: transformers loads the module from that directory."""
     elsewhere = target.parent.parent / "elsewhere"
     elsewhere.mkdir()
-    (elsewhere / f"{tiny.KIMI_TOKENIZER_MODULE}.py").write_text(PLANTED.format(marker=str(marker)))
+    (elsewhere / f"{tiny_kimi.KIMI_TOKENIZER_MODULE}.py").write_text(
+        PLANTED.format(marker=str(marker))
+    )
     config = json.loads((target / "tokenizer_config.json").read_text())
     config["auto_map"] = {
         "AutoTokenizer": [
             None,
-            f"{elsewhere}--{tiny.KIMI_TOKENIZER_MODULE}.{tiny.KIMI_TOKENIZER_CLASS}",
+            f"{elsewhere}--{tiny_kimi.KIMI_TOKENIZER_MODULE}.{tiny_kimi.KIMI_TOKENIZER_CLASS}",
         ]
     }
     (target / "tokenizer_config.json").write_text(json.dumps(config))
@@ -115,7 +119,7 @@ def _another_directory(target: Path, marker: Path) -> Path:
 def _linked_module(target: Path, marker: Path) -> Path:
     elsewhere = target.parent.parent / "elsewhere.py"
     elsewhere.write_text(PLANTED.format(marker=str(marker)))
-    planted = target / f"{tiny.KIMI_TOKENIZER_MODULE}.py"
+    planted = target / f"{tiny_kimi.KIMI_TOKENIZER_MODULE}.py"
     planted.unlink()
     planted.symlink_to(elsewhere)
     return planted
@@ -136,7 +140,7 @@ def test_a_copied_kimi_quickstart_runs_none_of_its_own_code(
     out = copied(kimi, tmp_path / "qs")
     marker = tmp_path / "MARKER"
     planted = PLANTS[plant](out / "target", marker)
-    state = (out / quickstart.STATE).read_text()
+    state = (out / STATE).read_text()
     done = eagle3kit(
         "quickstart",
         out,
@@ -155,8 +159,8 @@ def test_a_copied_kimi_quickstart_runs_none_of_its_own_code(
         "; quickstart runs only the code it wrote itself: start afresh "
         "with --overwrite, or pass --trust-remote-code to run it"
     )
-    assert (out / quickstart.STATE).read_text() == state  # nothing recorded, nothing run
-    assert sorted(p.name for p in out.iterdir()) == [quickstart.STATE, "target"]
+    assert (out / STATE).read_text() == state  # nothing recorded, nothing run
+    assert sorted(p.name for p in out.iterdir()) == [STATE, "target"]
 
 
 def test_target_arch_from_a_settings_file_runs_none_of_it_either(
@@ -187,13 +191,13 @@ def test_the_check_is_skipped_only_for_the_flag_or_a_llama_target(
 ) -> None:
     out = copied(kimi, tmp_path / "qs")
     _own_file_other_bytes(out / "target", tmp_path / "MARKER")
-    state = json.loads((out / quickstart.STATE).read_text())
-    lay = quickstart.Layout(out)
+    state = json.loads((out / STATE).read_text())
+    lay = Layout(out)
     for trusted, arch in ((True, "kimi"), (False, "llama")):
         cfg = quickstart.QuickstartConfig(out, trust_remote_code=trusted, target_arch=arch)
-        quickstart.check_code(cfg, lay, state)
+        check_code(cfg, lay, state)
     with pytest.raises(UserError, match="Python code quickstart did not write"):
-        quickstart.check_code(quickstart.QuickstartConfig(out, target_arch="kimi"), lay, state)
+        check_code(quickstart.QuickstartConfig(out, target_arch="kimi"), lay, state)
 
 
 @pytest.mark.slow  # a minute on a busy 2-core machine: torch, then the target, then gen
@@ -226,27 +230,27 @@ def test_what_make_kimi_target_writes_passes_and_a_change_anywhere_does_not(
     root = tmp_path / "qs"
     shutil.copytree(kimi, root / "target")
     shutil.copytree(kimi, root / "tokens" / "tokenizer")
-    assert tiny.foreign_code(root) is None
-    code = root / "tokens" / "tokenizer" / f"{tiny.KIMI_TOKENIZER_MODULE}.py"
+    assert tiny_kimi.foreign_code(root) is None
+    code = root / "tokens" / "tokenizer" / f"{tiny_kimi.KIMI_TOKENIZER_MODULE}.py"
     code.write_bytes(code.read_bytes() + b"\n")
-    assert tiny.foreign_code(root) == f"{code}: Python code quickstart did not write"
-    code.write_bytes(tiny.KIMI_TOKENIZER_CODE.encode())
+    assert tiny_kimi.foreign_code(root) == f"{code}: Python code quickstart did not write"
+    code.write_bytes(tiny_kimi.KIMI_TOKENIZER_CODE.encode())
     (root / "run").mkdir()
     (root / "run" / "config.json").write_text(
         json.dumps({"auto_map": {"AutoConfig": "configuration_x.X"}})
     )
-    assert tiny.foreign_code(root) == (
+    assert tiny_kimi.foreign_code(root) == (
         f"{root / 'run' / 'config.json'}: its auto_map "
         '({"AutoConfig": "configuration_x.X"}) names code quickstart did not write'
     )
     (root / "run" / "config.json").unlink()
     os.mkfifo(root / "run" / "fifo")
-    assert tiny.foreign_code(root) == f"{root / 'run' / 'fifo'}: not a regular file"
+    assert tiny_kimi.foreign_code(root) == f"{root / 'run' / 'fifo'}: not a regular file"
     # A target quickstart is about to write afresh is looked at, not into.
     (root / "run" / "fifo").unlink()
     (root / "target" / "evil.py").write_text("print('x')\n")
-    assert tiny.foreign_code(root, rebuilt=root / "target") is None
+    assert tiny_kimi.foreign_code(root, rebuilt=root / "target") is None
     assert (
-        tiny.foreign_code(root) == f"{root / 'target' / 'evil.py'}: Python code "
+        tiny_kimi.foreign_code(root) == f"{root / 'target' / 'evil.py'}: Python code "
         "quickstart did not write"
     )

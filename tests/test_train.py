@@ -109,7 +109,7 @@ def test_global_batches_split_into_equal_parts():
 
 # Recipe options (docs/train.md, "Why these defaults") ---------------------------------------------
 def test_schedules_decay_as_named():
-    from eagle3kit.train.setup import lr_lambda
+    from eagle3kit.train.builders import lr_lambda
 
     cosine, linear, constant = (lr_lambda(11, 1, 0.1, s) for s in ("cosine", "linear", "constant"))
     assert [f(0) for f in (cosine, linear, constant)] == [1.0, 1.0, 1.0]  # the warm-up's end
@@ -155,7 +155,7 @@ def test_the_held_out_prediction_at_a_temperature(train_world, tmp_path):
     assert greedy.eval["temperature"] == 0.0 and "verify" not in greedy.eval
     assert hot.eval["temperature"] == 1.0 and hot.eval["verify"] == "probabilistic"
     assert hot.eval["predicted_acceptance_length"] != greedy.eval["predicted_acceptance_length"]
-    from eagle3kit.checkpoints.rundir import training_prediction
+    from eagle3kit.checkpoints.provenance import training_prediction
 
     recorded = training_prediction(tmp_path / "hot" / "drafter")  # what bench accept reads
     assert recorded["temperature"] == 1.0 and recorded["verify"] == "probabilistic"
@@ -394,7 +394,7 @@ def test_a_planted_pickle_in_a_checkpoint_is_refused_and_never_runs(train_world,
 def test_random_states_survive_the_safetensors_round_trip(tmp_path):
     import random
 
-    from eagle3kit.checkpoints.rundir import load_rng_state, save_rng_state
+    from eagle3kit.checkpoints.resume_state import load_rng_state, save_rng_state
 
     random.gauss(0, 1), np.random.standard_normal()  # a cached Gaussian in both states
     save_rng_state(tmp_path / "rng.safetensors")

@@ -10,17 +10,24 @@ speculation chose is within --tie-epsilon of the top logit), or the run fails (e
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
 from eagle3kit._options import SEED_BOUNDS, embed, opt
+from eagle3kit.bench.accept_figures import (
+    category_figures,
+    interval_figures,
+    predicted_length,
+    report_warnings,
+    speed_figures,
+)
+from eagle3kit.bench.accept_load import check_pair, load_drafter, load_target, training_prediction
 from eagle3kit.bench.contexts import DepthOptions
 from eagle3kit.bench.result import AcceptReport, PromptResult
-from eagle3kit.bench.stats import Acceptance, likely_misconfigured
+from eagle3kit.bench.stats import Acceptance
 from eagle3kit.errors import UserError
 from eagle3kit.model.depth import round_depths
 from eagle3kit.target import parse_dtype, resolve_device, resolve_dtype
@@ -215,74 +222,6 @@ class AcceptConfig:
         return f"chain k={self.chain_k}"
 
 
-# Loading ------------------------------------------------------------------------------------
-def load_target(path: Path, device: Any, dtype: Any, trust_remote_code: bool = False) -> Any:
-    from eagle3kit import _hf
-
-    model = _hf.load_causal_lm(path, trust_remote_code, dtype=dtype)
-    return model.to(device).eval()
-
-
-def load_drafter(path: Path, embedding: Any, target_config: Any) -> tuple[Any, list[str]]:
-    """The drafter and what is doubtful about its checkpoint: any layout `eagle3kit info`
-    reads (checkpoints.load), else eagle3kit's own (checkpoints.native)."""
-    loader: Callable[..., tuple[Any, Any]] | None
-    try:
-        from eagle3kit.checkpoints.load import load_any
-    except ImportError:
-        loader = None
-    else:
-        loader = load_any
-    try:
-        if loader is None:
-            from eagle3kit.checkpoints.native import load_drafter as load
-
-            return load(path, embedding=embedding), []
-        drafter, info = loader(path, embedding, target_config=target_config)
-        return drafter, [*info.problems, *info.warnings]
-    except UserError as exc:
-        raise UserError(f"--drafter {path}: {exc}") from None
-    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"--drafter {path}: cannot load an EAGLE-3 drafter ({reason})") from None
-
-
-def check_pair(drafter: Any, model: Any, cfg: AcceptConfig) -> None:
-    """The drafter must read this target's states and vocabulary; say which flag is off."""
-    config, target = drafter.config, model.config
-    n = target.num_hidden_layers
-    where = f"--drafter {cfg.drafter} and --target {cfg.target}"
-    if config.hidden_size != target.hidden_size:
-        raise UserError(
-            f"{where}: the drafter is {config.hidden_size} wide, the target "
-            f"{target.hidden_size}: it was trained for another target"
-        )
-    bad = [i for i in config.aux_layer_ids if not 0 <= i <= n]
-    if bad:
-        raise UserError(
-            f"{where}: the drafter reads layers {config.aux_layer_ids} "
-            f"(boundary ids) but the target has {n} layers (ids 0..{n})"
-        )
-    if config.aux_width != len(config.aux_layer_ids) * target.hidden_size:
-        raise UserError(
-            f"{where}: the drafter fuses {config.aux_width} features, the target "
-            f"gives {len(config.aux_layer_ids)} x {target.hidden_size}"
-        )
-    if config.vocab_size != target.vocab_size:
-        raise UserError(
-            f"{where}: the drafter was built for a vocabulary of "
-            f"{config.vocab_size}, the target has {target.vocab_size}"
-        )
-
-
-def training_prediction(drafter_dir: Path) -> dict[str, Any] | None:
-    """What training predicted: the eagle3kit.eval block train writes into config.json, or
-    the copy export keeps beside an exported checkpoint."""
-    from eagle3kit.checkpoints.rundir import training_prediction as recorded
-
-    return recorded(drafter_dir)
-
-
 # Running ------------------------------------------------------------------------------------
 def compare(spec: list[int], plain: Any, epsilon: float) -> tuple[str, int | None, float | None]:
     """Where speculation's output first differs from the target's own, and whether the
@@ -334,7 +273,7 @@ def run(cfg: AcceptConfig) -> AcceptReport:
     # The embedding goes in after the pair check, so a drafter for another target gets that
     # message rather than a shape error.
     drafter, checkpoint_notes = load_drafter(cfg.drafter, None, model.config)
-    check_pair(drafter, model, cfg)
+    check_pair(drafter, model, cfg.drafter, cfg.target)
     drafter.load_target_embedding(model.get_input_embeddings().weight.detach().float().cpu())
     drafter = drafter.to(device=device, dtype=dtype).eval()
     target = decode.Target(model, drafter.config.aux_layer_ids)
@@ -412,43 +351,12 @@ def run_one(
 
 
 # Summarizing --------------------------------------------------------------------------------
-class _Speed(TypedDict):
-    spec_tokens_per_s: float | None
-    plain_tokens_per_s: float | None
-    speedup: float | None
-
-
-def _speed(results: list[PromptResult]) -> _Speed:
-    tokens = sum(r.tokens for r in results)
-    spec = sum(r.spec_seconds for r in results)
-    plain = sum(r.plain_seconds for r in results)
-    spec_rate = tokens / spec if spec > 0 else None
-    plain_rate = tokens / plain if plain > 0 else None
-    return {
-        "spec_tokens_per_s": spec_rate,
-        "plain_tokens_per_s": plain_rate,
-        "speedup": spec_rate / plain_rate if spec_rate and plain_rate else None,
-    }
 
 
 def _positions(cfg: AcceptConfig) -> int:
     """Drafts a round can accept: k in a chain, the depth in a tree."""
     tree = cfg.tree_shape
     return cfg.chain_k if tree is None else tree[1]
-
-
-def _category_figures(results: list[PromptResult], positions: int) -> dict[str, Any]:
-    acc = Acceptance(positions)
-    for r in results:
-        acc.add_all(r.rounds)
-    return {
-        "prompts": len(results),
-        "rounds": acc.rounds,
-        "tokens": sum(r.tokens for r in results),
-        "acceptance_length": acc.length,
-        "per_position": acc.per_position,
-        **_speed(results),
-    }
 
 
 def summarize(
@@ -482,78 +390,21 @@ def summarize(
         per_position_conditional=acc.conditional,
         rounds=acc.rounds,
         tokens=sum(r.tokens for r in results),
-        **_speed(results),
+        **speed_figures(results),
         lossless=(mismatches == 0) if greedy else None,
         near_ties=sum(r.status == "near-tie" for r in results),
         mismatches=mismatches,
-        categories={name: _category_figures(rs, positions) for name, rs in by_category.items()},
+        categories={name: category_figures(rs, positions) for name, rs in by_category.items()},
         phases=by_phase([(r.phases, r.rounds) for r in results if r.phases], positions),
         depth_edges=list(cfg.depth.edges),
         depths=by_depth([(r.prompt_tokens, r.rounds) for r in results], positions, cfg.depth.edges),
         verify=None if greedy else cfg.verify,
         top_p=cfg.top_p,
         top_k=cfg.top_k,
-        interval=None if greedy else _interval(results),
-        predicted_acceptance_length=_predicted_length(predicted),
+        interval=None if greedy else interval_figures(results),
+        predicted_acceptance_length=predicted_length(predicted),
         predicted=predicted,
         prompts=results,
     )
-    report.warnings = _warnings(report, predicted)
+    report.warnings = report_warnings(report, predicted)
     return report
-
-
-def _interval(results: list[PromptResult]) -> dict[str, Any] | None:
-    from eagle3kit.bench.stats import length_interval
-
-    interval = length_interval([r.rounds for r in results])
-    return None if interval is None else interval.to_dict()
-
-
-def _predicted_length(predicted: dict[str, Any] | None) -> float | None:
-    value = (predicted or {}).get("predicted_acceptance_length")
-    return float(value) if isinstance(value, int | float) else None
-
-
-def _warnings(report: AcceptReport, predicted: dict[str, Any] | None) -> list[str]:
-    notes = []
-    if likely_misconfigured(report.acceptance_length):
-        notes.append(
-            f"acceptance length {report.acceptance_length:.3f}: the drafter almost never "
-            "agrees with the target; with a trained drafter this is a configuration error "
-            "(wrong aux layer ids or convention, a drafter for another target, a d2t mapping "
-            "that does not fit), not a training result"
-        )
-    if predicted:
-        k, temp = predicted.get("k"), predicted.get("temperature")
-        if report.shape.startswith("tree"):
-            notes.append(
-                "training predicted for a chain; a tree of the same depth usually accepts more"
-            )
-        elif k is not None and k != report.k:
-            notes.append(
-                f"training predicted for k={k}, this run drafts {report.k}: "
-                "compare per-position rates, not the lengths"
-            )
-        if temp is not None and temp != report.temperature:
-            notes.append(
-                f"training predicted at temperature {temp}, this run uses {report.temperature:g}"
-            )
-        elif report.verify and predicted.get("verify") not in (None, report.verify):
-            notes.append(
-                f"training predicted for --verify {predicted['verify']}, this run "
-                f"verifies as {report.verify}"
-            )
-        expected = predicted.get("per_position")
-        first = report.per_position[0] if report.per_position else None
-        if (
-            isinstance(expected, list)
-            and expected
-            and isinstance(expected[0], int | float)
-            and first is not None
-            and first < 0.5 * expected[0]
-        ):
-            notes.append(
-                f"position-1 acceptance {first:.2f} is far below training's "
-                f"{expected[0]:.2f}: check the layer ids and the target"
-            )
-    return notes

@@ -24,7 +24,7 @@ import eagle3kit.bench.prompts as bench_prompts
 from eagle3kit import _ui
 from eagle3kit._options import SEED_BOUNDS, embed, opt
 from eagle3kit.bench.contexts import DepthOptions
-from eagle3kit.bench.report import show_parity
+from eagle3kit.bench.parity_report import show_parity
 from eagle3kit.bench.result import ParityReport
 from eagle3kit.bench.served import inspect_server
 from eagle3kit.bench.stats import likely_misconfigured
@@ -188,7 +188,8 @@ def _inner(opts: _ui.OutputOptions) -> _ui.OutputOptions:
 def run_checkpoint(drafter: Path) -> tuple[dict | None, Any | None]:
     """(export provenance, `inspect` of the run's own drafter) where they can be found."""
     from eagle3kit.checkpoints.detect import inspect
-    from eagle3kit.checkpoints.rundir import RunDir, read_provenance
+    from eagle3kit.checkpoints.provenance import read_provenance
+    from eagle3kit.checkpoints.rundir import RunDir
 
     provenance = read_provenance(drafter)
     source = (provenance or {}).get("source")

@@ -1,4 +1,5 @@
-"""What bench shows: JSON on stdout, tables on stderr, and an optional figure.
+"""What bench accept and bench server show: JSON on stdout, tables on stderr, and an optional
+figure (plots.py draws it; bench parity's tables are parity_report.py's).
 
 Every figure is printed with the drafting shape and temperature beside it: acceptance lengths
 of different shapes or temperatures are not comparable (EAGLE3.md §4).
@@ -10,11 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import eagle3kit.bench.diagnose as diagnose
 from eagle3kit import _ui
-from eagle3kit._plot import pyplot
-from eagle3kit.bench.result import AcceptReport, ParityReport, ServerReport
-from eagle3kit.bench.stats import likely_misconfigured
+from eagle3kit.bench.plots import acceptance_figure
+from eagle3kit.bench.result import AcceptReport, ServerReport
 
 
 def sampling_label(run: Any) -> str:
@@ -30,7 +29,7 @@ def sampling_label(run: Any) -> str:
     return ", ".join(parts)
 
 
-def _num(value: float | None, digits: int = 3) -> str:
+def number_text(value: float | None, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
@@ -189,16 +188,16 @@ def _accept_summary(report: AcceptReport) -> list[tuple[str, object]]:
         ),
         (
             "acceptance length",
-            f"{_num(report.acceptance_length)} tokens per verification round"
+            f"{number_text(report.acceptance_length)} tokens per verification round"
             f"{_interval_text(report.interval)}",
         ),
         ("predicted by training", pred_text),
         ("lossless", lossless),
         (
             "tokens/s",
-            f"{_num(report.spec_tokens_per_s, 1)} speculative, "
-            f"{_num(report.plain_tokens_per_s, 1)} plain: "
-            f"{_num(report.speedup, 2)}x",
+            f"{number_text(report.spec_tokens_per_s, 1)} speculative, "
+            f"{number_text(report.plain_tokens_per_s, 1)} plain: "
+            f"{number_text(report.speedup, 2)}x",
         ),
     ]
 
@@ -234,20 +233,26 @@ def show_server(report: ServerReport, opts: _ui.OutputOptions, plot: Path | None
         ("server", f"{report.server} ({report.api} {report.version or ''})".rstrip()),
         ("source of the figures", report.source),
         ("requests", f"{report.requests} ({report.errors} failed)"),
-        ("acceptance length", f"{_num(report.acceptance_length)} tokens per verification round"),
+        (
+            "acceptance length",
+            f"{number_text(report.acceptance_length)} tokens per verification round",
+        ),
     ]
     if report.acceptance_length_without_prefill is not None:
-        pairs.append(("without prefill tokens", _num(report.acceptance_length_without_prefill)))
+        pairs.append(
+            ("without prefill tokens", number_text(report.acceptance_length_without_prefill))
+        )
     if report.draft_acceptance_rate is not None:
-        pairs.append(("draft acceptance rate", _num(report.draft_acceptance_rate)))
+        pairs.append(("draft acceptance rate", number_text(report.draft_acceptance_rate)))
     for name, run in (("speculative", report.run), ("baseline", report.baseline)):
         if run is not None:
             pairs.append(
                 (
                     f"{name} throughput",
-                    f"{_num(run['tokens_per_s'], 1)} tok/s, latency p50 "
-                    f"{_num(run['latency_p50'], 3)} s, p90 {_num(run['latency_p90'], 3)} s,"
-                    f" p99 {_num(run['latency_p99'], 3)} s",
+                    f"{number_text(run['tokens_per_s'], 1)} tok/s, latency p50 "
+                    f"{number_text(run['latency_p50'], 3)} s, "
+                    f"p90 {number_text(run['latency_p90'], 3)} s, "
+                    f"p99 {number_text(run['latency_p99'], 3)} s",
                 )
             )
     if report.speedup is not None:
@@ -255,7 +260,7 @@ def show_server(report: ServerReport, opts: _ui.OutputOptions, plot: Path | None
             (
                 "speedup",
                 f"{report.speedup:.2f}x throughput, "
-                f"{_num(report.latency_speedup, 2)}x median latency",
+                f"{number_text(report.latency_speedup, 2)}x median latency",
             )
         )
     _ui.kv(title, pairs, opts)
@@ -295,232 +300,10 @@ def show_server(report: ServerReport, opts: _ui.OutputOptions, plot: Path | None
         _ui.info(f"figure: {plot}", opts)
 
 
-# bench parity -------------------------------------------------------------------------------
-def _signed(value: float | None) -> str:
-    return "–" if value is None else f"{value:+.3f}"
-
-
-def show_parity(report: ParityReport, opts: _ui.OutputOptions) -> None:
-    if opts.json:
-        _ui.print_json(report.to_dict())
-    verdict = "passed" if report.passed else "FAILED"
-    engine, offline = report.engine, report.offline
-    within = (
-        f"tolerance {report.tolerance:g}"
-        if report.interval is None
-        else f"{report.interval['confidence']:.0%} interval"
-    )
-    _ui.kv(
-        f"bench parity: {report.shape}, {sampling_label(report)}, {within}: {verdict}",
-        [
-            ("server", f"{report.server} ({report.api} {report.version or '?'})"),
-            ("drafter", report.drafter),
-            ("target", report.target),
-            ("served", _served_line(report.served)),
-            ("engine", f"{_num(engine['acceptance_length'])} ({engine['source']})"),
-            (
-                "bench accept",
-                f"{_num(offline['acceptance_length'])} (lossless: {offline['lossless']})",
-            ),
-            (
-                "difference",
-                _signed(report.differences["acceptance_length"]) + _interval_note(report.interval),
-            ),
-        ],
-        opts,
-    )
-    rows = [
-        [
-            "acceptance length",
-            _num(engine["acceptance_length"]),
-            _num(offline["acceptance_length"]),
-            _signed(report.differences["acceptance_length"]),
-        ]
-    ]
-    for i, off in enumerate(offline["per_position"]):
-        eng = engine["per_position"][i] if i < len(engine["per_position"]) else None
-        diff = (
-            report.differences["per_position"][i]
-            if i < len(report.differences["per_position"])
-            else None
-        )
-        rows.append([f"accepted {i + 1}", _num(eng), _num(off), _signed(diff)])
-    _ui.table(
-        "engine and bench accept, side by side",
-        ["figure", "engine", "bench accept", "engine - bench"],
-        rows,
-        opts,
-    )
-    if report.phases:
-        _ui.table(
-            "bench accept per reasoning phase",
-            [
-                "phase",
-                "rounds",
-                "acceptance length",
-                *(f"accepted {i + 1}" for i in range(report.k)),
-            ],
-            [
-                [
-                    name,
-                    f["rounds"],
-                    round(f["acceptance_length"], 3),
-                    *(round(r, 3) for r in f["per_position"]),
-                ]
-                for name, f in report.phases.items()
-            ],
-            opts,
-        )
-    if report.depths:
-        _ui.table(
-            "per context depth in tokens: engine and bench accept",
-            [
-                "context depth",
-                "engine rounds",
-                "engine",
-                "bench rounds",
-                "bench accept",
-                "engine - bench",
-            ],
-            [
-                [
-                    name,
-                    *_depth_cells(d["engine"]),
-                    *_depth_cells(d["offline"]),
-                    _signed(d["difference"]),
-                ]
-                for name, d in report.depths.items()
-            ],
-            opts,
-        )
-    for note in report.warnings:
-        _ui.warn(note)
-    for f in report.findings:
-        _ui.warn(f"{diagnose.CAUSES[f['cause']]} [{f['cause']}]: {f['message']}")
-    if not report.passed:
-        near_one = likely_misconfigured(engine["acceptance_length"])
-        interval = report.interval
-        if interval is not None:
-            apart = (
-                f"by more than {interval['half_width']:.3f} (the "
-                f"{interval['confidence']:.0%} interval of the sampled figures)"
-            )
-        elif report.temperature > 0:
-            apart = "(bench accept measured no rounds to build an interval on)"
-        else:
-            apart = f"by more than {report.tolerance:g}"
-        why = [
-            text
-            for failed, text in (
-                (not report.agree, f"the engine and bench accept differ {apart}"),
-                (near_one, "the engine accepts almost nothing"),
-                (
-                    any(
-                        f["cause"] not in ("unexplained", "engine-sampling")
-                        for f in report.findings
-                    ),
-                    "what is served differs from the run",
-                ),
-                (
-                    any(f["cause"] == "engine-sampling" for f in report.findings),
-                    "the engine's sampling at temperature > 0 is at fault",
-                ),
-            )
-            if failed
-        ]
-        _ui.error(f"bench parity failed: {'; '.join(why)} (the causes found are above)")
-
-
-def _depth_cells(side: dict[str, Any] | None) -> list[object]:
-    return ["–", "–"] if side is None else [side["rounds"], _num(side["acceptance_length"])]
-
-
-def _interval_note(interval: dict[str, Any] | None) -> str:
-    """' (within ±0.084: 99% interval, 812 + 790 rounds)' at temperature > 0."""
-    if not interval:
-        return ""
-    return (
-        f" (within ±{interval['half_width']:.3f} passes: {interval['confidence']:.0%} "
-        f"interval over {interval['offline_rounds']} offline and "
-        f"{interval['engine_rounds'] or '?'} engine rounds)"
-    )
-
-
-def _served_line(served: dict[str, Any]) -> str:
-    if not served.get("source"):
-        return "speculative settings not exposed by the server"
-    drafter = served.get("drafter") or "a drafter it does not name"
-    return f"{served.get('method')} with {drafter}, k={served.get('k')} ({served['source']})"
-
-
-# Figures ------------------------------------------------------------------------------------
-def _figure(
-    title: str,
-    positions: list[float | None],
-    conditional: list[float | None],
-    categories: dict[str, float | None],
-    path: Path,
-    depths: dict[str, dict[str, Any]] | None = None,
-) -> None:
-    """Per position and per category; with `depths`, a third panel: acceptance length
-    against context depth, one point a bucket."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 3 if depths else 2, figsize=(16 if depths else 11, 4))
-    left, right = axes[0], axes[1]
-    xs = list(range(1, len(positions) + 1))
-    left.bar([x - 0.2 for x in xs], [p or 0 for p in positions], 0.4, label="accepted")
-    left.bar(
-        [x + 0.2 for x in xs],
-        [c or 0 for c in conditional],
-        0.4,
-        label="given all earlier accepted",
-    )
-    left.set(
-        xlabel="draft position",
-        ylabel="acceptance rate",
-        ylim=(0, 1),
-        xticks=xs,
-        title="per position",
-    )
-    left.legend(fontsize="small")
-    names = list(categories)
-    right.barh(names, [categories[n] or 0 for n in names])
-    right.set(xlabel="acceptance length (tokens per round)", title="per category")
-    if depths:
-        _depth_panel(axes[2], depths)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def _depth_panel(ax: Any, depths: dict[str, dict[str, Any]]) -> None:
-    names = list(depths)
-    xs = list(range(len(names)))
-    ax.plot(xs, [depths[n]["acceptance_length"] for n in names], marker="o")
-    for x, name in zip(xs, names, strict=True):
-        ax.annotate(
-            f"{depths[name]['rounds']} rounds",
-            (x, depths[name]["acceptance_length"]),
-            textcoords="offset points",
-            xytext=(0, 6),
-            ha="center",
-            fontsize="small",
-        )
-    ax.set(
-        xlabel="context depth (tokens)",
-        ylabel="acceptance length (tokens per round)",
-        xticks=xs,
-        xticklabels=names,
-        title="against context depth",
-    )
-    ax.margins(x=0.1, y=0.15)  # room for the round counts above the points
-
-
 def plot_accept(report: AcceptReport, path: Path) -> None:
-    _figure(
+    acceptance_figure(
         f"{Path(report.drafter).name}: {report.shape}, temperature {report.temperature:g}, "
-        f"acceptance length {_num(report.acceptance_length)}",
+        f"acceptance length {number_text(report.acceptance_length)}",
         report.per_position,
         report.per_position_conditional,
         {name: c["acceptance_length"] for name, c in report.categories.items()},
@@ -530,9 +313,9 @@ def plot_accept(report: AcceptReport, path: Path) -> None:
 
 
 def plot_server(report: ServerReport, path: Path) -> None:
-    _figure(
+    acceptance_figure(
         f"{report.server}: {report.shape}, temperature {report.temperature:g}, "
-        f"acceptance length {_num(report.acceptance_length)}",
+        f"acceptance length {number_text(report.acceptance_length)}",
         report.per_position,
         report.per_position_conditional,
         {name: c["acceptance_length"] for name, c in report.categories.items()},

@@ -20,13 +20,11 @@ from eagle3kit.chat.render import (
     PROBE_ARGUMENT,
     PROBE_QUESTION,
     PROBE_REASONING,
-    TOKENIZER_FILE_GLOBS,
-    TOKENIZER_FILE_NAMES,
     Renderer,
     RenderError,
-    load_tokenizer,
     read_template,
 )
+from eagle3kit.chat.tokenizer import TOKENIZER_FILE_GLOBS, TOKENIZER_FILE_NAMES, load_tokenizer
 from eagle3kit.errors import UserError
 
 

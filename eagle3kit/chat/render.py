@@ -7,7 +7,9 @@ tokenizer add another would give the model a sequence it never sees in serving. 
 the template appends (QwQ, DeepSeek-R1, Qwen3 with thinking off) is therefore part of the
 prompt ids, and only the rest is generated.
 
-transformers is imported inside the functions that need it, so importing this module is free.
+The tokenizer itself is loaded by tokenizer.py; gpt-oss's harmony answers are read back by
+harmony.py. transformers is imported inside the functions that need it, so importing this
+module is free.
 """
 
 from __future__ import annotations
@@ -24,27 +26,14 @@ from eagle3kit.errors import UserError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-# The files that make up a tokenizer (any family), copied into the dataset so later stages
-# and other machines load the very same one. config.json is included because AutoTokenizer
-# falls back on it to pick the tokenizer class; tokenization_*.py for trust_remote_code ones.
-TOKENIZER_FILE_NAMES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "tokenizer.model",
-    "spiece.model",
-    "tiktoken.model",
-    "chat_template.jinja",
-    "chat_template.json",
-    "generation_config.json",
-    "config.json",
+from eagle3kit.chat.harmony import harmony_message
+from eagle3kit.chat.tokenizer import (
+    TOKENIZER_FILE_GLOBS,
+    TOKENIZER_FILE_NAMES,
+    eos_ids,
+    load_tokenizer,
+    special_ids,
 )
-TOKENIZER_FILE_GLOBS = ("*.tiktoken", "tokenization_*.py", "additional_chat_templates/*.jinja")
 
 # Probe turns for learning a template's end-of-turn token; texts no template rewrites.
 PROBE_QUESTION = "eagle3kit probe question"
@@ -92,7 +81,7 @@ class Renderer:
         # Rendering a one-question prompt also checks that the template works at all.
         prompt = self.render_text([{"role": "user", "content": PROBE_QUESTION}])
         self.prompt_opens_think = self._opens_think(prompt[prompt.rfind(PROBE_QUESTION) :])
-        self.stop_token_ids = _unique(_eos_ids(tokenizer) + self._end_of_turn_ids())
+        self.stop_token_ids = _unique(eos_ids(tokenizer) + self._end_of_turn_ids())
         self.parses_answers = self._parses_answers()
 
     @classmethod
@@ -280,7 +269,7 @@ class Renderer:
         at = text.rfind(marker)
         if at < 0:
             return []
-        special = _special_ids(self.tokenizer)
+        special = special_ids(self.tokenizer)
         return [i for i in self.encode(text[at + len(marker) :]) if i in special]
 
     def _opens_think(self, prompt_tail: str) -> bool:
@@ -352,33 +341,6 @@ def think_markers(renderer: Renderer) -> tuple[str, str] | None:
     return renderer.think
 
 
-def harmony_message(text: str) -> dict[str, Any]:
-    """A gpt-oss completion as the assistant message its template takes: the analysis
-    channel as `thinking`, the final channel as `content`, a function call as `tool_calls`.
-    The template refuses channel tags inside content, so the text must be taken apart."""
-    message: dict[str, Any] = {"role": "assistant", "content": ""}
-    thinking, calls = [], []
-    for header, body in _harmony_parts(text):
-        channel = header.partition("<|channel|>")[2].split(" ")[0]
-        recipient = _harmony_recipient(header)
-        if recipient is not None:
-            calls.append(
-                {
-                    "type": "function",
-                    "function": {"name": recipient, "arguments": _json_or_text(body)},
-                }
-            )
-        elif channel == "analysis":
-            thinking.append(body)
-        else:
-            message["content"] += body
-    if thinking:
-        message["thinking"] = "".join(thinking)
-    if calls:
-        message["tool_calls"] = calls
-    return message
-
-
 def parse_chat_template_kwargs(text: str) -> dict[str, Any]:
     """The `--chat-template-kwargs` JSON text as a dict."""
     try:
@@ -386,32 +348,6 @@ def parse_chat_template_kwargs(text: str) -> dict[str, Any]:
     except ValueError:
         value = text  # not JSON at all: the same message as for a JSON non-object
     return _check_kwargs(value)
-
-
-def _harmony_parts(text: str) -> list[tuple[str, str]]:
-    """(header, body) of each message: `<|channel|>final<|message|>body<|end|>`, the later
-    ones each after `<|start|>assistant`."""
-    parts = []
-    for chunk in text.split("<|start|>"):
-        header, sep, body = chunk.partition("<|message|>")
-        if sep:
-            parts.append((header, body.split("<|end|>")[0]))
-    return parts
-
-
-def _harmony_recipient(header: str) -> str | None:
-    """`functions.NAME` from ` to=functions.NAME` (before or after the channel)."""
-    for word in header.replace("<|channel|>", " ").replace("<|constrain|>", " ").split():
-        if word.startswith("to=functions."):
-            return word.removeprefix("to=functions.")
-    return None
-
-
-def _json_or_text(body: str) -> Any:
-    try:
-        return json.loads(body)
-    except ValueError:
-        return body
 
 
 def _check_kwargs(value: Any) -> dict[str, Any]:
@@ -433,82 +369,6 @@ def read_template(path: Path) -> str:
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"--chat-template {path}: cannot read it: {exc}") from None
     return text
-
-
-# Tokenizer classes that add nothing to their tokenizer.json for what gen does (encode
-# without special tokens, decode, apply the chat template); tests/test_gen_render.py checks
-# each against AutoTokenizer.
-PLAIN_FAST_CLASSES = {
-    "PreTrainedTokenizerFast",
-    "TokenizersBackend",
-    "Qwen2Tokenizer",
-    "Qwen2TokenizerFast",
-    "GPT2Tokenizer",
-    "GPT2TokenizerFast",
-}
-
-
-def _plain_fast_tokenizer(path: Path) -> bool:
-    """Whether `path` can load as a bare PreTrainedTokenizerFast.
-
-    AutoTokenizer imports torch, seconds at every start of gen and validate; the bare class
-    does not.
-    """
-    config_file = path / "tokenizer_config.json"
-    if not (path / "tokenizer.json").is_file() or not config_file.is_file():
-        return False
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return (
-        isinstance(config, dict)
-        and "auto_map" not in config
-        and config.get("tokenizer_class") in PLAIN_FAST_CLASSES
-    )
-
-
-def load_tokenizer(
-    path: Path, trust_remote_code: bool, flag: str = "--tokenizer"
-) -> PreTrainedTokenizerBase:
-    if not path.exists():
-        raise UserError(f"--tokenizer {path}: no such directory")
-    if not path.is_dir():
-        raise UserError(
-            f"--tokenizer {path}: not a directory (give the model or tokenizer directory)"
-        )
-    if not _plain_fast_tokenizer(path):
-        from eagle3kit import _hf
-
-        return _hf.load_tokenizer(path, trust_remote_code, flag)
-    try:
-        from transformers import PreTrainedTokenizerFast
-
-        return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
-    except Exception as exc:  # transformers raises many kinds; all mean "not loadable"
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"--tokenizer {path}: cannot load a tokenizer: {reason}") from None
-
-
-def _eos_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The tokenizer's EOS, and generation_config.json's eos_token_id (int or list)."""
-    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    config = Path(tokenizer.name_or_path) / "generation_config.json"
-    if config.is_file():
-        try:
-            eos = json.loads(config.read_text()).get("eos_token_id")
-        except (ValueError, AttributeError):
-            raise UserError(f"{config}: not a JSON object") from None
-        ids += eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
-    return [int(i) for i in ids]
-
-
-def _special_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
-    """Special tokens: the named ones and every added token marked special (<think> in
-    Qwen3 is added but not special, so reasoning markers are never taken for turn ends)."""
-    special = set(tokenizer.all_special_ids)
-    special |= {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
-    return special
 
 
 def _is_system(message: dict[str, Any]) -> bool:

@@ -30,7 +30,7 @@ from eagle3kit.checkpoints.base import (
 )
 from eagle3kit.checkpoints.native import read_eagle3kit
 from eagle3kit.checkpoints.problems import check
-from eagle3kit.checkpoints.rundir import read_provenance
+from eagle3kit.checkpoints.provenance import read_provenance
 from eagle3kit.checkpoints.sglang import sglang_to_ours
 from eagle3kit.checkpoints.weights import Weights
 from eagle3kit.errors import UserError

@@ -1,8 +1,9 @@
 """The run directory: run.json, metrics.jsonl, vocab.safetensors, checkpoints/, drafter/.
 
 The one module that knows this layout: train writes it, and export, info, quickstart and
-the checkpoint readers find a run's record and drafter through `RunDir` (and an export's
-provenance file through `read_provenance`). Importing it loads no torch.
+the checkpoint readers find a run's record and drafter through `RunDir` (an export's
+provenance file is provenance.py's; a checkpoint's random and optimizer state,
+resume_state.py's). Importing it loads no torch.
 
 Checkpoints are written whole or not at all: into a hidden temp directory, every file
 fsynced, then renamed to checkpoints/step-XXXXXXXX and the parent fsynced. A run killed at
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
 from collections.abc import Iterator
@@ -59,8 +59,6 @@ MAX_TTT_STEPS = 64
 """The most TTT accuracies a metrics.jsonl line may hold where run.json names no count."""
 MAX_RECORDED_TTT_STEPS = 1024
 """A count run.json records past this is not taken (each step is one series of a plot)."""
-PROVENANCE = "eagle3kit-export.json"
-"""What `eagle3kit export` writes beside an export's config: source run, target, coverage."""
 LOCK_FILES = (".run.lock", ".gate.lock", ".owner.json")
 """The run's lock (held by every process of the train that owns the directory), the gate
 taking it goes through, and the file naming the holder (eagle3kit/_lock.py)."""
@@ -75,7 +73,7 @@ def _is_lock_file(name: str) -> bool:
     return name in LOCK_FILES or _LOCK_TEMP.match(name) is not None
 
 
-def _json_object(path: Path) -> dict | None:
+def read_json_object(path: Path) -> dict | None:
     """`path` as a JSON object; None when it is missing, unreadable or something else (a link
     or a FIFO is not opened: a FIFO would block the read)."""
     if odd_file(path) is not None:
@@ -85,42 +83,6 @@ def _json_object(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def read_provenance(checkpoint: Path) -> dict | None:
-    """The provenance an export wrote beside a checkpoint; None where there is none."""
-    return _json_object(Path(checkpoint) / PROVENANCE)
-
-
-def training_prediction(checkpoint: Path) -> dict | None:
-    """The `eval` block train wrote into the drafter's config.json, or an earlier export's."""
-    try:
-        config = json.loads((checkpoint / "config.json").read_text())
-    except (OSError, ValueError):
-        config = None
-    block = config.get("eagle3kit") if isinstance(config, dict) else None
-    for data in (block, read_provenance(checkpoint)):
-        evaluation = data.get("eval") if isinstance(data, dict) else None
-        if isinstance(evaluation, dict):
-            return evaluation
-    return None
-
-
-def _exported_here(directory: Path) -> bool:
-    provenance = read_provenance(directory) or {}
-    return str(provenance.get("written_by", "")).startswith("eagle3kit ")
-
-
-def is_export(directory: Path) -> bool:
-    """Whether `directory` is what `eagle3kit export` wrote: a checkpoint with its provenance
-    file, or folders that each are one (--format both), and nothing else."""
-    directory = Path(directory)
-    if _exported_here(directory):
-        return True
-    entries = list(directory.iterdir())
-    return bool(entries) and all(
-        p.is_dir() and not p.is_symlink() and _exported_here(p) for p in entries
-    )
 
 
 class RunDir:
@@ -149,7 +111,7 @@ class RunDir:
 
     def record(self) -> dict | None:
         """run.json as it is, for a reader that only looks (None when unreadable)."""
-        return _json_object(self.run_json)
+        return read_json_object(self.run_json)
 
     def load(self, fix: str = "") -> dict:
         """run.json's record for a stage that reads what it can of it (export): a JSON
@@ -458,89 +420,6 @@ def _is_metrics_record(record: object, ttt_steps: int) -> bool:
         evaluation.get("predicted_acceptance_length") is None
         or _is_figure(evaluation["predicted_acceptance_length"])
     )
-
-
-def save_rng_state(path: Path) -> None:
-    """This process's torch, CUDA, numpy and Python random states, as a safetensors file:
-    tensors and strings only, so loading it back runs nothing (a pickle would run whatever a
-    planted file asks for)."""
-    import numpy as np
-    import torch
-    from safetensors.torch import save_file
-
-    _, keys, pos, has_gauss, cached = np.random.get_state()
-    version, mt, gauss_next = random.getstate()
-    tensors = {
-        "torch": torch.get_rng_state(),
-        "numpy_keys": torch.from_numpy(np.asarray(keys, np.int64)),
-        "python_mt": torch.tensor(mt, dtype=torch.int64),
-    }
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-    tensors.update({f"cuda_{i}": t for i, t in enumerate(cuda)})
-    save_file(
-        tensors,
-        str(path),
-        metadata={
-            "numpy_pos": str(pos),
-            "numpy_has_gauss": str(has_gauss),
-            "numpy_cached_gaussian": float(cached).hex(),
-            "python_version": str(version),
-            "python_gauss_next": "none" if gauss_next is None else float(gauss_next).hex(),
-            "cuda_devices": str(len(cuda)),
-        },
-    )
-
-
-def load_rng_state(path: Path) -> None:
-    """Set this process's random states from `save_rng_state`'s file."""
-    import numpy as np
-    import torch
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
-        gauss = meta["python_gauss_next"]
-        numpy_state = (
-            "MT19937",
-            tensors["numpy_keys"].numpy().astype(np.uint32),
-            int(meta["numpy_pos"]),
-            int(meta["numpy_has_gauss"]),
-            float.fromhex(meta["numpy_cached_gaussian"]),
-        )
-        python_state = (
-            int(meta["python_version"]),
-            tuple(int(v) for v in tensors["python_mt"].tolist()),
-            None if gauss == "none" else float.fromhex(gauss),
-        )
-        cuda = [tensors[f"cuda_{i}"] for i in range(int(meta["cuda_devices"]))]
-        torch.set_rng_state(tensors["torch"])
-        np.random.set_state(numpy_state)
-        random.setstate(python_state)
-    except Exception as exc:  # safetensors, a missing key, a bad number: the file is damaged
-        first = str(exc).strip().splitlines()
-        raise UserError(
-            f"{path}: not a readable random-state file "
-            f"({first[0] if first else type(exc).__name__}); delete the "
-            f"checkpoint folder {path.parent.name} to resume from the one before"
-        ) from None
-    if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda)
-
-
-def load_tensors(path: Path) -> Any:
-    """A checkpoint's torch file (optimizer, scheduler state), read with
-    torch.load(weights_only=True): a file that asks to run anything is refused, unrun."""
-    from eagle3kit.checkpoints.tensors import BadFile, load_tensor_file
-
-    try:
-        return load_tensor_file(path)
-    except BadFile as exc:
-        raise UserError(
-            f"{exc}. Delete the checkpoint folder {path.parent.name} to resume "
-            "from the one before, or start afresh with --overwrite"
-        ) from None
 
 
 def options_diff(before: dict, now: dict) -> list[str]:

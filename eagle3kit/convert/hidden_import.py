@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from eagle3kit import _ui
+from eagle3kit import _text, _ui
 from eagle3kit.checkpoints.tensors import BadFile, load_tensor_file
 from eagle3kit.convert.config import HS_DIR, HS_FILE, NAMES, SF_FILE, ConvertConfig, detect
 from eagle3kit.convert.hidden import (
@@ -287,7 +287,7 @@ def _refuse_controls(sidecar: Path, index: int, meta: dict) -> None:
     """An id or partition name holds no control character: shown on a terminal later, ESC
     and its kin would clear the screen or hide a line of the report there."""
     for key in ("sample_id", "partition"):
-        found = _ui.control_in(meta[key]) if isinstance(meta.get(key), str) else None
+        found = _text.control_in(meta[key]) if isinstance(meta.get(key), str) else None
         if found is not None:
             raise BadFile(f"{sidecar}: samples[{index}]: {key} holds a control character ({found})")
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from eagle3kit import _ui
+from eagle3kit import _text, _ui
 from eagle3kit._durable import replace_durably
 from eagle3kit.convert.config import ConvertConfig
 from eagle3kit.convert.result import ConvertResult
@@ -145,7 +145,7 @@ def _refuse_controls(record: dict) -> None:
     its kin would clear the screen or hide a line of the report there."""
     for key in ("sample_id", "finish_reason", "partition"):
         value = record.get(key)
-        found = _ui.control_in(value) if isinstance(value, str) else None
+        found = _text.control_in(value) if isinstance(value, str) else None
         if found is not None:
             raise ValueError(f"{key} holds a control character ({found})")
 

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 import xxhash
 
-from eagle3kit import _ui
+from eagle3kit import _text, _ui
 from eagle3kit._ranks import Ranks
 from eagle3kit.errors import UserError
 from eagle3kit.extract.config import ExtractConfig
@@ -178,15 +178,15 @@ def check_disk(
 ) -> None:
     _ui.info(
         f"extract: {p.total - p.done_before:,} of {p.total:,} samples to do "
-        f"({p.remaining_tokens:,} tokens); about {_ui.human_bytes(need)} at "
-        f"{bytes_per_token:,.0f} bytes/token ({cfg.codec}); {_ui.human_bytes(free)} free at "
+        f"({p.remaining_tokens:,} tokens); about {_text.human_bytes(need)} at "
+        f"{bytes_per_token:,.0f} bytes/token ({cfg.codec}); {_text.human_bytes(free)} free at "
         f"{cfg.out}",
         cfg.output,
     )
     if need > free and not (cfg.ignore_disk_check or cfg.dry_run):
         raise UserError(
-            f"{cfg.out}: about {_ui.human_bytes(need)} needed, only "
-            f"{_ui.human_bytes(free)} free. "
+            f"{cfg.out}: about {_text.human_bytes(need)} needed, only "
+            f"{_text.human_bytes(free)} free. "
             "Free some space, pick --codec fp8 (about half the size), write "
             "elsewhere, or pass --ignore-disk-check to start anyway (a full disk "
             "stops the run; what was committed stays intact)."

@@ -10,14 +10,9 @@ from eagle3kit.format._ints import Int32RangeError, pack_int32_into
 from eagle3kit.format.columns import ShardColumns, TokenView
 from eagle3kit.format.dataset_dir import has_dataset_files, is_dataset, own_manifest, read_marker
 from eagle3kit.format.errors import DatasetError
-from eagle3kit.format.hidden import (
-    CODECS,
-    HiddenDataset,
-    HiddenSample,
-    HiddenWriter,
-    committed_ids,
-    hidden_bytes_per_token,
-)
+from eagle3kit.format.hidden import CODECS, HiddenSample, hidden_bytes_per_token
+from eagle3kit.format.hidden_reader import HiddenDataset, committed_ids
+from eagle3kit.format.hidden_writer import HiddenWriter
 from eagle3kit.format.layout import FORMAT_NAME, FORMAT_VERSION
 from eagle3kit.format.lock import new_run_id
 from eagle3kit.format.reader import Dataset

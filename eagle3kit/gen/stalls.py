@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import cast
 
-from eagle3kit import _ui
+from eagle3kit import _text, _ui
 from eagle3kit.gen.config import GenConfig
 
 
@@ -61,6 +61,6 @@ class Stalls:
             oldest = max(now - r.since for r in found)
             _ui.warn(
                 f"{server}: {len(found)} request(s) with no answer for over "
-                f"{_ui.duration(limit)} (the oldest for {_ui.duration(oldest)}, sample "
+                f"{_text.duration(limit)} (the oldest for {_text.duration(oldest)}, sample "
                 f"{found[0].sample_id}); {then}. Check the server"
             )

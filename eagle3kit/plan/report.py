@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from functools import partial
 
-from eagle3kit import _ui
+from eagle3kit import _text, _ui
 from eagle3kit.plan.result import Estimate, PlanResult
 
-_time = partial(_ui.duration, tenths=True)
+_time = partial(_text.duration, tenths=True)
 
 
 def report(result: PlanResult, opts: _ui.OutputOptions) -> None:
@@ -29,7 +29,7 @@ def report(result: PlanResult, opts: _ui.OutputOptions) -> None:
                 "pilot",
                 f"{result.pilot_requests:,} requests in {_time(result.pilot_elapsed_s)}"
                 f": {result.pilot_req_per_s:.3g} req/s, "
-                f"{_ui.human_count(result.pilot_tok_per_s or 0)} tok/s",
+                f"{_text.human_count(result.pilot_tok_per_s or 0)} tok/s",
             )
         ]
         if result.pilot_simulated_s is not None:
@@ -99,20 +99,20 @@ def _forecast_rows(r: PlanResult) -> list[list[object]]:
     rows = [
         row("wall time, the gen that follows", r.wall_time_s, _time),
         row("wall time, the whole run", r.full_wall_time_s, _time),
-        row("completion tokens", r.completion_tokens, _ui.human_count),
-        row("tokens (prompt + completion)", r.total_tokens, _ui.human_count),
-        row("token dataset", r.token_dataset_bytes, _ui.human_bytes),
+        row("completion tokens", r.completion_tokens, _text.human_count),
+        row("tokens (prompt + completion)", r.total_tokens, _text.human_count),
+        row("token dataset", r.token_dataset_bytes, _text.human_bytes),
     ]
     if r.hidden:
         shape = f"H={r.hidden['hidden_size']}, {r.hidden['n_aux']} aux"
         rows += [
-            row(f"hidden states, {codec} ({shape})", e, _ui.human_bytes)
+            row(f"hidden states, {codec} ({shape})", e, _text.human_bytes)
             for codec, e in r.hidden["bytes"].items()
         ]
     if r.extract:
         rows.append(
             row(
-                f"extract time ({_ui.human_count(r.extract['tokens_per_s'])} tok/s)",
+                f"extract time ({_text.human_count(r.extract['tokens_per_s'])} tok/s)",
                 r.extract["time_s"],
                 _time,
             )
@@ -120,7 +120,7 @@ def _forecast_rows(r: PlanResult) -> list[list[object]]:
     if "steps_per_epoch" in r.train:
         rows.append(
             row(
-                f"train steps / epoch ({_ui.human_count(r.train['batch_tokens'])} tok)",
+                f"train steps / epoch ({_text.human_count(r.train['batch_tokens'])} tok)",
                 r.train["steps_per_epoch"],
                 lambda x: f"{x:,.0f}",
             )

@@ -14,7 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from eagle3kit._lazy import attribute_loader
-from eagle3kit.train.config import DataSpec, TrainConfig, TrainResult
+from eagle3kit.train.config import TrainConfig
+from eagle3kit.train.option_values import DataSpec
+from eagle3kit.train.result import TrainResult
 from eagle3kit.train.run import run
 
 _HOMES = {

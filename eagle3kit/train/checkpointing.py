@@ -18,14 +18,8 @@ import eagle3kit.train.sharding as sharding
 from eagle3kit import __version__, _ui
 from eagle3kit._durable import write_json_atomic
 from eagle3kit.checkpoints.native import save_drafter
-from eagle3kit.checkpoints.rundir import (
-    RUN_FORMAT,
-    RUN_VERSION,
-    RunDir,
-    load_rng_state,
-    load_tensors,
-    save_rng_state,
-)
+from eagle3kit.checkpoints.resume_state import load_rng_state, load_tensors, save_rng_state
+from eagle3kit.checkpoints.rundir import RUN_FORMAT, RUN_VERSION, RunDir
 from eagle3kit.errors import UserError
 from eagle3kit.train.config import TrainConfig
 from eagle3kit.train.setup import Resumed

@@ -16,82 +16,18 @@ from eagle3kit._options import SEED_BOUNDS, OutputOptions, WriteOptions, arg, em
 from eagle3kit._served_files import served_dir_problems
 from eagle3kit.errors import UserError
 from eagle3kit.target import check_layer_ids, device_problem, parse_dtype, parse_layer_ids
-
-LONG_POLICIES = ("drop", "truncate")
-DTYPES = ("auto", "bfloat16", "float32")
-"""--dtype: the drafter's autocast (float16 would need a loss scaler)."""
-RECORDED_DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
-"""How run.json records --dtype (as `precision`, its old name and spelling), so a run
-started before the one dtype vocabulary continues without --force."""
-SCHEDULES = ("cosine", "linear", "constant")
-LM_HEADS = ("train", "target", "frozen")
-DATA_ORDERS = ("shuffle", "fixed")
-LOSSES = ("soft-ce", "tv", "nla", "lk")
-"""--loss: the per-step loss between the drafter's and the target's distributions (the
-functions are eagle3kit/train/losses.py's, by these names)."""
-DRAFTER_STEPS = ("best", "last")
-"""--drafter-step: what RUN/drafter/ holds (eagle3kit/train/selection.py)."""
-
-TRAJECTORY_OPTIONS = (
-    "data",
-    "target",
-    "online",
-    "layers",
-    "draft_vocab",
-    "init_from",
-    "ttt_steps",
-    "ttt_decay",
-    "max_len",
-    "long_samples",
-    "lr",
-    "min_lr",
-    "warmup",
-    "weight_decay",
-    "grad_clip",
-    "batch_tokens",
-    "grad_accum",
-    "epochs",
-    "max_steps",
-    "seed",
-    "eval_split",
-    "eval_k",
-    "precision",
-    "schedule",
-    "lm_head",
-    "data_order",
+from eagle3kit.train.option_values import (
+    DATA_ORDERS,
+    DRAFTER_STEPS,
+    DTYPES,
+    LM_HEADS,
+    LONG_POLICIES,
+    LOSSES,
+    RECORDED_DTYPES,
+    SCHEDULES,
+    TRAJECTORY_OPTIONS,
+    DataSpec,
 )
-"""The options that decide a run's trajectory: continuing a run with any of them changed
-needs --force. Logging, checkpoint cadence, --device, --fsdp, --eval-every and
---drafter-step may change freely."""
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    """One training dataset and its mixing weight (`DIR` or `DIR:0.3`)."""
-
-    path: Path
-    weight: float = 1.0
-
-    @classmethod
-    def parse(cls, text: str | Path | DataSpec) -> DataSpec:
-        """`DIR` or `DIR:WEIGHT`; a colon followed by something that is not a number is part
-        of the path."""
-        if isinstance(text, DataSpec):
-            return text
-        raw = str(text)
-        head, sep, tail = raw.rpartition(":")
-        if sep and head:
-            try:
-                weight = float(tail)
-            except ValueError:
-                return cls(Path(raw))
-            if not (weight > 0 and math.isfinite(weight)):
-                raise UserError(f"{raw}: a dataset weight must be a number > 0 (got {tail})")
-            return cls(Path(head), weight)
-        return cls(Path(raw))
-
-    def to_json(self) -> dict:
-        return {"path": str(self.path.resolve()), "weight": self.weight}
 
 
 @dataclass
@@ -538,36 +474,3 @@ def _check_paths(cfg: TrainConfig, found: list[str]) -> None:
             RunDir(cfg.out).check_no_links()
         except UserError as exc:
             found.append(str(exc))
-
-
-@dataclass
-class TrainResult:
-    out: Path
-    steps: int
-    """Optimizer steps done in total (earlier runs included)."""
-    total_steps: int
-    tokens: int
-    """Training tokens seen in total."""
-    loss: float | None
-    eval: dict | None
-    """The last held-out evaluation (EvalResult.to_dict()), None without a held-out split."""
-    initial_eval: dict | None
-    """The evaluation of the drafter before training (None when resumed or no split)."""
-    vocab_coverage: float | None
-    resumed_from: int | None = None
-    selection: dict | None = None
-    """Which step RUN/drafter/ holds and why (run.json's `selection`, docs/train.md)."""
-    metrics: dict = field(default_factory=dict)
-    stopped: str | None = None
-    """The signal that stopped the run before its last step (SIGTERM, SIGINT, SIGUSR1)."""
-    exit_code: int = 0
-    """0, or 143 / 130 when a signal stopped the run."""
-    resume_command: str | None = None
-    """The command that continues a stopped run."""
-    patience_spent: bool = False
-    """--patience ended training before its last step (a finished run, not a stopped one)."""
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["out"] = str(self.out)
-        return d

@@ -26,8 +26,8 @@ from eagle3kit._ranks import Ranks
 from eagle3kit._signals import EXIT_CODES, STOP_SIGNALS, continue_command
 from eagle3kit.model import attention
 from eagle3kit.train.checkpointing import Evaluations, timestamp
-from eagle3kit.train.config import TrainResult
 from eagle3kit.train.online_server import Interrupted
+from eagle3kit.train.result import TrainResult
 from eagle3kit.train.selection import AL, patience_spent
 from eagle3kit.train.setup import Setup, announce
 from eagle3kit.train.stopping import CheckpointClock, StopRequests

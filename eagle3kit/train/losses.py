@@ -6,7 +6,7 @@ asked, its gradient with respect to the logits. soft_ce.py walks the steps and t
 positions in blocks, computing each block's logits from the drafter's head input, and
 weighs and sums what the step loss returns (TTTLoss in ttt.py: decay^k over the global
 batch's positions); so a new loss is one function here, named in `STEP_LOSSES` and in
-config.LOSSES.
+option_values.LOSSES.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ STEP_LOSSES: dict[str, StepLoss] = {
     "nla": negative_log_acceptance,
     "lk": lk_hybrid,
 }
-"""--loss's names (config.LOSSES) and their functions."""
+"""--loss's names (option_values.LOSSES) and their functions."""
 
 
 def step_loss(name: str) -> StepLoss:

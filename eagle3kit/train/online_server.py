@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from eagle3kit import _ui
+from eagle3kit import _text, _ui
 from eagle3kit.errors import UserError
 from eagle3kit.train.config import TrainConfig
 
@@ -402,7 +402,7 @@ def open_for(
     _ui.info(
         f"train: states from {len(engines)} server(s), {sum(slots)} requests in flight"
         f"{' per rank' if world > 1 else ''}, up to {depth} samples "
-        f"ahead: at most {_ui.human_bytes(bound)} of states held in host memory",
+        f"ahead: at most {_text.human_bytes(bound)} of states held in host memory",
         cfg.output,
     )
     return ServedStates(engines, slots, depth, order, bound)

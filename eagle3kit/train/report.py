@@ -5,7 +5,8 @@ from __future__ import annotations
 from eagle3kit import _ui
 from eagle3kit.checkpoints.rundir import RunDir
 from eagle3kit.model import VARIANTS, describe_variant
-from eagle3kit.train.config import TrainConfig, TrainResult
+from eagle3kit.train.config import TrainConfig
+from eagle3kit.train.result import TrainResult
 
 
 def _cut_line(long: dict) -> str:

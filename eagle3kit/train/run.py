@@ -8,8 +8,9 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from eagle3kit._ranks import Ranks
-from eagle3kit.train.config import TrainConfig, TrainResult
+from eagle3kit.train.config import TrainConfig
 from eagle3kit.train.report import report
+from eagle3kit.train.result import TrainResult
 
 if TYPE_CHECKING:
     from eagle3kit.train.setup import Setup

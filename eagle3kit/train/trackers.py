@@ -34,7 +34,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from eagle3kit import _ui
+from eagle3kit import _text, _ui
 
 KNOWN = ("tensorboard", "wandb", "mlflow", "trackio")
 """The trackers --report-to names, each with the module its extra installs."""
@@ -173,7 +173,7 @@ def _note_new(name: str, recorded: Any, why: str) -> None:
     label = LABELS[name]
     _ui.warn(
         f"--report-to {name}: run.json names {label} run "
-        f"{_ui.printable(str(recorded)[:200])}, which {why}; starting a new {label} run"
+        f"{_text.printable(str(recorded)[:200])}, which {why}; starting a new {label} run"
     )
 
 
@@ -307,7 +307,7 @@ class Mlflow:
                 "mlflow",
                 run_id,
                 f"was recorded under another tracking URI "
-                f"({_ui.printable(str(recorded.get('uri'))[:200])})",
+                f"({_text.printable(str(recorded.get('uri'))[:200])})",
             )
             return None
         from mlflow.exceptions import MlflowException

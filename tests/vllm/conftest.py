@@ -257,7 +257,8 @@ def train_drafter(world: World, hidden: Path, name: str, draft_vocab: int):
     import torch
 
     from eagle3kit import _ui, train
-    from eagle3kit.quickstart import QuickstartConfig, train_options
+    from eagle3kit.quickstart import QuickstartConfig
+    from eagle3kit.quickstart.stages import train_options
 
     options = train_options(QuickstartConfig())
     options["draft_vocab"] = draft_vocab

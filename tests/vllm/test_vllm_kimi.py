@@ -1,5 +1,5 @@
 """The Kimi architecture on the real engine: the tiny Kimi-K2-shaped target
-(eagle3kit.tiny.make_kimi_target: MLA, noaux_tc MoE with a shared expert, a dense first layer,
+(eagle3kit.tiny_kimi.make_kimi_target: MLA, noaux_tc MoE with a shared expert, a dense first layer,
 Kimi-K2's YaRN, a tokenizer loaded through its own code) served by vLLM's CPU build, through
 every stage that talks to a server.
 
@@ -31,7 +31,7 @@ import launch
 import numpy as np
 import pytest
 
-from eagle3kit import _ui, tiny
+from eagle3kit import _ui, tiny, tiny_kimi
 
 pytestmark = pytest.mark.vllm
 QUIET = _ui.OutputOptions(quiet=True)
@@ -77,14 +77,17 @@ def kimi(vllm_env: Path, module_clock, tmp_path_factory: pytest.TempPathFactory)
     import torch
 
     from eagle3kit import export, extract, gen, train
-    from eagle3kit.quickstart import QuickstartConfig, train_options
+    from eagle3kit.quickstart import QuickstartConfig
+    from eagle3kit.quickstart.stages import train_options
 
     root = tmp_path_factory.mktemp("kimi")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         target = tiny.train_target(
-            tiny.make_kimi_target(root / "target"), trust_remote_code=True, **tiny.KIMI_TRAINING
+            tiny_kimi.make_kimi_target(root / "target"),
+            trust_remote_code=True,
+            **tiny_kimi.KIMI_TRAINING,
         )
         chats = tiny.prompts(TRAIN_PROMPTS + BENCH_PROMPTS)
         files = {}

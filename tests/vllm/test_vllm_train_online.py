@@ -18,7 +18,8 @@ import pytest
 from conftest import LAYERS, World
 
 from eagle3kit import _ui, extract, train
-from eagle3kit.quickstart import QuickstartConfig, train_options
+from eagle3kit.quickstart import QuickstartConfig
+from eagle3kit.quickstart.stages import train_options
 
 QUIET = _ui.OutputOptions(quiet=True)
 

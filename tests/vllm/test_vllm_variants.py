@@ -33,7 +33,8 @@ def speculators_layout(hidden: Path, world: World) -> tuple[Path, dict]:
     import torch
 
     from eagle3kit import train
-    from eagle3kit.quickstart import QuickstartConfig, train_options
+    from eagle3kit.quickstart import QuickstartConfig
+    from eagle3kit.quickstart.stages import train_options
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
