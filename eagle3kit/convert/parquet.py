@@ -15,6 +15,7 @@ and the row (counted from 0, as pandas and datasets number them).
 
 from __future__ import annotations
 
+import faulthandler
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -168,6 +169,7 @@ def _metadata_abort(pf: Any) -> str | None:
         try:
             os.close(read_end)
             os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # the C++ runtime's last words
+            faulthandler.disable()  # and Python's, where it was on (its own copy of stderr)
             for group in range(meta.num_row_groups):
                 row_group = meta.row_group(group)
                 for column in range(row_group.num_columns):
