@@ -13,6 +13,7 @@ extra to install.
 
 from __future__ import annotations
 
+import os
 import resource
 import subprocess
 import sys
@@ -303,9 +304,13 @@ def test_a_file_whose_metadata_aborts_pyarrow_is_one_line(tmp_path: Path):
     )
     died = subprocess.run([sys.executable, "-c", walk, ABORTING], capture_output=True, text=True)
     assert died.returncode < 0 and "histogram size mismatch" in died.stderr, died
-    # ... and the import names the file and the chunk in one line, leaving nothing behind.
+    # ... and the import names the file and the chunk in one line, leaving nothing behind
+    # (nothing else on stderr: not the C++ runtime's words, nor faulthandler's dump).
+    loud = {**os.environ, "PYTHONFAULTHANDLER": "1"}
     for skip in ((), ("--skip-bad-lines",)):
-        message = the_error(run_cli("convert", ABORTING, tmp_path / "ds", *skip))
+        result = run_cli("convert", ABORTING, tmp_path / "ds", *skip, env=loud)
+        message = the_error(result)
+        assert result.stderr.strip() == message, result.stderr
         assert message == (
             f"error: {ABORTING}: not a readable Parquet file (the Parquet reader aborts on the "
             "metadata of row group 0, column 4: the file is damaged)"
