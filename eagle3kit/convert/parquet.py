@@ -150,8 +150,8 @@ def _open(src: Path) -> Any:
 
 
 METADATA_WALK_S = 60.0
-"""How long a forked child may take to walk a file's column metadata (milliseconds, for any
-file whose footer pyarrow would open)."""
+"""How long a forked child may take to walk a file's column metadata (it takes milliseconds
+for any footer pyarrow would open)."""
 
 
 def _metadata_abort(pf: Any) -> str | None:
@@ -165,8 +165,7 @@ def _metadata_abort(pf: Any) -> str | None:
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: touch every chunk, then leave without running any cleanup
-        code = 1  # a Python error is the parent's to report, as it meets it
-        try:
+        try:  # a Python error here is the parent's to report, when it meets it itself
             os.close(read_end)
             os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # the C++ runtime's last words
             faulthandler.disable()  # and Python's, where it was on (its own copy of stderr)
@@ -175,9 +174,8 @@ def _metadata_abort(pf: Any) -> str | None:
                 for column in range(row_group.num_columns):
                     os.write(write_end, f"row group {group}, column {column}\n".encode())
                     row_group.column(column)
-            code = 0
         finally:
-            os._exit(code)
+            os._exit(0)  # only a death by signal (or the time bound) counts
     os.close(write_end)
     try:
         reached, status = _last_line_and_status(read_end, pid)
