@@ -1,18 +1,16 @@
 """Running the shell commands a doc page shows: its code blocks split into commands, a
 checkout-like folder to run them in, the environment and shims they see, the stand-in
 servers for the pages that talk to one, and `prewarmed` (a fixture: one process that has
-imported torch, forked for each command). test_docs.py and the per-page doc tests use it; not
-a test module."""
+imported torch, forked for each command; testkit/prewarmed.py). test_docs.py and the
+per-page doc tests use it; not a test module."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import random
 import re
+import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from prewarmed import Server
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_LANGS = {"console", "bash", "sh", "shell"}
@@ -222,32 +221,13 @@ def free_port(digits: int) -> int:
     raise RuntimeError(f"no free {digits}-digit port")
 
 
-PREWARM_CLIENT = """\
-import json, os, socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.connect(os.environ["EAGLE3KIT_DOCS_PREWARMED"])
-body = json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
-socket.send_fds(s, [len(body).to_bytes(8, "big")], [0, 1, 2])
-s.sendall(body)
-code = b""
-while len(code) < 4:
-    chunk = s.recv(4 - len(code))
-    if not chunk:
-        sys.exit(1)
-    code += chunk
-sys.exit(int.from_bytes(code, "big", signed=True))
-"""
-
-
-def shims(bin_dir: Path, prewarmed: Path | None = None) -> None:
+def shims(bin_dir: Path, prewarmed: Server | None = None) -> None:
     """`eagle3kit` and `python` as the interpreter running the tests; `eagle3kit` through the
     pre-warmed interpreter when there is one."""
     bin_dir.mkdir()
     eagle3kit = f'exec "{sys.executable}" -m eagle3kit'
     if prewarmed is not None:
-        client = bin_dir / "prewarmed_client.py"
-        client.write_text(PREWARM_CLIENT)
-        eagle3kit = f'EAGLE3KIT_DOCS_PREWARMED="{prewarmed}" exec "{sys.executable}" -S "{client}"'
+        eagle3kit = "exec " + " ".join(shlex.quote(word) for word in prewarmed.argv())
     for name, line in (("eagle3kit", eagle3kit), ("python", f'exec "{sys.executable}"')):
         shim = bin_dir / name
         shim.write_text(f'#!/bin/sh\n{line} "$@"\n')
@@ -255,30 +235,13 @@ def shims(bin_dir: Path, prewarmed: Path | None = None) -> None:
 
 
 @pytest.fixture(scope="session")
-def prewarmed(tmp_path_factory) -> Iterator[Path | None]:
+def prewarmed() -> Iterator[Server | None]:
     if os.environ.get("EAGLE3KIT_DOCS_FRESH", "") not in ("", "0"):
         yield None
         return
-    sock = Path(tempfile.mkdtemp(prefix="e3k-docs-")) / "prewarmed.sock"  # short: AF_UNIX
-    log = tmp_path_factory.mktemp("prewarmed") / "log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests")])
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve-prewarmed", str(sock)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            env=env,
-        )
-    deadline = time.monotonic() + 120
-    while not sock.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-        time.sleep(0.05)
-    yield sock
-    proc.kill()
-    proc.wait()
-    shutil.rmtree(sock.parent, ignore_errors=True)
+    server = Server({k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")})
+    yield server
+    server.stop()
 
 
 def checkout_like(tmp_path: Path) -> Path:
@@ -397,66 +360,3 @@ def refresh(doc: Path, servers: DocServers, root: Path = Path("/tmp/eagle3kit"))
         end = m.end(2)
     servers.stop_launched()
     return "".join(pieces) + text[end:]
-
-
-def serve_prewarmed(path: str) -> None:
-    """The pre-warmed interpreter: import what `eagle3kit` commands import, then fork one
-    child per connection to run one command with the caller's stdio, argv, cwd and env."""
-    import jinja2  # noqa: F401
-    import torch  # noqa: F401
-    from transformers import AutoTokenizer  # noqa: F401  (transformers imports lazily)
-
-    import eagle3kit.cli
-    import eagle3kit.gen
-    import eagle3kit.gen.scheduler
-    import eagle3kit.gen.servers
-
-    server = socket.socket(socket.AF_UNIX)
-    server.bind(path + ".tmp")
-    server.listen(64)
-    os.rename(path + ".tmp", path)  # the path appears only once connections are accepted
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
-    sys.stdout.flush()
-    sys.stderr.flush()
-    while True:
-        conn, _ = server.accept()
-        if os.fork() == 0:
-            server.close()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _run_forwarded(conn, eagle3kit.cli.main)
-        conn.close()
-
-
-def _run_forwarded(conn: socket.socket, main) -> None:
-    head, fds, _, _ = socket.recv_fds(conn, 8, 3)
-    size, body = int.from_bytes(head, "big"), b""
-    while len(body) < size:
-        body += conn.recv(size - len(body))
-    request = json.loads(body)
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        os.close(fd)
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    sys.argv = ["eagle3kit", *request["argv"]]
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # a traceback is what the user would see: show it, exit 1
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError):
-            stream.flush()
-    conn.sendall(code.to_bytes(4, "big", signed=True))
-    os._exit(code)
-
-
-if __name__ == "__main__":  # the `prewarmed` fixture's server process
-    if sys.argv[1:2] == ["--serve-prewarmed"]:
-        serve_prewarmed(sys.argv[2])

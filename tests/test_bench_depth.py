@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
+import prewarmed
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -161,7 +161,7 @@ def pair(tmp_path_factory) -> dict[str, Path]:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "eagle3kit", "bench", *args],
+        [*prewarmed.argv(), "bench", *args],
         capture_output=True,
         text=True,
         timeout=600,

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+import prewarmed
 import pytest
 
 from eagle3kit.format import DatasetWriter, TokenSample
@@ -19,7 +19,7 @@ SECRET = b"-----BEGIN OPENSSH PRIVATE KEY----- not to be shared\n"
 
 def eagle3kit(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        [*prewarmed.argv(), *map(str, args)],
         capture_output=True,
         text=True,
         timeout=120,

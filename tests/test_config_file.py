@@ -13,10 +13,10 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
+import prewarmed
 import pytest
 import typer
 from fake_vllm_hidden import FakeVllmHidden
@@ -37,7 +37,7 @@ def eagle3kit(*args: str, cwd: Path | None = None, **extra_env: str) -> subproce
     env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **extra_env)
     return subprocess.run(
-        [sys.executable, "-m", "eagle3kit", *args],
+        [*prewarmed.argv(), *args],
         capture_output=True,
         text=True,
         env=env,

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
+import prewarmed
 import pytest
 
 from eagle3kit.format import Dataset, DatasetWriter, TokenSample
@@ -26,7 +26,7 @@ CSI = "\x9b2J"  # the one-byte C1 form of ESC [
 
 def eagle3kit(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        [*prewarmed.argv(), *map(str, args)],
         capture_output=True,
         text=True,
         timeout=120,

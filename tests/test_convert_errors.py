@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import orjson
+import prewarmed
 import pytest
 
 from eagle3kit.format import Dataset, is_dataset
@@ -31,7 +31,7 @@ GOOD_BEFORE = 5  # good lines before the bad one: two whole commits and one pend
 
 def run_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        [*prewarmed.argv(), *map(str, args)],
         capture_output=True,
         text=True,
         timeout=CLI_TIMEOUT_S,

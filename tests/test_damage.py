@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import prewarmed
 import pytest
 
 from eagle3kit.format import Dataset, DatasetError, DatasetWriter, TokenSample
@@ -107,7 +108,7 @@ def assert_same(got: TokenSample, want: TokenSample) -> None:
 
 def run_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        [*prewarmed.argv(), *map(str, args)],
         capture_output=True,
         text=True,
         timeout=CLI_TIMEOUT_S,

@@ -62,7 +62,6 @@ from doc_runner import (  # noqa: F401  (prewarmed is a fixture)
     doc_env,
     prewarmed,
     refresh,
-    serve_prewarmed,
     shims,
     split_command,
 )
@@ -375,9 +374,6 @@ def test_documented_ports_are_substituted() -> None:
 
 
 def main(argv: list[str]) -> None:
-    if argv[:1] == ["--serve-prewarmed"]:
-        serve_prewarmed(argv[1])
-        return
     sys.path.insert(0, str(REPO / "testkit"))
     from real_tokenizers import qwen3_tokenizer_dir
 

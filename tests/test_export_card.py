@@ -12,9 +12,9 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
+import prewarmed
 import pytest
 import yaml
 from launch_blocks import parse
@@ -45,7 +45,7 @@ def env() -> dict[str, str]:
 
 def eagle3kit(*args: object, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        [*prewarmed.argv(), *map(str, args)],
         cwd=cwd,
         env=env(),
         capture_output=True,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
+import prewarmed
 import pytest
 from fakeserver import FakeServer
 from real_tokenizers import qwen3_tokenizer_dir
@@ -214,7 +214,7 @@ def test_over_long_prompts_are_recorded_as_skipped(tmp_path, qwen3):
 
 def eagle3kit(*args: str, env: dict | None = None):
     return subprocess.run(
-        [sys.executable, "-m", "eagle3kit", *args],
+        [*prewarmed.argv(), *args],
         capture_output=True,
         text=True,
         timeout=300,

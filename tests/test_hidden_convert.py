@@ -17,11 +17,11 @@ import json
 import pickle
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import prewarmed
 import pytest
 import torch
 
@@ -270,7 +270,7 @@ class Payload:
 
 def run_cli(*args: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        [*prewarmed.argv(), *map(str, args)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
+import prewarmed
 import pytest
 
 from eagle3kit.format import DatasetWriter, TokenSample
@@ -34,7 +34,7 @@ def env() -> dict[str, str]:
 
 def cli(*args: str | Path, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        [*prewarmed.argv(), *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,

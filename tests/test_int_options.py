@@ -13,10 +13,10 @@ in one line naming the flag, exit 2, and nothing created.
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import prewarmed
 import pytest
 from typer.testing import CliRunner
 
@@ -150,7 +150,7 @@ def test_a_seed_is_not_negative() -> None:
 
 def _run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        [*prewarmed.argv(), *map(str, args)],
         cwd=cwd,
         capture_output=True,
         text=True,

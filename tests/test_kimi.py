@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+import prewarmed
 import pytest
 
 from eagle3kit import tiny, tiny_kimi
@@ -35,7 +35,7 @@ PROMPTS, BENCH_PROMPTS = 16, 4
 def eagle3kit(*args: object, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(
-        [sys.executable, "-m", "eagle3kit", *map(str, args)],
+        [*prewarmed.argv(), *map(str, args)],
         capture_output=True,
         text=True,
         env=env,

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import prewarmed
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,12 +37,17 @@ def env() -> dict[str, str]:
 
 
 def command(*args: str | Path) -> list[str]:
+    """A process of its own, for the tests that stop it with signals."""
     return [sys.executable, "-m", "eagle3kit", *map(str, args)]
 
 
 def eagle3kit(*args: str | Path, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        command(*args), capture_output=True, text=True, env=env(), timeout=timeout
+        [*prewarmed.argv(), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=timeout,
     )
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import prewarmed
 import pytest
 from fake_vllm_hidden import FakeVllmHidden
 from tiny_train import env
@@ -29,6 +29,7 @@ waited 120 s for a file named twice)."""
 
 
 def command(stage: str, train_world: dict, out: Path, url: str, *extra: str) -> list[str]:
+    """The command line, through the pre-warmed interpreter (no test here signals it)."""
     if stage == "extract":
         args = ["extract", str(train_world["tokens"]), str(out), "--engine", "vllm"]
     else:
@@ -49,9 +50,7 @@ def command(stage: str, train_world: dict, out: Path, url: str, *extra: str) -> 
             "2",
         ]
     return [
-        sys.executable,
-        "-m",
-        "eagle3kit",
+        *prewarmed.argv(),
         *args,
         "--server",
         url,

@@ -11,9 +11,9 @@ repeated.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
+import prewarmed
 import pytest
 
 from eagle3kit._urls import server_url
@@ -31,9 +31,7 @@ BAD = {
 
 
 def eagle3kit(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "eagle3kit", *args], capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run([*prewarmed.argv(), *args], capture_output=True, text=True, timeout=120)
 
 
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:

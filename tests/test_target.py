@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
+import prewarmed
 import pytest
 
 from eagle3kit.errors import UserError
@@ -170,9 +170,7 @@ def test_a_dtype_outside_an_options_vocabulary_is_refused_by_name():
 
 
 def _eagle3kit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "eagle3kit", *args], capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run([*prewarmed.argv(), *args], capture_output=True, text=True, timeout=120)
 
 
 def test_the_command_line_notes_an_old_spelling_once_on_stderr(tmp_path):

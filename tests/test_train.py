@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import prewarmed
 import pytest
 import torch
 from tiny_train import QUIET, config, env, losses, metrics, train_cmd, weights
@@ -374,9 +375,7 @@ def test_a_planted_pickle_in_a_checkpoint_is_refused_and_never_runs(train_world,
     # The CLI, as the issue found it: `train --force` resuming over a planted rng-rank0.pt.
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "eagle3kit",
+            *prewarmed.argv(),
             *train_cmd(train_world, tmp_path / "rng-rank0.pt", "--max-steps", "3", "--force"),
         ],
         capture_output=True,
@@ -631,9 +630,7 @@ def test_init_from_another_target_is_refused(train_world, tmp_path):
 def test_cli_errors_are_one_line(train_world, tmp_path):
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "eagle3kit",
+            *prewarmed.argv(),
             "train",
             str(train_world["hidden"]),
             str(tmp_path / "r"),

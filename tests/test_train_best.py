@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import prewarmed
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -34,10 +35,8 @@ GROWING_LR = ("--lr", "0.2", "--warmup", "100", "--schedule", "constant")
 
 
 def train(train_world: dict, out: Path, *extra: str) -> list[str]:
+    """The train command's arguments (after `eagle3kit`)."""
     return [
-        sys.executable,
-        "-m",
-        "eagle3kit",
         "train",
         str(train_world["hidden"]),
         str(out),
@@ -63,7 +62,7 @@ def train(train_world: dict, out: Path, *extra: str) -> list[str]:
 
 def eagle3kit(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "eagle3kit", *args],
+        [*prewarmed.argv(), *args],
         capture_output=True,
         text=True,
         env=env(),
@@ -72,7 +71,9 @@ def eagle3kit(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 
 
 def finished(cmd: list[str]) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=600)
+    proc = subprocess.run(
+        [*prewarmed.argv(), *cmd], capture_output=True, text=True, env=env(), timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -138,13 +139,7 @@ def test_the_rule_keeps_the_highest_trained_step_and_the_earlier_on_a_tie() -> N
 
 
 def test_a_bad_drafter_step_is_one_line_naming_the_flag(train_world, tmp_path):
-    proc = subprocess.run(
-        train(train_world, tmp_path / "run", "--drafter-step", "newest"),
-        capture_output=True,
-        text=True,
-        env=env(),
-        timeout=300,
-    )
+    proc = eagle3kit(*train(train_world, tmp_path / "run", "--drafter-step", "newest"))
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: --drafter-step must be one of best, last (got newest)"
@@ -211,8 +206,12 @@ def test_sigterm_mid_run_and_resume_keep_the_best(train_world, reference, tmp_pa
     checkpoint of the best step itself has been rotated away (--keep 2)."""
     out, best = tmp_path / "run", reference["best"]
     cmd = train(train_world, out, "--max-steps", str(STEPS + 8))  # the reference's steps, and more
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env()
+    proc = subprocess.Popen(  # a process of its own: it gets the SIGTERM
+        [sys.executable, "-m", "eagle3kit", *cmd],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
     )
     deadline = time.monotonic() + 300
     while not (out / "checkpoints" / f"step-{best + 4:08d}").is_dir():

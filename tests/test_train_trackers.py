@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import prewarmed
 import pytest
 import torch
 from tiny_train import config, env, metrics, train_cmd, weights
@@ -43,9 +44,7 @@ def test_unknown_tracker_is_refused_naming_the_flag(train_world, tmp_path):
         "--report-to: unknown tracker neptune (known: none, tensorboard, wandb, mlflow, trackio)"
     )
     cmd = [
-        sys.executable,
-        "-m",
-        "eagle3kit",
+        *prewarmed.argv(),
         *train_cmd(train_world, tmp_path / "run", "--report-to", "comet"),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
@@ -214,9 +213,7 @@ def test_trackio_local_store_holds_the_metrics(train_world, tmp_path):
     pytest.importorskip("trackio", reason="the trackio extra is not installed")
     out = tmp_path / "run"
     cmd = [
-        sys.executable,
-        "-m",
-        "eagle3kit",
+        *prewarmed.argv(),
         *train_cmd(
             train_world,
             out,

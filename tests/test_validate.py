@@ -12,11 +12,11 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import prewarmed
 import pytest
 from real_tokenizers import (
     TEMPLATES,
@@ -599,7 +599,7 @@ def test_out_of_vocabulary_ids_fail_a_check(qwen3: Renderer, tmp_path: Path) -> 
     assert check(bare).check("vocabulary").status == "skip"
 
     proc = subprocess.run(
-        [sys.executable, "-m", "eagle3kit", "validate", str(path)],
+        [*prewarmed.argv(), "validate", str(path)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,0 +1,194 @@
+"""`eagle3kit` commands forked from a pre-warmed interpreter: one process per test worker
+imports torch, transformers and eagle3kit once, then forks a child for each command.
+
+Importing torch and transformers costs a fresh `python -m eagle3kit` ~2.5 s of CPU; the tests
+run a few hundred such commands, so the default tier spent about a third of its time
+importing. A forked child is still a process of its own, with the caller's argv, working
+directory, environment and stdio (passed over a Unix socket), its own exit status, and no
+state shared with the test; it ends when its caller does (a test's timeout kills the caller,
+and the child follows within milliseconds).
+
+What it is not: the caller's pid is the client's, not the command's, so a test that signals
+the command (SIGTERM, SIGINT, SIGKILL at a chosen moment) or limits its resources starts
+`python -m eagle3kit` itself. `argv()` is how the other tests start a command:
+
+    subprocess.run([*prewarmed.argv(), "validate", str(path)], capture_output=True, text=True)
+
+Set EAGLE3KIT_TESTS_FRESH=1 to start every command fresh instead (the same tests, slower).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+CLIENT = """\
+import json, os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+body = json.dumps({"argv": sys.argv[2:], "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+socket.send_fds(s, [len(body).to_bytes(8, "big")], [0, 1, 2])
+s.sendall(body)
+code = b""
+while len(code) < 4:
+    chunk = s.recv(4 - len(code))
+    if not chunk:
+        sys.exit(1)
+    code += chunk
+sys.exit(int.from_bytes(code, "big", signed=True))
+"""
+"""The caller: sends its argv, cwd, environment and stdio, exits with the command's status."""
+
+
+class Server:
+    """A running pre-warmed interpreter and the client that talks to it."""
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="e3k-prewarmed-"))  # short: AF_UNIX paths
+        self.sock = self.dir / "sock"
+        self.client = self.dir / "client.py"
+        self.client.write_text(CLIENT)
+        log = self.dir / "log"
+        server_env = dict(os.environ if env is None else env)
+        server_env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(REPO), str(REPO / "testkit"), server_env.get("PYTHONPATH")])
+        )
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, __file__, str(self.sock)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                env=server_env,
+            )
+        deadline = time.monotonic() + 120
+        while not self.sock.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the pre-warmed interpreter did not start:\n{log.read_text()}")
+            time.sleep(0.05)
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-S", str(self.client), str(self.sock)]
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        with contextlib.suppress(OSError):
+            for path in self.dir.iterdir():
+                path.unlink()
+            self.dir.rmdir()
+
+
+_server: Server | None = None
+
+
+def argv() -> list[str]:
+    """The command line that starts `eagle3kit` (append its arguments): through this
+    process's pre-warmed interpreter, started on first use."""
+    global _server
+    if os.environ.get("EAGLE3KIT_TESTS_FRESH", "") not in ("", "0"):
+        return [sys.executable, "-m", "eagle3kit"]
+    if _server is None or _server.process.poll() is not None:
+        _server = Server({k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")})
+        atexit.register(_server.stop)
+    return _server.argv()
+
+
+# The server side ----------------------------------------------------------------------------
+
+
+def serve(path: str) -> None:
+    """Import what `eagle3kit` commands import, then fork one child per connection to run one
+    command with the caller's stdio, argv, cwd and environment."""
+    import jinja2  # noqa: F401
+    import torch  # noqa: F401
+    from transformers import AutoTokenizer, LlamaForCausalLM  # noqa: F401  (lazy otherwise)
+
+    import eagle3kit.cli
+    import eagle3kit.gen
+    import eagle3kit.gen.scheduler
+    import eagle3kit.gen.servers
+
+    threading.Thread(target=_end_with_the_parent, args=(os.getppid(),), daemon=True).start()
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path + ".tmp")
+    server.listen(64)
+    os.rename(path + ".tmp", path)  # the path appears only once connections are accepted
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    sys.stdout.flush()
+    sys.stderr.flush()
+    while True:
+        conn, _ = server.accept()
+        if os.fork() == 0:
+            server.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _run_forwarded(conn, eagle3kit.cli.main)
+        conn.close()
+
+
+def _end_with_the_parent(parent: int) -> None:
+    """A test worker that ends without stopping its server (xdist need not run atexit) leaves
+    no interpreter behind: the server goes once its parent has."""
+    while os.getppid() == parent:
+        time.sleep(1)
+    os._exit(0)
+
+
+def _end_with_the_caller(conn: socket.socket) -> None:
+    """The caller sends nothing after its request: the connection closing means it is gone
+    (a test's timeout killed it), and the command goes with it."""
+    with contextlib.suppress(OSError):
+        conn.recv(1)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _run_forwarded(conn: socket.socket, main) -> None:
+    head, fds, _, _ = socket.recv_fds(conn, 8, 3)
+    size, body = int.from_bytes(head, "big"), b""
+    while len(body) < size:
+        body += conn.recv(size - len(body))
+    request = json.loads(body)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:  # read by OpenMP when torch loaded, not now
+        import torch
+
+        torch.set_num_threads(int(threads))
+    sys.argv = ["eagle3kit", *request["argv"]]
+    threading.Thread(target=_end_with_the_caller, args=(conn,), daemon=True).start()
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # a traceback is what the user would see: show it, exit 1
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):
+            stream.flush()
+    conn.sendall(code.to_bytes(4, "big", signed=True))
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

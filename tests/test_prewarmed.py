@@ -1,0 +1,75 @@
+"""testkit/prewarmed.py: a command forked from the pre-warmed interpreter behaves as the same
+command started fresh (its output, its exit status, the caller's working directory and
+environment), and dies with its caller."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import prewarmed
+from real_tokenizers import qwen3_tokenizer_dir
+
+
+def both(*args: str, cwd: Path, env: dict[str, str]) -> list[subprocess.CompletedProcess[str]]:
+    return [
+        subprocess.run(
+            [*start, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        )
+        for start in (prewarmed.argv(), [sys.executable, "-m", "eagle3kit"])
+    ]
+
+
+def test_a_forked_command_answers_as_a_fresh_one(tmp_path: Path) -> None:
+    env = {**os.environ, "COLUMNS": "100"}
+    warm, fresh = both("--version", cwd=tmp_path, env=env)
+    assert (warm.returncode, warm.stdout, warm.stderr) == (0, fresh.stdout, fresh.stderr)
+    # a refusal naming a path relative to the caller's directory, and its status
+    warm, fresh = both("info", "no-such-run", cwd=tmp_path, env=env)
+    assert warm.returncode == fresh.returncode != 0
+    assert warm.stderr == fresh.stderr and "no-such-run" in warm.stderr
+
+
+def test_the_command_ends_with_its_caller(tmp_path: Path) -> None:
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "hi"}\n')
+    tokenizer = qwen3_tokenizer_dir(tmp_path / "tokenizer")
+    with socket.socket() as silent:  # listens, never answers: gen waits ~30 s for its health
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        caller = subprocess.Popen(
+            [
+                *prewarmed.argv(),
+                *("gen", "prompts.jsonl", "ds", "--server", url, "--no-progress"),
+                *("--tokenizer", str(tokenizer)),
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while len(working_in(tmp_path)) < 2:  # the caller and the command it forwarded
+            assert caller.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        caller.kill()
+        caller.wait()
+        deadline = time.monotonic() + 5  # well before gen would give up by itself
+        while working_in(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not working_in(tmp_path)
+
+
+def working_in(folder: Path) -> list[int]:
+    """The processes whose working directory is `folder`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cwd").resolve() == folder.resolve():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
