@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import prewarmed
 import pytest
 from doc_runner import code_blocks, split_command
 from fake_spec_server import SpecServer
@@ -53,7 +54,7 @@ def doc_commands() -> list[tuple[int, str, int]]:
 def argv(command: str) -> list[str]:
     words = shlex.split(command)
     if words[0] == "eagle3kit":
-        return [sys.executable, "-m", "eagle3kit", *words[1:]]
+        return [*prewarmed.argv(), *words[1:]]
     if words[0] == "python":
         return [sys.executable, *words[1:]]
     raise AssertionError(f"docs/bench.md runs only eagle3kit and python, not {words[0]}")
