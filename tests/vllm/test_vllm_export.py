@@ -7,8 +7,8 @@ target's whole vocabulary. Each is exported with and without `--with-embedding` 
 with `--speculative-config '{"method": "eagle3", ...}'` (k = 3). On the held-out prompts
 `bench server` reads vLLM's `vllm:spec_decode_*` counters and `bench accept` decodes the
 same prompts offline: their acceptance lengths, overall and per draft position, agree
-within 0.05 (for the last export, `bench parity` does both on its server). The embedding is a bit-exact copy of the target's, so the exports with and
-without it speculate identically.
+within 0.05 (for the last export, `bench parity` does both on its server). The embedding
+is a bit-exact copy of the target's, so the exports with and without it speculate identically.
 
 The full-vocabulary layout eagle3kit wrote before (d2t/t2d of the identity mapping) is
 refused by vLLM at load; `eagle3kit info` flags it.
