@@ -8,6 +8,8 @@ directory, environment and stdio (passed over a Unix socket), its own exit statu
 state shared with the test; it ends when its caller does (a test's timeout kills the caller,
 and the child follows within milliseconds).
 
+`script_argv(path)` runs a Python script the same way (the benchmarks' `--help`).
+
 What it is not: the caller's pid is the client's, not the command's, so a test that signals
 the command (SIGTERM, SIGINT, SIGKILL at a chosen moment) or limits its resources starts
 `python -m eagle3kit` itself. `argv()` is how the other tests start a command:
@@ -23,6 +25,7 @@ import atexit
 import contextlib
 import json
 import os
+import runpy
 import signal
 import socket
 import subprocess
@@ -30,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,16 +98,35 @@ class Server:
 _server: Server | None = None
 
 
+SCRIPT = "--prewarmed-script"
+"""Marks a request to run a Python script (`script_argv`) rather than `eagle3kit`."""
+
+
 def argv() -> list[str]:
     """The command line that starts `eagle3kit` (append its arguments): through this
     process's pre-warmed interpreter, started on first use."""
-    global _server
-    if os.environ.get("EAGLE3KIT_TESTS_FRESH", "") not in ("", "0"):
+    if _fresh():
         return [sys.executable, "-m", "eagle3kit"]
+    return _started().argv()
+
+
+def script_argv(script: Path) -> list[str]:
+    """The command line that runs `python SCRIPT` (append its arguments), the same way."""
+    if _fresh():
+        return [sys.executable, str(script)]
+    return [*_started().argv(), SCRIPT, str(script)]
+
+
+def _fresh() -> bool:
+    return os.environ.get("EAGLE3KIT_TESTS_FRESH", "") not in ("", "0")
+
+
+def _started() -> Server:
+    global _server
     if _server is None or _server.process.poll() is not None:
         _server = Server({k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")})
         atexit.register(_server.stop)
-    return _server.argv()
+    return _server
 
 
 # The server side ----------------------------------------------------------------------------
@@ -171,7 +194,13 @@ def _run_forwarded(conn: socket.socket, main) -> None:
         import torch
 
         torch.set_num_threads(int(threads))
-    sys.argv = ["eagle3kit", *request["argv"]]
+    args = request["argv"]
+    if args[:1] == [SCRIPT]:  # `python SCRIPT ...`: its folder first on the path, as python does
+        sys.argv = args[1:]
+        sys.path.insert(0, str(Path(args[1]).resolve().parent))
+        main = partial(runpy.run_path, args[1], run_name="__main__")
+    else:
+        sys.argv = ["eagle3kit", *args]
     threading.Thread(target=_end_with_the_caller, args=(conn,), daemon=True).start()
     code = 0
     try:

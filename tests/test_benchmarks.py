@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import prewarmed
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -26,7 +27,7 @@ def test_the_folder_is_found() -> None:
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_every_benchmark_answers_help(script: Path, tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(script), "--help"],
+        [*prewarmed.script_argv(script), "--help"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
