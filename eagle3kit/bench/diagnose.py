@@ -403,13 +403,21 @@ def engine_sampling(
     sampled: float | None,
     zero: float,
     offline_zero: float | None = None,
+    bench_sampled: float | None = None,
 ) -> Finding:
-    """The engine keeps almost no drafts at `temperature` but keeps them at 0 (`zero`, with
-    bench accept's `offline_zero` beside it where the gate measured one): its sampling, not
-    the drafter, is at fault."""
+    """The engine keeps almost no drafts at `temperature` (or, `bench_sampled` given, fewer
+    than bench accept's figure there under every rule it has) but keeps them at 0 (`zero`,
+    with bench accept's `offline_zero` beside it where the gate measured one): its sampling,
+    not the drafter, is at fault."""
     agrees = "" if offline_zero is None else f", as bench accept does ({offline_zero:.3f})"
+    kept = (
+        "almost no drafts"
+        if bench_sampled is None
+        else f"fewer drafts than bench accept allows under any rule it has "
+        f"({bench_sampled:.3f} as verified)"
+    )
     head = (
-        f"at temperature {temperature:g} the engine keeps almost no drafts (acceptance "
+        f"at temperature {temperature:g} the engine keeps {kept} (acceptance "
         f"length {_fmt(sampled)}) but the same server at temperature 0 accepts "
         f"{zero:.3f}{agrees}: its sampling at temperature > 0 is at fault, not the drafter"
     )

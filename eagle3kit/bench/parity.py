@@ -8,7 +8,7 @@ accepts almost nothing, or when inspection finds a served setting that differs f
 (eagle3kit.bench.diagnose names the cause). At temperature 0 both sides are deterministic
 and count the same rounds, so they agree within --tolerance; at temperature > 0 both are
 random, and the engine's figure must fall inside the confidence interval around bench
-accept's (`compare_sampled`). What the server serves is read by served.py, the report is
+accept's (`stats.compare_sampled`). What the server serves is read by served.py, the report is
 result.py's `ParityReport`, shown by report.py.
 """
 
@@ -27,7 +27,7 @@ from eagle3kit.bench.contexts import DepthOptions
 from eagle3kit.bench.parity_report import show_parity
 from eagle3kit.bench.result import ParityReport
 from eagle3kit.bench.served import inspect_server
-from eagle3kit.bench.stats import likely_misconfigured
+from eagle3kit.bench.stats import compare_sampled, likely_misconfigured
 from eagle3kit.errors import UserError
 from eagle3kit.target import parse_dtype
 
@@ -303,9 +303,9 @@ def run(cfg: ParityConfig) -> ParityReport:
         )
         interval = None
     near_one = engine_length is not None and likely_misconfigured(engine_length)
-    from eagle3kit.bench.probe import sampling_probe  # T > 0, the engine keeping ~nothing
+    from eagle3kit.bench.probe import sampling_probe  # T > 0, the engine keeping too few
 
-    findings += sampling_probe(cfg, k, online, offline, agree)
+    findings += sampling_probe(cfg, k, online, offline, agree, rule, served)
     if (not agree or near_one) and not findings:
         findings.append(
             diagnose.unexplained(
@@ -424,44 +424,6 @@ def verification_rule(cfg: ParityConfig, served: diagnose.Served) -> Any:
     name = cfg.verify if cfg.verify != "auto" else (served.verify or "onehot")
     thresholds = served.thresholds if name == "sglang" else (1.0, 1.0)
     return Rule(name, *thresholds)
-
-
-def compare_sampled(
-    engine: float | None,
-    engine_rounds: int | None,
-    offline: float | None,
-    offline_interval: dict[str, Any] | None,
-) -> tuple[dict[str, Any], bool, dict[str, Any] | None]:
-    """(engine minus offline; whether the engine's acceptance length is inside the interval;
-    that interval) at temperature > 0, where both figures are random.
-
-    The engine sampled its own tokens, so the difference carries both sides' noise: the
-    offline standard error, and the engine's taken to be the offline one scaled to the
-    engine's rounds (the same drafter, prompts and rule give the same per-round spread).
-    """
-    from eagle3kit.bench.stats import z_score
-
-    if engine is None or offline is None or not offline_interval:
-        overall = None if engine is None or offline is None else engine - offline
-        return {"acceptance_length": overall, "per_position": []}, False, None
-    overall = engine - offline
-    se = offline_interval["standard_error"]
-    rounds = offline_interval["rounds"]
-    engine_se = se * math.sqrt(rounds / engine_rounds) if engine_rounds else se
-    half = z_score(offline_interval["confidence"]) * math.sqrt(se**2 + engine_se**2)
-    interval = {
-        "low": offline - half,
-        "high": offline + half,
-        "half_width": half,
-        "confidence": offline_interval["confidence"],
-        "offline_rounds": rounds,
-        "engine_rounds": engine_rounds,
-    }
-    return (
-        {"acceptance_length": overall, "per_position": []},
-        abs(overall) <= half + 1e-9,
-        interval,
-    )
 
 
 def compare(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from eagle3kit.model.acceptance import predicted_acceptance_length
 
@@ -147,3 +148,39 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def likely_misconfigured(length: float | None) -> bool:
     return length is not None and length < LIKELY_MISCONFIGURED
+
+
+def compare_sampled(
+    engine: float | None,
+    engine_rounds: int | None,
+    offline: float | None,
+    offline_interval: dict[str, Any] | None,
+) -> tuple[dict[str, Any], bool, dict[str, Any] | None]:
+    """(engine minus offline; whether the engine's acceptance length is inside the interval;
+    that interval) at temperature > 0, where both figures are random.
+
+    The engine sampled its own tokens, so the difference carries both sides' noise: the
+    offline standard error, and the engine's taken to be the offline one scaled to the
+    engine's rounds (the same drafter, prompts and rule give the same per-round spread).
+    """
+    if engine is None or offline is None or not offline_interval:
+        overall = None if engine is None or offline is None else engine - offline
+        return {"acceptance_length": overall, "per_position": []}, False, None
+    overall = engine - offline
+    se = offline_interval["standard_error"]
+    rounds = offline_interval["rounds"]
+    engine_se = se * math.sqrt(rounds / engine_rounds) if engine_rounds else se
+    half = z_score(offline_interval["confidence"]) * math.sqrt(se**2 + engine_se**2)
+    interval = {
+        "low": offline - half,
+        "high": offline + half,
+        "half_width": half,
+        "confidence": offline_interval["confidence"],
+        "offline_rounds": rounds,
+        "engine_rounds": engine_rounds,
+    }
+    return (
+        {"acceptance_length": overall, "per_position": []},
+        abs(overall) <= half + 1e-9,
+        interval,
+    )

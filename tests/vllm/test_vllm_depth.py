@@ -198,9 +198,11 @@ SAMPLED_TOKENS = 64
 def test_the_gate_names_the_cpu_builds_broken_sampling_on_the_server_as_shipped(
     servers, world: World, long_target: Path, long_export: Path, tmp_path: Path
 ) -> None:
-    """The server above, without the expand fix: at temperature 1.0 the engine keeps almost
-    no drafts while bench accept keeps some; the gate's temperature-0 probe finds the two in
-    agreement, so it exits 1 naming the engine's sampling, and nothing else."""
+    """The server above, without the expand fix: at temperature 1.0 the engine keeps fewer
+    drafts than bench accept allows (mostly almost none, but it verifies against whatever
+    the memory held: one run kept 1.218 a round against bench accept's 1.583); the gate's
+    temperature-0 probe finds the two in agreement, so it exits 1 naming the engine's
+    sampling, and nothing else."""
     vllm = serve(servers, long_target, long_export)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(world.bench_prompts.read_text().splitlines(True)[:SAMPLED_PROMPTS]))
@@ -243,7 +245,8 @@ def test_the_gate_names_the_cpu_builds_broken_sampling_on_the_server_as_shipped(
         f"{report['findings']}",
         file=sys.stderr,
     )
-    assert engine["acceptance_length"] < 1.05 < offline["acceptance_length"]
+    assert engine["acceptance_length"] < report["interval"]["low"]
+    assert offline["acceptance_length"] > 1.05
     assert [f["cause"] for f in report["findings"]] == ["engine-sampling"], report["findings"]
     assert "vllm#55005" in report["findings"][0]["message"]
     assert "[engine-sampling]" in " ".join(gate.stderr.split())
