@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -105,24 +106,24 @@ SCRIPT = "--prewarmed-script"
 def argv() -> list[str]:
     """The command line that starts `eagle3kit` (append its arguments): through this
     process's pre-warmed interpreter, started on first use."""
-    if _fresh():
-        return [sys.executable, "-m", "eagle3kit"]
-    return _started().argv()
+    server = shared()
+    return [sys.executable, "-m", "eagle3kit"] if server is None else server.argv()
 
 
 def script_argv(script: Path) -> list[str]:
     """The command line that runs `python SCRIPT` (append its arguments), the same way."""
-    if _fresh():
-        return [sys.executable, str(script)]
-    return [*_started().argv(), SCRIPT, str(script)]
+    server = shared()
+    return (
+        [sys.executable, str(script)] if server is None else [*server.argv(), SCRIPT, str(script)]
+    )
 
 
-def _fresh() -> bool:
-    return os.environ.get("EAGLE3KIT_TESTS_FRESH", "") not in ("", "0")
-
-
-def _started() -> Server:
+def shared() -> Server | None:
+    """This process's pre-warmed interpreter, started on first use; None where
+    EAGLE3KIT_TESTS_FRESH=1 asks for fresh commands."""
     global _server
+    if os.environ.get("EAGLE3KIT_TESTS_FRESH", "") not in ("", "0"):
+        return None
     if _server is None or _server.process.poll() is not None:
         _server = Server({k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")})
         atexit.register(_server.stop)
@@ -177,7 +178,7 @@ def _end_with_the_caller(conn: socket.socket) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _run_forwarded(conn: socket.socket, main) -> None:
+def _run_forwarded(conn: socket.socket, eagle3kit_main: Callable[[], object]) -> None:
     head, fds, _, _ = socket.recv_fds(conn, 8, 3)
     size, body = int.from_bytes(head, "big"), b""
     while len(body) < size:
@@ -195,6 +196,7 @@ def _run_forwarded(conn: socket.socket, main) -> None:
 
         torch.set_num_threads(int(threads))
     args = request["argv"]
+    main = eagle3kit_main
     if args[:1] == [SCRIPT]:  # `python SCRIPT ...`: its folder first on the path, as python does
         sys.argv = args[1:]
         sys.path.insert(0, str(Path(args[1]).resolve().parent))

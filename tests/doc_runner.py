@@ -16,10 +16,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import prewarmed as prewarmed_server
 import pytest
 from prewarmed import Server
 
@@ -235,13 +235,12 @@ def shims(bin_dir: Path, prewarmed: Server | None = None) -> None:
 
 
 @pytest.fixture(scope="session")
-def prewarmed() -> Iterator[Server | None]:
+def prewarmed() -> Server | None:
+    """The worker's pre-warmed interpreter, the one every other test's commands go through
+    (None with EAGLE3KIT_DOCS_FRESH=1 or EAGLE3KIT_TESTS_FRESH=1: each command fresh)."""
     if os.environ.get("EAGLE3KIT_DOCS_FRESH", "") not in ("", "0"):
-        yield None
-        return
-    server = Server({k: v for k, v in os.environ.items() if not k.startswith("EAGLE3KIT_")})
-    yield server
-    server.stop()
+        return None
+    return prewarmed_server.shared()
 
 
 def checkout_like(tmp_path: Path) -> Path:

@@ -1,9 +1,10 @@
 """testkit/prewarmed.py: a command forked from the pre-warmed interpreter behaves as the same
-command started fresh (its output, its exit status, the caller's working directory and
-environment), and dies with its caller."""
+command started fresh (its output, its exit status, the caller's working directory,
+environment and arguments), and dies with its caller."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -28,10 +29,40 @@ def test_a_forked_command_answers_as_a_fresh_one(tmp_path: Path) -> None:
     env = {**os.environ, "COLUMNS": "100"}
     warm, fresh = both("--version", cwd=tmp_path, env=env)
     assert (warm.returncode, warm.stdout, warm.stderr) == (0, fresh.stdout, fresh.stderr)
-    # a refusal naming a path relative to the caller's directory, and its status
+    # a refusal and its status
     warm, fresh = both("info", "no-such-run", cwd=tmp_path, env=env)
     assert warm.returncode == fresh.returncode != 0
     assert warm.stderr == fresh.stderr and "no-such-run" in warm.stderr
+
+
+def test_a_script_sees_the_callers_directory_environment_and_arguments(tmp_path: Path) -> None:
+    script = tmp_path / "tools" / "show.py"
+    script.parent.mkdir()
+    script.write_text(
+        "import json, os, sys\n"
+        "print(json.dumps([os.getcwd(), os.environ['E3K_PROBE'], sys.argv[1:], sys.path[0]]))\n"
+        "sys.exit(3)\n"
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "E3K_PROBE": "from the caller"}
+    warm, fresh = (
+        subprocess.run(
+            [*start, "a b", "--flag"], cwd=work, env=env, capture_output=True, text=True, timeout=60
+        )
+        for start in (prewarmed.script_argv(script), [sys.executable, str(script)])
+    )
+    assert warm.returncode == fresh.returncode == 3, warm.stderr
+    assert (
+        json.loads(warm.stdout)
+        == json.loads(fresh.stdout)
+        == [
+            str(work),
+            "from the caller",
+            ["a b", "--flag"],
+            str(script.parent),
+        ]
+    )
 
 
 def test_the_command_ends_with_its_caller(tmp_path: Path) -> None:

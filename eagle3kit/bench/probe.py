@@ -51,10 +51,7 @@ def sampling_probe(
     ):
         return []
     garbled = diagnose.keeps_almost_nothing(sampled, online.per_position)
-    if not garbled and (
-        (served.verify is not None and served.verify != rule.name)
-        or another_rule_explains(cfg, k, online, rule, served)
-    ):
+    if not garbled and another_rule_explains(cfg, k, online, rule, served):
         return []
     zero = dataclasses.replace(
         cfg,
@@ -92,15 +89,18 @@ def sampling_probe(
 
 
 def another_rule_explains(cfg: Any, k: int, online: Any, rule: Any, served: Any) -> bool:
-    """Whether the engine's figure falls inside bench accept's interval under another rule
-    the engine has (vLLM: onehot and probabilistic), measured offline on the same prompts;
-    never where the server said its rule."""
+    """Whether another verification rule explains the engine's figure: the server's own,
+    where it says one that differs from bench accept's `rule` (the `verification` finding
+    names it); else, for vLLM, its other rule (onehot, probabilistic), measured offline on
+    the same prompts, with the engine's figure inside that interval."""
     import eagle3kit.bench.accept as accept
     from eagle3kit.bench.served import VLLM_RULES
     from eagle3kit.bench.stats import compare_sampled
     from eagle3kit.model.verification import Rule
 
-    if served.verify is not None or online.api != "vllm":
+    if served.verify is not None:
+        return served.verify != rule.name
+    if online.api != "vllm":
         return False
     for name in sorted(set(VLLM_RULES.values()) - {rule.name}):
         _ui.info(
