@@ -10,9 +10,12 @@ and the child follows within milliseconds).
 
 `script_argv(path)` runs a Python script the same way (the benchmarks' `--help`).
 
-What it is not: the caller's pid is the client's, not the command's, so a test that signals
-the command (SIGTERM, SIGINT, SIGKILL at a chosen moment) or limits its resources starts
-`python -m eagle3kit` itself. `argv()` is how the other tests start a command:
+What it is not: the caller's pid is the client's, not the command's, so a test that sends
+the command a signal it handles (SIGTERM, SIGINT) or limits its resources starts
+`python -m eagle3kit` itself. SIGKILL is the exception: `kill(proc)` SIGKILLs the client,
+the command dies of SIGKILL a few milliseconds later (no handler of its own can run), and
+`kill` returns once it is gone (its pid is in a file the client writes before the command
+may start). `argv()` is how the other tests start a command:
 
     subprocess.run([*prewarmed.argv(), "validate", str(path)], capture_output=True, text=True)
 
@@ -26,6 +29,7 @@ import contextlib
 import json
 import os
 import runpy
+import shutil
 import signal
 import socket
 import subprocess
@@ -46,15 +50,26 @@ s.connect(sys.argv[1])
 body = json.dumps({"argv": sys.argv[2:], "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
 socket.send_fds(s, [len(body).to_bytes(8, "big")], [0, 1, 2])
 s.sendall(body)
-code = b""
-while len(code) < 4:
-    chunk = s.recv(4 - len(code))
-    if not chunk:
-        sys.exit(1)
-    code += chunk
-sys.exit(int.from_bytes(code, "big", signed=True))
+def receive(n):
+    got = b""
+    while len(got) < n:
+        chunk = s.recv(n - len(got))
+        if not chunk:
+            sys.exit(1)
+        got += chunk
+    return got
+pids = os.path.join(os.path.dirname(sys.argv[1]), "pids")
+mine = os.path.join(pids, str(os.getpid()))
+with open(mine + ".tmp", "w") as f:
+    f.write(str(int.from_bytes(receive(4), "big")))
+os.rename(mine + ".tmp", mine)
+s.sendall(b"g")
+code = int.from_bytes(receive(4), "big", signed=True)
+os.unlink(mine)
+sys.exit(code)
 """
-"""The caller: sends its argv, cwd, environment and stdio, exits with the command's status."""
+"""The caller: sends its argv, cwd, environment and stdio; writes the command's pid to
+pids/<its own pid> before letting the command start; exits with the command's status."""
 
 
 class Server:
@@ -65,6 +80,7 @@ class Server:
         self.sock = self.dir / "sock"
         self.client = self.dir / "client.py"
         self.client.write_text(CLIENT)
+        (self.dir / "pids").mkdir()
         log = self.dir / "log"
         server_env = dict(os.environ if env is None else env)
         server_env["PYTHONPATH"] = os.pathsep.join(
@@ -87,13 +103,17 @@ class Server:
     def argv(self) -> list[str]:
         return [sys.executable, "-S", str(self.client), str(self.sock)]
 
+    def command_pid(self, client_pid: int) -> int | None:
+        """The pid of the command a client started; None if it never let one start."""
+        try:
+            return int((self.dir / "pids" / str(client_pid)).read_text())
+        except FileNotFoundError:
+            return None
+
     def stop(self) -> None:
         self.process.kill()
         self.process.wait()
-        with contextlib.suppress(OSError):
-            for path in self.dir.iterdir():
-                path.unlink()
-            self.dir.rmdir()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 _server: Server | None = None
@@ -116,6 +136,28 @@ def script_argv(script: Path) -> list[str]:
     return (
         [sys.executable, str(script)] if server is None else [*server.argv(), SCRIPT, str(script)]
     )
+
+
+def kill(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGKILL the command `proc` started (through `argv()` or fresh) and wait until it is
+    gone. Through the pre-warmed interpreter, the client is killed and its command kills
+    itself with SIGKILL when the connection drops (milliseconds later); a client killed
+    before it wrote its command's pid never let the command start."""
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    command = _server.command_pid(proc.pid) if _server is not None else None
+    if command is None:
+        return
+    (_server.dir / "pids" / str(proc.pid)).unlink()  # type: ignore[union-attr]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.kill(command, 0)  # the server's children are reaped by the kernel: no zombie
+        except ProcessLookupError:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the command of client {proc.pid} (pid {command}) outlived it")
+        time.sleep(0.001)
 
 
 def shared() -> Server | None:
@@ -182,8 +224,16 @@ def _run_forwarded(conn: socket.socket, eagle3kit_main: Callable[[], object]) ->
     head, fds, _, _ = socket.recv_fds(conn, 8, 3)
     size, body = int.from_bytes(head, "big"), b""
     while len(body) < size:
-        body += conn.recv(size - len(body))
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            os._exit(1)  # the caller is gone before it asked for anything
+        body += chunk
     request = json.loads(body)
+    # The caller writes this pid where `kill` finds it, then says go: a caller killed before
+    # that never has a command running behind it.
+    conn.sendall(os.getpid().to_bytes(4, "big"))
+    if conn.recv(1) != b"g":
+        os._exit(1)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)

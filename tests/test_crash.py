@@ -7,6 +7,11 @@ every kill the dataset must open (or, killed before its marker was written, not 
 verify clean, keep every sample it held before the kill, hold each sample once and equal to
 its source line; rerunning the same command must finish the job and remove the debris the
 crashes left.
+
+The commands are forked from the worker's pre-warmed interpreter (testkit/prewarmed.py), which
+has imported torch and the rest already: `prewarmed.kill` SIGKILLs a command (through its
+caller, milliseconds later, still with no handler of its own) and returns once it is gone.
+Every run still starts the CLI from its `main`, so the early kills still land in its set-up.
 """
 
 from __future__ import annotations
@@ -16,12 +21,12 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
+import prewarmed
 import pytest
 from random_samples import canonical, write_source
 
@@ -49,7 +54,7 @@ def cli_env() -> dict[str, str]:
 
 
 def convert_cmd(src: Path, ds: Path) -> list[str]:
-    return [sys.executable, "-m", "eagle3kit", "convert", str(src), str(ds), *CONVERT_FLAGS]
+    return [*prewarmed.argv(), "convert", str(src), str(ds), *CONVERT_FLAGS]
 
 
 def start_convert(src: Path, ds: Path) -> subprocess.Popen[bytes]:
@@ -64,7 +69,7 @@ def start_convert(src: Path, ds: Path) -> subprocess.Popen[bytes]:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "eagle3kit", *args],
+        [*prewarmed.argv(), *args],
         env=cli_env(),
         capture_output=True,
         text=True,
@@ -74,7 +79,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def start_cli(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "eagle3kit", *args],
+        [*prewarmed.argv(), *args],
         env=cli_env(),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -260,8 +265,7 @@ def run_trial(src: Source, work: Path, trial: int, seed: int, n_kills: int | Non
             proc.wait(timeout=delay)
             finished = True
         except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+            prewarmed.kill(proc)
             # The run may have ended between the timeout and the kill: its exit code says
             # which came first (a SIGKILL to a process already gone changes nothing).
             finished = proc.returncode != -signal.SIGKILL
@@ -362,9 +366,7 @@ def test_each_run_commits_early_so_kills_in_quick_succession_still_progress(
 
     ds = tmp_path / "ds"
     cmd = [
-        sys.executable,
-        "-m",
-        "eagle3kit",
+        *prewarmed.argv(),
         "convert",
         str(source.path),
         str(ds),
@@ -388,8 +390,7 @@ def test_each_run_commits_early_so_kills_in_quick_succession_still_progress(
         while len(_manifest(ds).get("shards", [])) == before and proc.poll() is None:
             assert time.monotonic() < deadline, "no commit from a run in its first minutes"
             time.sleep(0.002)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        prewarmed.kill(proc)
         stderr = proc.stderr.read().decode() if proc.stderr else ""
         assert proc.returncode == -signal.SIGKILL, f"the run ended before its kill: {stderr}"
         now = set(Dataset(ds, warn_stray=False).sample_ids())

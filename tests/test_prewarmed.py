@@ -104,3 +104,35 @@ def working_in(folder: Path) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def test_kill_returns_once_the_command_is_gone(tmp_path: Path) -> None:
+    """`prewarmed.kill` SIGKILLs the caller and returns only after the command it let start
+    has died (of SIGKILL: its own cleanup never runs), so a test that inspects what the
+    command wrote sees nothing change after it."""
+    script = tmp_path / "writes.py"
+    script.write_text(
+        "import atexit, os, pathlib, time\n"
+        "atexit.register(lambda: pathlib.Path('cleaned').write_text('x'))\n"
+        "pathlib.Path('pid').write_text(str(os.getpid()))\n"
+        "n = 0\n"
+        "while True:\n"
+        "    n += 1\n"
+        "    pathlib.Path('count').write_text(str(n))\n"
+    )
+    caller = subprocess.Popen(
+        prewarmed.script_argv(script), cwd=tmp_path, stdout=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "count").exists():
+        assert caller.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    prewarmed.kill(caller)
+    assert caller.returncode == -9
+    command = int((tmp_path / "pid").read_text())
+    assert command != caller.pid
+    assert not Path(f"/proc/{command}").exists()
+    count = (tmp_path / "count").read_text()
+    time.sleep(0.2)
+    assert (tmp_path / "count").read_text() == count
+    assert not (tmp_path / "cleaned").exists()

@@ -356,6 +356,9 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one(train_world, 
         start = max(checkpoints(out), default="") if (out / "checkpoints").is_dir() else ""
         deadline = time.monotonic() + 300
         while proc.poll() is None and time.monotonic() < deadline:
+            # A millisecond's sleep still lands inside a write (tens of milliseconds here) and
+            # leaves the core to the run: spinning took it from the run on 2 cores.
+            time.sleep(0.001)
             if not (out / "checkpoints").is_dir():
                 continue
             names = checkpoints(out)

@@ -6,9 +6,16 @@ Without the environment they skip with one reason; with EAGLE3KIT_REQUIRE_VLLM=1
 is a failure instead.
 
 A vLLM server takes 1-3 minutes to start on 2 cores, so each configuration starts once per
-session and at most one runs at a time (`servers.get` stops the previous one): the tests
-are ordered so that those sharing a configuration run together (MODULE_ORDER). Every
-server is its own process group and is stopped at the end of the session, whatever happens.
+session and at most one runs at a time in a process (`servers.get` stops the previous one):
+the tests are ordered so that those sharing a configuration run together (MODULE_ORDER).
+Every server is its own process group and is stopped at the end of the session, whatever
+happens.
+
+The tier runs in two processes (`-n 2 --dist loadgroup`, as `.ci/run` does) or in one
+(`-n 0`): the modules that share the world below form one group, those that build their own
+target the other (GROUPS), and a group runs whole in one process, so no configuration starts
+twice. A server spends most of its start importing vLLM in three processes one after the
+other, with a core left idle: two groups side by side take about two thirds of the time.
 
 The world they share: a tiny target trained for a minute (eagle3kit.tiny, head_dim 32), the
 prompts gen answers through the real server (its training data), the hidden states
@@ -45,6 +52,9 @@ MODULE_ORDER = [
     "test_vllm_docs",
 ]
 """Modules in the order their servers start (a later module may reuse an earlier server)."""
+OWN_TARGET = {"test_vllm_kimi", "test_vllm_docs", "test_vllm_window"}
+"""Modules that build their own target and need nothing of the shared world: the second
+group (`xdist_group`), run beside the first when the tier has two processes."""
 TRAIN_PROMPTS = 96
 BENCH_PROMPTS = 24
 MAX_TOKENS = 256
@@ -56,6 +66,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     mine = [i for i in items if HERE in Path(str(i.fspath)).parents]
     for item in mine:
         item.add_marker(pytest.mark.vllm)
+        own = Path(str(item.fspath)).stem in OWN_TARGET
+        item.add_marker(pytest.mark.xdist_group("vllm-own-target" if own else "vllm-world"))
     rank = {name: n for n, name in enumerate(MODULE_ORDER)}
     others = [i for i in items if i not in mine]
     mine.sort(key=lambda i: rank.get(Path(str(i.fspath)).stem, len(rank)))
@@ -63,10 +75,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def vllm_env() -> Path:
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+def vllm_env(pytestconfig: pytest.Config) -> Path:
+    if os.environ.get("PYTEST_XDIST_WORKER") and pytestconfig.getoption("dist") != "loadgroup":
         # Each worker would start every server configuration again, side by side.
-        pytest.fail("the vllm tier runs in one process: add -n 0", pytrace=False)
+        pytest.fail(
+            "the vllm tier runs in one process (-n 0) or in two by group (-n 2 --dist loadgroup)",
+            pytrace=False,
+        )
     reason = launch.missing_reason()
     if reason:
         if os.environ.get("EAGLE3KIT_REQUIRE_VLLM") == "1":
