@@ -76,7 +76,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def vllm_env(pytestconfig: pytest.Config) -> Path:
-    if os.environ.get("PYTEST_XDIST_WORKER") and pytestconfig.getoption("dist") != "loadgroup":
+    # xdist tells a worker the controller's --dist only as option.loadgroup
+    if os.environ.get("PYTEST_XDIST_WORKER") and not getattr(
+        pytestconfig.option, "loadgroup", False
+    ):
         # Each worker would start every server configuration again, side by side.
         pytest.fail(
             "the vllm tier runs in one process (-n 0) or in two by group (-n 2 --dist loadgroup)",
