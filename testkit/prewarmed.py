@@ -145,10 +145,11 @@ def kill(proc: subprocess.Popen, timeout: float = 30.0) -> None:
     before it wrote its command's pid never let the command start."""
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    command = _server.command_pid(proc.pid) if _server is not None else None
-    if command is None:
+    server = _server
+    command = server.command_pid(proc.pid) if server is not None else None
+    if server is None or command is None:
         return
-    (_server.dir / "pids" / str(proc.pid)).unlink()  # type: ignore[union-attr]
+    (server.dir / "pids" / str(proc.pid)).unlink()
     deadline = time.monotonic() + timeout
     while True:
         try:
