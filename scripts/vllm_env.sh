@@ -69,7 +69,7 @@ mkdir -p "$(dirname "$base")"
 
 # The copy's scripts and activation files name the base: point them at the copy (sed -i writes
 # a new file, so the base's stays as it was).
-grep -rlI --exclude-dir=__pycache__ -e "$base" "$venv/bin" "$venv/pyvenv.cfg" \
+grep -rlIF --exclude-dir=__pycache__ -e "$base" "$venv/bin" "$venv/pyvenv.cfg" \
     | xargs -r sed -i "s|$base|$(cd "$venv" && pwd)|g"
 rm -f "$venv/$stamp"
 py="$venv/bin/python"

@@ -13,7 +13,7 @@ happens.
 
 The tier runs in two processes (`-n 2 --dist loadgroup`, as `.ci/run` does) or in one
 (`-n 0`): the modules that share the world below form one group, those that build their own
-target the other (GROUPS), and a group runs whole in one process, so no configuration starts
+target the other (OWN_TARGET), and a group runs whole in one process, so no configuration starts
 twice. A server spends most of its start importing vLLM in three processes one after the
 other, with a core left idle: two groups side by side take about two thirds of the time.
 
