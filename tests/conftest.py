@@ -73,6 +73,16 @@ def train_world(tmp_path_factory):
         torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="session")
+def finished_quickstart(tmp_path_factory):
+    """One full `eagle3kit quickstart --json`, run once for the whole session (across xdist
+    workers) by the first test that asks (testkit/finished_quickstart.py): its directory,
+    wall time and summary. Tests copy the directory before running anything in it."""
+    from finished_quickstart import run_once, shared_root
+
+    return run_once(shared_root(tmp_path_factory.getbasetemp()))
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One torch thread for a module's tests: the 2-core machines they run on are shared, and
@@ -88,19 +98,19 @@ def one_torch_thread():
 
 FILE_SECONDS: dict[str, tuple[int, int]] = {
     # file: (default tier, slow tier), seconds on 2 cores; files under 5 s in both are left out
-    "tests/test_docs_quickstart.py": (0, 352),
+    "tests/test_docs_quickstart.py": (0, 420),
     "tests/test_fuzz_parquet.py": (14, 284),
-    "tests/test_train_scale.py": (10, 280),
-    "tests/test_docs.py": (21, 260),
+    "tests/test_train_scale.py": (10, 230),
+    "tests/test_docs.py": (21, 130),
     "tests/test_bench.py": (29, 195),
-    "tests/test_quickstart.py": (21, 154),
+    "tests/test_quickstart.py": (21, 67),
     "tests/test_format_fuzz.py": (18, 153),
     "tests/test_quality_bench.py": (0, 152),
     "tests/test_crash.py": (32, 121),
     "tests/test_fuzz_metrics.py": (0, 99),
     "tests/test_train_accept.py": (0, 89),
     "tests/test_kimi.py": (78, 0),
-    "tests/test_gen_crash.py": (29, 70),
+    "tests/test_gen_crash.py": (29, 50),
     "tests/test_owned_dirs.py": (69, 0),
     "tests/test_tiny.py": (7, 58),
     "tests/test_gen.py": (51, 0),
@@ -157,7 +167,10 @@ FILE_SECONDS: dict[str, tuple[int, int]] = {
 }
 """Each test file's seconds in each tier (summed from `--durations=0`: the default tier's
 2026-12-06, with testkit/prewarmed.py; the slow tier's 2026-12-07, 1,315 s on 2 cores with
-its speculators venv reused, as in CI on the same machine)."""
+its speculators venv reused, as in CI on the same machine; the quickstart pages, the README,
+train_scale and gen_crash again after the shared quickstart and the pre-warmed kill loops).
+The quickstart page's includes the session's full quickstart, which it is the first to ask
+for: it starts first)."""
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` has deselected the other tiers

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import prewarmed as prewarmed_server
 import pytest
+from finished_quickstart import FinishedQuickstart
 from prewarmed import Server
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,6 +31,9 @@ EXPECT = re.compile(r"\s+#\s*exits\s+(\d+)\s*$")
 SKIPPED = ("pip install ", "python -m pytest")
 LOOPBACK = re.compile(r"\b127\.0\.0\.1:(\d+)\b")
 BACKGROUND = re.compile(r"\s+&\s*$")
+QUICKSTART_DIR = "eagle3kit-quickstart"
+"""Where `eagle3kit quickstart` writes when it names no directory (the README's and
+docs/quickstart.md's first command)."""
 """A command the docs start in the background: a server the later commands talk to."""
 PORT_FLAG = re.compile(r"--port (\d+)\b")
 
@@ -267,15 +271,23 @@ def doc_env(bin_dir: Path) -> dict[str, str]:
 
 
 def run_page(
-    doc: Path, tmp_path: Path, prewarmed: Path | None, timeout: int = 600
+    doc: Path,
+    tmp_path: Path,
+    prewarmed: Path | None,
+    timeout: int = 600,
+    finished: FinishedQuickstart | None = None,
 ) -> tuple[Path, list[tuple[Command, subprocess.CompletedProcess]]]:
     """Run every command of `doc` in order, one torch thread, in a checkout-like directory.
 
     Each must end with the status the page gives; a refused input with one message and no
-    traceback. Returns the work directory and each command with its finished process, for
-    the page's own checks.
+    traceback. With `finished`, the session's full quickstart is copied in first as
+    ./eagle3kit-quickstart (the page's `eagle3kit quickstart` then finds it done: the full
+    run is the session's one). Returns the work directory and each command with its
+    finished process, for the page's own checks.
     """
     work = checkout_like(tmp_path)
+    if finished is not None:
+        finished.copy_to(work / QUICKSTART_DIR)
     shims(tmp_path / "bin", prewarmed)
     env = {**doc_env(tmp_path / "bin"), "OMP_NUM_THREADS": "1"}
     ran = []

@@ -57,10 +57,16 @@ def test_every_quickstart_option_is_documented() -> None:
 
 @pytest.mark.slow  # a full quickstart, then the same pipeline by hand: ~10 minutes on 2 cores
 @pytest.mark.timeout(2400)
-def test_quickstart_doc_commands_run(tmp_path: Path, prewarmed) -> None:  # noqa: F811
+def test_quickstart_doc_commands_run(
+    tmp_path: Path,
+    prewarmed,  # noqa: F811
+    finished_quickstart,
+) -> None:
+    """The page's commands, the full quickstart being the session's one (its own test holds
+    its promise): copied in, the page's `eagle3kit quickstart` finds it done."""
     cmds = commands(DOC)
     assert any(c.text == "eagle3kit quickstart" for c in cmds)
-    work, ran = run_page(DOC, tmp_path, prewarmed, timeout=900)
+    work, ran = run_page(DOC, tmp_path, prewarmed, timeout=900, finished=finished_quickstart)
     for cmd, proc in ran:
         if cmd.text.startswith("eagle3kit quickstart") and "--json" in cmd.text:
             summary = json.loads(proc.stdout)

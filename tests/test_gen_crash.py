@@ -2,8 +2,9 @@
 
 gen runs as a subprocess (the real CLI) against the fake server in another process, with a
 finite decode speed so that requests are in flight and commits happen while it works. The
-runs that are killed or interrupted are subprocesses; a final run to the end may go through
-the same CLI entry point in the test's own process.
+runs that are killed or interrupted are subprocesses (those killed with SIGKILL forked from
+the worker's pre-warmed interpreter, testkit/prewarmed.py); a final run to the end may go
+through the same CLI entry point in the test's own process.
 
 - SIGKILL at random moments (no handler can run), then the same command again: after every
   kill the committed samples are each stored once and equal to what an uninterrupted run
@@ -26,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+import prewarmed
 import pytest
 from fakeserver import FakeServer, FakeServerProcess
 from gen_harness import (
@@ -194,14 +196,18 @@ def crash_and_resume(
                 else rng.choice(["between_turns", "first_request", "requests", "requests"])
             )
             need = 1 if mode == "first_request" else rng.randint(1, 6)
-            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            # Forked from the worker's pre-warmed interpreter (testkit/prewarmed.py): a fresh
+            # one spends ~5 s importing before any work; prewarmed.kill SIGKILLs the command.
+            proc = subprocess.Popen(
+                [*prewarmed.argv(), *argv[3:]], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            )
             if mode == "between_turns":
                 hit = wait_for(between_turns, proc, poll=0.03)
             else:
                 hit = wait_for(requests_since(len(gen_requests(srv)), need), proc)
                 time.sleep(rng.uniform(0, 0.25))
             if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
+                prewarmed.kill(proc)
                 landed += hit
             proc.wait(30)
             stderr = proc.stderr.read().decode()
@@ -238,7 +244,7 @@ def test_sigkill_at_random_moments_then_rerun(tmp_path, qwen3, ref10, capfd, mon
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # 25 gen processes, each ~5 s of imports before any work
+@pytest.mark.timeout(1500)  # 24 killed gen commands, then a fresh interpreter to the end
 def test_sigkill_many_times_then_rerun(tmp_path, qwen3):
     ref = Reference(tmp_path, 80, qwen3)  # all of MT-bench: enough work for every kill
 

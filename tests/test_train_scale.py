@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import prewarmed
 import pytest
 import torch
 from tiny_train import config, env, losses, metrics, train_cmd, weights, write_tokens
@@ -339,11 +340,12 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one(train_world, 
         )
     )
     out = tmp_path / "cut"
-    cmd = cli(
-        *train_cmd(
-            train_world, out, "--max-steps", "16", "--eval-every", "0", "--checkpoint-every", "1"
-        )
+    args = train_cmd(
+        train_world, out, "--max-steps", "16", "--eval-every", "0", "--checkpoint-every", "1"
     )
+    # Each trial's command forks from the worker's pre-warmed interpreter (testkit/prewarmed.py):
+    # a fresh one spent most of a trial importing torch; prewarmed.kill SIGKILLs the command.
+    cmd = [*prewarmed.argv(), *args]
     mid_write = 0
     for _ in range(12):
         if (out / "drafter").is_dir() and len(losses(out)) >= 16:
@@ -364,7 +366,7 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one(train_world, 
             names = checkpoints(out)
             committed = [n for n in names if n.startswith("step-")]
             if any(n.endswith(".tmp") for n in names) and max(committed, default="") > start:
-                proc.send_signal(signal.SIGKILL)
+                prewarmed.kill(proc)
                 break
         proc.wait()
         if list((out / "checkpoints").glob(".step-*.tmp")):
@@ -382,7 +384,7 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one(train_world, 
         json.loads((newest / "state.json").read_text())
         torch.load(newest / "optimizer.pt", weights_only=True)
     assert mid_write >= 1, "no kill landed inside a checkpoint write"
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=600)
+    done = subprocess.run(cli(*args), capture_output=True, text=True, env=env(), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert not list((out / "checkpoints").glob(".step-*.tmp"))
     a, b = weights(whole), weights(out)

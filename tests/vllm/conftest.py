@@ -13,9 +13,11 @@ happens.
 
 The tier runs in two processes (`-n 2 --dist loadgroup`, as `.ci/run` does) or in one
 (`-n 0`): the modules that share the world below form one group, those that build their own
-target the other (OWN_TARGET), and a group runs whole in one process, so no configuration starts
-twice. A server spends most of its start importing vLLM in three processes one after the
-other, with a core left idle: two groups side by side take about two thirds of the time.
+target (OWN_TARGET) and the tests that need no target at all (NO_WORLD) the other, and a group
+runs whole in one process, so no configuration starts twice. A server spends most of its start
+importing vLLM in its processes one after the other, with a core left idle: two groups side by
+side take about two thirds of the time. Servers run the model worker inside the engine core
+process (testkit/launch.py): 22 s to start instead of 40 s.
 
 The world they share: a tiny target trained for a minute (eagle3kit.tiny, head_dim 32), the
 prompts gen answers through the real server (its training data), the hidden states
@@ -55,6 +57,12 @@ MODULE_ORDER = [
 OWN_TARGET = {"test_vllm_kimi", "test_vllm_docs", "test_vllm_window"}
 """Modules that build their own target and need nothing of the shared world: the second
 group (`xdist_group`), run beside the first when the tier has two processes."""
+NO_WORLD = {
+    "test_vllms_rejection_kernel_keeps_drafts_as_each_rule_says",
+    "test_vllms_cpu_build_expands_temperatures_wrongly_and_the_tier_fixes_it",
+}
+"""Tests of a shared-world module that need only the vLLM environment (its kernels, no
+server): the second group takes them, since the first is the longer."""
 TRAIN_PROMPTS = 96
 BENCH_PROMPTS = 24
 MAX_TOKENS = 256
@@ -66,7 +74,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     mine = [i for i in items if HERE in Path(str(i.fspath)).parents]
     for item in mine:
         item.add_marker(pytest.mark.vllm)
-        own = Path(str(item.fspath)).stem in OWN_TARGET
+        own = Path(str(item.fspath)).stem in OWN_TARGET or item.name in NO_WORLD
         item.add_marker(pytest.mark.xdist_group("vllm-own-target" if own else "vllm-world"))
     rank = {name: n for n, name in enumerate(MODULE_ORDER)}
     others = [i for i in items if i not in mine]
