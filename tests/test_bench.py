@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from bench_fit import DATA, fit_drafter, greedy_sequences, subset
+from small_pair import build_small_pair
 from typer.testing import CliRunner
 
 from eagle3kit.bench import accept, decode
@@ -427,31 +428,8 @@ def exact_marginals(model, prompt: list[int], steps: int, temperature: float) ->
 
 @pytest.fixture(scope="module")
 def small_pair():
-    """A 3-layer target over 6 tokens with peaked distributions (aux ids 0..3: id N is the
-    last layer's pre-norm output), and a random drafter over 4 of the 6 tokens."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=6,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=3,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        initializer_range=0.6,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config).eval()
-    drafter = Eagle3Drafter(
-        DrafterConfig.from_target(config, draft_vocab_size=4, aux_layer_ids=[1, 2, 3])
-    )
-    vocab = build_vocab(np.array([5, 0, 4, 3, 9, 1]), 4)
-    drafter.set_vocab(torch.from_numpy(vocab.d2t), torch.from_numpy(vocab.t2d))
-    drafter.load_target_embedding(model.get_input_embeddings().weight)
-    for p in drafter.trainable_parameters():
-        torch.nn.init.normal_(p, std=0.5)
-    return model, drafter.eval()
+    """small_pair.py's target over 6 tokens and random drafter over 4 of them."""
+    return build_small_pair()
 
 
 def sample_outputs(

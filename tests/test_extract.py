@@ -214,6 +214,26 @@ def test_an_older_datasets_target_record_is_kept_when_it_names_this_target(
     assert HiddenDataset(out).layout["target"] == old
 
 
+def test_an_older_datasets_tokens_record_without_the_sampling_is_kept(
+    tiny: Tiny, tmp_path: Path
+) -> None:
+    """extract records how the token dataset's completions were sampled (what gen
+    recorded; this one's writer recorded none) beside its identity; a dataset an older
+    eagle3kit started has only the identity, and rerunning on it continues."""
+    out = tmp_path / "hidden"
+    extract.run(config(tiny, out))
+    record = HiddenDataset(out).layout["tokens"]
+    assert (record["sampling"], record["api_family"]) == (None, None)
+    manifest_path = out / "manifest.json"
+    manifest = orjson.loads(manifest_path.read_bytes())
+    old = {k: record[k] for k in ("created", "written_by", "config_xxh3")}
+    manifest["hidden"]["tokens"] = old
+    manifest_path.write_bytes(orjson.dumps(manifest))
+    again = extract.run(config(tiny, out))
+    assert (again.previously_done, again.written) == (N_SAMPLES, 0)
+    assert HiddenDataset(out).layout["tokens"] == old
+
+
 # Bad input: one message, before any work ---------------------------------------------------
 def test_bad_layers_and_a_shallow_target_are_refused(tiny: Tiny, tmp_path: Path) -> None:
     out = tmp_path / "hidden"

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from eagle3kit.format import Dataset, DatasetWriter, Recorded, TokenSample
+from eagle3kit.format.recorded import SAMPLING_KEYS
 
 RENDERER = {
     "chat_template_xxh3": "ab12",
@@ -60,3 +63,57 @@ def test_a_run_continued_with_force_shows_two_renderings(tmp_path: Path) -> None
     other = {**RENDERER, "chat_template_xxh3": "ff00"}
     got = write(path, {"renderer": other}, mode="resume", force=True).recorded()
     assert len(set(got.renderers)) == 2 and got.chat_template_xxh3 == "ff00"
+
+
+SAMPLED = {
+    "stage": "gen",
+    "api_family": "ids",
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "max_tokens": 64,
+    "n": 1,
+    "sampling_seed": 0,
+}
+"""gen's config keys for completions sampled at temperature 1 from the whole distribution."""
+
+
+def test_the_sampling_temperature_holds_while_every_run_drew_alike(tmp_path: Path) -> None:
+    path = tmp_path / "ds"
+    got = write(path, SAMPLED).recorded()
+    assert got.sampling == {k: SAMPLED[k] for k in SAMPLING_KEYS} and got.drawn_at == 1.0
+    # Continued with --force: a longer cap draws alike, another temperature does not.
+    longer = write(path, {**SAMPLED, "max_tokens": 128}, mode="resume", force=True).recorded()
+    assert longer.drawn_at == 1.0 and longer.sampling["max_tokens"] == 128
+    hotter = write(path, {**SAMPLED, "temperature": 1.2}, mode="resume", force=True).recorded()
+    assert hotter.sampling is None and hotter.drawn_at is None
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {**SAMPLED, "top_p": 0.9},
+        {**SAMPLED, "top_k": 20},
+        {**SAMPLED, "min_p": 0.05},
+        {**SAMPLED, "api_family": "text"},  # ids rebuilt from text: not what was sampled
+        {**SAMPLED, "temperature": "1"},  # hand-edited
+        {"stage": "convert"},  # another tool's data: nothing recorded
+    ],
+)
+def test_a_cut_distribution_or_an_unknown_one_is_not_a_temperature(
+    tmp_path: Path, config: dict
+) -> None:
+    assert write(tmp_path / "ds", config).recorded().drawn_at is None
+
+
+def test_a_hidden_datasets_view_is_its_token_datasets_record() -> None:
+    """extract carries the sampling and the API family into `hidden.tokens`; an older
+    extract's record has neither."""
+    tokens = {"created": 1.0, "sampling": {k: SAMPLED[k] for k in SAMPLING_KEYS}}
+    hidden = {"config": {"stage": "extract"}, "hidden": {"tokens": {**tokens, "api_family": "ids"}}}
+    assert Recorded.of(hidden).drawn_at == 1.0
+    text = {**hidden, "hidden": {"tokens": {**tokens, "api_family": "text"}}}
+    assert Recorded.of(text).text_api and Recorded.of(text).drawn_at is None
+    older = {**hidden, "hidden": {"tokens": {"created": 1.0}}}
+    assert Recorded.of(older).sampling is None and Recorded.of(older).drawn_at is None

@@ -47,6 +47,16 @@ def test_sglang_at_its_default_thresholds_is_vllms_onehot() -> None:
     assert Rule("sglang").expected(P[:2], Q).tolist() == Rule("onehot").expected(P[:2], Q).tolist()
 
 
+def test_only_a_match_rule_lets_the_verdicts_be_read_off_sampled_data() -> None:
+    """train's data-path prediction: a draft is kept exactly when the target's sample equals
+    it under onehot and SGLang's defaults; not when drafts are drawn, nor when SGLang's
+    thresholds keep a draft the target would not have sampled."""
+    assert Rule("onehot").keeps_matching_samples and Rule("sglang").keeps_matching_samples
+    assert not Rule("probabilistic").keeps_matching_samples
+    assert not Rule("sglang", 0.9, 1.0).keeps_matching_samples
+    assert not Rule("sglang", 1.0, 0.5).keeps_matching_samples
+
+
 def sampled_rounds(rule: Rule, rounds: int, seed: int = 0) -> list[int]:
     """Accepted drafts of `rounds` rounds of k = 2 with the fixed P and Q, through the
     verification bench accept runs (drafts drawn or taken as argmax as the rule does)."""

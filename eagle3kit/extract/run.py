@@ -195,10 +195,9 @@ def check_disk(
 
 # Running ----------------------------------------------------------------------------------
 def _layout(
-    layers: list[int], target: TargetInfo, tokenizer: dict, tokens: Dataset, target_record: dict
+    layers: list[int], target: TargetInfo, tokenizer: dict, tokens_record: dict, target_record: dict
 ) -> dict:
     """What the states mean: fixed for the dataset's life (paths go to provenance)."""
-    manifest = tokens.manifest
     return {
         "layer_ids": layers,
         "layer_convention": "boundary",
@@ -208,26 +207,47 @@ def _layout(
         "dtype": "bfloat16",
         "target": target_record,
         "tokenizer": tokenizer,
-        "tokens": {
-            "created": manifest.get("created"),
-            "written_by": manifest.get("written_by"),
-            "config_xxh3": xxhash.xxh3_128_hexdigest(
-                orjson.dumps(manifest.get("config", {}), option=orjson.OPT_SORT_KEYS)
-            ),
-        },
+        "tokens": tokens_record,
     }
+
+
+def _recorded_layout(cfg: ExtractConfig) -> dict:
+    """The layout of the dataset this run continues ({} when it starts one)."""
+    if cfg.write.mode == "overwrite" or not is_dataset(cfg.out):
+        return {}
+    try:
+        return HiddenDataset(cfg.out).layout
+    except UserError:
+        return {}
+
+
+def _tokens_record(cfg: ExtractConfig, tokens: Dataset) -> dict:
+    """The input token dataset as the layout records it: its identity, and gen's record of
+    how its completions were sampled and returned, which train's held-out prediction reads
+    (format's Recorded.drawn_at). A dataset an older eagle3kit started lacks the last two;
+    when the rest names this same token dataset that record stays, so the run continues
+    (the writer refuses any change to the layout) and its sampling reads as unknown."""
+    manifest, recorded = tokens.manifest, tokens.recorded()
+    fresh = {
+        "created": manifest.get("created"),
+        "written_by": manifest.get("written_by"),
+        "config_xxh3": xxhash.xxh3_128_hexdigest(
+            orjson.dumps(manifest.get("config", {}), option=orjson.OPT_SORT_KEYS)
+        ),
+        "sampling": None if recorded.sampling is None else dict(recorded.sampling),
+        "api_family": recorded.api_family,
+    }
+    older = _recorded_layout(cfg).get("tokens")
+    if isinstance(older, dict) and set(older) < set(fresh):
+        return older if all(older[k] == fresh[k] for k in older) else fresh
+    return fresh
 
 
 def _target_record(cfg: ExtractConfig, identity: dict) -> dict:
     """The target identity the dataset records. A dataset an older eagle3kit started carries
     fewer keys; when they name this same target that record stays, so the run continues
     (the writer refuses any change to the layout)."""
-    if cfg.write.mode == "overwrite" or not is_dataset(cfg.out):
-        return identity
-    try:
-        recorded = HiddenDataset(cfg.out).layout.get("target")
-    except UserError:
-        return identity
+    recorded = _recorded_layout(cfg).get("target")
     if (
         isinstance(recorded, dict)
         and set(recorded) < set(identity)
@@ -292,7 +312,13 @@ def _extract(cfg: ExtractConfig, ranks: Ranks) -> ExtractResult:
     engine = _engine(cfg, target, layers, ranks)
     writer = HiddenWriter(
         cfg.out,
-        layout=_layout(layers, target, tokenizer, tokens, _target_record(cfg, target.identity)),
+        layout=_layout(
+            layers,
+            target,
+            tokenizer,
+            _tokens_record(cfg, tokens),
+            _target_record(cfg, target.identity),
+        ),
         codec=cfg.codec,
         config=_manifest_config(cfg),
         **cfg.write.writer_options(),

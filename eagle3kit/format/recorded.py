@@ -1,11 +1,13 @@
 """What one stage records in a token dataset's manifest for the stages after it.
 
 gen writes, under the manifest's `config` (what decides the samples) and `provenance` (where
-they came from), how each prompt was rendered, which API family answered and whether the
-tokenizer's own code was trusted; validate, extract and train read it back. They read it
-through `Recorded` (`Dataset.recorded()`), never by key, so the contract between the stages
-is this one class. The JSON written is unchanged (docs/format.md); a key that is missing or
-of the wrong type (an older dataset, a hand-edited manifest) reads as "not recorded".
+they came from), how each prompt was rendered, how the completions were sampled, which API
+family answered and whether the tokenizer's own code was trusted; validate, extract and train
+read it back. They read it through `Recorded` (`Dataset.recorded()`), never by key, so the
+contract between the stages is this one class. extract carries the sampling and the API
+family into a hidden-state dataset's `hidden.tokens` record, where this view reads them for
+that dataset. The JSON is described in docs/format.md; a key that is missing or of the
+wrong type (an older dataset, a hand-edited manifest) reads as "not recorded".
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ class Recorded:
     api_family: str | None
     """config.api_family: "ids" (the server returned token ids) or "text" (an OpenAI-style
     chat API, ids rebuilt from text)."""
+    sampling: Mapping[str, Any] | None = None
+    """config's SAMPLING_KEYS (those recorded; for a hidden-state dataset, those extract
+    carried), when they record a temperature and every run that wrote the samples
+    (config_history) drew from the same distribution (DISTRIBUTION_KEYS); None otherwise:
+    data made by other tools or an older extract, or runs that differed."""
 
     @property
     def chat_template_xxh3(self) -> str | None:
@@ -58,18 +65,34 @@ class Recorded:
         """Whether the samples' ids were rebuilt from a text API's answers."""
         return self.api_family == "text"
 
+    @property
+    def drawn_at(self) -> float | None:
+        """The temperature every completion was drawn at from the target's whole
+        distribution (no top-k, top-p or min-p), as the ids the server returned: what lets
+        train read a decode's verdicts off the data. None where that is not known: sampling
+        not recorded or not the same for every run, a distribution cut by top-k, top-p or
+        min-p, or ids rebuilt from text."""
+        if self.sampling is None or self.text_api:
+            return None
+        s = self.sampling
+        whole = s.get("top_p", 1) == 1 and s.get("top_k", -1) in (-1, 0) and not s.get("min_p")
+        return float(s["temperature"]) if whole else None
+
     @classmethod
     def of(cls, manifest: Mapping[str, Any]) -> Recorded:
         """The view of `manifest` (a dataset's parsed manifest.json)."""
         config, provenance = _dict(manifest.get("config")), _dict(manifest.get("provenance"))
         history = manifest.get("config_history")
         earlier = [_dict(h) for h in history if h] if isinstance(history, list) else []
+        # A hidden-state dataset: what extract carried over from its token dataset.
+        tokens = _dict(_dict(manifest.get("hidden")).get("tokens"))
         return cls(
             renderer=_dict(config.get("renderer")),
             renderers=tuple(_canonical(c.get("renderer")) for c in [config, *earlier]),
             chat_template_file=_str(provenance.get("chat_template_file")),
             trust_remote_code=provenance.get("trust_remote_code") is True,
-            api_family=_str(config.get("api_family")),
+            api_family=_str(config.get("api_family")) or _str(tokens.get("api_family")),
+            sampling=_sampling([_dict(tokens.get("sampling"))] if tokens else [config, *earlier]),
         )
 
 
@@ -87,6 +110,20 @@ def _canonical(value: Any) -> str | None:
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "n", "sampling_seed")
 """gen's sampling settings, as its manifest config records them."""
+DISTRIBUTION_KEYS = ("temperature", "top_p", "top_k", "min_p")
+"""The SAMPLING_KEYS that decide the distribution a completion is drawn from."""
+
+
+def _sampling(configs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The SAMPLING_KEYS configs[0] records, when it records a temperature and every later
+    config (the earlier runs of a dataset continued with --force) drew alike; else None."""
+    first = configs[0]
+    temperature = first.get("temperature")
+    if not isinstance(temperature, int | float) or isinstance(temperature, bool):
+        return None
+    if any(c.get(k) != first.get(k) for c in configs[1:] for k in DISTRIBUTION_KEYS):
+        return None
+    return {k: first[k] for k in SAMPLING_KEYS if k in first}
 
 
 @dataclass(frozen=True)

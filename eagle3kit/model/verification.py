@@ -72,6 +72,14 @@ class Rule:
         return self.name == "probabilistic"
 
     @property
+    def keeps_matching_samples(self) -> bool:
+        """A draft is kept exactly when the token the target samples there equals it (in
+        distribution): an argmax draft kept with p(x), the replacement drawn from p without
+        it. onehot, and sglang at its default thresholds (which is onehot)."""
+        at_defaults = self.threshold_acc == 1 and self.threshold_single >= 1
+        return self.name == "onehot" or (self.name == "sglang" and at_defaults)
+
+    @property
     def lossless(self) -> bool:
         """The output has the target's own distribution (SGLang's thresholds below 1 trade
         that for acceptance)."""

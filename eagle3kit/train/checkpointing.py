@@ -125,6 +125,8 @@ def _resume_best(s: Setup, recorded: dict | None, step: int) -> dict | None:
             "afresh from the next evaluation"
         )
         return None
+    if best is not None and _measured_otherwise(s.heldout.conditions(), best):
+        return None
     if (
         best is not None
         and cfg.drafter_step == "best"
@@ -143,6 +145,29 @@ def _resume_best(s: Setup, recorded: dict | None, step: int) -> dict | None:
         )
         return None
     return best
+
+
+def _measured_otherwise(now: dict, best: dict) -> bool:
+    """Whether the best so far was predicted otherwise than this run's evaluations will be
+    (another --eval-temperature or --eval-verify, or the method an older eagle3kit used),
+    which says so: its figure is not comparable to theirs."""
+    if selection.measured_alike(best, now):
+        return False
+    _ui.warn(
+        f"train: the held-out prediction is now made {_conditions(now)}; the best so far "
+        f"(step {best['step']}) was made {_conditions(best)}, so the best step is chosen "
+        "afresh from the next evaluation"
+    )
+    return True
+
+
+def _conditions(evaluation: dict) -> str:
+    """How a held-out figure was predicted, for a message."""
+    temperature = float(evaluation.get("temperature") or 0.0)
+    if not temperature:
+        return "at temperature 0"
+    method = evaluation.get("prediction") or "expected"
+    return f"at temperature {temperature:g}, verify {evaluation.get('verify')}, {method}"
 
 
 # Saving --------------------------------------------------------------------------------------

@@ -155,7 +155,8 @@ class TrainConfig:
     """Draft chain length for the predicted acceptance length."""
     eval_temperature: float = 0.0
     """Temperature of the predicted acceptance length: 0 is greedy decoding; above 0 the
-    expected acceptance when the server samples at it and verifies by --eval-verify."""
+    acceptance when the server samples at it and verifies by --eval-verify (walked along the
+    data when gen sampled them at it, else expected)."""
     eval_verify: str = field(default="onehot", metadata=opt(metavar="RULE"))
     """The verification rule of the prediction at --eval-temperature > 0, as bench accept's
     --verify: onehot (vLLM's default), probabilistic or sglang."""

@@ -1,7 +1,13 @@
 """The held-out acceptance a trained drafter predicts (EAGLE3.md §4): per-position
 conditional acceptance of chain drafts over the rounds chain decoding of the held-out
 completions would make, per reasoning phase and per context depth, at temperature 0 or
-(`Sampled`) at a temperature under a verification rule."""
+(`Sampled`) at a temperature under a verification rule.
+
+Three methods (EvalResult.prediction): "greedy" at temperature 0 (the target's argmax is the
+verdict, the rounds walked along the data); "data-path" at a temperature the data were
+sampled at, under a rule that keeps a draft exactly when the target's sample equals it (the
+data's tokens are the verdicts, the rounds walked as a decode walks them); "expected"
+otherwise (each draft's chance to be kept, over every chain start)."""
 
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class EvalResult:
-    """Chain acceptance at temperature 0, as chain decoding counts it."""
+    """Chain acceptance as chain decoding counts it, by the method `prediction` names."""
 
     k: int
     per_position: list[float]
@@ -42,9 +48,12 @@ class EvalResult:
     chains: int
     """Verification rounds evaluated: the chain starts such a decode visits."""
     unobservable: float
-    """Share of (chain, position) pairs left out: past the sample's end, or after data
-    tokens that are not the target's greedy ones (its verdict there followed another token)."""
+    """Share of (chain, position) pairs left out: past the sample's end (or, at
+    temperature 0, after data tokens that are not the target's greedy ones: its verdict there
+    followed another token)."""
     temperature: float = 0.0
+    prediction: str = "greedy"
+    """How the figure was made: "greedy", "data-path" or "expected" (the module docstring)."""
     step: int | None = None
     extra: dict = field(default_factory=dict)
 
@@ -92,12 +101,22 @@ def chain_verdicts(
 class Sampled:
     """The held-out prediction at a temperature: the chance each draft is kept under `rule`
     (eagle3kit.model.verification), from the target's distribution at `temperature` (its
-    lm_head over the batch's normed states) and the drafter's."""
+    lm_head over the batch's normed states) and the drafter's; or, `along_data`, the
+    verdicts read off data the target sampled at `temperature` (data_path_verdicts)."""
 
     rule: Any
     temperature: float
     lm_head: torch.Tensor
     """[V, H] the target's."""
+    along_data: bool = False
+    """The held-out completions were drawn from the target's whole distribution at
+    `temperature` and the rule keeps a draft exactly when the target's sample equals it, so
+    the prediction walks the data (the "data-path" method) instead of expecting."""
+
+    @property
+    def prediction(self) -> str:
+        """The method's name, as EvalResult.prediction records it."""
+        return "data-path" if self.along_data else "expected"
 
     @torch.no_grad()
     def keep(
@@ -158,6 +177,60 @@ def position_verdicts(
         draft = drafter.draft_to_target(drafter.top_draft(hidden))
         accepted.append(draft == shifted(batch.argmax, j, length, -1))
     return torch.stack(accepted, -1), torch.stack(observable, -1)
+
+
+@torch.no_grad()
+def data_path_drafts(drafter: Eagle3Drafter, batch: TargetBatch, k: int) -> torch.Tensor:
+    """[B, T-1, k] the target ids a chain started at each position t drafts when step j's
+    input is data token t+1+j (and its hidden the step before's output): what a decode
+    drafts there as long as the chain's earlier drafts equalled the data."""
+    length = batch.ids.shape[1] - 1
+    positions = torch.arange(length, device=batch.ids.device)[None].expand(batch.ids.shape[0], -1)
+    state = TTTState()
+    hidden = drafter.project(batch.aux[:, :length].to(drafter.fc.weight.dtype))
+    drafts = []
+    for j in range(k):
+        hidden = drafter.ttt_step(hidden, shifted(batch.ids, j, length), positions + j, state)
+        drafts.append(drafter.draft_to_target(drafter.top_draft(hidden)))
+    return torch.stack(drafts, -1)
+
+
+def data_path_verdicts(
+    drafter: Eagle3Drafter, batch: TargetBatch, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T-1, k] (kept, observable) at every position, when the data are the target's
+    own samples at the serving temperature and a draft is kept exactly when the target's
+    sample equals it (vLLM's default `onehot`: argmax drafts).
+
+    A decode whose target samples are the data's tokens keeps draft j of a round at t
+    exactly when it equals data token t+2+j, and after the first miss the data's token is
+    the target's replacement; so the verdicts are read off the data. The drafts are
+    data_path_drafts': a chain only reaches step j when the earlier drafts equalled the
+    data, so the data's tokens are what the decode fed. Observable where token t+2+j is a
+    sampled one (carries loss); nothing else is left out.
+    """
+    drafts = data_path_drafts(drafter, batch, k)
+    length = drafts.shape[1]
+    kept = [drafts[..., j] == shifted(batch.ids, j + 1, length, -1) for j in range(k)]
+    observable = [shifted(batch.loss_mask, j + 1, length, False) for j in range(k)]
+    return torch.stack(kept, -1), torch.stack(observable, -1)
+
+
+def round_verdicts(
+    drafter: Eagle3Drafter, batch: TargetBatch, k: int, sampled: Sampled | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """([B, T-1, k] accepted, [B, T-1, k] observable, [B, T-1] the chain starts counted) by
+    the method `sampled` asks for: walked rounds for "greedy" and "data-path", every chain
+    start for "expected" (sampled decoding visits them at random)."""
+    starts = chain_starts(batch)
+    if sampled is None:
+        accepted, observable = position_verdicts(drafter, batch, k)
+    elif sampled.along_data:
+        accepted, observable = data_path_verdicts(drafter, batch, k)
+    else:
+        accepted, observable = position_verdicts(drafter, batch, k, sampled)
+        return accepted, observable, starts
+    return accepted, observable, decoding_rounds(starts, accepted, observable)
 
 
 def decoding_rounds(
@@ -245,7 +318,9 @@ def evaluate(
 
     With `sampled` (a temperature and a verification rule): the expected acceptance
     instead, each draft kept with the rule's chance and a chain going on with the product of
-    its drafts' chances, over every chain start (sampled decoding visits them at random).
+    its drafts' chances, over every chain start (sampled decoding visits them at random); or,
+    with `sampled.along_data`, the rounds walked along data sampled at that temperature
+    (data_path_verdicts).
 
     `reduce(tensor)` sums counts across processes (torch.distributed all_reduce) when
     the batches are spread over ranks.
@@ -263,12 +338,7 @@ def evaluate(
     by_depth = torch.zeros(len(depth_edges) + 1, 2 * k + 1, dtype=torch.float64)
     """depth bucket -> the same."""
     for batch in batches:
-        every_acc, every_obs = position_verdicts(drafter, batch, k, sampled)
-        rounds = (
-            chain_starts(batch)
-            if sampled is not None
-            else decoding_rounds(chain_starts(batch), every_acc, every_obs)
-        )
+        every_acc, every_obs, rounds = round_verdicts(drafter, batch, k, sampled)
         acc, obs = every_acc[rounds], every_obs[rounds]
         a, t = conditional_counts(acc, obs)
         accepted += a.double().cpu()
@@ -318,6 +388,7 @@ def evaluate(
         chains=n,
         unobservable=round(float(totals[2 * k + 1].item()) / max(n * k, 1), 6),
         temperature=sampled.temperature if sampled is not None else 0.0,
+        prediction=sampled.prediction if sampled is not None else "greedy",
         extra=extra,
     )
 
@@ -398,12 +469,37 @@ class HeldOut:
         return result.to_dict()
 
     def sampled(self) -> Sampled | None:
-        """--eval-temperature and --eval-verify, for the prediction at a temperature."""
+        """--eval-temperature and --eval-verify, for the prediction at a temperature: walked
+        along the data where a decode's verdicts can be read off it (Sampled.along_data)."""
         if self.cfg.eval_temperature == 0:
             return None
         from eagle3kit.model.verification import Rule
 
-        return Sampled(Rule(self.cfg.eval_verify), self.cfg.eval_temperature, self.head.lm_head)
+        rule = Rule(self.cfg.eval_verify)
+        along = rule.keeps_matching_samples and self.drawn_at_eval_temperature
+        return Sampled(rule, self.cfg.eval_temperature, self.head.lm_head, along)
+
+    def conditions(self) -> dict:
+        """How this run's evaluations predict, under EvalResult's keys: temperature, verify
+        rule (None at temperature 0) and method (EvalResult.prediction)."""
+        sampled = self.sampled()
+        if sampled is None:
+            return {"temperature": 0.0, "verify": None, "prediction": "greedy"}
+        return {
+            "temperature": float(sampled.temperature),
+            "verify": sampled.rule.name,
+            "prediction": sampled.prediction,
+        }
+
+    @cached_property
+    def drawn_at_eval_temperature(self) -> bool:
+        """Every held-out sample's dataset records that its completions were drawn from the
+        target's whole distribution at --eval-temperature (format's Recorded.drawn_at), so a
+        decode at that temperature samples them. A mix, or a dataset that does not say
+        (made by another tool, an older extract), keeps the expected prediction."""
+        used = {item.source for item in self.feed.pool.heldout}
+        drawn = {self.feed.sources[s].dataset.recorded().drawn_at for s in used}
+        return drawn == {self.cfg.eval_temperature}
 
 
 def markers_of(target: Path, trust_remote_code: bool) -> Any:

@@ -45,7 +45,8 @@ def report(result: TrainResult, cfg: TrainConfig) -> None:
         if ev:
             rates = " ".join(f"{a:.3f}" for a in ev["per_position"])
             sampled = (
-                f", temperature {ev['temperature']:g}, verify {ev.get('verify')}"
+                f", temperature {ev['temperature']:g}, verify {ev.get('verify')}, "
+                f"prediction {ev.get('prediction', 'expected')}"
                 if ev.get("temperature")
                 else ""
             )

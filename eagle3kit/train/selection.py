@@ -16,6 +16,18 @@ and any of these changed chooses its best afresh (the earlier figures measured a
 split or chain length)."""
 
 
+def measured_alike(evaluation: dict, conditions: dict) -> bool:
+    """Whether a stored evaluation predicted under `conditions` (its `temperature`, `verify`
+    rule and `prediction` method, as EvalResult records them): figures of another
+    temperature or method are not comparable (the expected prediction on sampled data runs
+    well above the data-path one). An older eagle3kit's records name no method: "greedy" at
+    temperature 0, else "expected"."""
+    temperature = float(evaluation.get("temperature") or 0.0)
+    method = evaluation.get("prediction") or ("expected" if temperature else "greedy")
+    stored = (temperature, evaluation.get("verify"), method)
+    return stored == (conditions["temperature"], conditions["verify"], conditions["prediction"])
+
+
 def improves(evaluation: dict | None, best: dict | None) -> bool:
     """Whether `evaluation` beats the best so far: a trained step (>= 1; the untrained
     drafter of step 0 is the baseline, never the choice) with a strictly higher predicted
