@@ -305,6 +305,22 @@ def test_interrupted_run_resumes_to_the_same_weights(train_world, tmp_path, monk
     ]
 
 
+def test_with_auf_the_serving_conditions_are_settings_of_the_run(train_world, tmp_path):
+    """--auf weighs the loss by the serving conditions (--eval-temperature, --eval-verify), so
+    continuing an --auf run under others is refused like any changed setting; without --auf
+    they change only the prediction, and the run goes on."""
+    hidden = train_world["hidden"]
+
+    def train(name: str, **kw):
+        return run(config(train_world, hidden, tmp_path / name, max_steps=1, eval_split=0, **kw))
+
+    train("auf", auf=True)
+    with pytest.raises(UserError, match=r"--eval-temperature: 0.0 -> 1.0; --eval-verify: None"):
+        train("auf", auf=True, eval_temperature=1.0)
+    train("plain")
+    assert train("plain", eval_temperature=1.0).steps == 1
+
+
 def test_rerun_of_a_finished_run_changes_nothing(train_world, tmp_path):
     first = run(config(train_world, train_world["hidden"], tmp_path / "r", max_steps=2))
     before = weights(tmp_path / "r")

@@ -310,6 +310,11 @@ class TrainConfig:
             out["loss"] = self.loss
         if self.auf:
             out["auf"] = True
+            # AUF weighs each step by the chance the earlier drafts were kept under these
+            # serving conditions, so here they decide the trajectory too
+            out["eval_temperature"] = self.eval_temperature
+            if self.eval_temperature > 0:
+                out["eval_verify"] = self.eval_verify
         if self.teacher_temperature != 1.0:
             out["teacher_temperature"] = self.teacher_temperature
         return out
