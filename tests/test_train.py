@@ -305,6 +305,31 @@ def test_interrupted_run_resumes_to_the_same_weights(train_world, tmp_path, monk
     ]
 
 
+def test_the_default_learning_rate_scales_with_the_drafters_width(train_world, tmp_path):
+    """Without --lr, 1e-4 x sqrt(4096 / hidden) within [1e-4, 1e-3], for the target's hidden
+    size: what the optimizer takes (warm-up 1: step 1 trains at the peak), what run.json
+    records, and what the same command continuing compares with."""
+    from transformers import AutoConfig
+
+    from eagle3kit.train.config import default_lr
+
+    assert default_lr(64) == pytest.approx(8e-4)
+    assert default_lr(1024) == pytest.approx(2e-4)
+    assert default_lr(4096) == default_lr(7168) == 1e-4  # the peers' rate at full width
+    assert default_lr(16) == 1e-3
+    hidden = AutoConfig.from_pretrained(train_world["target"]).hidden_size
+    out = tmp_path / "r"
+    run(config(train_world, train_world["hidden"], out, max_steps=2, eval_split=0, lr=None))
+    first = next(m for m in metrics(out) if "lr" in m)
+    assert first["lr"] == pytest.approx(default_lr(hidden))
+    recorded = json.loads((out / "run.json").read_text())
+    assert recorded["settings"]["lr"] == recorded["config"]["lr"] == default_lr(hidden)
+    again = run(config(train_world, train_world["hidden"], out, max_steps=2, eval_split=0, lr=None))
+    assert again.steps == 2
+    with pytest.raises(UserError, match=r"--min-lr \(0.5\) must not exceed --lr, whose default"):
+        run(config(train_world, train_world["hidden"], tmp_path / "m", lr=None, min_lr=0.5))
+
+
 def test_with_auf_the_serving_conditions_are_settings_of_the_run(train_world, tmp_path):
     """--auf weighs the loss by the serving conditions (--eval-temperature, --eval-verify), so
     continuing an --auf run under others is refused like any changed setting; without --auf

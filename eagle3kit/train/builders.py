@@ -268,12 +268,14 @@ def build_optimizer(
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over `params` and its learning-rate schedule over `total` steps."""
     optimizer = torch.optim.AdamW(
-        params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
+        params, lr=cfg.peak_lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
     )
     warmup = int(cfg.warmup) if cfg.warmup >= 1 else math.ceil(cfg.warmup * total)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
-        lr_lambda(total, max(warmup, 1) if cfg.warmup else 0, cfg.min_lr / cfg.lr, cfg.schedule),
+        lr_lambda(
+            total, max(warmup, 1) if cfg.warmup else 0, cfg.min_lr / cfg.peak_lr, cfg.schedule
+        ),
     )
     return optimizer, scheduler
 

@@ -93,13 +93,13 @@ def _apply_optimizer_settings(
     where the user asked for the new ones. The schedule's shape is this command's already
     (its function is not saved), so the rate continues from the restored step.
     """
-    scheduler.base_lrs = [cfg.lr] * len(optimizer.param_groups)
+    scheduler.base_lrs = [cfg.peak_lr] * len(optimizer.param_groups)
     rates = [
         base * factor(scheduler.last_epoch)
         for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
     ]
     for group, rate in zip(optimizer.param_groups, rates, strict=True):
-        group.update(initial_lr=cfg.lr, lr=rate, weight_decay=cfg.weight_decay)
+        group.update(initial_lr=cfg.peak_lr, lr=rate, weight_decay=cfg.weight_decay)
     scheduler._last_lr = rates  # what get_last_lr() reports until the next step
 
 

@@ -7,7 +7,7 @@ imports the heavy modules only once the options are known to be usable.
 from __future__ import annotations
 
 import math
-from dataclasses import InitVar, asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,20 @@ from eagle3kit.train.option_values import (
     TRAJECTORY_OPTIONS,
     DataSpec,
 )
+
+DEFAULT_LR = 1e-4
+"""--lr's default at full width (hidden 4,096 and up): EAGLE-3's and the peers'."""
+DEFAULT_LR_WIDTH = 4096
+MAX_DEFAULT_LR = 1e-3
+
+
+def default_lr(hidden_size: int) -> float:
+    """--lr's default for a drafter of `hidden_size`: 1e-4 × √(4096 / hidden), within
+    [1e-4, 1e-3]. The peers' 1e-4 is tuned for drafters 4,096 wide and more; a narrow one
+    learns too slowly at it (hidden 64, the same steps: predicted acceptance 1.30 at 1e-4,
+    2.53 at 8e-4, 2.64 at 1e-3; docs/quality.md)."""
+    scaled = DEFAULT_LR * math.sqrt(DEFAULT_LR_WIDTH / max(hidden_size, 1))
+    return min(MAX_DEFAULT_LR, max(DEFAULT_LR, scaled))
 
 
 @dataclass
@@ -117,7 +131,10 @@ class TrainConfig:
     sliding_window: int | None = field(default=None, metadata=opt(metavar="TOKENS"))
     """The draft layers attend to the last N positions only (a sliding window, exported for
     vLLM and SGLang); default: every earlier position (docs/train.md, "Long contexts")."""
-    lr: float = 1e-4
+    lr: float | None = field(default=None, metadata=opt(metavar="NUMBER"))
+    """Peak learning rate (default: 1e-4 × √(4096 / the drafter's hidden size), within
+    [1e-4, 1e-3]: 1e-4 from hidden 4,096 up, 8e-4 at hidden 64; docs/train.md, "Why these
+    defaults")."""
     min_lr: float = 0.0
     """Learning rate the decay ends at."""
     schedule: str = "cosine"
@@ -230,6 +247,13 @@ class TrainConfig:
         if found:
             raise UserError("; ".join(found))
 
+    @property
+    def peak_lr(self) -> float:
+        """--lr once set-up has set it (with_lr_for)."""
+        if self.lr is None:
+            raise RuntimeError("set-up sets --lr (with_lr_for) before training")
+        return self.lr
+
     def auf_rule(self) -> str:
         """How --auf counts an earlier draft as kept: the serving rule the prediction models
         (greedy at --eval-temperature 0; SGLang's rule at its default thresholds is onehot)."""
@@ -320,6 +344,21 @@ class TrainConfig:
         return out
 
 
+def with_lr_for(cfg: TrainConfig, hidden_size: int) -> TrainConfig:
+    """`cfg` with --lr set: as given, else default_lr for a drafter of `hidden_size` (the
+    target's). Set-up calls it once the target's config is read, so everything after (the
+    optimizer, run.json, a resume's comparison) sees one rate."""
+    if cfg.lr is not None:
+        return cfg
+    lr = default_lr(hidden_size)
+    if cfg.min_lr > lr:
+        raise UserError(
+            f"--min-lr ({cfg.min_lr}) must not exceed --lr, whose default for this "
+            f"drafter (hidden size {hidden_size}) is {lr:.3g}: give --lr"
+        )
+    return replace(cfg, lr=lr)
+
+
 # The command line's checks, each adding what it finds to `found` -------------------------
 def _check_ranges(cfg: TrainConfig, found: list[str]) -> None:
     positive: dict[str, float] = {
@@ -343,7 +382,8 @@ def _check_ranges(cfg: TrainConfig, found: list[str]) -> None:
             f"last step unrolled sits that many positions past its context "
             f"(got {cfg.sliding_window})"
         )
-    for flag, value in (("--lr", cfg.lr), ("--ttt-decay", cfg.ttt_decay)):
+    lr = {"--lr": cfg.lr} if cfg.lr is not None else {}
+    for flag, value in {**lr, "--ttt-decay": cfg.ttt_decay}.items():
         if not (value > 0 and math.isfinite(value)):
             found.append(f"{flag} must be > 0 (got {value})")
     for flag, value in (
@@ -366,7 +406,7 @@ def _check_ranges(cfg: TrainConfig, found: list[str]) -> None:
 
     if cfg.eval_verify not in RULES:
         found.append(f"--eval-verify must be one of {', '.join(RULES)} (got {cfg.eval_verify})")
-    if cfg.min_lr > cfg.lr:
+    if cfg.lr is not None and cfg.min_lr > cfg.lr:
         found.append(f"--min-lr ({cfg.min_lr}) must not exceed --lr ({cfg.lr})")
     if cfg.eval_split >= 1 and not float(cfg.eval_split).is_integer():
         found.append(f"--eval-split is a share below 1 or a whole count (got {cfg.eval_split})")

@@ -35,7 +35,7 @@ from eagle3kit.train.builders import (
     open_run_dir,
     resolve_layers,
 )
-from eagle3kit.train.config import TrainConfig
+from eagle3kit.train.config import TrainConfig, with_lr_for
 from eagle3kit.train.feed import Feed
 from eagle3kit.train.heldout import HeldOut
 from eagle3kit.train.losses import step_loss
@@ -117,6 +117,7 @@ def build(cfg: TrainConfig, ranks: Ranks) -> Setup:
     autocast = torch.bfloat16 if dtype_name(cfg.dtype, device) == "bfloat16" else None
     target = TargetInfo.load(cfg.target, cfg.trust_remote_code)  # the flag, never a record's
     target_id = {**location(cfg.target), **target.identity}
+    cfg = with_lr_for(cfg, int(target.config.hidden_size))  # the drafter is as wide
     sources = [tdata.open_source(d.path, d.weight, cfg.online) for d in cfg.data]
     run_dir = RunDir(cfg.out)
     lock, previous = open_run_dir(cfg, ranks, run_dir, target_id)
