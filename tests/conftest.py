@@ -98,43 +98,43 @@ def one_torch_thread():
 
 FILE_SECONDS: dict[str, tuple[int, int]] = {
     # file: (default tier, slow tier), seconds on 2 cores; files under 5 s in both are left out
-    "tests/test_docs_quickstart.py": (0, 420),
-    "tests/test_fuzz_parquet.py": (14, 284),
-    "tests/test_train_scale.py": (10, 230),
-    "tests/test_docs.py": (21, 130),
-    "tests/test_bench.py": (29, 195),
-    "tests/test_quickstart.py": (21, 67),
-    "tests/test_format_fuzz.py": (18, 153),
+    "tests/test_docs_quickstart.py": (0, 338),
+    "tests/test_fuzz_parquet.py": (14, 266),
+    "tests/test_train_scale.py": (10, 184),
+    "tests/test_docs.py": (21, 112),
+    "tests/test_bench.py": (29, 206),
+    "tests/test_quickstart.py": (21, 75),
+    "tests/test_format_fuzz.py": (18, 171),
     "tests/test_quality_bench.py": (0, 152),
-    "tests/test_crash.py": (32, 121),
-    "tests/test_fuzz_metrics.py": (0, 99),
-    "tests/test_train_accept.py": (0, 89),
+    "tests/test_crash.py": (32, 122),
+    "tests/test_fuzz_metrics.py": (0, 81),
+    "tests/test_train_accept.py": (0, 96),
     "tests/test_kimi.py": (78, 0),
-    "tests/test_gen_crash.py": (29, 50),
+    "tests/test_gen_crash.py": (29, 44),
     "tests/test_owned_dirs.py": (69, 0),
-    "tests/test_tiny.py": (7, 58),
+    "tests/test_tiny.py": (7, 64),
     "tests/test_gen.py": (51, 0),
-    "tests/test_docs_train.py": (0, 45),
+    "tests/test_docs_train.py": (0, 49),
     "tests/test_benchmarks.py": (43, 0),
-    "tests/test_gen_soak.py": (0, 39),
+    "tests/test_gen_soak.py": (0, 58),
     "tests/test_gen_hostile.py": (38, 0),
     "tests/test_validate.py": (38, 0),
     "tests/test_trust_remote_code.py": (38, 0),
-    "tests/test_extract.py": (3, 35),
+    "tests/test_extract.py": (3, 32),
     "tests/test_signals.py": (35, 0),
     "tests/test_train_predicted.py": (34, 0),
     "tests/test_train_datapath.py": (22, 0),
     "tests/test_served_files.py": (34, 0),
     "tests/test_plan.py": (33, 12),
-    "tests/test_speculators_load.py": (0, 32),
-    "tests/test_docs_plan.py": (0, 31),
-    "tests/test_train_online_server.py": (30, 26),
-    "tests/test_train.py": (8, 26),
+    "tests/test_speculators_load.py": (0, 34),
+    "tests/test_docs_plan.py": (0, 35),
+    "tests/test_train_online_server.py": (30, 30),
+    "tests/test_train.py": (8, 28),
     "tests/test_gen_faults.py": (25, 0),
     "tests/test_gen_render.py": (24, 0),
     "tests/test_writer_interrupt.py": (24, 0),
     "tests/test_convert_parquet.py": (20, 0),
-    "tests/test_docs_bench.py": (0, 16),
+    "tests/test_docs_bench.py": (0, 17),
     "tests/test_format_bounds.py": (16, 0),
     "tests/test_train_trackers.py": (16, 0),
     "tests/test_train_best.py": (15, 0),
@@ -168,10 +168,9 @@ FILE_SECONDS: dict[str, tuple[int, int]] = {
 }
 """Each test file's seconds in each tier (summed from `--durations=0`: the default tier's
 2026-12-06, with testkit/prewarmed.py; the slow tier's 2026-12-07, 1,315 s on 2 cores with
-its speculators venv reused, as in CI on the same machine; the quickstart pages, the README,
-train_scale and gen_crash again after the shared quickstart and the pre-warmed kill loops).
-The quickstart page's includes the session's full quickstart, which it is the first to ask
-for: it starts first)."""
+its speculators venv reused, as in CI on the same machine; measured again the same day after
+the shared quickstart and the pre-warmed kill loops: 1,143 s. The quickstart page's includes
+the session's full quickstart, which it is the first to ask for: it starts first)."""
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` has deselected the other tiers
