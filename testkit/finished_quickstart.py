@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -40,8 +41,6 @@ class FinishedQuickstart:
     def copy_to(self, where: Path) -> Path:
         """A copy of the finished directory at `where` (hard links would let a test's rerun
         change the shared files: quickstart rewrites its record)."""
-        import shutil
-
         assert self.returncode == 0, self.stderr_tail
         shutil.copytree(self.directory, where)
         return where
@@ -61,13 +60,7 @@ def run_once(root: Path) -> FinishedQuickstart:
         if not record.exists():
             record.write_text(json.dumps(_run(root / "quickstart" / "qs")))
         fields = json.loads(record.read_text())
-    return FinishedQuickstart(
-        directory=Path(fields["directory"]),
-        seconds=fields["seconds"],
-        returncode=fields["returncode"],
-        summary=fields["summary"],
-        stderr_tail=fields["stderr_tail"],
-    )
+    return FinishedQuickstart(**{**fields, "directory": Path(fields["directory"])})
 
 
 def _run(out: Path) -> dict:

@@ -163,11 +163,10 @@ def _measured_otherwise(now: dict, best: dict) -> bool:
 
 def _conditions(evaluation: dict) -> str:
     """How a held-out figure was predicted, for a message."""
-    temperature = float(evaluation.get("temperature") or 0.0)
-    if not temperature:
+    c = selection.conditions_of(evaluation)
+    if not c["temperature"]:
         return "at temperature 0"
-    method = evaluation.get("prediction") or "expected"
-    return f"at temperature {temperature:g}, verify {evaluation.get('verify')}, {method}"
+    return f"at temperature {c['temperature']:g}, verify {c['verify']}, {c['prediction']}"
 
 
 # Saving --------------------------------------------------------------------------------------

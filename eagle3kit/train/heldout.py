@@ -11,7 +11,7 @@ otherwise (each draft's chance to be kept, over every chain start)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -149,6 +149,23 @@ LOGIT_ROWS_BYTES = 64 << 20
 """Largest [B, rows, V] fp32 block of target logits the sampled prediction makes at once."""
 
 
+def unrolled(
+    drafter: Eagle3Drafter, batch: TargetBatch, k: int, fed: torch.Tensor
+) -> Iterator[torch.Tensor]:
+    """The drafter's output [B, T-1, H'] at each of k training-time-test steps, at every
+    position t: step 0 is fed data token t+1, step j > 0 token t+1+j of `fed` [B, T] (and
+    the step before's output), as chain decoding feeds a chain whose earlier drafts were
+    kept. The caller holds no_grad."""
+    length = batch.ids.shape[1] - 1
+    positions = torch.arange(length, device=batch.ids.device)[None].expand(batch.ids.shape[0], -1)
+    state = TTTState()
+    hidden = drafter.project(batch.aux[:, :length].to(drafter.fc.weight.dtype))
+    for j in range(k):
+        ids = shifted(batch.ids if j == 0 else fed, j, length)
+        hidden = drafter.ttt_step(hidden, ids, positions + j, state)
+        yield hidden
+
+
 @torch.no_grad()
 def position_verdicts(
     drafter: Eagle3Drafter, batch: TargetBatch, k: int, sampled: Sampled | None = None
@@ -156,17 +173,12 @@ def position_verdicts(
     """[B, T-1, k] (accepted, observable) at every position, chain start or not; with
     `sampled`, `accepted` is the chance the draft is kept (float) instead of a verdict."""
     length = batch.ids.shape[1] - 1
-    b = batch.ids.shape[0]
-    positions = torch.arange(length, device=batch.ids.device)[None].expand(b, -1)
+    positions = torch.arange(length, device=batch.ids.device)[None]
     greedy = torch.cat([batch.ids[:, :1], batch.argmax[:, :-1]], dim=1)  # greedy[j]: token j
     follows = batch.ids == greedy
-    state = TTTState()
-    hidden = drafter.project(batch.aux[:, :length].to(drafter.fc.weight.dtype))
     accepted, observable = [], []
-    seen = torch.ones_like(positions, dtype=torch.bool)
-    for j in range(k):
-        ids = batch.ids[:, 1 : 1 + length] if j == 0 else shifted(greedy, j, length)
-        hidden = drafter.ttt_step(hidden, ids, positions + j, state)
+    seen = torch.ones((batch.ids.shape[0], length), dtype=torch.bool, device=batch.ids.device)
+    for j, hidden in enumerate(unrolled(drafter, batch, k, greedy)):
         if j > 0:
             seen = seen & shifted(follows, j, length, False)
         inside = positions + 1 + j < batch.lengths[:, None]
@@ -184,15 +196,8 @@ def data_path_drafts(drafter: Eagle3Drafter, batch: TargetBatch, k: int) -> torc
     """[B, T-1, k] the target ids a chain started at each position t drafts when step j's
     input is data token t+1+j (and its hidden the step before's output): what a decode
     drafts there as long as the chain's earlier drafts equalled the data."""
-    length = batch.ids.shape[1] - 1
-    positions = torch.arange(length, device=batch.ids.device)[None].expand(batch.ids.shape[0], -1)
-    state = TTTState()
-    hidden = drafter.project(batch.aux[:, :length].to(drafter.fc.weight.dtype))
-    drafts = []
-    for j in range(k):
-        hidden = drafter.ttt_step(hidden, shifted(batch.ids, j, length), positions + j, state)
-        drafts.append(drafter.draft_to_target(drafter.top_draft(hidden)))
-    return torch.stack(drafts, -1)
+    steps = unrolled(drafter, batch, k, batch.ids)
+    return torch.stack([drafter.draft_to_target(drafter.top_draft(h)) for h in steps], -1)
 
 
 def data_path_verdicts(

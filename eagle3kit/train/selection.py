@@ -16,16 +16,20 @@ and any of these changed chooses its best afresh (the earlier figures measured a
 split or chain length)."""
 
 
-def measured_alike(evaluation: dict, conditions: dict) -> bool:
-    """Whether a stored evaluation predicted under `conditions` (its `temperature`, `verify`
-    rule and `prediction` method, as EvalResult records them): figures of another
-    temperature or method are not comparable (the expected prediction on sampled data runs
-    well above the data-path one). An older eagle3kit's records name no method: "greedy" at
-    temperature 0, else "expected"."""
+def conditions_of(evaluation: dict) -> dict:
+    """How a stored evaluation predicted, under the keys HeldOut.conditions gives: its
+    `temperature`, `verify` rule and `prediction` method. An older eagle3kit's records name
+    no method: "greedy" at temperature 0, else "expected"."""
     temperature = float(evaluation.get("temperature") or 0.0)
     method = evaluation.get("prediction") or ("expected" if temperature else "greedy")
-    stored = (temperature, evaluation.get("verify"), method)
-    return stored == (conditions["temperature"], conditions["verify"], conditions["prediction"])
+    return {"temperature": temperature, "verify": evaluation.get("verify"), "prediction": method}
+
+
+def measured_alike(evaluation: dict, conditions: dict) -> bool:
+    """Whether a stored evaluation predicted under `conditions`: figures of another
+    temperature or method are not comparable (the expected prediction on sampled data runs
+    well above the data-path one)."""
+    return conditions_of(evaluation) == conditions
 
 
 def improves(evaluation: dict | None, best: dict | None) -> bool:
