@@ -75,8 +75,17 @@ BF16_PEAK = {
 }
 
 
+def _train_default(name: str) -> Any:
+    """The default of train's option `name` (what `eagle3kit train` runs without the flag)."""
+    return next(f.default for f in fields(TrainConfig) if f.name == name)
+
+
 def _default_ttt_steps() -> int:
-    return next(f.default for f in fields(TrainConfig) if f.name == "ttt_steps")  # type: ignore
+    return _train_default("ttt_steps")
+
+
+TTT_DECAY: float = _train_default("ttt_decay")
+"""train's default step-loss decay."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +195,7 @@ class TrainSetup:
         self.params = self.drafter.trainable_parameters()
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-4, betas=(0.9, 0.95))
         self.counts = step_counts(self.batch, self.drafter.t2d, s.ttt_steps)
-        self.loss = TTTLoss(self.drafter, self.head, s.ttt_steps, 0.8)
+        self.loss = TTTLoss(self.drafter, self.head, s.ttt_steps, TTT_DECAY)
         self.steps = s.ttt_steps
 
     def step(self, impl: str, autocast: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -347,7 +356,7 @@ def check_parity(s: Sizes, device: torch.device) -> bool:
             torch.nn.Identity(),
             setup.head.lm_head.float(),
         )
-        setup.loss = TTTLoss(setup.drafter, setup.head, toy.ttt_steps, 0.8)
+        setup.loss = TTTLoss(setup.drafter, setup.head, toy.ttt_steps, TTT_DECAY)
         setup.batch = replace(setup.batch, normed=setup.batch.normed.float())
         runs.append([tuple(float(x) for x in setup.step("eagle3kit", autocast)) for _ in range(2)])
     worst = max(

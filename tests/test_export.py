@@ -374,6 +374,41 @@ def test_a_permuted_full_vocabulary_is_folded_into_lm_head(tiny, tmp_path):
     assert torch.equal(written["lm_head.weight"][order], model.lm_head.weight)
 
 
+def test_serving_more_drafts_than_were_trained_warns(tiny, tmp_path):
+    """A drafter learns only --ttt-steps chain positions: an export asking the engine for
+    more warns, whether run.json or the drafter's own config.json says so; a value that is
+    not a step count (someone else's file) says nothing."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny["run"], run_dir)
+    run_json = run_dir / "run.json"
+    recorded = json.loads(run_json.read_text())
+
+    def untrained(*extra: str, source: Path = run_dir) -> list[str]:
+        out = tmp_path / f"out-{len(list(tmp_path.iterdir()))}"
+        result = cli("export", source, out, "--json", *extra)
+        assert result.exit_code == 0, result.stderr
+        return [w for w in json.loads(result.stdout)["warnings"] if "--ttt-steps" in w]
+
+    run_json.write_text(json.dumps({**recorded, "config": {"ttt_steps": 2}}))
+    assert untrained() == [
+        "--num-speculative-tokens 3: the drafter was trained for 2 draft steps (--ttt-steps), "
+        "so every draft after the first 2 of a chain was never trained and is rarely kept; "
+        "train with --ttt-steps 3 to serve that many"
+    ]
+    assert untrained("--num-speculative-tokens", "2") == []
+    for hostile in ("2", True, -1, None):
+        run_json.write_text(json.dumps({**recorded, "config": {"ttt_steps": hostile}}))
+        assert untrained("--num-speculative-tokens", "5") == []
+    # A drafter copied out of its run: its config.json's training block says it.
+    drafter = tmp_path / "drafter"
+    shutil.copytree(run_dir / "drafter", drafter)
+    config = json.loads((drafter / "config.json").read_text())
+    config["eagle3kit"]["training"] = {"ttt_steps": 4}
+    (drafter / "config.json").write_text(json.dumps(config))
+    assert len(untrained("--num-speculative-tokens", "5", source=drafter)) == 1
+    assert untrained("--num-speculative-tokens", "4", source=drafter) == []
+
+
 def test_info_flags_the_full_vocabulary_layout_vllm_refuses(tiny, tmp_path):
     from safetensors.torch import save_file
 

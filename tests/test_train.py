@@ -306,17 +306,18 @@ def test_interrupted_run_resumes_to_the_same_weights(train_world, tmp_path, monk
 
 
 def test_the_default_learning_rate_scales_with_the_drafters_width(train_world, tmp_path):
-    """Without --lr, 1e-4 x sqrt(4096 / hidden) within [1e-4, 1e-3], for the target's hidden
-    size: what the optimizer takes (warm-up 1: step 1 trains at the peak), what run.json
-    records, and what the same command continuing compares with."""
+    """Without --lr, log-linear in the width from 1e-4 at hidden 4,096 to 1e-3 at 64, within
+    those two rates, for the target's hidden size: what the optimizer takes (warm-up 1: step
+    1 trains at the peak), what run.json records, and what the same command continuing
+    compares with."""
     from transformers import AutoConfig
 
-    from eagle3kit.train.config import default_lr
+    from eagle3kit.train.option_values import default_lr
 
-    assert default_lr(64) == pytest.approx(8e-4)
-    assert default_lr(1024) == pytest.approx(2e-4)
+    assert default_lr(64) == default_lr(16) == pytest.approx(1e-3)  # tuned at hidden 64
     assert default_lr(4096) == default_lr(7168) == 1e-4  # the peers' rate at full width
-    assert default_lr(16) == 1e-3
+    assert default_lr(512) == pytest.approx(1e-4 * 10 ** (1 / 2))  # halfway in log-width
+    assert default_lr(1024) == pytest.approx(1e-4 * 10 ** (1 / 3))
     hidden = AutoConfig.from_pretrained(train_world["target"]).hidden_size
     out = tmp_path / "r"
     run(config(train_world, train_world["hidden"], out, max_steps=2, eval_split=0, lr=None))
@@ -494,7 +495,7 @@ def test_run_directory_is_what_export_and_bench_read(train_world, tmp_path):
     }
     lines = metrics(out)
     assert [m["step"] for m in lines] == [0, 1, 2, 2, 3, 3]  # eval at 0, 2 and 3
-    assert all(len(m["acc_k"]) == 7 for m in lines if "loss" in m)
+    assert all(len(m["acc_k"]) == info["config"]["ttt_steps"] == 3 for m in lines if "loss" in m)
     from eagle3kit.checkpoints.native import load_drafter
 
     model = load_drafter(out / "drafter")
@@ -1068,4 +1069,4 @@ def test_a_window_the_unroll_outgrows_is_refused(train_world, tmp_path):
             "unrolled sits that many positions past its context (got 5)"
         ),
     ):
-        config(train_world, train_world["hidden"], tmp_path / "r", sliding_window=5)
+        config(train_world, train_world["hidden"], tmp_path / "r", sliding_window=5, ttt_steps=7)

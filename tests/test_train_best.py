@@ -159,8 +159,10 @@ def test_drafter_is_the_best_evaluated_step_when_a_later_one_is_worse(train_worl
     )
     block = drafter_block(out / "drafter")
     assert block["training"]["step"] == best and block["chosen"] == "best"
+    run_json = json.loads((out / "run.json").read_text())
+    assert block["training"]["ttt_steps"] == run_json["config"]["ttt_steps"]  # export's check
     assert block["eval"]["step"] == best and block["eval"][AL] == evals[best]
-    chosen = json.loads((out / "run.json").read_text())["selection"]
+    chosen = run_json["selection"]
     assert chosen["rule"] == "best" and chosen["step"] == best
     assert chosen["best"] == {"step": best, AL: round(evals[best], 6), "k": 3}
     assert chosen["last"] == {"step": STEPS, AL: round(evals[STEPS], 6), "k": 3}

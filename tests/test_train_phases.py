@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from eagle3kit.chat.phases import PHASES, Markers, phase_after
-from eagle3kit.train.heldout import chain_starts, chain_verdicts, evaluate, start_phases
+from eagle3kit.train.heldout import chain_verdicts, evaluate
+from eagle3kit.train.rounds import chain_starts, start_phases
 from eagle3kit.train.target import TargetBatch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from eagle3kit._ui import OutputOptions
-from eagle3kit.train.heldout import conditional_counts, decoding_rounds, predicted_acceptance_length
+from eagle3kit.train.heldout import conditional_counts, predicted_acceptance_length
+from eagle3kit.train.rounds import decoding_rounds
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 QUIET = OutputOptions(quiet=True)

@@ -59,6 +59,20 @@ MAX_TTT_STEPS = 64
 """The most TTT accuracies a metrics.jsonl line may hold where run.json names no count."""
 MAX_RECORDED_TTT_STEPS = 1024
 """A count run.json records past this is not taken (each step is one series of a plot)."""
+
+
+def valid_ttt_steps(value: object) -> int | None:
+    """A --ttt-steps a file records, when it is one: a positive integer up to
+    MAX_RECORDED_TTT_STEPS (run.json and config.json may be someone else's)."""
+    if (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and 0 < value <= MAX_RECORDED_TTT_STEPS
+    ):
+        return value
+    return None
+
+
 LOCK_FILES = (".run.lock", ".gate.lock", ".owner.json")
 """The run's lock (held by every process of the train that owns the directory), the gate
 taking it goes through, and the file naming the holder (eagle3kit/_lock.py)."""
@@ -335,13 +349,8 @@ class RunDir:
                 if isinstance(entry, dict)
             ),
         ]
-        found = [s.get("ttt_steps") for s in settings if isinstance(s, dict)]
-        counts = [
-            n
-            for n in found
-            if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_RECORDED_TTT_STEPS
-        ]
-        return max(counts, default=MAX_TTT_STEPS)
+        found = [valid_ttt_steps(s.get("ttt_steps")) for s in settings if isinstance(s, dict)]
+        return max((n for n in found if n is not None), default=MAX_TTT_STEPS)
 
     def metric_records(self) -> Iterator[tuple[str, dict]]:
         """(line, record) for each line of metrics.jsonl in the form train writes it; the

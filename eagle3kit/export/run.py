@@ -211,6 +211,13 @@ def run(cfg: ExportConfig) -> ExportResult:
         embedding = target_embedding(src.target_dir) if src.target_dir else None
         if embedding is None:
             raise UserError("--with-embedding needs the target's weights: give --target")
+    if src.ttt_steps is not None and cfg.num_speculative_tokens > src.ttt_steps:
+        warnings.append(
+            f"--num-speculative-tokens {cfg.num_speculative_tokens}: the drafter was trained "
+            f"for {src.ttt_steps} draft steps (--ttt-steps), so every draft after the first "
+            f"{src.ttt_steps} of a chain was never trained and is rarely kept; train with "
+            f"--ttt-steps {cfg.num_speculative_tokens} to serve that many"
+        )
     formats = ["vllm", "sglang"] if cfg.format == "both" else [cfg.format]
     if "sglang" in formats:
         warnings += sglang_warnings(drafter)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3kit.checkpoints.provenance import read_provenance
-from eagle3kit.checkpoints.rundir import RunDir
+from eagle3kit.checkpoints.rundir import RunDir, valid_ttt_steps
 from eagle3kit.errors import UserError
 from eagle3kit.export.config import ExportConfig
 from eagle3kit.target import COMPARED
@@ -32,6 +32,8 @@ class ExportSource:
     run: dict | None = None
     """run.json, when the source is a run (None: a checkpoint)."""
     run_dir: Path | None = None
+    ttt_steps: int | None = None
+    """The training-time-test steps the drafter was trained with, when recorded."""
 
 
 def load_source(cfg: ExportConfig) -> ExportSource:
@@ -84,7 +86,18 @@ def load_source(cfg: ExportConfig) -> ExportSource:
         warnings=warnings,
         run=run if rd.exists() else None,
         run_dir=run_dir if rd.exists() else None,
+        ttt_steps=_trained_steps(run, info.config),
     )
+
+
+def _trained_steps(run: dict, config: dict) -> int | None:
+    """--ttt-steps as run.json's settings or the drafter's config.json recorded it."""
+    block = config.get("eagle3kit")
+    training = block.get("training") if isinstance(block, dict) else None
+    for recorded in (run.get("config"), training):
+        if isinstance(recorded, dict) and (steps := valid_ttt_steps(recorded.get("ttt_steps"))):
+            return steps
+    return None
 
 
 def _identity(run: dict, info: Any) -> dict:

@@ -1,8 +1,8 @@
 """Training an EAGLE-3 drafter: offline from hidden-state datasets, or online with the
 target in the loop. `run(TrainConfig)` (run.py) is the stage: set-up (setup.py) builds the
 run once, the loop (loop.py) steps it, checkpointing.py saves and resumes it, feed.py feeds
-it, heldout.py evaluates it, ttt.py and losses.py are its loss; `evaluate` predicts
-acceptance.
+it, heldout.py evaluates it (over the rounds a decode makes, rounds.py), ttt.py and
+losses.py are its loss; `evaluate` predicts acceptance.
 
 Importing this package is free: `TrainConfig` checks a command line before torch loads,
 `run` loads torch when called, and the rest (all torch) loads on first use. See

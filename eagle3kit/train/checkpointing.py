@@ -273,6 +273,7 @@ def _drafter_extra(
             "run": str(s.cfg.out.resolve()),
             "step": step,
             "tokens": tokens,
+            "ttt_steps": s.cfg.ttt_steps,
             "eagle3kit_version": __version__,
         },
         "chosen": chosen,

@@ -27,21 +27,8 @@ from eagle3kit.train.option_values import (
     SCHEDULES,
     TRAJECTORY_OPTIONS,
     DataSpec,
+    default_lr,
 )
-
-DEFAULT_LR = 1e-4
-"""--lr's default at full width (hidden 4,096 and up): EAGLE-3's and the peers'."""
-DEFAULT_LR_WIDTH = 4096
-MAX_DEFAULT_LR = 1e-3
-
-
-def default_lr(hidden_size: int) -> float:
-    """--lr's default for a drafter of `hidden_size`: 1e-4 × √(4096 / hidden), within
-    [1e-4, 1e-3]. The peers' 1e-4 is tuned for drafters 4,096 wide and more; a narrow one
-    learns too slowly at it (hidden 64, the same steps: predicted acceptance 1.30 at 1e-4,
-    2.53 at 8e-4, 2.64 at 1e-3; docs/quality.md)."""
-    scaled = DEFAULT_LR * math.sqrt(DEFAULT_LR_WIDTH / max(hidden_size, 1))
-    return min(MAX_DEFAULT_LR, max(DEFAULT_LR, scaled))
 
 
 @dataclass
@@ -108,9 +95,9 @@ class TrainConfig:
         default=None, metadata=opt("--embed-requires-grad/--no-embed-requires-grad")
     )
     """Override the variant: train the drafter's own embedding (stored in its checkpoints)."""
-    ttt_steps: int = 7
-    """Training-time-test steps."""
-    ttt_decay: float = 0.8
+    ttt_steps: int = 3
+    """Training-time-test steps: at least the chain length the drafter will serve (k)."""
+    ttt_decay: float = 1.0
     """Weight of step k's loss: decay**k."""
     loss: str = "soft-ce"
     """The loss of each training-time-test step (docs/train.md, "Objectives"): soft-ce
@@ -132,9 +119,8 @@ class TrainConfig:
     """The draft layers attend to the last N positions only (a sliding window, exported for
     vLLM and SGLang); default: every earlier position (docs/train.md, "Long contexts")."""
     lr: float | None = field(default=None, metadata=opt(metavar="NUMBER"))
-    """Peak learning rate (default: 1e-4 × √(4096 / the drafter's hidden size), within
-    [1e-4, 1e-3]: 1e-4 from hidden 4,096 up, 8e-4 at hidden 64; docs/train.md, "Why these
-    defaults")."""
+    """Peak learning rate (default: from the drafter's hidden size, 1e-4 from 4,096 up to 1e-3
+    at 64 and below, log-linear between; docs/train.md, "Why these defaults")."""
     min_lr: float = 0.0
     """Learning rate the decay ends at."""
     schedule: str = "cosine"
@@ -146,10 +132,10 @@ class TrainConfig:
     target's rows, never trained, as speculators 0.9.0 does)."""
     data_order: str = "shuffle"
     """shuffle: a fresh seeded order each epoch; fixed: one seeded order for every epoch."""
-    warmup: float = 0.015
+    warmup: float = 0.05
     """Linear warm-up: a share of the steps when < 1, else a number of steps."""
-    weight_decay: float = 0.0
-    grad_clip: float = 0.5
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
     """Largest global gradient norm; 0 turns clipping off."""
     batch_tokens: int = field(default=8192, metadata=opt(metavar="N"))
     """Tokens per micro-batch and rank; a step is batch_tokens x ranks x grad_accum."""

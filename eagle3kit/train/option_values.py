@@ -1,6 +1,6 @@
 """The values train's options take: the fixed choices of each option that has them, the
-options that decide a run's trajectory, and DATA[:WEIGHT], one dataset and its mixing weight.
-No torch, as for config.py."""
+options that decide a run's trajectory, DATA[:WEIGHT], one dataset and its mixing weight,
+and --lr's default for a drafter's width. No torch, as for config.py."""
 
 from __future__ import annotations
 
@@ -85,3 +85,25 @@ class DataSpec:
 
     def to_json(self) -> dict:
         return {"path": str(self.path.resolve()), "weight": self.weight}
+
+
+# The learning rate's default --------------------------------------------------------------
+DEFAULT_LR = 1e-4
+"""--lr's default at full width (hidden 4,096 and up): EAGLE-3's and the peers'."""
+DEFAULT_LR_WIDTH = 4096
+MAX_DEFAULT_LR = 1e-3
+"""--lr's default at hidden 64 and below: the tuned rate of a narrow drafter."""
+MAX_DEFAULT_LR_WIDTH = 64
+
+
+def default_lr(hidden_size: int) -> float:
+    """--lr's default for a drafter of `hidden_size`: log-linear in the width between 1e-4
+    at hidden 4,096 (the peers' rate, tuned at full width) and 1e-3 at hidden 64, where a
+    narrow drafter learns too slowly at 1e-4 (docs/train.md, "Why these defaults": held-out
+    acceptance 1.30 at 1e-4, 2.53 at 8e-4, 2.64 at 1e-3 for the same steps), and within
+    those two rates outside them."""
+    slope = math.log(MAX_DEFAULT_LR / DEFAULT_LR) / math.log(
+        DEFAULT_LR_WIDTH / MAX_DEFAULT_LR_WIDTH
+    )
+    scaled = DEFAULT_LR * (DEFAULT_LR_WIDTH / max(hidden_size, 1)) ** slope
+    return min(MAX_DEFAULT_LR, max(DEFAULT_LR, scaled))
