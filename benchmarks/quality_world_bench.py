@@ -36,6 +36,13 @@ prompts and seeds (the peer's best is picked on the held-out figures themselves,
 favours the peer); the trainers' tokens/s (one after the other, one thread each) and train's
 predicted acceptance length against the measured one at temperature 0.
 
+The target and the greedy training data of the full sizes are shipped, made by this script,
+under benchmarks/worlds/reasoning/ (their settings recorded beside them): a run whose
+settings match copies them instead of training (3 to 45 minutes) and gen (9 to 13), and the
+same recipe makes another target on another machine (--rebuild-world makes its own).
+--gen-temperature and --gen-samples make other data (gen at that temperature, that many
+answers a prompt, seeded).
+
 Stages are kept under --dir and reused when their settings match (target, data, states);
 drafters (and their bench figures) are trained again unless --reuse-drafters. The
 speculators venv is ~/.cache/eagle3kit/speculators-0.9.0 ($EAGLE3KIT_SPECULATORS_VENV), as
@@ -265,10 +272,29 @@ def _mark(path: Path, key: dict) -> None:
     (path / ".quality-bench.json").write_text(json.dumps(key))
 
 
-def make_target(root: Path, sizes: Sizes) -> Path:
+SHIPPED = REPO / "benchmarks" / "worlds" / "reasoning"
+"""The full world's target and greedy training data as this script made them
+(docs/quality.md, "The world, shipped"): the target takes up to ~45 minutes on one thread,
+every session starts on a fresh machine, and another machine's kernels make another target
+from the recipe. A stage takes its shipped copy when the copy's settings are the ones asked
+for (--rebuild-world never does)."""
+
+
+def _from_shipped(path: Path, key: dict, use_shipped: bool) -> bool:
+    """Copy the shipped `path.name` into `path` when its recorded settings are `key`."""
+    shipped = SHIPPED / path.name
+    if not use_shipped or not _stage_done(shipped, key):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.copytree(shipped, path)
+    log(f"{path.name}: the shipped copy ({shipped.relative_to(REPO)}), made with these settings")
+    return True
+
+
+def make_target(root: Path, sizes: Sizes, use_shipped: bool = True) -> Path:
     target = root / "target"
     key = asdict(sizes.target)
-    if _stage_done(target, key):
+    if _stage_done(target, key) or _from_shipped(target, key, use_shipped):
         return target
     shutil.rmtree(target, ignore_errors=True)
     r = sizes.target
@@ -299,42 +325,58 @@ def write_prompts(root: Path, sizes: Sizes) -> tuple[Path, Path]:
 
 
 def make_data(
-    root: Path, target: Path, train_prompts: Path, sizes: Sizes, gen_temperature: float
+    root: Path,
+    target: Path,
+    train_prompts: Path,
+    sizes: Sizes,
+    gen_temperature: float,
+    use_shipped: bool = True,
+    gen_samples: int = 1,
 ) -> dict:
-    """gen, extract, convert: the token, hidden and speculators datasets."""
+    """gen, extract, convert: the token, hidden and speculators datasets (gen's from the
+    shipped copy when it was made with these settings)."""
     key = {
         "target": json.loads((target / ".quality-bench.json").read_text()),
         "train_prompts": sizes.train_prompts,
         "gen_tokens": sizes.gen_tokens,
         "gen_temperature": gen_temperature,
         "world_seed": sizes.world_seed,
+        # only where it is not 1, so a key of the one-sample data is what it always was
+        **({"gen_samples": gen_samples} if gen_samples != 1 else {}),
     }
+    # Samples at T > 0 are seeded (by the world seed and each sample's id): the data reproduces.
+    sampling = ["--sampling-seed", str(sizes.world_seed)] if gen_temperature > 0 else []
     paths = {"tokens": root / "tokens", "hidden": root / "hidden", "peer": root / "peer-data"}
     seconds: dict[str, float] = {}
-    if not _stage_done(root / "tokens", key):
+    # Done once convert is (its marker); tokens/ keeps one too, which makes it a copy to ship.
+    if not _stage_done(paths["peer"], key):
         for path in paths.values():
             shutil.rmtree(path, ignore_errors=True)
-        log(
-            f"gen: {sizes.train_prompts} prompts, temperature {gen_temperature:g}, "
-            f"--max-tokens {sizes.gen_tokens} (transformers in-process)"
-        )
-        start = time.perf_counter()
-        eagle3kit(
-            "gen",
-            str(train_prompts),
-            str(paths["tokens"]),
-            "--engine",
-            "hf",
-            "--target",
-            str(target),
-            "--temperature",
-            str(gen_temperature),
-            "--max-tokens",
-            str(sizes.gen_tokens),
-            "-q",
-            log_file=root / "gen.log",
-        )
-        seconds["gen"] = time.perf_counter() - start
+        if not _from_shipped(paths["tokens"], key, use_shipped):
+            log(
+                f"gen: {sizes.train_prompts} prompts x {gen_samples} samples, temperature "
+                f"{gen_temperature:g}, --max-tokens {sizes.gen_tokens} (transformers in-process)"
+            )
+            start = time.perf_counter()
+            eagle3kit(
+                "gen",
+                str(train_prompts),
+                str(paths["tokens"]),
+                "--engine",
+                "hf",
+                "--target",
+                str(target),
+                "--temperature",
+                str(gen_temperature),
+                "--max-tokens",
+                str(sizes.gen_tokens),
+                "--n",
+                str(gen_samples),
+                *sampling,
+                "-q",
+                log_file=root / "gen.log",
+            )
+            seconds["gen"] = time.perf_counter() - start
         log("extract: hidden states at the default layers")
         start = time.perf_counter()
         eagle3kit(
@@ -358,7 +400,8 @@ def make_data(
             "-q",
             log_file=root / "convert.log",
         )
-        _mark(root / "tokens", key)
+        _mark(paths["tokens"], key)
+        _mark(paths["peer"], key)
     tokens = Dataset(paths["tokens"])
     return {
         **{k: str(v) for k, v in paths.items()},
@@ -772,6 +815,12 @@ def main() -> None:
         help="the temperature gen answers the training prompts at",
     )
     ap.add_argument(
+        "--gen-samples",
+        type=int,
+        default=1,
+        help="gen's --n: answers per training prompt (several, at a temperature > 0)",
+    )
+    ap.add_argument(
         "--conditions", default=",".join(CONDITIONS), help=f"which of: {', '.join(CONDITIONS)}"
     )
     ap.add_argument(
@@ -789,10 +838,16 @@ def main() -> None:
     ap.add_argument("--ours-args", default="", help="extra eagle3kit train flags (one variant)")
     ap.add_argument("--label", default="default", help="names the --ours-args variant")
     ap.add_argument("--no-peer", action="store_true", help="only the eagle3kit side")
+    ap.add_argument("--no-ours", action="store_true", help="only the peer's side")
     ap.add_argument(
         "--same-epochs",
         action="store_true",
         help="eagle3kit trains --epochs like the peer instead of the peer's optimizer steps",
+    )
+    ap.add_argument(
+        "--ours-steps",
+        type=int,
+        help="eagle3kit's optimizer steps, given (with --no-peer: the peer's, from an earlier run)",
     )
     ap.add_argument(
         "--reuse-drafters",
@@ -802,6 +857,11 @@ def main() -> None:
     ap.add_argument("--build-venv", action="store_true")
     ap.add_argument(
         "--world-only", action="store_true", help="build the target and the datasets, then stop"
+    )
+    ap.add_argument(
+        "--rebuild-world",
+        action="store_true",
+        help="train the target and gen the data here, not from the shipped copies",
     )
     ap.add_argument("--json", action="store_true", help="the figures as JSON on stdout")
     a = ap.parse_args()
@@ -827,7 +887,9 @@ def main() -> None:
             sys.exit(
                 f"quality_bench: {flag}: unknown {', '.join(unknown)} (known: {', '.join(known)})"
             )
-    variants = parse_variants(a.variant, a.ours_args, a.label)
+    variants = {} if a.no_ours else parse_variants(a.variant, a.ours_args, a.label)
+    if a.no_ours and a.no_peer:
+        sys.exit("quality_bench: --no-ours with --no-peer leaves nothing to train")
     root = a.dir / ("quick" if a.quick else "full")
     root.mkdir(parents=True, exist_ok=True)
     peer = not a.no_peer
@@ -843,9 +905,17 @@ def main() -> None:
             ensure_trainer()
 
     began = time.perf_counter()
-    target = make_target(root, sizes)
+    target = make_target(root, sizes, not a.rebuild_world)
     train_prompts, bench_prompts = write_prompts(root, sizes)
-    data = make_data(root, target, train_prompts, sizes, a.gen_temperature)
+    data = make_data(
+        root,
+        target,
+        train_prompts,
+        sizes,
+        a.gen_temperature,
+        not a.rebuild_world,
+        a.gen_samples,
+    )
     data["target"] = {k: v for k, v in tiny_reasoning.load_record(target).items() if k != "losses"}
     if a.world_only:
         print(json.dumps(data, indent=2), file=sys.stderr)
@@ -899,7 +969,7 @@ def main() -> None:
                     eval_split,
                     eval_every,
                     a.reuse_drafters,
-                    None if a.same_epochs else peer_steps,
+                    a.ours_steps or (None if a.same_epochs else peer_steps),
                 ),
                 seed,
             )
@@ -929,7 +999,8 @@ def main() -> None:
             base = max(peer_names, key=lambda n: sides[n]["acceptance_length"] or 0)
         else:
             base = ours_names[0]
-        for name in ours_names:
+        # Every other drafter against it: eagle3kit's, and the peer's other recipes.
+        for name in [*ours_names, *peer_names]:
             if name == base:
                 continue
             r = paired_ratio(measured[name][condition], measured[base][condition])
@@ -942,13 +1013,13 @@ def main() -> None:
             )
         lines.append("")
     lines += [training_table(trained), ""]
-    if peer_names:
+    if peer_names and ours_names:
         speed = mean([r["tokens_per_s"] for r in trained[ours_names[0]]]) / mean(
             [r["tokens_per_s"] for n in peer_names for r in trained[n]]
         )
         lines.append(f"train tokens/s {ours_names[0]} / speculators: {speed:.2f}x")
     predicted_error = None
-    if "T=0" in summary:
+    if "T=0" in summary and ours_names:
         first = trained[ours_names[0]]
         al = summary["T=0"][ours_names[0]]["acceptance_length_per_seed"]
         predicted_error = mean([r["predicted"] / m - 1 for r, m in zip(first, al, strict=True)])

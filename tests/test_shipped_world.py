@@ -1,0 +1,59 @@
+"""The reasoning world shipped under benchmarks/worlds/reasoning/ is what it says it is.
+
+`benchmarks/quality_world_bench.py` takes its target and its greedy training data from there
+instead of spending ~45 minutes training the target and ~13 generating (docs/quality.md, "The
+world, shipped"). These tests hold the copies to their records: the target is the default
+recipe's (a changed `TargetRecipe` must ship a rebuilt world, or the script would quietly
+build its own), the data was made from that target, and the data's answers are that target's
+greedy answers, decoded again here with transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from eagle3kit import tiny_reasoning
+from eagle3kit.format import Dataset
+
+SHIPPED = Path(__file__).resolve().parent.parent / "benchmarks" / "worlds" / "reasoning"
+CHECKED_TOKENS = 48
+"""Answer tokens decoded again per checked sample (the whole answers run to 1,024)."""
+
+
+def _key(stage: str) -> dict:
+    return json.loads((SHIPPED / stage / ".quality-bench.json").read_text())
+
+
+def test_the_shipped_target_is_the_default_recipes():
+    assert _key("target") == asdict(tiny_reasoning.TargetRecipe())
+    record = tiny_reasoning.load_record(SHIPPED / "target")
+    assert record["recipe"] == asdict(tiny_reasoning.TargetRecipe())
+
+
+def test_the_shipped_data_was_made_from_the_shipped_target():
+    key = _key("tokens")
+    assert key["target"] == _key("target")
+    assert key["gen_temperature"] == 0.0
+    data = Dataset(SHIPPED / "tokens")
+    assert len(data) == key["train_prompts"]
+    assert max(len(s.completion_ids) for s in data) <= key["gen_tokens"]
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_the_shipped_answers_are_the_targets_greedy_ones(index: int):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(SHIPPED / "target"))
+    sample = list(Dataset(SHIPPED / "tokens"))[index]
+    prompt = torch.tensor([list(sample.prompt_ids)])
+    want = list(sample.completion_ids)[:CHECKED_TOKENS]
+    with torch.no_grad():
+        out = model.generate(
+            prompt, max_new_tokens=len(want), do_sample=False, pad_token_id=0, eos_token_id=None
+        )
+    assert out[0, prompt.shape[1] :].tolist() == [int(t) for t in want]
