@@ -43,7 +43,7 @@ import resource
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,12 +80,9 @@ def _train_default(name: str) -> Any:
     return next(f.default for f in fields(TrainConfig) if f.name == name)
 
 
-def _default_ttt_steps() -> int:
-    return _train_default("ttt_steps")
-
-
+TTT_STEPS: int = _train_default("ttt_steps")
 TTT_DECAY: float = _train_default("ttt_decay")
-"""train's default step-loss decay."""
+"""train's default unroll and step-loss decay."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +94,7 @@ class Sizes:
     intermediate: int = 18432
     target_vocab: int = 163_840
     draft_vocab: int = 32_000
-    ttt_steps: int = field(default_factory=_default_ttt_steps)
+    ttt_steps: int = TTT_STEPS
     lengths: tuple[int, ...] = (2048, 8192, 32768)
     steps: int = 3
     # The mid-size target (about 3B parameters) for extract and bench accept.

@@ -34,26 +34,35 @@ def test_the_shipped_target_is_the_default_recipes():
     assert record["recipe"] == asdict(tiny_reasoning.TargetRecipe())
 
 
-def test_the_shipped_data_was_made_from_the_shipped_target():
+def test_the_shipped_data_was_made_from_the_shipped_target(samples):
     key = _key("tokens")
     assert key["target"] == _key("target")
     assert key["gen_temperature"] == 0.0
-    data = Dataset(SHIPPED / "tokens")
-    assert len(data) == key["train_prompts"]
-    assert max(len(s.completion_ids) for s in data) <= key["gen_tokens"]
+    assert len(samples) == key["train_prompts"]
+    assert max(len(s.completion_ids) for s in samples) <= key["gen_tokens"]
+
+
+@pytest.fixture(scope="module")
+def target():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(SHIPPED / "target"))
+
+
+@pytest.fixture(scope="module")
+def samples() -> list:
+    return list(Dataset(SHIPPED / "tokens"))
 
 
 @pytest.mark.parametrize("index", [0, 1, 2])
-def test_the_shipped_answers_are_the_targets_greedy_ones(index: int):
+def test_the_shipped_answers_are_the_targets_greedy_ones(index: int, target, samples):
     import torch
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(SHIPPED / "target"))
-    sample = list(Dataset(SHIPPED / "tokens"))[index]
+    sample = samples[index]
     prompt = torch.tensor([list(sample.prompt_ids)])
     want = list(sample.completion_ids)[:CHECKED_TOKENS]
     with torch.no_grad():
-        out = model.generate(
+        out = target.generate(
             prompt, max_new_tokens=len(want), do_sample=False, pad_token_id=0, eos_token_id=None
         )
     assert out[0, prompt.shape[1] :].tolist() == [int(t) for t in want]
