@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from eagle3kit import _ui, export
 from eagle3kit.bench import parity
+from eagle3kit.bench.stats import compare_sampled, length_interval
 from eagle3kit.cli import app
 
 REPO = Path(__file__).resolve().parent.parent
@@ -600,6 +601,31 @@ def test_an_engine_bad_at_temperature_0_too_is_not_blamed_on_its_sampling(certai
         probed = greedy_requests(srv)
     assert probed > 0  # probed at temperature 0, where it disagrees with bench accept too
     assert causes(report) == ["unexplained"] and report.exit_code == 1
+
+
+CI_ROUNDS = [3] * 20 + [2] * 2 + [1] * 10 + [0] * 143
+"""bench accept's rounds in a vllm-tier run against vLLM's CPU build as shipped, temperature
+1, k = 3: acceptance length 1.423, position 2 kept in 22 of the 32 rounds that kept position
+1. The engine kept 32 first drafts in 139 rounds and no second one (1.230)."""
+
+
+def test_a_chain_that_breaks_after_the_first_draft_fails_inside_the_length_interval() -> None:
+    generations = [CI_ROUNDS[g::4] for g in range(4)]
+    offline = length_interval(generations)
+    assert offline is not None
+    broken = [32 / 139, 0.0, 0.0]
+    _, agree, interval = compare_sampled(
+        1 + 32 / 139, 139, 1.423, offline.to_dict(), broken, generations
+    )
+    assert interval is not None and interval["low"] < 1 + 32 / 139  # the length: inside
+    assert agree is False
+    assert [b["position"] for b in interval["positions"]] == [2]
+    assert interval["positions"][0]["engine"] == 0.0
+    assert interval["positions"][0]["offline"] == pytest.approx(22 / 32)
+    # The same engine keeping drafts as bench accept does, position by position: agreement.
+    sound = [32 / 175, 22 / 175, 20 / 175]
+    _, agree, interval = compare_sampled(1.423, 139, 1.423, offline.to_dict(), sound, generations)
+    assert agree is True and interval is not None and interval["positions"] == []
 
 
 def test_every_cause_has_its_troubleshooting_entry() -> None:

@@ -288,6 +288,8 @@ def run(cfg: ParityConfig) -> ParityReport:
             online.rounds,
             offline_figures["acceptance_length"],
             offline_figures["interval"],
+            online.per_position,
+            [p.rounds for p in offline.prompts] if offline else [],
         )
         differences["per_position"] = [
             None if a is None or b is None else a - b

@@ -117,7 +117,13 @@ def show_parity(report: ParityReport, opts: _ui.OutputOptions) -> None:
     if not report.passed:
         near_one = likely_misconfigured(engine["acceptance_length"])
         interval = report.interval
-        if interval is not None:
+        if interval is not None and interval.get("positions"):
+            apart = "at draft position " + "; ".join(
+                f"{b['position']} (the engine kept {b['engine']:.3f} of the rounds that "
+                f"reached it, bench accept {b['offline']:.3f}, ±{b['half_width']:.3f} passes)"
+                for b in interval["positions"]
+            )
+        elif interval is not None:
             apart = (
                 f"by more than {interval['half_width']:.3f} (the "
                 f"{interval['confidence']:.0%} interval of the sampled figures)"

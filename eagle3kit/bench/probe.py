@@ -5,7 +5,9 @@ build: vllm#55005), a cause inspection alone cannot name (diagnose.engine_sampli
 
 The broken build's signature varies from run to run, since it verifies against whatever the
 memory held: mostly it keeps almost no drafts, but it has been seen keeping 1.22 a round where
-bench accept kept 1.58. So any shortfall below the interval is probed, except one another of
+bench accept kept 1.58, and keeping the first draft as often as bench accept and never a
+second. So any shortfall is probed (the length below its interval, or the length short and a
+draft position outside its own: stats.compare_sampled), except one another of
 the engine's verification rules explains (measured offline when the server does not say its
 rule) or the server's own rule, differing from bench accept's, already explains."""
 
@@ -113,7 +115,12 @@ def another_rule_explains(cfg: Any, k: int, online: Any, rule: Any, served: Any)
         except UserError:
             return True  # not measured: no engine fault is claimed on a guess
         _, inside, _ = compare_sampled(
-            engine_length(online), online.rounds, other.acceptance_length, other.interval
+            engine_length(online),
+            online.rounds,
+            other.acceptance_length,
+            other.interval,
+            online.per_position,
+            [p.rounds for p in other.prompts],
         )
         if inside:
             return True

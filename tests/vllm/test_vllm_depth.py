@@ -200,7 +200,8 @@ def test_the_gate_names_the_cpu_builds_broken_sampling_on_the_server_as_shipped(
 ) -> None:
     """The server above, without the expand fix: at temperature 1.0 the engine keeps fewer
     drafts than bench accept allows (mostly almost none, but it verifies against whatever
-    the memory held: one run kept 1.218 a round against bench accept's 1.583); the gate's
+    the memory held: one run kept 1.218 a round against bench accept's 1.583, another kept the
+    first draft as often as bench accept and never a second); the gate's
     temperature-0 probe finds the two in agreement, so it exits 1 naming the engine's
     sampling, and nothing else."""
     vllm = serve(servers, long_target, long_export)
@@ -245,7 +246,13 @@ def test_the_gate_names_the_cpu_builds_broken_sampling_on_the_server_as_shipped(
         f"{report['findings']}",
         file=sys.stderr,
     )
-    assert engine["acceptance_length"] < report["interval"]["low"]
+    # Below the length's interval, or (the length inside it) a later draft position kept
+    # far less often than bench accept keeps it: the run above kept 32 first drafts in 139
+    # rounds, as bench accept did, and then no second one where bench accept kept 22 of 32.
+    assert report["agree"] is False
+    assert engine["acceptance_length"] < report["interval"]["low"] or any(
+        b["engine"] < b["offline"] for b in report["interval"]["positions"]
+    ), report["interval"]
     assert offline["acceptance_length"] > 1.05
     assert [f["cause"] for f in report["findings"]] == ["engine-sampling"], report["findings"]
     assert "vllm#55005" in report["findings"][0]["message"]
