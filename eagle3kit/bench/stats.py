@@ -121,14 +121,23 @@ def length_interval(
     per_round = (sum((r - mean) ** 2 for r in rounds) / max(n - 1, 1)) / n
     kept = [g for g in generations if g]
     count = len(kept)
-    by_generation = 0.0
-    if count > 1:
-        by_generation = (
-            count / (count - 1) * sum((sum(g) - mean * len(g)) ** 2 for g in kept) / n**2
-        )
+    by_generation = clustered_ratio_variance([(len(g), sum(g)) for g in kept])
     se = math.sqrt(max(per_round, by_generation))
     half = z_score(confidence) * se
     return Interval(1 + mean - half, 1 + mean + half, se, n, count, confidence)
+
+
+def clustered_ratio_variance(clusters: Sequence[tuple[int, int]]) -> float:
+    """The variance of the ratio Σ counted / Σ size over clusters of (size, counted) rounds
+    (generations), by the delta method: it holds when rounds within a cluster are
+    correlated. 0 with fewer than two non-empty clusters."""
+    used = [(size, counted) for size, counted in clusters if size]
+    total = sum(size for size, _ in used)
+    if len(used) < 2:
+        return 0.0
+    ratio = sum(counted for _, counted in used) / total
+    spread = sum((counted - ratio * size) ** 2 for size, counted in used)
+    return len(used) / (len(used) - 1) * spread / total**2
 
 
 def predicted_length(conditional: Sequence[float]) -> float:
@@ -233,15 +242,7 @@ def position_breaks(
         spread = pooled * (1 - pooled)
         if spread == 0:
             continue
-        clustered = 0.0
-        used = [(r, n) for r, n in zip(reached, kept, strict=True) if r]
-        if len(used) > 1:
-            clustered = (
-                len(used)
-                / (len(used) - 1)
-                * sum((n - offline_rate * r) ** 2 for r, n in used)
-                / offline_reached**2
-            )
+        clustered = clustered_ratio_variance(list(zip(reached, kept, strict=True)))
         design = max(1.0, clustered / (spread / offline_reached))
         half = z * math.sqrt(spread * design * (1 / offline_reached + 1 / engine_reached))
         if abs(engine_rate - offline_rate) > half:
