@@ -66,3 +66,24 @@ def test_the_shipped_answers_are_the_targets_greedy_ones(index: int, target, sam
             prompt, max_new_tokens=len(want), do_sample=False, pad_token_id=0, eos_token_id=None
         )
     assert out[0, prompt.shape[1] :].tolist() == [int(t) for t in want]
+
+
+def test_the_shipped_drafters_were_trained_against_the_shipped_target():
+    """The two tools' drafters the vLLM tier serves (tests/vllm/test_vllm_quality.py):
+    eagle3kit's export records the target it was trained on, which must be this one (weights
+    included); speculators' checkpoint names the target's shape and vocabulary."""
+    from eagle3kit.target import identity, identity_mismatch, read_config
+
+    target = SHIPPED / "target"
+    actual = identity(target, read_config(target))
+    export = json.loads((SHIPPED / "drafters" / "eagle3kit" / "eagle3kit-export.json").read_text())
+    assert identity_mismatch(export["target"], actual) is None
+    assert export["target"]["weights_xxh3"] == actual["weights_xxh3"]
+    peer = json.loads((SHIPPED / "drafters" / "speculators" / "config.json").read_text())
+    assert peer["speculators_model_type"] == "eagle3"
+    layer = peer["transformer_layer_config"]
+    assert (layer["hidden_size"], layer["vocab_size"]) == (
+        actual["hidden_size"],
+        actual["vocab_size"],
+    )
+    assert max(peer["eagle_aux_hidden_state_layer_ids"]) < actual["num_layers"]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -54,9 +55,10 @@ MODULE_ORDER = [
     "test_vllm_docs",
 ]
 """Modules in the order their servers start (a later module may reuse an earlier server)."""
-OWN_TARGET = {"test_vllm_kimi", "test_vllm_docs", "test_vllm_window"}
-"""Modules that build their own target and need nothing of the shared world: the second
-group (`xdist_group`), run beside the first when the tier has two processes."""
+OWN_TARGET = {"test_vllm_kimi", "test_vllm_docs", "test_vllm_window", "test_vllm_quality"}
+"""Modules that build their own target (test_vllm_quality: the shipped reasoning world's) and
+need nothing of the shared world: the second group (`xdist_group`), run beside the first when
+the tier has two processes."""
 NO_WORLD = {
     "test_vllms_rejection_kernel_keeps_drafts_as_each_rule_says",
     "test_vllms_cpu_build_expands_temperatures_wrongly_and_the_tier_fixes_it",
@@ -313,3 +315,43 @@ def drafters(hidden: Path, world: World) -> dict:
         "reduced": train_drafter(world, hidden, "run-reduced", 512),
         "full": train_drafter(world, hidden, "run-full", 32000),
     }
+
+
+def bench_parity(
+    url: str, target: Path, drafter: Path, *options: object, timeout: int = 1800
+) -> subprocess.CompletedProcess[str]:
+    """`eagle3kit bench parity` against the server at `url` speculating with `drafter`, on
+    CPU, `--json`: its exit code, the report on stdout, the message on stderr. `options`
+    carry the prompts (or `--context-from`) and whatever else the test sets."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eagle3kit",
+            "bench",
+            "parity",
+            "--server",
+            url,
+            "--target",
+            str(target),
+            "--drafter",
+            str(drafter),
+            "--device",
+            "cpu",
+            "--json",
+            "--no-progress",
+            *map(str, options),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def first_on_pythonpath(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """Put `folder` (a sitecustomize.py fix for vLLM's CPU build) first on the PYTHONPATH the
+    servers started from now on inherit."""
+    monkeypatch.setenv(
+        "PYTHONPATH",
+        os.pathsep.join([str(folder), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    )

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from pathlib import Path
 import launch
 import numpy as np
 import pytest
-from conftest import K, World
+from conftest import K, World, bench_parity
 
 from eagle3kit import _ui, export
 from eagle3kit.format import Dataset, DatasetWriter, TokenSample
@@ -131,34 +130,18 @@ def test_depth_buckets_of_bench_and_of_the_engine_agree_thousands_of_tokens_deep
 ) -> None:
     vllm = serve(servers, long_target, long_export)
     started = time.monotonic()
-    gate = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "eagle3kit",
-            "bench",
-            "parity",
-            "--server",
-            vllm.url,
-            "--target",
-            str(long_target),
-            "--drafter",
-            str(long_export),
-            "--context-from",
-            str(histories),
-            "--context-tokens",
-            CUTS,
-            "--depth-buckets",
-            EDGES,
-            "--max-new-tokens",
-            "64",
-            "--device",
-            "cpu",
-            "--json",
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
+    gate = bench_parity(
+        vllm.url,
+        long_target,
+        long_export,
+        "--context-from",
+        histories,
+        "--context-tokens",
+        CUTS,
+        "--depth-buckets",
+        EDGES,
+        "--max-new-tokens",
+        64,
         timeout=2400,
     )
     seconds = time.monotonic() - started
@@ -208,32 +191,15 @@ def test_the_gate_names_the_cpu_builds_broken_sampling_on_the_server_as_shipped(
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(world.bench_prompts.read_text().splitlines(True)[:SAMPLED_PROMPTS]))
     started = time.monotonic()
-    gate = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "eagle3kit",
-            "bench",
-            "parity",
-            str(prompts),
-            "--server",
-            vllm.url,
-            "--target",
-            str(long_target),
-            "--drafter",
-            str(long_export),
-            "--temperature",
-            "1.0",
-            "--max-new-tokens",
-            str(SAMPLED_TOKENS),
-            "--device",
-            "cpu",
-            "--json",
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1800,
+    gate = bench_parity(
+        vllm.url,
+        long_target,
+        long_export,
+        prompts,
+        "--temperature",
+        "1.0",
+        "--max-new-tokens",
+        SAMPLED_TOKENS,
     )
     seconds = time.monotonic() - started
     assert gate.returncode == 1, gate.stderr[-3000:]

@@ -30,6 +30,7 @@ from pathlib import Path
 import launch
 import numpy as np
 import pytest
+from conftest import first_on_pythonpath
 
 from eagle3kit import _ui, tiny, tiny_kimi
 
@@ -369,13 +370,6 @@ BLOCK_SIZE_FIX = Path(__file__).resolve().parent / "cpu_mla_block_fix"
 target on a CPU without AMX (its docstring says why it cannot otherwise)."""
 
 
-def _with_the_block_size_fix(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(
-        "PYTHONPATH",
-        os.pathsep.join([str(BLOCK_SIZE_FIX), *filter(None, [os.environ.get("PYTHONPATH")])]),
-    )
-
-
 def _parity(
     vllm, kimi: dict, drafter: Path, dtype: str = "bfloat16"
 ) -> subprocess.CompletedProcess:
@@ -405,7 +399,7 @@ def test_the_drafter_speculates_in_vllm_as_bench_parity_measures(
     servers, kimi: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")  # /server_info: what the engine serves
-    _with_the_block_size_fix(monkeypatch)
+    first_on_pythonpath(monkeypatch, BLOCK_SIZE_FIX)
     vllm = servers.get(
         "kimi-eagle3", kimi["target"], [*launch.eagle3_args(kimi["sound"], K), *BF16]
     )
@@ -431,7 +425,7 @@ def test_a_drafter_served_without_its_yarn_is_caught_by_bench_parity(
     servers, kimi: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
-    _with_the_block_size_fix(monkeypatch)
+    first_on_pythonpath(monkeypatch, BLOCK_SIZE_FIX)
     vllm = servers.get(
         "kimi-eagle3-plain-rope", kimi["target"], [*launch.eagle3_args(kimi["broken"], K), *BF16]
     )

@@ -12,13 +12,11 @@ test_vllm_export.py's.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import launch
 import pytest
-from conftest import K, World
+from conftest import K, World, bench_parity
 
 from eagle3kit import _ui, export
 
@@ -59,30 +57,8 @@ def test_the_gate_names_aux_ids_in_the_other_convention_served_by_vllm(
     )
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(world.bench_prompts.read_text().splitlines(True)[:PROMPTS]))
-    gate = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "eagle3kit",
-            "bench",
-            "parity",
-            str(prompts),
-            "--server",
-            vllm.url,
-            "--target",
-            str(world.target),
-            "--drafter",
-            str(broken),
-            "--max-new-tokens",
-            "64",
-            "--device",
-            "cpu",
-            "--json",
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1200,
+    gate = bench_parity(
+        vllm.url, world.target, broken, prompts, "--max-new-tokens", 64, timeout=1200
     )
     assert gate.returncode == 1, gate.stderr[-3000:]
     report = json.loads(gate.stdout)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import launch
 import pytest
-from conftest import K, World
+from conftest import K, World, bench_parity, first_on_pythonpath
 
 from eagle3kit import _ui, export
 from eagle3kit.bench.vllm_cpu_expand_fix import FOLDER
@@ -171,10 +171,7 @@ def serve(
     servers, world: World, drafter: Path, method: str, monkeypatch: pytest.MonkeyPatch
 ) -> launch.VllmServer:
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")  # read by the server as it starts
-    monkeypatch.setenv(
-        "PYTHONPATH",
-        os.pathsep.join([str(EXPAND_FIX), *filter(None, [os.environ.get("PYTHONPATH")])]),
-    )
+    first_on_pythonpath(monkeypatch, EXPAND_FIX)
     spec = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": K}
     if METHODS[method] != "greedy":
         spec["draft_sample_method"] = METHODS[method]
@@ -189,30 +186,14 @@ def gate(
     server: launch.VllmServer, world: World, drafter: Path, prompts: Path, *options: str
 ) -> tuple[int, dict, str, float]:
     started = time.monotonic()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "eagle3kit",
-            "bench",
-            "parity",
-            str(prompts),
-            "--server",
-            server.url,
-            "--target",
-            str(world.target),
-            "--drafter",
-            str(drafter),
-            "--max-new-tokens",
-            str(MAX_NEW_TOKENS),
-            "--device",
-            "cpu",
-            "--json",
-            "--no-progress",
-            *options,
-        ],
-        capture_output=True,
-        text=True,
+    done = bench_parity(
+        server.url,
+        world.target,
+        drafter,
+        prompts,
+        "--max-new-tokens",
+        MAX_NEW_TOKENS,
+        *options,
         timeout=1500,
     )
     assert done.returncode in (0, 1), done.stderr[-3000:]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import launch
 import pytest
-from conftest import K
+from conftest import K, bench_parity
 
 from eagle3kit import _ui, export
 
@@ -102,24 +102,15 @@ def test_vllm_serves_the_window_bench_accept_predicts(servers, windowed: dict[st
         "--json",
         "--no-progress",
     ]
-    gate = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "eagle3kit",
-            "bench",
-            "parity",
-            *common[:1],
-            "--server",
-            vllm.url,
-            "--drafter",
-            str(windowed["export"]),
-            "--tolerance",
-            str(TOLERANCE),
-            *common[1:],
-        ],
-        capture_output=True,
-        text=True,
+    gate = bench_parity(
+        vllm.url,
+        windowed["target"],
+        windowed["export"],
+        windowed["prompts"],
+        "--max-new-tokens",
+        MAX_NEW_TOKENS,
+        "--tolerance",
+        TOLERANCE,
         timeout=1200,
     )
     assert gate.returncode == 0, gate.stderr[-3000:]
