@@ -25,6 +25,7 @@ _HOMES = {
     "TargetBatch": "target",
     "TargetHead": "target",
     "TTTLoss": "ttt",
+    "held_out": "data",
     "step_counts": "ttt",
     "EvalResult": "heldout",
     "chain_verdicts": "heldout",
@@ -46,12 +47,14 @@ __all__ = [
     "chain_verdicts",
     "conditional_counts",
     "evaluate",
+    "held_out",
     "predicted_acceptance_length",
     "run",
     "step_counts",
 ]
 
 if TYPE_CHECKING:
+    from eagle3kit.train.data import held_out
     from eagle3kit.train.heldout import (
         EvalResult,
         chain_verdicts,
