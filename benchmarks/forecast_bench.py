@@ -35,9 +35,8 @@ from eagle3kit.format import Dataset  # noqa: E402
 from eagle3kit.train import held_out  # noqa: E402
 
 
-def selected_eval(run: Path) -> dict:
-    """The held-out evaluation of the step the run kept (its drafter/)."""
-    step = json.loads((run / "run.json").read_text())["selection"]["step"]
+def selected_eval(run: Path, step: int) -> dict:
+    """The held-out evaluation of `step`, the one the run kept (its drafter/)."""
     evals = [
         json.loads(line)["eval"]
         for line in (run / "metrics.jsonl").read_text().splitlines()
@@ -73,7 +72,7 @@ def main() -> None:
     tokens = args.tokens or Path(manifest["provenance"]["tokens"])
     out = args.out or args.run
     out.mkdir(parents=True, exist_ok=True)
-    forecast = selected_eval(args.run)
+    forecast = selected_eval(args.run, run_record["selection"]["step"])
     prompts, n_prompts, n_samples = heldout_prompts(
         tokens, settings["eval_split"], out / "forecast-prompts.jsonl"
     )

@@ -38,8 +38,6 @@ PROMPTS = 16
 MAX_NEW_TOKENS = 256
 """16 held-out problems answered to 256 tokens: about 1,400 rounds a side at temperature 1,
 the same tokens docs/quality.md's benchmark reads of each answer."""
-FIGURES: dict[str, dict[str, dict]] = {}
-"""tool -> temperature -> the gate's figures, printed as the module's tests finish."""
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +74,7 @@ def gate(url: str, tool: str, prompts: Path, temperature: float) -> tuple[int, d
     )
     assert done.returncode in (0, 1), done.stderr[-3000:]
     report = json.loads(done.stdout)
-    FIGURES.setdefault(tool, {})[f"{temperature:g}"] = figures = {
+    figures = {
         "engine": report["engine"]["acceptance_length"],
         "engine_per_position": report["engine"]["per_position"],
         "bench": report["offline"]["acceptance_length"],
