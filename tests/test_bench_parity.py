@@ -23,6 +23,8 @@ from typer.testing import CliRunner
 
 from eagle3kit import _ui, export
 from eagle3kit.bench import parity
+from eagle3kit.bench.diagnose import keeps_almost_nothing
+from eagle3kit.bench.probe import worth_probing
 from eagle3kit.bench.stats import compare_sampled, length_interval
 from eagle3kit.cli import app
 
@@ -626,6 +628,29 @@ def test_a_chain_that_breaks_after_the_first_draft_fails_inside_the_length_inter
     sound = [32 / 175, 22 / 175, 20 / 175]
     _, agree, interval = compare_sampled(1.423, 139, 1.423, offline.to_dict(), sound, generations)
     assert agree is True and interval is not None and interval["positions"] == []
+
+
+def test_an_engine_keeping_almost_nothing_is_probed_even_where_chance_admits_it() -> None:
+    """A vllm-tier run on 4 prompts: the CPU build as shipped kept 5 first drafts in 150
+    rounds where bench accept kept 1.423 a round, most of them on one prompt, which widened
+    the interval past 1. The length and the position are inside it, yet an engine keeping
+    almost nothing is the broken build's signature: the probe runs."""
+    generations = [[3] * 20 + [2] * 2 + [1] * 10 + [0] * 12, [0] * 44, [0] * 44, [0] * 43]
+    offline = length_interval(generations)
+    assert offline is not None
+    engine, per_position = 1 + 5 / 150, [5 / 150, 0.0, 0.0]
+    _, agree, interval = compare_sampled(
+        engine, 150, 1.423, offline.to_dict(), per_position, generations
+    )
+    assert agree is True and interval is not None and interval["low"] < 1.0
+    garbled = keeps_almost_nothing(engine, per_position)
+    assert garbled and worth_probing(engine, garbled, agree, 1.423)
+    # Keeping drafts: probed only beyond chance, and only when short of bench accept.
+    assert not worth_probing(1.3, False, True, 1.423)
+    assert worth_probing(1.3, False, False, 1.423)
+    assert not worth_probing(1.5, False, False, 1.423)
+    # bench accept itself keeping almost nothing leaves nothing to probe against.
+    assert not worth_probing(1.0, True, True, 1.02)
 
 
 def test_every_cause_has_its_troubleshooting_entry() -> None:

@@ -31,6 +31,7 @@ import pytest
 from conftest import K, World, bench_parity
 
 from eagle3kit import _ui, export
+from eagle3kit.bench.diagnose import keeps_almost_nothing
 from eagle3kit.format import Dataset, DatasetWriter, TokenSample
 
 pytestmark = pytest.mark.vllm
@@ -213,11 +214,13 @@ def test_the_gate_names_the_cpu_builds_broken_sampling_on_the_server_as_shipped(
         file=sys.stderr,
     )
     # Below the length's interval, or (the length inside it) a later draft position kept
-    # far less often than bench accept keeps it: the run above kept 32 first drafts in 139
-    # rounds, as bench accept did, and then no second one where bench accept kept 22 of 32.
-    assert report["agree"] is False
-    assert engine["acceptance_length"] < report["interval"]["low"] or any(
-        b["engine"] < b["offline"] for b in report["interval"]["positions"]
+    # far less often than bench accept keeps it (one run kept 32 first drafts in 139 rounds,
+    # as bench accept did, and then no second one where bench accept kept 22 of 32), or
+    # almost no drafts at all, which on 4 prompts the interval can still admit (another kept
+    # 5 first drafts in 150 rounds, bench accept 1.423 a round mostly on one prompt).
+    assert report["passed"] is False
+    assert report["agree"] is False or keeps_almost_nothing(
+        engine["acceptance_length"], engine["per_position"]
     ), report["interval"]
     assert offline["acceptance_length"] > 1.05
     assert [f["cause"] for f in report["findings"]] == ["engine-sampling"], report["findings"]
