@@ -630,6 +630,54 @@ def test_a_chain_that_breaks_after_the_first_draft_fails_inside_the_length_inter
     assert agree is True and interval is not None and interval["positions"] == []
 
 
+def test_a_break_at_a_draft_position_is_named_in_the_failure_line(capfd) -> None:
+    """The verdict says where the chain broke: which position, what each side kept of the
+    rounds that reached it, and the margin that would have passed."""
+    from eagle3kit.bench.parity_report import show_parity
+
+    generations = [CI_ROUNDS[g::4] for g in range(4)]
+    offline = length_interval(generations)
+    assert offline is not None
+    broken = [32 / 139, 0.0, 0.0]
+    differences, agree, interval = compare_sampled(
+        1 + 32 / 139, 139, 1.423, offline.to_dict(), broken, generations
+    )
+    assert interval is not None
+    half = interval["positions"][0]["half_width"]
+    report = parity.ParityReport(
+        server="http://127.0.0.1:9",
+        api="vllm",
+        version="0.32.0",
+        drafter="d",
+        target="t",
+        shape="eagle3, k = 3",
+        k=3,
+        temperature=1.0,
+        tolerance=0.02,
+        passed=False,
+        agree=agree,
+        engine={"acceptance_length": 1 + 32 / 139, "per_position": broken, "source": "metrics"},
+        offline={
+            "acceptance_length": 1.423,
+            "per_position": [32 / 175, 22 / 175, 20 / 175],
+            "lossless": True,
+        },
+        differences={**differences, "per_position": []},
+        phases={},
+        served={},
+        findings=[],
+        verify="onehot",
+        interval=interval,
+    )
+    show_parity(report, _ui.OutputOptions(no_progress=True))
+    said = " ".join(capfd.readouterr().err.split())
+    assert (
+        "bench parity failed: the engine and bench accept differ at draft position 2 (the "
+        f"engine kept 0.000 of the rounds that reached it, bench accept 0.688, ±{half:.3f} "
+        "passes)"
+    ) in said, said
+
+
 def test_an_engine_keeping_almost_nothing_is_probed_even_where_chance_admits_it() -> None:
     """A vllm-tier run on 4 prompts: the CPU build as shipped kept 5 first drafts in 150
     rounds where bench accept kept 1.423 a round, most of them on one prompt, which widened
