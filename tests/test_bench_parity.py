@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from eagle3kit import _ui, export
 from eagle3kit.bench import parity
-from eagle3kit.bench.diagnose import keeps_almost_nothing
+from eagle3kit.bench.diagnose import engine_sampling, keeps_almost_nothing
 from eagle3kit.bench.probe import worth_probing
 from eagle3kit.bench.stats import compare_sampled, length_interval
 from eagle3kit.cli import app
@@ -693,12 +693,21 @@ def test_an_engine_keeping_almost_nothing_is_probed_even_where_chance_admits_it(
     assert agree is True and interval is not None and interval["low"] < 1.0
     garbled = keeps_almost_nothing(engine, per_position)
     assert garbled and worth_probing(engine, garbled, agree, 1.423)
-    # Keeping drafts: probed only beyond chance, and only when short of bench accept.
+    # Keeping drafts: probed only beyond chance, short of bench accept or above it (the
+    # broken build once kept 1.465 a round against 1.423, its chain breaking elsewhere).
     assert not worth_probing(1.3, False, True, 1.423)
     assert worth_probing(1.3, False, False, 1.423)
-    assert not worth_probing(1.5, False, False, 1.423)
+    assert worth_probing(1.465, False, False, 1.423)
+    assert not worth_probing(1.465, False, True, 1.423)
     # bench accept itself keeping almost nothing leaves nothing to probe against.
     assert not worth_probing(1.0, True, True, 1.02)
+    # Named for what it did: more than bench accept is not "fewer".
+    above = engine_sampling("vllm", 1.0, 1.465, 3.483, 3.483, bench_sampled=1.423)
+    assert "keeps drafts at rates bench accept matches under no rule it has (1.423" in (
+        above.message
+    )
+    below = engine_sampling("vllm", 1.0, 1.218, 3.483, 3.483, bench_sampled=1.583)
+    assert "keeps fewer drafts than bench accept allows under any rule it has" in below.message
 
 
 def test_every_cause_has_its_troubleshooting_entry() -> None:

@@ -405,7 +405,7 @@ def engine_sampling(
     offline_zero: float | None = None,
     bench_sampled: float | None = None,
 ) -> Finding:
-    """The engine keeps almost no drafts at `temperature` (or, `bench_sampled` given, fewer
+    """The engine keeps almost no drafts at `temperature` (or, `bench_sampled` given, other
     than bench accept's figure there under every rule it has) but keeps them at 0 (`zero`,
     with bench accept's `offline_zero` beside it where the gate measured one): its sampling,
     not the drafter, is at fault."""
@@ -414,6 +414,9 @@ def engine_sampling(
         "almost no drafts"
         if bench_sampled is None
         else f"fewer drafts than bench accept allows under any rule it has "
+        f"({bench_sampled:.3f} as verified)"
+        if (sampled or 1.0) < bench_sampled
+        else f"drafts at rates bench accept matches under no rule it has "
         f"({bench_sampled:.3f} as verified)"
     )
     head = (

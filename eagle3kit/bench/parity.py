@@ -305,7 +305,7 @@ def run(cfg: ParityConfig) -> ParityReport:
         )
         interval = None
     near_one = engine_length is not None and likely_misconfigured(engine_length)
-    from eagle3kit.bench.probe import sampling_probe  # T > 0, the engine keeping too few
+    from eagle3kit.bench.probe import sampling_probe  # T > 0, the engine disagreeing
 
     findings += sampling_probe(cfg, k, online, offline, agree, rule, served)
     if (not agree or near_one) and not findings:

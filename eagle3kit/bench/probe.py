@@ -1,14 +1,15 @@
-"""The temperature-0 probe of `bench parity` at temperature > 0: where the engine keeps fewer
-drafts than bench accept allows, are both sides in agreement at temperature 0? If so, the
+"""The temperature-0 probe of `bench parity` at temperature > 0: where the engine's figures
+disagree with bench accept's, are both sides in agreement at temperature 0? If so, the
 drafter and what is served are sound and the engine's sampling is at fault (vLLM 0.32.0's CPU
 build: vllm#55005), a cause inspection alone cannot name (diagnose.engine_sampling).
 
 The broken build's signature varies from run to run, since it verifies against whatever the
 memory held: mostly it keeps almost no drafts, but it has been seen keeping 1.22 a round where
 bench accept kept 1.58, and keeping the first draft as often as bench accept and never a
-second. So any shortfall is probed (the length below its interval, or the length short and a
-draft position outside its own: stats.compare_sampled), and so is an engine keeping almost
-nothing even inside the interval (on few prompts it can reach past 1), except one another of
+second, and once keeping more than bench accept with the chain breaking elsewhere. So any
+disagreement is probed (the length outside its interval, or a draft position outside its
+own: stats.compare_sampled), and so is an engine keeping almost nothing even inside the
+interval (on few prompts it can reach past 1), except one another of
 the engine's verification rules explains (measured offline when the server does not say its
 rule) or the server's own rule, differing from bench accept's, already explains."""
 
@@ -38,7 +39,7 @@ def sampling_probe(
 ) -> list[diagnose.Finding]:
     """bench parity at temperature > 0 (`cfg` a ParityConfig; `online` and `offline` its
     two sides' reports, `rule` the one bench accept verified by, `served` what the server
-    said): where the engine keeps fewer drafts than bench accept allows, both sides measured
+    said): where the engine's figures disagree with bench accept's, both sides measured
     again at temperature 0 on the first diagnose.PROBE_SAMPLES conversations. Agreeing there
     (and keeping drafts), the engine's sampling is at fault."""
     import eagle3kit.bench.accept as accept
@@ -57,10 +58,16 @@ def sampling_probe(
         temperature=0.0,
         max_samples=min(cfg.max_samples or diagnose.PROBE_SAMPLES, diagnose.PROBE_SAMPLES),
     )
-    kept = "almost no" if garbled else "fewer"
+    kept = (
+        "almost no drafts"
+        if garbled
+        else "fewer drafts than bench accept"
+        if (sampled or 1.0) < offline.acceptance_length
+        else "drafts at other rates than bench accept"
+    )
     _ui.info(
-        f"the engine keeps {kept} drafts at temperature {cfg.temperature:g} than bench "
-        f"accept does: both sides again at temperature 0 on {zero.max_samples} conversations",
+        f"the engine keeps {kept} at temperature {cfg.temperature:g}: both sides again at "
+        f"temperature 0 on {zero.max_samples} conversations",
         cfg.output,
     )
     try:
@@ -89,14 +96,15 @@ def sampling_probe(
 
 def worth_probing(engine: float | None, garbled: bool, agree: bool, offline: float) -> bool:
     """Whether the engine's sampled figure (`engine`; `garbled`: it keeps almost no drafts)
-    calls for the probe against bench accept's `offline`: it keeps fewer drafts, and either
-    outside chance (`agree` false) or almost none. The second matters on few prompts, where
-    one prompt holding most of bench accept's drafts widens the interval past 1: the vllm
-    tier's gate on 4 prompts saw the engine keep 5 first drafts in 150 rounds, bench accept
-    1.423 a round, and the interval still admitted it."""
-    if likely_misconfigured(offline) or (engine or 1.0) >= offline:
+    calls for the probe against bench accept's `offline`: outside chance (`agree` false), in
+    either direction, or keeping almost nothing where bench accept keeps more. The broken
+    build has done all three in the vllm tier's gate on 4 prompts: 5 first drafts kept in 150
+    rounds where bench accept kept 1.423 a round (one prompt holding most of bench accept's
+    drafts widened the interval past 1, so chance admitted it), and 1.465 a round against
+    1.423 with the chain breaking where bench accept's does not."""
+    if likely_misconfigured(offline):
         return False
-    return garbled or not agree
+    return not agree or (garbled and (engine or 1.0) < offline)
 
 
 def another_rule_explains(cfg: Any, k: int, online: Any, rule: Any, served: Any) -> bool:
