@@ -615,22 +615,29 @@ CI_ROUNDS = [3] * 20 + [2] * 2 + [1] * 10 + [0] * 143
 1. The engine kept 32 first drafts in 139 rounds and no second one (1.230)."""
 
 
-def test_a_chain_that_breaks_after_the_first_draft_fails_inside_the_length_interval() -> None:
+def ci_break() -> tuple[list[list[int]], dict, dict, bool, dict]:
+    """CI_ROUNDS over 4 generations against that engine (32 first drafts in 139 rounds, no
+    second): (generations, bench accept's interval, compare_sampled's three answers)."""
     generations = [CI_ROUNDS[g::4] for g in range(4)]
     offline = length_interval(generations)
     assert offline is not None
-    broken = [32 / 139, 0.0, 0.0]
-    _, agree, interval = compare_sampled(
-        1 + 32 / 139, 139, 1.423, offline.to_dict(), broken, generations
+    differences, agree, interval = compare_sampled(
+        1 + 32 / 139, 139, 1.423, offline.to_dict(), [32 / 139, 0.0, 0.0], generations
     )
-    assert interval is not None and interval["low"] < 1 + 32 / 139  # the length: inside
+    assert interval is not None
+    return generations, offline.to_dict(), differences, agree, interval
+
+
+def test_a_chain_that_breaks_after_the_first_draft_fails_inside_the_length_interval() -> None:
+    generations, offline, _, agree, interval = ci_break()
+    assert interval["low"] < 1 + 32 / 139  # the length: inside
     assert agree is False
     assert [b["position"] for b in interval["positions"]] == [2]
     assert interval["positions"][0]["engine"] == 0.0
     assert interval["positions"][0]["offline"] == pytest.approx(22 / 32)
     # The same engine keeping drafts as bench accept does, position by position: agreement.
     sound = [32 / 175, 22 / 175, 20 / 175]
-    _, agree, interval = compare_sampled(1.423, 139, 1.423, offline.to_dict(), sound, generations)
+    _, agree, interval = compare_sampled(1.423, 139, 1.423, offline, sound, generations)
     assert agree is True and interval is not None and interval["positions"] == []
 
 
@@ -639,14 +646,8 @@ def test_a_break_at_a_draft_position_is_named_in_the_failure_line(capfd) -> None
     rounds that reached it, and the margin that would have passed."""
     from eagle3kit.bench.parity_report import show_parity
 
-    generations = [CI_ROUNDS[g::4] for g in range(4)]
-    offline = length_interval(generations)
-    assert offline is not None
+    _, _, differences, agree, interval = ci_break()
     broken = [32 / 139, 0.0, 0.0]
-    differences, agree, interval = compare_sampled(
-        1 + 32 / 139, 139, 1.423, offline.to_dict(), broken, generations
-    )
-    assert interval is not None
     half = interval["positions"][0]["half_width"]
     report = parity.ParityReport(
         server="http://127.0.0.1:9",
