@@ -550,7 +550,11 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, help="override the sizes' epochs (both sides)")
     ap.add_argument("--train-prompts", type=int)
     ap.add_argument("--bench-prompts", type=int)
-    ap.add_argument("--ours-args", default="", help="extra eagle3kit train flags (recipe runs)")
+    ap.add_argument(
+        "--ours-args",
+        default="",
+        help="extra eagle3kit train flags (recipe runs); a lone flag needs '=': --ours-args=--auf",
+    )
     ap.add_argument("--label", default="default", help="names the eagle3kit runs")
     ap.add_argument("--no-peer", action="store_true", help="only the eagle3kit side")
     ap.add_argument(

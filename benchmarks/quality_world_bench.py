@@ -835,7 +835,11 @@ def main() -> None:
         metavar="NAME=FLAGS",
         help="an eagle3kit run with these extra train flags (repeatable)",
     )
-    ap.add_argument("--ours-args", default="", help="extra eagle3kit train flags (one variant)")
+    ap.add_argument(
+        "--ours-args",
+        default="",
+        help="extra eagle3kit train flags (one variant); a lone flag needs '=': --ours-args=--auf",
+    )
     ap.add_argument("--label", default="default", help="names the --ours-args variant")
     ap.add_argument("--no-peer", action="store_true", help="only the eagle3kit side")
     ap.add_argument("--no-ours", action="store_true", help="only the peer's side")
