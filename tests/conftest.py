@@ -138,6 +138,7 @@ FILE_SECONDS: dict[str, tuple[int, int]] = {
     "tests/test_format_bounds.py": (16, 0),
     "tests/test_train_trackers.py": (16, 0),
     "tests/test_train_best.py": (15, 0),
+    "tests/test_train_fc_scale.py": (15, 36),
     "tests/test_info_plot.py": (14, 0),
     "tests/test_docs_export.py": (13, 9),
     "tests/test_bench_parity.py": (12, 0),

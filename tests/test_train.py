@@ -24,7 +24,7 @@ import numpy as np
 import prewarmed
 import pytest
 import torch
-from tiny_train import QUIET, config, env, losses, metrics, train_cmd, weights
+from tiny_train import QUIET, config, env, losses, metrics, torchrun, train_cmd, weights
 
 from eagle3kit._ui import OutputOptions
 from eagle3kit.errors import UserError
@@ -450,7 +450,8 @@ def test_random_states_survive_the_safetensors_round_trip(tmp_path):
 # The run directory --------------------------------------------------------------------------------
 def test_run_directory_is_what_export_and_bench_read(train_world, tmp_path):
     out = tmp_path / "r"
-    result = run(config(train_world, train_world["hidden"], out, max_steps=3))
+    # --fc-scale off: the trajectory this test was built on, whose best step is its last
+    result = run(config(train_world, train_world["hidden"], out, max_steps=3, fc_scale="off"))
     info = json.loads((out / "run.json").read_text())
     assert info["layer_ids"] == [2, 4, 5] and info["mode"] == "offline"
     assert {"path", "name_or_path", "architectures", "fingerprint"} <= set(info["target"])
@@ -728,18 +729,13 @@ def test_two_ranks_take_the_same_steps_as_one(train_world, tmp_path):
             max_steps=4,
             grad_accum=2,
             batch_tokens=128,
+            fc_scale="off",
         )
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(29500 + os.getpid() % 1000),
-        "-m",
-        "eagle3kit",
+    # --fc-scale off: with the default auto the losses still agree to 1e-5, but 2 of 161
+    # held-out drafts came out otherwise (a discrete count rounding can tip); the scaled fc
+    # across ranks is checked under FSDP in tests/test_train_fc_scale.py
+    cmd = torchrun(
         *train_cmd(
             train_world,
             tmp_path / "two",
@@ -751,8 +747,10 @@ def test_two_ranks_take_the_same_steps_as_one(train_world, tmp_path):
             "2",
             "--checkpoint-every",
             "2",
-        ),
-    ]
+            "--fc-scale",
+            "off",
+        )
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-5)

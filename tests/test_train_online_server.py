@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fake_vllm_hidden import FakeVllmHidden
-from tiny_train import QUIET, env, losses, weights
+from tiny_train import QUIET, env, losses, torchrun, weights
 
 from eagle3kit import extract
 from eagle3kit.errors import UserError
@@ -113,7 +113,13 @@ def plan_samples(train_world, parts: int = 1, **kw) -> list[list[tuple[int, ...]
 
 def test_two_servers_train_as_extract_then_train_and_leave_no_file(train_world, served, tmp_path):
     """Two servers (the second a copy on other storage, 2 slots): the same losses, drafter
-    and held-out acceptance as offline training on extract's output; every file deleted."""
+    and held-out acceptance as offline training on extract's output; every file deleted.
+    Offline, --fc-scale auto measures the states; given that number, --server (whose
+    default is off) trains alike."""
+    offline = run(
+        TrainConfig([served["hidden"]], tmp_path / "off", train_world["target"], **options())
+    )
+    scale = offline.metrics["fc_scale"]
     # The second server writes into a folder inside the first's: one --hidden-states-dir.
     second = served["storage"] / "second"
     other = FakeVllmHidden(train_world["target"], second, SERVED_IDS).start()
@@ -125,13 +131,12 @@ def test_two_servers_train_as_extract_then_train_and_leave_no_file(train_world, 
                 tmp_path / "srv",
                 served["storage"],
                 prefetch=5,
+                fc_scale=str(scale),
             )
         )
     finally:
         other.stop()
-    offline = run(
-        TrainConfig([served["hidden"]], tmp_path / "off", train_world["target"], **options())
-    )
+    assert result.metrics["fc_scale"] == scale
     assert list(second.iterdir()) == []
     second.rmdir()
     assert losses(tmp_path / "srv") == losses(tmp_path / "off")
@@ -440,23 +445,13 @@ def test_the_status_line_shows_the_server_side_and_the_trainer_side(train_world,
 def test_under_torchrun_each_rank_fetches_its_own_share(train_world, served, tmp_path):
     """Two ranks on one server: every training sample of the plan is asked for exactly once
     over both ranks, and the steps equal one process with --grad-accum 2."""
-    import random
-
     server = served["server"]
     server.requests.clear()
-    port = 29500 + random.Random().randint(0, 20000)
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(port),
+    argv = torchrun(
         *cmd(
             train_world, tmp_path / "two", server.url, "--max-steps", "6", storage=served["storage"]
-        )[1:],
-    ]
+        )[3:]
+    )
     proc = subprocess.run(argv, capture_output=True, text=True, env=env(), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     asked = requested(server)

@@ -22,7 +22,17 @@ import numpy as np
 import prewarmed
 import pytest
 import torch
-from tiny_train import config, env, losses, metrics, train_cmd, weights, write_tokens
+from tiny_train import (
+    close_weights,
+    config,
+    env,
+    losses,
+    metrics,
+    torchrun,
+    train_cmd,
+    weights,
+    write_tokens,
+)
 
 from eagle3kit._ui import OutputOptions
 from eagle3kit.train import run
@@ -393,20 +403,6 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one(train_world, 
 
 
 # torchrun ------------------------------------------------------------------------------------
-def torchrun(*args: str, port: int | None = None) -> list[str]:
-    port = port or 29500 + random.Random().randint(0, 20000)
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(port),
-        "-m",
-        "eagle3kit",
-        *args,
-    ]
 
 
 def _workers(launcher: int) -> dict[int, int]:
@@ -487,11 +483,6 @@ def test_a_signal_to_one_rank_stops_both_at_the_same_step(train_world, tmp_path)
 
 
 # FSDP --------------------------------------------------------------------------------------------
-def _close_weights(a: Path, b: Path) -> None:
-    wa, wb = weights(a), weights(b)
-    assert wa.keys() == wb.keys()
-    for k in wa:
-        torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
 @pytest.mark.slow
@@ -526,7 +517,7 @@ def test_fsdp_takes_the_steps_of_one_process_and_resumes_across_ddp(train_world,
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert json.loads((tmp_path / name / "run.json").read_text())["parallel"] == name
         np.testing.assert_allclose(losses(tmp_path / name), losses(one), rtol=1e-5)
-        _close_weights(tmp_path / name, one)
+        close_weights(tmp_path / name, one)
     fsdp_eval = json.loads((tmp_path / "fsdp" / "drafter" / "config.json").read_text())
     assert (
         fsdp_eval["eagle3kit"]["eval"]["tried"]
@@ -550,4 +541,4 @@ def test_fsdp_takes_the_steps_of_one_process_and_resumes_across_ddp(train_world,
             "ddp" if name == "fsdp" else "fsdp"
         )
         np.testing.assert_allclose(losses(run_dir), losses(one), rtol=1e-5)
-        _close_weights(run_dir, one)
+        close_weights(run_dir, one)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import sys
 from pathlib import Path
 
 import torch
@@ -114,3 +116,43 @@ def train_cmd(world, out: Path, *extra: str) -> list[str]:
         "--no-progress",
         *extra,
     ]
+
+
+def torchrun(*args: str, port: int | None = None) -> list[str]:
+    port = port or 29500 + random.Random().randint(0, 20000)
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        "-m",
+        "eagle3kit",
+        *args,
+    ]
+
+
+def close_weights(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def interrupt_at_step(monkeypatch, n: int) -> None:
+    """The n-th optimizer step (counted from this call) raises KeyboardInterrupt, as a ^C
+    there would; monkeypatch.undo() or its context's end restores the loop."""
+    from eagle3kit.train.loop import TrainLoop
+
+    calls = {"n": 0}
+    original = TrainLoop.step
+
+    def dies(self, batch):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise KeyboardInterrupt
+        return original(self, batch)
+
+    monkeypatch.setattr(TrainLoop, "step", dies)

@@ -67,7 +67,12 @@ def _check_continuable(cfg: TrainConfig, ranks: Ranks, rd: RunDir, target_id: di
             rd.path.mkdir(parents=True, exist_ok=True)
         return None
     before = rd.read()
-    diff = options_diff(before.get("settings", {}), cfg.trajectory_options())
+    options = cfg.trajectory_options()
+    if cfg.fc_scale is None:  # not given: the run keeps its own (with_fc_scale_for)
+        options.pop("fc_scale", None)
+        if "fc_scale" in before.get("settings", {}):
+            options["fc_scale"] = before["settings"]["fc_scale"]
+    diff = options_diff(before.get("settings", {}), options)
     parts = before.get("world_size", 1) * before.get("settings", {}).get("grad_accum", 1)
     if parts != ranks.world * cfg.grad_accum:
         diff.append(f"ranks x --grad-accum: {parts} -> {ranks.world * cfg.grad_accum}")
@@ -263,12 +268,36 @@ def _coverage(
     return float(counts[vocab.draft_ids].sum() / total) if total else 0.0
 
 
+ADAM_EPS = 1e-8
+"""AdamW's epsilon (torch's default)."""
+
+
 def build_optimizer(
-    cfg: TrainConfig, params: list[nn.Parameter], total: int
+    cfg: TrainConfig,
+    params: list[nn.Parameter],
+    total: int,
+    fc: torch.Tensor | None = None,
+    fc_scale: float = 1.0,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over `params` and its learning-rate schedule over `total` steps."""
+    """AdamW over `params` and its learning-rate schedule over `total` steps. With an
+    `fc_scale` c other than 1, `fc` (one of `params`) is a group of its own whose learning
+    rate is c times the others' (its `lr_scale`), weight decay and epsilon 1/c times: AdamW
+    then moves fc's weights W as it would move V = W / c if the states reached fc multiplied
+    by c (whose gradients are c times W's)."""
+    groups: list[Any] = list(params)
+    if fc_scale != 1.0 and fc is not None:
+        groups = [
+            {"params": [p for p in params if p is not fc]},
+            {
+                "params": [fc],
+                "lr": cfg.peak_lr * fc_scale,
+                "weight_decay": cfg.weight_decay / fc_scale,
+                "eps": ADAM_EPS / fc_scale,
+                "lr_scale": fc_scale,
+            },
+        ]
     optimizer = torch.optim.AdamW(
-        params, lr=cfg.peak_lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
+        groups, lr=cfg.peak_lr, betas=(0.9, 0.95), eps=ADAM_EPS, weight_decay=cfg.weight_decay
     )
     warmup = int(cfg.warmup) if cfg.warmup >= 1 else math.ceil(cfg.warmup * total)
     scheduler = torch.optim.lr_scheduler.LambdaLR(

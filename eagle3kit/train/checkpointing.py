@@ -57,9 +57,20 @@ def resume(s: Setup) -> Resumed | None:
             f"{where}: checkpoint does not fit this drafter "
             f"(missing {missing}, unexpected {unexpected})"
         )
-    sharding.load_optimizer_state(
-        s.model, s.optimizer, load_tensors(where / "optimizer.pt"), s.param_names
-    )
+    optimizer_state = load_tensors(where / "optimizer.pt")
+    if len(optimizer_state.get("param_groups", [])) != len(s.optimizer.param_groups):
+        # --fc-scale gives fc a group of its own: a run goes on with the groups it has
+        raise UserError(
+            f"{where}: its optimizer state was saved "
+            + (
+                "with --fc-scale off, so the run goes on with it: give --fc-scale off"
+                if s.fc_scale != 1.0
+                else "with an --fc-scale, so the run goes on with it: give the one its "
+                "run.json records under settings"
+            )
+            + " (or start a new run directory)"
+        )
+    sharding.load_optimizer_state(s.model, s.optimizer, optimizer_state, s.param_names)
     s.scheduler.load_state_dict(load_tensors(where / "scheduler.pt"))
     _apply_optimizer_settings(s.cfg, s.optimizer, s.scheduler)
     rank = s.ranks.rank
@@ -93,13 +104,16 @@ def _apply_optimizer_settings(
     where the user asked for the new ones. The schedule's shape is this command's already
     (its function is not saved), so the rate continues from the restored step.
     """
-    scheduler.base_lrs = [cfg.peak_lr] * len(optimizer.param_groups)
+    # A group's lr_scale (--fc-scale's, build_optimizer) scales its rate and, inversely,
+    # its weight decay.
+    scales = [float(group.get("lr_scale", 1.0)) for group in optimizer.param_groups]
+    scheduler.base_lrs = [cfg.peak_lr * c for c in scales]
     rates = [
         base * factor(scheduler.last_epoch)
         for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
     ]
-    for group, rate in zip(optimizer.param_groups, rates, strict=True):
-        group.update(initial_lr=cfg.peak_lr, lr=rate, weight_decay=cfg.weight_decay)
+    for group, rate, c in zip(optimizer.param_groups, rates, scales, strict=True):
+        group.update(initial_lr=cfg.peak_lr * c, lr=rate, weight_decay=cfg.weight_decay / c)
     scheduler._last_lr = rates  # what get_last_lr() reports until the next step
 
 

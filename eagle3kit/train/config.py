@@ -95,6 +95,10 @@ class TrainConfig:
         default=None, metadata=opt("--embed-requires-grad/--no-embed-requires-grad")
     )
     """Override the variant: train the drafter's own embedding (stored in its checkpoints)."""
+    fc_scale: str | None = field(default=None, metadata=opt(metavar="auto|off|NUMBER"))
+    """Train fc as if the target's states reached it times this: auto (1 / their RMS), off or a
+    number; its weights stay the layout's (docs/train.md, "The scale of fc's input").
+    Default: auto for a new run (off with --server), a continued run's own."""
     ttt_steps: int = 3
     """Training-time-test steps: at least the chain length the drafter will serve (k)."""
     ttt_decay: float = 1.0
@@ -314,10 +318,8 @@ class TrainConfig:
             out[name] = value
         if self.drafter_variant() != VARIANTS["eagle3"]:
             out["variant"] = self.drafter_variant()
-        if self.sliding_window is not None:  # runs without one record what they always did
-            out["sliding_window"] = self.sliding_window
-        if self.loss != "soft-ce":  # runs of the default loss record what they always did
-            out["loss"] = self.loss
+        # options added later, recorded only away from what runs made before them did
+        out.update({k: raw[k] for k, before in RECORDED_UNLESS.items() if raw[k] not in before})
         if self.auf:
             out["auf"] = True
             # AUF weighs each step by the chance the earlier drafts were kept under these
@@ -325,9 +327,29 @@ class TrainConfig:
             out["eval_temperature"] = self.eval_temperature
             if self.eval_temperature > 0:
                 out["eval_verify"] = self.eval_verify
-        if self.teacher_temperature != 1.0:
-            out["teacher_temperature"] = self.teacher_temperature
         return out
+
+
+RECORDED_UNLESS: dict[str, tuple[Any, ...]] = {
+    "sliding_window": (None,),
+    "loss": ("soft-ce",),
+    "teacher_temperature": (1.0,),
+    "fc_scale": (None, "off"),
+}
+"""Trajectory options that run.json records only when not one of these values: the ones
+runs made before each option had, so such a run's record stays what it always was."""
+
+
+def with_fc_scale_for(cfg: TrainConfig, previous: dict | None) -> TrainConfig:
+    """`cfg` with --fc-scale resolved when it was not given: a continued run keeps its own
+    (off for one whose run.json records none: every run made before the option), a new run
+    takes auto, or off with --server (whose states arrive only once training starts)."""
+    if cfg.fc_scale is not None:
+        return cfg
+    if previous is not None:
+        recorded = previous.get("settings", {}).get("fc_scale")
+        return replace(cfg, fc_scale=str(recorded) if recorded is not None else "off")
+    return replace(cfg, fc_scale="off" if cfg.servers else "auto")
 
 
 def with_lr_for(cfg: TrainConfig, hidden_size: int) -> TrainConfig:
@@ -388,6 +410,7 @@ def _check_ranges(cfg: TrainConfig, found: list[str]) -> None:
         found.append(f"--eval-temperature must be >= 0 (got {cfg.eval_temperature})")
     if not (cfg.teacher_temperature > 0 and math.isfinite(cfg.teacher_temperature)):
         found.append(f"--teacher-temperature must be > 0 (got {cfg.teacher_temperature})")
+    _check_fc_scale(cfg, found)
     from eagle3kit.model.acceptance import VERIFY_RULES as RULES
 
     if cfg.eval_verify not in RULES:
@@ -400,6 +423,25 @@ def _check_ranges(cfg: TrainConfig, found: list[str]) -> None:
         found.append(f"--epochs must be > 0 (got {cfg.epochs})")
     if cfg.max_steps is not None and cfg.max_steps < 1:
         found.append(f"--max-steps must be >= 1 (got {cfg.max_steps})")
+
+
+def _check_fc_scale(cfg: TrainConfig, found: list[str]) -> None:
+    if cfg.fc_scale is None or cfg.fc_scale == "off":
+        return
+    if cfg.fc_scale == "auto":
+        if cfg.servers:
+            found.append(
+                "--fc-scale auto measures the states of the first training samples before "
+                "training starts, when --server has fetched none: give the factor as a "
+                "number (1 / the RMS of the states, docs/train.md)"
+            )
+        return
+    try:
+        value = float(cfg.fc_scale)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        found.append(f"--fc-scale must be auto, off or a number > 0 (got {cfg.fc_scale})")
 
 
 def _check_variant(cfg: TrainConfig, found: list[str]) -> None:

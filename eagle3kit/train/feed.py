@@ -4,6 +4,7 @@ stored states (offline), the target in the loop (--online) or the servers (--ser
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -79,6 +80,18 @@ class Feed:
             )
             if batch is not None:  # None: --server states all non-finite
                 yield batch
+
+    def aux_rms(self, samples: int = 8) -> float:
+        """The RMS of the target's states over the first `samples` training samples (the
+        same on every rank): what --fc-scale auto divides by. Not with --server, whose
+        states are fetched only once training starts."""
+        items = [it for per_source in self.pool.train for it in per_source][:samples]
+        squares, count = 0.0, 0
+        for it in items:
+            aux = self._batch([it]).aux[0, : it.length].double()
+            squares += float(aux.square().sum())
+            count += aux.numel()
+        return math.sqrt(squares / count) if count else math.nan
 
     @contextmanager
     def serving(self, start: int) -> Iterator[ServedStates]:

@@ -97,6 +97,7 @@ class TrainLoop:
                     "norm_before_residual": s.drafter.config.norm_before_residual,
                     **s.drafter.config.variant,
                 },
+                **({"fc_scale": s.fc_scale} if s.fc_scale != 1.0 else {}),
             },
         )
         result.patience_spent = not stopped and done < total and self.patience_spent()
@@ -207,10 +208,16 @@ class TrainLoop:
             correct += step_correct
             loss_total += loss.detach().double()
         _ui.warn_all(attention.take_warnings())  # the kernel picked on first use
-        if cfg.grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(s.params, cfg.grad_clip)
-        else:
-            norm = torch.nn.utils.clip_grad_norm_(s.params, float("inf"))
+        # With --fc-scale c, the norm is the one V = fc / c would have (its gradient is c
+        # times fc's), so clipping treats fc as it treats the rest of the drafter.
+        fc_grad = s.drafter.fc.weight.grad if s.fc_scale != 1.0 else None
+        if fc_grad is not None:
+            fc_grad.mul_(s.fc_scale)
+        norm = torch.nn.utils.clip_grad_norm_(
+            s.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        )
+        if fc_grad is not None:
+            fc_grad.div_(s.fc_scale)
         norm = sharding.local(norm)
         lr = s.optimizer.param_groups[0]["lr"]
         s.optimizer.step()

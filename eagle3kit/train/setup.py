@@ -7,6 +7,7 @@ was set up."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from eagle3kit import _ui
 from eagle3kit._lock import RunLock
 from eagle3kit._ranks import Ranks
 from eagle3kit.checkpoints.rundir import RunDir
+from eagle3kit.errors import UserError
 from eagle3kit.model import (
     DraftVocab,
     Eagle3Drafter,
@@ -35,7 +37,7 @@ from eagle3kit.train.builders import (
     open_run_dir,
     resolve_layers,
 )
-from eagle3kit.train.config import TrainConfig, with_lr_for
+from eagle3kit.train.config import TrainConfig, with_fc_scale_for, with_lr_for
 from eagle3kit.train.feed import Feed
 from eagle3kit.train.heldout import HeldOut
 from eagle3kit.train.losses import step_loss
@@ -96,6 +98,9 @@ class Setup:
     """The loss, wrapped for the ranks (DDP or FSDP; itself for one process)."""
     params: list[nn.Parameter]
     param_names: list[str]
+    """The names of `params` in the optimizer's order (its groups one after the other)."""
+    fc_scale: float
+    """--fc-scale as a factor (1: not given)."""
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     resumed: Resumed | None = None
@@ -121,6 +126,7 @@ def build(cfg: TrainConfig, ranks: Ranks) -> Setup:
     sources = [tdata.open_source(d.path, d.weight, cfg.online) for d in cfg.data]
     run_dir = RunDir(cfg.out)
     lock, previous = open_run_dir(cfg, ranks, run_dir, target_id)
+    cfg = with_fc_scale_for(cfg, previous)
     try:
         setup = _build_held(
             cfg, ranks, device, autocast, run_dir, lock, previous, target.config, target_id, sources
@@ -164,6 +170,10 @@ def _build_held(
         cfg, ranks, run_dir, head, target_cfg, target_id, layers, sources, pool, previous
     )
     drafter = drafter.to(device)
+    fc_scale = resolve_fc_scale(cfg, feed)
+    if fc_scale != 1.0 and cfg.init_from is None:
+        with torch.no_grad():  # a new fc's weights as c x those of V (build_optimizer)
+            drafter.fc.weight.mul_(fc_scale)
     loss = TTTLoss(
         drafter,
         head,
@@ -176,9 +186,12 @@ def _build_held(
     if cfg.fsdp and ranks.world == 1:
         _ui.info("train: --fsdp: one process, nothing to shard", cfg.output)
     model = sharding.wrap(loss, ranks.world, device, cfg.fsdp)
-    param_names = [n for n, p in loss.named_parameters() if p.requires_grad]
     params = drafter.trainable_parameters()
-    optimizer, scheduler = build_optimizer(cfg, params, plan.total_steps)
+    optimizer, scheduler = build_optimizer(
+        cfg, params, plan.total_steps, drafter.fc.weight, fc_scale
+    )
+    names = {id(p): n for n, p in loss.named_parameters()}
+    param_names = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
     return Setup(
         cfg=cfg,
         ranks=ranks,
@@ -205,9 +218,25 @@ def _build_held(
         model=model,
         params=params,
         param_names=param_names,
+        fc_scale=fc_scale,
         optimizer=optimizer,
         scheduler=scheduler,
     )
+
+
+def resolve_fc_scale(cfg: TrainConfig, feed: Feed) -> float:
+    """--fc-scale (resolved: with_fc_scale_for) as a factor: the number given, 1 when off,
+    1 / the states' RMS for auto."""
+    assert cfg.fc_scale is not None  # resolved by with_fc_scale_for
+    if cfg.fc_scale != "auto":
+        return 1.0 if cfg.fc_scale == "off" else float(cfg.fc_scale)
+    rms = feed.aux_rms()
+    if not (rms > 0 and math.isfinite(rms)):
+        raise UserError(
+            f"--fc-scale auto: the first training samples' states have RMS {rms}: "
+            "give the factor as a number"
+        )
+    return 1.0 / rms
 
 
 # What was set up --------------------------------------------------------------------------------
@@ -241,6 +270,16 @@ def announce(s: Setup) -> None:
         + (f", resuming after step {s.start:,}" if s.start else ""),
         opts,
     )
+    if s.fc_scale != 1.0:
+        _ui.info(
+            f"train: fc trained as if the states reached it x {s.fc_scale:.4g}"
+            + (
+                f" (--fc-scale auto: their RMS is {1 / s.fc_scale:.4g})"
+                if cfg.fc_scale == "auto"
+                else ""
+            ),
+            opts,
+        )
     if long.dropped or long.truncated:
         limit = (
             f"--max-len {s.max_len}"
