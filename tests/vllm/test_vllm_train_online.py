@@ -63,6 +63,9 @@ def test_training_from_the_server_equals_training_on_what_extract_stored(
         offline = train.run(
             train.TrainConfig([hidden], tmp_path / "offline", world.target, output=QUIET, **options)
         )
+        # --server's default --fc-scale is off (its states arrive once training starts):
+        # given the number offline measured, it trains alike
+        options["fc_scale"] = str(offline.metrics["fc_scale"])
         served = train.run(
             train.TrainConfig(
                 [tokens],
