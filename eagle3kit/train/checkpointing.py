@@ -21,6 +21,7 @@ from eagle3kit.checkpoints.native import save_drafter
 from eagle3kit.checkpoints.resume_state import load_rng_state, load_tensors, save_rng_state
 from eagle3kit.checkpoints.rundir import RUN_FORMAT, RUN_VERSION, RunDir
 from eagle3kit.errors import UserError
+from eagle3kit.train.builders import ADAM_EPS
 from eagle3kit.train.config import TrainConfig
 from eagle3kit.train.setup import Resumed
 
@@ -72,7 +73,7 @@ def resume(s: Setup) -> Resumed | None:
         )
     sharding.load_optimizer_state(s.model, s.optimizer, optimizer_state, s.param_names)
     s.scheduler.load_state_dict(load_tensors(where / "scheduler.pt"))
-    _apply_optimizer_settings(s.cfg, s.optimizer, s.scheduler)
+    _apply_optimizer_settings(s.cfg, s.optimizer, s.scheduler, s.fc_scale)
     rank = s.ranks.rank
     rng = where / f"rng-rank{rank}.safetensors"
     if (where / f"rng-rank{rank}.pt").exists():
@@ -95,18 +96,21 @@ def resume(s: Setup) -> Resumed | None:
 
 
 def _apply_optimizer_settings(
-    cfg: TrainConfig, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR
+    cfg: TrainConfig,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+    fc_scale: float,
 ) -> None:
-    """The learning rate and weight decay of this command, not the restored ones.
+    """The learning rate, weight decay and --fc-scale of this command, not the restored ones.
 
     A restored optimizer and scheduler carry the first run's `--lr` (as the scheduler's base
     rates) and `--weight-decay`; they differ from this command's only under `--force`,
     where the user asked for the new ones. The schedule's shape is this command's already
-    (its function is not saved), so the rate continues from the restored step.
+    (its function is not saved), so the rate continues from the restored step. fc's group
+    (the second, with --fc-scale: build_optimizer) takes its factor from the set-up, not
+    from the state: a state gathered under FSDP does not keep a group's own keys.
     """
-    # A group's lr_scale (--fc-scale's, build_optimizer) scales its rate and, inversely,
-    # its weight decay.
-    scales = [float(group.get("lr_scale", 1.0)) for group in optimizer.param_groups]
+    scales = [1.0, fc_scale][: len(optimizer.param_groups)]
     scheduler.base_lrs = [cfg.peak_lr * c for c in scales]
     rates = [
         base * factor(scheduler.last_epoch)
@@ -114,6 +118,7 @@ def _apply_optimizer_settings(
     ]
     for group, rate, c in zip(optimizer.param_groups, rates, scales, strict=True):
         group.update(initial_lr=cfg.peak_lr * c, lr=rate, weight_decay=cfg.weight_decay / c)
+        group.update(eps=ADAM_EPS / c, lr_scale=c)
     scheduler._last_lr = rates  # what get_last_lr() reports until the next step
 
 
