@@ -35,7 +35,7 @@ from eagle3kit.target import (
     resolve_dtype,
     resolve_layer_ids,
 )
-from eagle3kit.train.config import TrainConfig
+from eagle3kit.train.config import TrainConfig, with_fc_scale_for
 from eagle3kit.train.init_from import check_init, check_init_variant, load_init
 from eagle3kit.train.target import OfflineTarget, OnlineTarget, TargetHead
 
@@ -67,11 +67,8 @@ def _check_continuable(cfg: TrainConfig, ranks: Ranks, rd: RunDir, target_id: di
             rd.path.mkdir(parents=True, exist_ok=True)
         return None
     before = rd.read()
-    options = cfg.trajectory_options()
-    if cfg.fc_scale is None:  # not given: the run keeps its own (with_fc_scale_for)
-        options.pop("fc_scale", None)
-        if "fc_scale" in before.get("settings", {}):
-            options["fc_scale"] = before["settings"]["fc_scale"]
+    # --fc-scale not given: the run keeps its own, as set-up will resolve it
+    options = with_fc_scale_for(cfg, before).trajectory_options()
     diff = options_diff(before.get("settings", {}), options)
     parts = before.get("world_size", 1) * before.get("settings", {}).get("grad_accum", 1)
     if parts != ranks.world * cfg.grad_accum:
@@ -281,7 +278,7 @@ def build_optimizer(
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over `params` and its learning-rate schedule over `total` steps. With an
     `fc_scale` c other than 1, `fc` (one of `params`) is a group of its own whose learning
-    rate is c times the others' (its `lr_scale`), weight decay and epsilon 1/c times: AdamW
+    rate is c times the others', weight decay and epsilon 1/c times: AdamW
     then moves fc's weights W as it would move V = W / c if the states reached fc multiplied
     by c (whose gradients are c times W's)."""
     groups: list[Any] = list(params)
@@ -293,7 +290,6 @@ def build_optimizer(
                 "lr": cfg.peak_lr * fc_scale,
                 "weight_decay": cfg.weight_decay / fc_scale,
                 "eps": ADAM_EPS / fc_scale,
-                "lr_scale": fc_scale,
             },
         ]
     optimizer = torch.optim.AdamW(

@@ -117,8 +117,9 @@ def _apply_optimizer_settings(
         for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
     ]
     for group, rate, c in zip(optimizer.param_groups, rates, scales, strict=True):
-        group.update(initial_lr=cfg.peak_lr * c, lr=rate, weight_decay=cfg.weight_decay / c)
-        group.update(eps=ADAM_EPS / c, lr_scale=c)
+        group.update(
+            initial_lr=cfg.peak_lr * c, lr=rate, weight_decay=cfg.weight_decay / c, eps=ADAM_EPS / c
+        )
     scheduler._last_lr = rates  # what get_last_lr() reports until the next step
 
 
